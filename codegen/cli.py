@@ -1,0 +1,178 @@
+"""``python -m codegen``: build, check, list, show, compile (and the GPU commands).
+
+No argument builds ``generated/``. Every subcommand has ``--help``.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from rich.console import Console
+from rich.table import Table
+
+from . import GENERATOR_VERSION
+from .manifest import GENERATED, build, stale
+
+console = Console(highlight=False)
+
+
+def cmd_build(args) -> int:
+    t0 = time.perf_counter()
+    rep = build()
+    c = rep.manifest["counts"]
+    console.print(f"skuforge codegen {GENERATOR_VERSION}: {c['generated']} kernels in {c['units']} translation units, "
+                  f"{c['excluded']} excluded cells (with reasons) -> {GENERATED}")
+    console.print(f"wrote {len(rep.written)} files, removed {len(rep.removed)}, {rep.unchanged} unchanged "
+                  f"({time.perf_counter() - t0:.2f} s)")
+    for p in rep.written:
+        console.print(f"  wrote {p}")
+    for p in rep.removed:
+        console.print(f"  removed {p}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    bad = stale()
+    if bad:
+        console.print(f"[red]generated/ is stale[/red] ({len(bad)} files); run `python -m codegen`:")
+        for p in bad:
+            console.print(f"  {p}")
+        return 1
+    console.print("generated/ and manifest.json are up to date")
+    return 0
+
+
+def _registry():
+    from runtime.registry import Registry
+    return Registry.load(GENERATED)
+
+
+def _selected(reg, pattern):
+    return [s for s in reg.skus() if fnmatch.fnmatchcase(str(s), pattern)]
+
+
+def cmd_list(args) -> int:
+    reg = _registry()
+    skus = _selected(reg, args.filter)
+    excluded = sorted((s, r) for s, r in reg.excluded.items() if fnmatch.fnmatchcase(str(s), args.filter)) \
+        if args.excluded else []
+    if args.json:
+        print(json.dumps({"kernels": [{"sku": str(s), **{k: v for k, v in reg.manifest["kernels"][str(s)].items()}}
+                                      for s in skus],
+                          "excluded": [{"sku": str(s), "reason": r} for s, r in excluded]}, indent=1))
+        return 0
+    for s in skus:
+        print(s)
+    for s, r in excluded:
+        print(f"{s}  [excluded: {r}]")
+    print(f"# {len(skus)} kernels" + (f", {len(excluded)} excluded" if args.excluded else ""), file=sys.stderr)
+    return 0
+
+
+def cmd_show(args) -> int:
+    reg = _registry()
+    print(reg.source(args.sku), end="")
+    return 0
+
+
+def _compile_one(job):
+    # Runs in a worker process: compile one translation unit for one arch, no cache.
+    unit, source, arch, options = job
+    from runtime.compiler import nvrtc_compile
+    t0 = time.perf_counter()
+    try:
+        nvrtc_compile(source, unit, arch, options)
+        return unit, arch, None, time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - reported per unit
+        return unit, arch, str(e), time.perf_counter() - t0
+
+
+def compile_jobs(reg, archs, pattern="*"):
+    """(unit, source, arch, options) for every unit holding a selected SKU whose min arch ≤ arch."""
+    jobs = []
+    for unit, meta in sorted(reg.units.items()):
+        for arch in archs:
+            skus = [s for s in meta["skus"] if fnmatch.fnmatchcase(s, pattern)
+                    and int(s.split("/")[6][2:]) <= arch]
+            if skus:
+                jobs.append((unit, reg.unit_source(unit), arch, tuple(meta["nvrtc_options"])))
+    return jobs
+
+
+def parse_archs(text: str) -> list:
+    out = []
+    for a in text.split(","):
+        a = a.strip().lower().replace("sm_", "").replace("sm", "")
+        if not a.isdigit():
+            raise SystemExit(f"--arch: {text!r} is not a list like sm_80,sm_90")
+        out.append(int(a))
+    return out
+
+
+def cmd_compile(args) -> int:
+    from rich.progress import Progress
+    reg = _registry()
+    archs = parse_archs(args.arch)
+    jobs = compile_jobs(reg, archs, args.filter)
+    workers = args.jobs or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    failures, done = [], {a: 0 for a in archs}
+    kernels = {a: 0 for a in archs}
+    with Progress(console=console, transient=not console.is_terminal) as progress, \
+            ProcessPoolExecutor(max_workers=workers) as pool:
+        task = progress.add_task(f"NVRTC x{workers}", total=len(jobs))
+        futures = [pool.submit(_compile_one, j) for j in jobs]
+        for f in as_completed(futures):
+            unit, arch, err, dt = f.result()
+            if err:
+                failures.append((unit, arch, err))
+            else:
+                done[arch] += 1
+                kernels[arch] += sum(1 for s in reg.units[unit]["skus"]
+                                     if fnmatch.fnmatchcase(s, args.filter) and int(s.split("/")[6][2:]) <= arch)
+            progress.advance(task)
+    dt = time.perf_counter() - t0
+    for a in archs:
+        console.print(f"sm_{a}: {done[a]} units, {kernels[a]} kernels compiled")
+    for unit, arch, err in failures:
+        console.print(f"[red]FAILED[/red] {unit} sm_{arch}:\n{err}")
+    console.print(f"{len(jobs)} compiles in {dt:.1f} s with {workers} workers; {len(failures)} failures")
+    return 1 if failures else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m codegen", description=__doc__)
+    sub = p.add_subparsers(dest="cmd")
+    sub.add_parser("build", help="render generated/ (the default)")
+    sub.add_parser("check", help="exit 1 when generated/ or the manifest is stale")
+    sp = sub.add_parser("list", help="list generated SKUs")
+    sp.add_argument("--filter", default="*", help="glob on the SKU string, e.g. '*quantize/token/*bf16*'")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--excluded", action="store_true", help="also list excluded cells with their reasons")
+    sp = sub.add_parser("show", help="print the generated source of one SKU")
+    sp.add_argument("sku")
+    sp = sub.add_parser("compile", help="compile with NVRTC on the CPU (no GPU needed)")
+    sp.add_argument("--arch", default="sm_80,sm_90")
+    sp.add_argument("--filter", default="*")
+    sp.add_argument("--jobs", type=int, default=0)
+    for name, mod in (("audit", "audit"), ("verify", "verify"), ("bench", "bench")):
+        try:
+            m = __import__(f"codegen.{mod}", fromlist=["add_parser"])
+        except ImportError:
+            continue
+        m.add_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    cmd = args.cmd or "build"
+    if hasattr(args, "func"):
+        return args.func(args)
+    return {"build": cmd_build, "check": cmd_check, "list": cmd_list, "show": cmd_show,
+            "compile": cmd_compile}[cmd](args)

@@ -1,0 +1,156 @@
+"""Array interop: CuPy arrays, PyTorch CUDA tensors and ``__cuda_array_interface__`` objects.
+
+An :class:`ArrayRef` is a zero-copy description of a device array (pointer, shape, strides
+in elements, kind, device, framework). Outputs are allocated by the caller's framework, so
+results come back as the caller's type on the caller's device, and kernels are launched on
+the caller's current stream (PyTorch's for tensors).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .errors import InvalidProblemError
+
+# element kind <-> numpy dtype name
+KIND_OF_NUMPY = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
+                 "int8": "s8", "uint8": "u8", "int32": "i32", "uint32": "u32",
+                 "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "float8_e8m0fnu": "e8m0"}
+NUMPY_OF_KIND = {v: k for k, v in KIND_OF_NUMPY.items()}
+ALIASES = {"float": "f32", "half": "f16", "double": "f64", "int": "i32", "s32": "i32",
+           "fp32": "f32", "fp16": "f16", "fp64": "f64", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
+           "float8_e4m3": "fp8_e4m3", "int4": "s4", "uint4": "u4"}
+ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "i32": 4, "u32": 4,
+            "fp8_e4m3": 1, "fp8_e5m2": 1, "e8m0": 1, "s4": 1, "u4": 1}
+
+
+def kind_of(dtype, arg: str = "dtype") -> str:
+    """Normalise a dtype spelling (``"int8"``, ``"s8"``, ``numpy.int8``, ``torch.int8``) to a kind."""
+    if isinstance(dtype, str):
+        name = dtype.lower()
+    else:
+        name = str(getattr(dtype, "name", None) or dtype).replace("torch.", "")
+        if "bfloat16" in name:
+            name = "bfloat16"
+        name = {"float": "float32", "half": "float16", "double": "float64"}.get(name, name)
+    if name in ITEMSIZE:
+        return name
+    if name in ALIASES:
+        return ALIASES[name]
+    if name in KIND_OF_NUMPY:
+        return KIND_OF_NUMPY[name]
+    raise InvalidProblemError(f"{arg}={dtype!r} is not a dtype skuforge knows; known: "
+                              + ", ".join(sorted(KIND_OF_NUMPY)))
+
+
+@lru_cache(maxsize=None)
+def _torch_kind(dt) -> str:
+    return kind_of(dt)
+
+
+@dataclass
+class ArrayRef:
+    obj: object
+    ptr: int
+    shape: tuple
+    strides: tuple      # in elements
+    kind: str
+    device: int
+    framework: str      # "cupy" | "torch"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.kind]
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def as_array(obj, arg: str) -> ArrayRef:
+    """Describe a device array without copying it; typed errors for anything else."""
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if not obj.is_cuda:
+            raise InvalidProblemError(f"{arg} is a torch tensor on {obj.device}; skuforge runs on CUDA tensors "
+                                      f"(move it with {arg}.cuda())")
+        return ArrayRef(obj, obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), _torch_kind(obj.dtype),
+                        obj.device.index, "torch")
+    cp = sys.modules.get("cupy")
+    if cp is not None and isinstance(obj, cp.ndarray):
+        item = obj.itemsize
+        kind = kind_of(obj.dtype, arg)
+        return ArrayRef(obj, obj.data.ptr, obj.shape, tuple(s // item for s in obj.strides), kind,
+                        obj.data.device_id, "cupy")
+    if isinstance(obj, np.ndarray):
+        raise InvalidProblemError(f"{arg} is a host array (numpy.ndarray); skuforge runs on CUDA arrays: "
+                                  f"pass cupy.asarray({arg}) or a CUDA torch tensor")
+    if isinstance(obj, (int, float, bool, np.generic)):
+        raise InvalidProblemError(f"{arg} is a scalar ({obj!r}) where an array is needed")
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None or hasattr(obj, "__dlpack__"):
+        import cupy as cp2  # zero-copy wrap, then describe as CuPy (results come back as CuPy)
+        return as_array(cp2.asarray(obj) if cai is not None else cp2.from_dlpack(obj), arg)
+    if obj is None:
+        raise InvalidProblemError(f"{arg} is None; an array is needed")
+    raise InvalidProblemError(f"{arg} has type {type(obj).__name__}; expected a cupy.ndarray, a CUDA torch.Tensor "
+                              "or an object with __cuda_array_interface__ / __dlpack__")
+
+
+def empty(like: ArrayRef, shape, kind: str):
+    """A new array in the framework and on the device of ``like``."""
+    if like.framework == "torch":
+        torch = _torch()
+        return torch.empty(shape, dtype=torch_dtype(kind), device=like.obj.device)
+    import cupy as cp
+    with cp.cuda.Device(like.device):
+        return cp.empty(shape, dtype=numpy_dtype(kind))
+
+
+def numpy_dtype(kind: str):
+    name = NUMPY_OF_KIND[kind]
+    if name in ("bfloat16",) or name.startswith("float8"):
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def torch_dtype(kind: str):
+    torch = _torch()
+    name = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "s8": "int8",
+            "u8": "uint8", "i32": "int32", "u32": "uint32", "fp8_e4m3": "float8_e4m3fn",
+            "fp8_e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu"}[kind]
+    return getattr(torch, name)
+
+
+_streams: dict = {}
+
+
+def stream_of(ref: ArrayRef):
+    """The caller's current stream for this array's framework, as a CuPy stream object."""
+    import cupy as cp
+    if ref.framework == "torch":
+        ts = _torch().cuda.current_stream(ref.device)
+        s = _streams.get((ref.device, ts.cuda_stream))
+        if s is None:
+            if hasattr(cp.cuda.Stream, "from_external") and hasattr(ts, "__cuda_stream__"):
+                s = cp.cuda.Stream.from_external(ts)
+            else:  # older CuPy / torch
+                s = cp.cuda.ExternalStream(ts.cuda_stream, ref.device)
+            _streams[(ref.device, ts.cuda_stream)] = s
+        return s
+    return cp.cuda.get_current_stream(ref.device)

@@ -1,0 +1,129 @@
+"""The registry: the manifest, loaded once, as a queryable set of kernels.
+
+``Registry.query(pattern)`` globs SKU strings; ``lookup(sku)`` returns the entry or a
+typed error naming the reason (an excluded cell) or the nearest supported cells;
+``select(...)`` picks the best SKU for a problem description and preference;
+``kernel(sku, device)`` compiles (through the disk cache) and loads the kernel on a device.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from .errors import UnsupportedError
+from .sku import KernelSku
+
+GENERATED = Path(os.environ.get("SKUFORGE_GENERATED", Path(__file__).resolve().parent.parent / "generated"))
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    sku: KernelSku
+    unit: str
+    symbol: str
+    family: str
+    sha256: str
+    launch: dict
+
+
+class Registry:
+    def __init__(self, manifest: dict, root: Path):
+        self.root = root
+        self.manifest = manifest
+        self.entries = {}
+        for text, e in manifest["kernels"].items():
+            sku = KernelSku.parse(text)
+            self.entries[sku] = KernelEntry(sku, e["unit"], e["symbol"], e["family"], e["sha256"], e["launch"])
+        self.excluded = {KernelSku.parse(t): e["reason"] for t, e in manifest["excluded"].items()}
+        self.units = manifest["units"]
+
+    @classmethod
+    def load(cls, root: Path = GENERATED) -> "Registry":
+        path = root / "manifest.json"
+        try:
+            manifest = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UnsupportedError(f"no manifest at {path}: run `python -m codegen` to generate the kernels") from None
+        return cls(manifest, root)
+
+    # -- queries -------------------------------------------------------------------------
+    def skus(self) -> list:
+        return sorted(self.entries)
+
+    def query(self, pattern: str = "*", **fields) -> list:
+        """SKUs whose string matches the glob and whose fields equal ``fields``."""
+        out = []
+        for sku in sorted(self.entries):
+            if not fnmatch.fnmatchcase(str(sku), pattern):
+                continue
+            if all(getattr(sku, k) == v for k, v in fields.items()):
+                out.append(sku)
+        return out
+
+    def lookup(self, sku) -> KernelEntry:
+        if isinstance(sku, str):
+            sku = KernelSku.parse(sku)
+        entry = self.entries.get(sku)
+        if entry is not None:
+            return entry
+        reason = self.excluded.get(sku)
+        if reason:
+            raise UnsupportedError(f"{sku} is not generated: {reason}")
+        raise UnsupportedError(f"{sku} is not in the matrix; `python -m codegen list` shows what is")
+
+    def select(self, *, category: str, op: str, scope=None, mode=None, element: str,
+               aux_element=None, arch: Optional[int] = None, backend: Optional[str] = None) -> KernelSku:
+        """The best generated SKU for a problem: matching fields, built for an arch ≤ ``arch``,
+        preferring ``backend`` when given, then the newest arch, then tensor cores."""
+        want = dict(category=category, op=op, scope=scope, mode=mode, element=element, aux_element=aux_element)
+        matches = [s for s in self.entries if all(getattr(s, k) == v for k, v in want.items())]
+        if not matches:
+            for sku, reason in sorted(self.excluded.items()):
+                if all(getattr(sku, k) == v for k, v in want.items()):
+                    raise UnsupportedError(f"{op} scope={scope} mode={mode} {element}->{aux_element}: {reason}")
+            raise UnsupportedError(
+                f"no kernel for {op} scope={scope} mode={mode} element={element} aux_element={aux_element}; "
+                f"supported for {op}: " + ", ".join(sorted({f'{s.element}->{s.aux_element}' for s in self.entries if s.op == op})))
+        if arch is not None:
+            fit = [s for s in matches if s.arch_number <= arch]
+            if not fit:
+                raise UnsupportedError(f"{op} {element}->{aux_element} needs {min(s.arch for s in matches)}; the device is sm{arch}")
+            matches = fit
+        if backend is not None:
+            fit = [s for s in matches if s.backend == backend]
+            if not fit:
+                raise UnsupportedError(f"{op} {element}->{aux_element} has no {backend!r} kernel; available: "
+                                       + ", ".join(sorted({s.backend for s in matches})))
+            matches = fit
+        return max(matches, key=lambda s: (s.arch_number, s.backend == "mma"))
+
+    # -- sources and kernels -------------------------------------------------------------------
+    def unit_source(self, unit: str) -> str:
+        return (self.root / unit).read_text()
+
+    def source(self, sku) -> str:
+        """The generated source of one kernel: its translation unit's prelude plus its own text."""
+        entry = self.lookup(sku)
+        text = self.unit_source(entry.unit)
+        marker = f"// SKU: {entry.sku}\n"
+        start = text.index(marker)
+        prelude_end = text.index("// ---- end of helpers")
+        prelude_end = text.index("\n", prelude_end) + 1
+        nxt = text.find("// SKU: ", start + len(marker))
+        return text[:prelude_end] + "\n" + text[start: nxt if nxt >= 0 else len(text)].rstrip("\n") + "\n"
+
+    def kernel(self, sku, device: int = None):
+        """The loaded ``cupy`` function of a SKU on a device (compiled via the disk cache)."""
+        from .device import load_function
+        entry = self.lookup(sku)
+        return load_function(self, entry.unit, entry.symbol, device)
+
+
+@lru_cache(maxsize=1)
+def default_registry() -> Registry:
+    return Registry.load()

@@ -1,0 +1,110 @@
+"""Scopes and quantization ranges: shapes of scales and zero points, validation helpers.
+
+The rows view: ``x`` (rank ≥ 1, last axis contiguous) is seen as ``rows x cols`` with one
+row stride; leading axes must collapse into that single stride (any slice of rows of a
+larger buffer does), otherwise an ``InvalidProblemError`` names the argument — skuforge
+never copies silently.
+"""
+from __future__ import annotations
+
+import math as _math
+from dataclasses import dataclass
+
+from .errors import InvalidProblemError, UnsupportedError
+
+QRANGE = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15)}
+SCOPES = ("tensor", "channel", "token", "group")
+
+
+def implied_zero_point(kind: str) -> int:
+    """Symmetric mode's zero point: the middle of the kind's range (0 signed, 128 for u8)."""
+    lo, hi = QRANGE[kind]
+    return (lo + hi + 1) // 2
+
+
+@dataclass(frozen=True)
+class RowsView:
+    rows: int
+    cols: int
+    row_stride: int  # elements
+
+
+def rows_view(a, arg: str) -> RowsView:
+    """``a`` (an ArrayRef) as rows x cols with one row stride, or a typed error."""
+    if a.ndim == 0:
+        raise InvalidProblemError(f"{arg} is 0-d; rank 1 to 8 is supported")
+    if a.ndim > 8:
+        raise InvalidProblemError(f"{arg} has rank {a.ndim}; rank 1 to 8 is supported")
+    cols = a.shape[-1]
+    rows = _math.prod(a.shape[:-1])
+    if cols > 1 and a.strides[-1] != 1 and rows * cols > 0:
+        raise InvalidProblemError(f"{arg} has a non-contiguous last axis (stride {a.strides[-1]} elements); "
+                                  "the last axis must be contiguous (strided rows are fine)")
+    dims = [(n, s) for n, s in zip(a.shape[:-1], a.strides[:-1]) if n != 1]
+    if not dims:
+        return RowsView(rows, cols, max(cols, 1))
+    stride = dims[-1][1]
+    expect = stride
+    for n, s in reversed(dims):
+        if s != expect:
+            raise InvalidProblemError(
+                f"{arg} has shape {a.shape} and strides {a.strides} (elements): its leading axes do not "
+                "collapse into one row stride; pass a tensor whose rows are evenly spaced (e.g. .contiguous())")
+        expect = s * n
+    if stride < cols and rows > 1:
+        raise InvalidProblemError(f"{arg} has overlapping rows (row stride {stride} < {cols} columns)")
+    return RowsView(rows, cols, stride)
+
+
+def param_shape(x_shape, scope, axis=None, group_size=None) -> tuple:
+    """The shape scales and zero points must have for this scope (SPEC §4)."""
+    if scope == "tensor":
+        return ()
+    if scope == "channel":
+        return (x_shape[axis],)
+    if scope == "token":
+        return tuple(x_shape[:-1])
+    if scope == "group":
+        return tuple(x_shape[:-1]) + (x_shape[-1] // group_size,)
+    raise UnsupportedError(f"scope={scope!r}; supported: {', '.join(SCOPES)}")
+
+
+def check_scope(x_shape, scope, axis, group_size, arg="x"):
+    """Validate scope, axis and group_size against x's shape; returns the normalised axis."""
+    if scope not in SCOPES:
+        raise UnsupportedError(f"scope={scope!r}; supported: {', '.join(SCOPES)}")
+    ndim = len(x_shape)
+    if scope == "channel":
+        if axis is None:
+            raise InvalidProblemError("axis is required for scope='channel'")
+        if not isinstance(axis, int) or not -ndim <= axis < ndim:
+            raise InvalidProblemError(f"axis={axis!r} is out of range for {arg} of rank {ndim}")
+        axis %= ndim
+    elif axis is not None:
+        raise InvalidProblemError(f"axis={axis!r} is only meaningful for scope='channel' (scope={scope!r})")
+    if scope == "group":
+        if group_size is None:
+            raise InvalidProblemError("group_size is required for scope='group'")
+        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+            raise InvalidProblemError(f"group_size={group_size!r} must be a positive integer")
+        if x_shape[-1] % group_size:
+            raise InvalidProblemError(f"group_size={group_size} does not divide the last axis D={x_shape[-1]} "
+                                      f"of {arg}; supported: divisors of D")
+    elif group_size is not None:
+        raise InvalidProblemError(f"group_size={group_size!r} is only meaningful for scope='group' (scope={scope!r})")
+    return axis
+
+
+def check_range(kind: str, qmin, qmax):
+    """Effective (qmin, qmax) for an integer kind, validated."""
+    lo, hi = QRANGE[kind]
+    qmin = lo if qmin is None else qmin
+    qmax = hi if qmax is None else qmax
+    for name, v in (("qmin", qmin), ("qmax", qmax)):
+        if not isinstance(v, (int,)) or isinstance(v, bool):
+            raise InvalidProblemError(f"{name}={v!r} must be an integer")
+        if not lo <= v <= hi:
+            raise InvalidProblemError(f"{name}={v} is outside the range of {kind} [{lo}, {hi}]")
+    if qmin >= qmax:
+        raise InvalidProblemError(f"qmin={qmin} must be < qmax={qmax}")
+    return qmin, qmax

@@ -1,0 +1,129 @@
+"""The SKU vocabulary: what a generated kernel *is* (SPEC §2).
+
+A :class:`KernelSku` is a frozen, hashable, orderable value. Its canonical string has
+nine ``/``-separated fields, ``-`` for a field that does not apply::
+
+    quantization/quantize/token/symmetric/bf16/s8/sm80/simt/f32.acc-f32.det.stable
+
+``KernelSku.parse(str(sku)) == sku`` always holds; the string is what ``--filter`` globs
+match and what the manifest is keyed by.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import InvalidProblemError
+
+CATEGORIES = ("quantization", "moe")
+OPS = {
+    "quantization": (
+        "quantize", "dequantize", "dynamic_quantize", "quantize_backward",
+        "dequantize_backward", "fake_quantize", "fake_quantize_backward",
+        "fake_quantize_learnable_backward",
+    ),
+    "moe": ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight"),
+}
+SCOPES = ("tensor", "channel", "token", "group")
+MODES = ("symmetric", "asymmetric")
+ELEMENTS = ("f16", "bf16", "f32", "f64", "s8", "u8", "s4", "u4",
+            "fp8_e4m3", "fp8_e5m2", "e8m0", "i32", "u32")
+ARCHES = ("sm80", "sm89", "sm90")
+BACKENDS = ("simt", "mma")
+MATH = ("f16", "bf16", "f32", "f64")
+
+NONE = "-"
+
+
+@dataclass(frozen=True, order=True)
+class Precision:
+    """Math precision, accumulator kind and the two reproducibility promises."""
+
+    math: str = "f32"
+    accumulator: str = "f32"
+    deterministic: bool = True
+    bit_stable: bool = True  # bit-identical to the NumPy reference
+
+    def __post_init__(self):
+        for name in ("math", "accumulator"):
+            value = getattr(self, name)
+            if value not in MATH:
+                raise InvalidProblemError(f"Precision.{name}={value!r}; supported: {', '.join(MATH)}")
+
+    def __str__(self) -> str:
+        s = f"{self.math}.acc-{self.accumulator}"
+        if self.deterministic:
+            s += ".det"
+        if self.bit_stable:
+            s += ".stable"
+        return s
+
+    @classmethod
+    def parse(cls, text: str) -> "Precision":
+        parts = text.split(".")
+        if len(parts) < 2 or not parts[1].startswith("acc-"):
+            raise InvalidProblemError(f"precision {text!r} is not of the form MATH.acc-ACC[.det][.stable]")
+        flags = set(parts[2:])
+        unknown = flags - {"det", "stable"}
+        if unknown:
+            raise InvalidProblemError(f"precision {text!r}: unknown flags {sorted(unknown)}; supported: det, stable")
+        return cls(parts[0], parts[1][4:], "det" in flags, "stable" in flags)
+
+
+def _check(name: str, value: Optional[str], allowed) -> None:
+    if value is not None and value not in allowed:
+        raise InvalidProblemError(f"KernelSku.{name}={value!r}; supported: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True, order=True)
+class KernelSku:
+    """One cell of the matrix, as a value. Field order is the listing order."""
+
+    category: str
+    op: str
+    scope: Optional[str]
+    mode: Optional[str]
+    element: str
+    aux_element: Optional[str]
+    arch: str = "sm80"
+    backend: str = "simt"
+    precision: Precision = field(default_factory=Precision)
+
+    def __post_init__(self):
+        _check("category", self.category, CATEGORIES)
+        _check("op", self.op, OPS[self.category])
+        _check("scope", self.scope, SCOPES)
+        _check("mode", self.mode, MODES)
+        _check("element", self.element, ELEMENTS)
+        _check("aux_element", self.aux_element, ELEMENTS)
+        _check("arch", self.arch, ARCHES)
+        _check("backend", self.backend, BACKENDS)
+
+    def __str__(self) -> str:
+        fields = (self.category, self.op, self.scope, self.mode, self.element, self.aux_element,
+                  self.arch, self.backend, str(self.precision))
+        return "/".join(NONE if f is None else f for f in fields)
+
+    @classmethod
+    def parse(cls, text: str) -> "KernelSku":
+        parts = text.strip().split("/")
+        if len(parts) != 9:
+            raise InvalidProblemError(
+                f"SKU {text!r} has {len(parts)} fields; expected 9: "
+                "category/op/scope/mode/element/aux_element/arch/backend/precision")
+        vals = [None if p == NONE else p for p in parts]
+        if vals[4] is None or vals[0] is None or vals[1] is None:
+            raise InvalidProblemError(f"SKU {text!r}: category, op and element are required")
+        return cls(vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], vals[6], vals[7],
+                   Precision.parse(parts[8]))
+
+    @property
+    def arch_number(self) -> int:
+        """``sm90`` → 90: the minimum compute capability as an integer."""
+        return int(self.arch[2:])
+
+    @property
+    def symbol(self) -> str:
+        """The C symbol of the kernel: procedural, readable, unique per SKU."""
+        parts = [self.op, self.scope, self.mode, self.element, self.aux_element, self.arch, self.backend]
+        return "sf_" + "_".join(p for p in parts if p)

@@ -1,0 +1,33 @@
+import os
+
+import numpy as np
+import pytest
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy as cp
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+HAS_GPU = _has_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request):
+    # fresh random inputs on every run; the seed is printed on failure to reproduce
+    seed = int(os.environ.get("SKUFORGE_SEED", np.random.SeedSequence().entropy % (2**32)))
+    request.node.user_properties.append(("seed", seed))
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
