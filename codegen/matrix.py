@@ -67,12 +67,17 @@ class Family:
     outs: tuple = ()
     nvrtc_options: tuple = ("--fmad=false",)  # exact IEEE products: bit-equal to NumPy
     exclusions: tuple = ()
+    # Optional hook: (cell, ctx) -> dict of extra template context; a "launch" key in the
+    # returned dict is merged into the kernel's manifest launch metadata.
+    extra_context: Optional[Callable] = None
+    precision: Optional[Callable] = None   # sku fields -> Precision; default: exact math of SPEC §5
 
     def cells(self) -> Iterator[KernelSku]:
         for op, scope, mode, (el, aux), arch, backend in itertools.product(
                 self.ops, self.scopes, self.modes, self.pairs, self.arches, self.backends):
-            yield KernelSku(self.category, op, scope, mode, el, aux, arch, backend,
-                            Precision(math_of(el if el in FLOATS else aux)))
+            prec = (self.precision(op, scope, mode, el, aux, arch, backend) if self.precision
+                     else Precision(math_of(el if el in FLOATS else aux)))
+            yield KernelSku(self.category, op, scope, mode, el, aux, arch, backend, prec)
 
     def excluded(self, sku: KernelSku) -> Optional[str]:
         for ex in self.exclusions:

@@ -54,7 +54,7 @@ def kernel_context(cell: Cell) -> dict:
     outs = [{"name": s.name, "kind": _stream_kind(s, sku)} for s in fam.outs]
     for s in ins + outs:
         s["ctype"] = CTYPE[s["kind"]]
-    return {
+    ctx = {
         "sku": str(sku),
         "symbol": sku.symbol,
         "op": sku.op,
@@ -68,19 +68,29 @@ def kernel_context(cell: Cell) -> dict:
         "out_ctype": outs[0]["ctype"] if outs else None,
         "ins": ins,
         "outs": outs,
-        "vec": vector_width([s["kind"] for s in ins + outs]),
+        "vec": vector_width([s["kind"] for s in ins + outs]) if ins + outs else 1,
+        "arch": sku.arch,
+        "backend": sku.backend,
+        "launch_extra": {},
     }
+    if fam.extra_context is not None:
+        extra = dict(fam.extra_context(cell, ctx))
+        ctx["launch_extra"] = extra.pop("launch", {})
+        ctx.update(extra)
+    return ctx
 
 
 def launch_metadata(cell: Cell, ctx: dict) -> dict:
     """What the runtime launcher needs to know about a kernel, recorded in the manifest."""
-    return {
+    meta = {
         "kind": cell.family.launch,
         "vec": ctx["vec"],
         "block_threads": 256,
         "ins": [{"name": s["name"], "kind": s["kind"]} for s in ctx["ins"]],
         "outs": [{"name": s["name"], "kind": s["kind"]} for s in ctx["outs"]],
     }
+    meta.update(ctx["launch_extra"])
+    return meta
 
 
 def render_kernel(cell: Cell) -> str:

@@ -7,6 +7,7 @@
 Submodules: ``sku`` (vocabulary), ``registry`` (manifest queries, kernels per device),
 ``compiler`` (NVRTC + disk cache), ``plans`` (the plan API), ``reference`` (NumPy).
 """
+from . import launch  # noqa: F401  (registers the launchers)
 from .config import trusted
 from .errors import DeviceRequiredError, InvalidProblemError, SkuforgeError, UnsupportedError
 from .plans import Descriptor, Plan, Preference

@@ -5,21 +5,18 @@
     plan.sku, plan.precision_guarantee, plan.workspace_size(args), plan.can_implement(args)
     plan.run(args, stream=None)
 
-``args`` is an :class:`ElementwiseArgs` (built and validated by the functional API in
-:mod:`runtime.quantization`). Plans are cached per (descriptor, preference, device).
+How a plan launches its kernel depends on the kernel's launch kind (manifest
+``launch.kind``): each kind registers a :class:`Launcher` with :func:`launcher`.
+Plans are cached per (descriptor, preference).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Union
+from typing import Optional
 
-import numpy as np
-
-from .arrays import ArrayRef, stream_of
 from .errors import InvalidProblemError
 from .registry import default_registry
-from .scopes import RowsView
 from .sku import KernelSku
 
 
@@ -43,31 +40,28 @@ class Preference:
     arch: Optional[int] = None
 
 
-@dataclass
-class ElementwiseArgs:
-    """Launch arguments of a static elementwise kernel: the rows view of every stream."""
+class Launcher:
+    """Drives one launch kind: argument checks, scratch size, grid and parameters."""
 
-    ins: list                   # [(ArrayRef, RowsView)]
-    outs: list                  # [(ArrayRef, RowsView)]
-    scale: Union[ArrayRef, float]
-    zero_point: Union[ArrayRef, int, None]
-    zp_value: int
-    rows: int
-    cols: int
-    group_size: int = 1
-    chan_inner: int = 1
-    chan_count: int = 1
-    chan_last: bool = False
-    qmin: int = 0
-    qmax: int = 0
+    def check(self, plan: "Plan", args) -> None:
+        """Raise InvalidProblemError when ``args`` do not fit ``plan``."""
+
+    def workspace_size(self, plan: "Plan", args) -> int:
+        return 0
+
+    def run(self, plan: "Plan", args, stream=None) -> None:
+        raise NotImplementedError
 
 
-def _ptr(a) -> int:
-    return a.ptr if isinstance(a, ArrayRef) else 0
+LAUNCHERS: dict = {}
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+def launcher(kind: str):
+    """Class decorator: register a Launcher for a manifest launch kind."""
+    def deco(cls):
+        LAUNCHERS[kind] = cls()
+        return cls
+    return deco
 
 
 class Plan:
@@ -76,6 +70,10 @@ class Plan:
         self.entry = self.registry.lookup(sku)
         self.sku = sku
         self.launch = self.entry.launch
+        try:
+            self.launcher = LAUNCHERS[self.launch["kind"]]
+        except KeyError:
+            raise InvalidProblemError(f"{sku}: no launcher for launch kind {self.launch['kind']!r}") from None
 
     @classmethod
     def select(cls, descriptor: Descriptor, preference: Preference = Preference(), registry=None) -> "Plan":
@@ -84,6 +82,9 @@ class Plan:
                          mode=descriptor.mode, element=descriptor.element, aux_element=descriptor.aux_element,
                          arch=preference.arch, backend=preference.backend)
         return cls(sku, reg)
+
+    def __repr__(self) -> str:
+        return f"Plan({self.sku})"
 
     @property
     def precision_guarantee(self) -> str:
@@ -96,59 +97,18 @@ class Plan:
         return s
 
     def workspace_size(self, args=None) -> int:
-        return 0  # static elementwise kernels need no scratch memory
+        return self.launcher.workspace_size(self, args)
 
-    def can_implement(self, args: ElementwiseArgs) -> bool:
+    def can_implement(self, args) -> bool:
         try:
-            self._check(args)
+            self.launcher.check(self, args)
             return True
         except InvalidProblemError:
             return False
 
-    def _check(self, args: ElementwiseArgs):
-        want_in = [s["kind"] for s in self.launch["ins"]]
-        want_out = [s["kind"] for s in self.launch["outs"]]
-        got_in = [a.kind for a, _ in args.ins]
-        got_out = [a.kind for a, _ in args.outs]
-        if got_in != want_in or got_out != want_out:
-            raise InvalidProblemError(f"{self.sku} takes {want_in} -> {want_out}, got {got_in} -> {got_out}")
-
-    def _vec_ok(self, args: ElementwiseArgs) -> bool:
-        vec = self.launch["vec"]
-        if args.cols % vec:
-            return False
-        for a, view in args.ins + args.outs:
-            align = min(16, vec * a.itemsize)
-            if a.ptr % align or (view.row_stride * a.itemsize) % align:
-                return False
-        return True
-
-    def run(self, args: ElementwiseArgs, stream=None):
-        self._check(args)
-        if args.rows == 0 or args.cols == 0:
-            return
-        first = args.ins[0][0]
-        from .device import properties
-        fn = self.registry.kernel(self.sku, first.device)
-        vec_ok = self._vec_ok(args)
-        units = -(-args.cols // self.launch["vec"]) if vec_ok else args.cols
-        threads = self.launch["block_threads"]
-        tx = min(threads, _next_pow2(units))
-        ty = threads // tx
-        props = properties(first.device)
-        blocks_per_sm = props["max_threads_per_sm"] // threads
-        grid = max(1, min(-(-args.rows // ty), props["sms"] * blocks_per_sm))
-        math = np.float64 if self.sku.precision.math == "f64" else np.float32
-        params = []
-        for a, view in args.ins + args.outs:
-            params += [np.uint64(a.ptr), np.int64(view.row_stride)]
-        scale_value = args.scale if not isinstance(args.scale, ArrayRef) else 0.0
-        zp_arr = args.zero_point if isinstance(args.zero_point, ArrayRef) else None
-        params += [np.uint64(_ptr(args.scale)), math(scale_value), np.uint64(_ptr(zp_arr)),
-                   np.int32(args.zp_value), np.int64(args.rows), np.int64(args.cols),
-                   np.int64(args.group_size), np.int64(args.chan_inner), np.int64(args.chan_count),
-                   np.int32(args.chan_last), np.int32(args.qmin), np.int32(args.qmax), np.int32(vec_ok)]
-        fn((grid,), (tx, ty), tuple(params), stream=stream if stream is not None else stream_of(first))
+    def run(self, args, stream=None):
+        self.launcher.check(self, args)
+        self.launcher.run(self, args, stream)
 
 
 @lru_cache(maxsize=4096)

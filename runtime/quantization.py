@@ -12,7 +12,8 @@ import sys
 from . import config
 from .arrays import ArrayRef, as_array, empty, kind_of
 from .errors import InvalidProblemError, UnsupportedError
-from .plans import Descriptor, ElementwiseArgs, cached_plan
+from .launch import ElementwiseArgs
+from .plans import Descriptor, cached_plan
 from .scopes import QRANGE, check_range, check_scope, implied_zero_point, param_shape, rows_view
 
 FLOAT_KINDS = ("f32", "f64", "f16", "bf16")

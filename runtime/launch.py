@@ -1,0 +1,92 @@
+"""Launchers: how each launch kind turns plan arguments into a grid and kernel parameters."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from .arrays import ArrayRef, stream_of
+from .device import properties
+from .errors import InvalidProblemError
+from .plans import Launcher, launcher
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def ptr(a) -> int:
+    return a.ptr if isinstance(a, ArrayRef) else 0
+
+
+def row_grid(rows: int, ty: int, threads: int, device: int) -> int:
+    """Blocks for a grid-stride loop over rows: one full wave at most (no grid limits)."""
+    props = properties(device)
+    per_sm = max(1, props["max_threads_per_sm"] // threads)
+    return max(1, min(-(-rows // ty), props["sms"] * per_sm))
+
+
+@dataclass
+class ElementwiseArgs:
+    """Launch arguments of a static elementwise kernel: the rows view of every stream."""
+
+    ins: list                   # [(ArrayRef, RowsView)]
+    outs: list                  # [(ArrayRef, RowsView)]
+    scale: Union[ArrayRef, float]
+    zero_point: Union[ArrayRef, None]   # an array (asymmetric), else zp_value is used
+    zp_value: int
+    rows: int
+    cols: int
+    group_size: int = 1
+    chan_inner: int = 1
+    chan_count: int = 1
+    chan_last: bool = False
+    qmin: int = 0
+    qmax: int = 0
+
+
+@launcher("elementwise")
+class ElementwiseLauncher(Launcher):
+    """rows x cols kernels of templates/quantization/_elementwise.cu.j2."""
+
+    def check(self, plan, args: ElementwiseArgs):
+        want_in = [s["kind"] for s in plan.launch["ins"]]
+        want_out = [s["kind"] for s in plan.launch["outs"]]
+        got_in = [a.kind for a, _ in args.ins]
+        got_out = [a.kind for a, _ in args.outs]
+        if got_in != want_in or got_out != want_out:
+            raise InvalidProblemError(f"{plan.sku} takes {want_in} -> {want_out}, got {got_in} -> {got_out}")
+
+    @staticmethod
+    def vec_ok(plan, args: ElementwiseArgs) -> bool:
+        vec = plan.launch["vec"]
+        if args.cols % vec:
+            return False
+        for a, view in args.ins + args.outs:
+            align = min(16, vec * a.itemsize)
+            if a.ptr % align or (view.row_stride * a.itemsize) % align:
+                return False
+        return True
+
+    def run(self, plan, args: ElementwiseArgs, stream=None):
+        if args.rows == 0 or args.cols == 0:
+            return
+        first = args.ins[0][0]
+        fn = plan.registry.kernel(plan.sku, first.device)
+        vec_ok = self.vec_ok(plan, args)
+        units = -(-args.cols // plan.launch["vec"]) if vec_ok else args.cols
+        threads = plan.launch["block_threads"]
+        tx = min(threads, next_pow2(units))
+        ty = threads // tx
+        grid = row_grid(args.rows, ty, threads, first.device)
+        math = np.float64 if plan.sku.precision.math == "f64" else np.float32
+        params = []
+        for a, view in args.ins + args.outs:
+            params += [np.uint64(a.ptr), np.int64(view.row_stride)]
+        scale_value = 0.0 if isinstance(args.scale, ArrayRef) else args.scale
+        params += [np.uint64(ptr(args.scale)), math(scale_value), np.uint64(ptr(args.zero_point)),
+                   np.int32(args.zp_value), np.int64(args.rows), np.int64(args.cols),
+                   np.int64(args.group_size), np.int64(args.chan_inner), np.int64(args.chan_count),
+                   np.int32(args.chan_last), np.int32(args.qmin), np.int32(args.qmax), np.int32(vec_ok)]
+        fn((grid,), (tx, ty), tuple(params), stream=stream if stream is not None else stream_of(first))
