@@ -170,9 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from runtime.errors import SkuforgeError
     args = build_parser().parse_args(argv)
     cmd = args.cmd or "build"
-    if hasattr(args, "func"):
-        return args.func(args)
-    return {"build": cmd_build, "check": cmd_check, "list": cmd_list, "show": cmd_show,
-            "compile": cmd_compile}[cmd](args)
+    try:
+        if hasattr(args, "func"):
+            return args.func(args)
+        return {"build": cmd_build, "check": cmd_check, "list": cmd_list, "show": cmd_show,
+                "compile": cmd_compile}[cmd](args)
+    except SkuforgeError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2

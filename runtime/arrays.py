@@ -102,13 +102,47 @@ def as_array(obj, arg: str) -> ArrayRef:
     if isinstance(obj, (int, float, bool, np.generic)):
         raise InvalidProblemError(f"{arg} is a scalar ({obj!r}) where an array is needed")
     cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is not None or hasattr(obj, "__dlpack__"):
+    if cai is not None:
+        return _from_cai(obj, cai, arg)
+    if hasattr(obj, "__dlpack__"):
         import cupy as cp2  # zero-copy wrap, then describe as CuPy (results come back as CuPy)
-        return as_array(cp2.asarray(obj) if cai is not None else cp2.from_dlpack(obj), arg)
+        return as_array(cp2.from_dlpack(obj), arg)
     if obj is None:
         raise InvalidProblemError(f"{arg} is None; an array is needed")
     raise InvalidProblemError(f"{arg} has type {type(obj).__name__}; expected a cupy.ndarray, a CUDA torch.Tensor "
                               "or an object with __cuda_array_interface__ / __dlpack__")
+
+
+def _from_cai(obj, cai: dict, arg: str) -> ArrayRef:
+    """Describe a ``__cuda_array_interface__`` object directly (no CuPy round trip)."""
+    try:
+        dt = np.dtype(cai["typestr"])
+    except TypeError:
+        raise InvalidProblemError(f"{arg}: typestr {cai.get('typestr')!r} is not a dtype skuforge knows") from None
+    kind = kind_of(dt, arg)
+    shape = tuple(int(n) for n in cai["shape"])
+    if cai.get("strides") is None:
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.append(acc)
+            acc *= max(n, 1)
+        strides = tuple(reversed(strides))
+    else:
+        item = dt.itemsize
+        if any(s % item for s in cai["strides"]):
+            raise InvalidProblemError(f"{arg} has strides {cai['strides']} (bytes) that are not multiples "
+                                      f"of its item size {item}")
+        strides = tuple(s // item for s in cai["strides"])
+    ptr = int(cai["data"][0] or 0)
+    return ArrayRef(obj, ptr, shape, strides, kind, _device_of_pointer(ptr), "cai")
+
+
+def _device_of_pointer(ptr: int) -> int:
+    try:
+        import cupy as cp
+        return int(cp.cuda.runtime.pointerGetAttributes(ptr).device)
+    except Exception:  # no driver (CPU-only validation) or a foreign pointer
+        return 0
 
 
 def empty(like: ArrayRef, shape, kind: str):
@@ -122,7 +156,9 @@ def empty(like: ArrayRef, shape, kind: str):
 
 
 def numpy_dtype(kind: str):
-    name = NUMPY_OF_KIND[kind]
+    name = NUMPY_OF_KIND.get(kind)
+    if name is None:
+        raise InvalidProblemError(f"dtype {kind!r} has no NumPy equivalent")
     if name in ("bfloat16",) or name.startswith("float8"):
         import ml_dtypes
         return np.dtype(getattr(ml_dtypes, name))

@@ -89,7 +89,7 @@ def _device_check(ref: ArrayRef, arg: str, predicate, what: str):
         ok = bool(predicate(ref.obj, sys.modules["torch"]))
     else:
         import cupy as cp
-        ok = bool(predicate(ref.obj, cp))
+        ok = bool(predicate(ref.obj if ref.framework == "cupy" else cp.asarray(ref.obj), cp))
     if not ok:
         raise InvalidProblemError(f"{arg}: {what} (found a value that is not); "
                                   "see runtime.config.check_values")
@@ -102,7 +102,7 @@ def _out_arg(out, like: ArrayRef, shape, kind, arg="out"):
     if tuple(ref.shape) != tuple(shape) or ref.kind != kind:
         raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and dtype {ref.kind}; "
                                   f"expected shape {tuple(shape)} and dtype {kind}")
-    if ref.framework != like.framework:
+    if (ref.framework == "torch") != (like.framework == "torch"):
         raise InvalidProblemError(f"{arg} is a {ref.framework} array but the input is {like.framework}")
     return ref
 
@@ -115,18 +115,20 @@ def _channel_params(shape, scope, axis):
     return math.prod(shape[axis + 1:-1]), shape[axis], False
 
 
-def _elementwise(op, mode, x: ArrayRef, out: ArrayRef, scale, zp, zp_value, scope, axis, group_size,
-                 element, aux, qmin, qmax):
-    xv = rows_view(x, "x" if op == "quantize" else "q")
-    ov = rows_view(out, "out")
+def _launch_elementwise(op, mode, x: ArrayRef, xv, out_obj, scale, zp, zp_value, scope, axis, group_size,
+                       element, aux, qmin, qmax, out_kind):
+    """Allocate (or check) the output, then launch. Every input check has already passed."""
+    outr = _out_arg(out_obj, x, x.shape, out_kind)
+    _same_device([x, outr])
+    if x.size == 0:
+        return outr
+    ov = rows_view(outr, "out")
     inner, count, last = _channel_params(x.shape, scope, axis)
-    args = ElementwiseArgs(ins=[(x, xv)], outs=[(out, ov)], scale=scale, zero_point=zp, zp_value=zp_value,
+    args = ElementwiseArgs(ins=[(x, xv)], outs=[(outr, ov)], scale=scale, zero_point=zp, zp_value=zp_value,
                            rows=xv.rows, cols=xv.cols, group_size=group_size or 1, chan_inner=inner,
                            chan_count=count, chan_last=last, qmin=qmin, qmax=qmax)
-    if x.size == 0:
-        return
-    plan = cached_plan(Descriptor(op, scope, mode, element, aux))
-    plan.run(args)
+    cached_plan(Descriptor(op, scope, mode, element, aux)).run(args)
+    return outr
 
 
 def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",
@@ -143,17 +145,16 @@ def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, ou
     if qk not in INT_KINDS:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize produces {', '.join(INT_KINDS)}"
                                + (" (low-bit formats: issue 5)" if qk in ("s4", "u4", "fp8_e4m3", "fp8_e5m2") else ""))
+    xv = rows_view(xr, "x")
     axis = check_scope(xr.shape, scope, axis, group_size)
     qmin, qmax = check_range(qk, qmin, qmax)
-    m = _math_kind(xr.kind)
-    s = _scale_arg(scale, xr, scope, axis, group_size, m)
+    s = _scale_arg(scale, xr, scope, axis, group_size, _math_kind(xr.kind))
     mode = "symmetric" if zero_point is None else "asymmetric"
     zp = None if zero_point is None else _zero_point_arg(zero_point, xr.shape, scope, axis, group_size, qmin, qmax, xr)
+    _same_device([xr, s, zp])
     zp_value = implied_zero_point(qk) if zp is None else (zp if isinstance(zp, int) else 0)
-    outr = _out_arg(out, xr, xr.shape, qk)
-    _same_device([xr, s, zp, outr])
-    _elementwise("quantize", mode, xr, outr, s, zp if isinstance(zp, ArrayRef) else None, zp_value,
-                 scope, axis, group_size, xr.kind, qk, qmin, qmax)
+    outr = _launch_elementwise("quantize", mode, xr, xv, out, s, zp if isinstance(zp, ArrayRef) else None,
+                               zp_value, scope, axis, group_size, xr.kind, qk, qmin, qmax, qk)
     return outr.obj
 
 
@@ -165,15 +166,14 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
     yk = kind_of(out_dtype, "out_dtype")
     if yk not in FLOAT_KINDS:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(FLOAT_KINDS)}")
+    qv = rows_view(qr, "q")
     axis = check_scope(qr.shape, scope, axis, group_size, "q")
     lo, hi = QRANGE[qr.kind]
-    m = _math_kind(yk)
-    s = _scale_arg(scale, qr, scope, axis, group_size, m)
+    s = _scale_arg(scale, qr, scope, axis, group_size, _math_kind(yk))
     mode = "symmetric" if zero_point is None else "asymmetric"
     zp = None if zero_point is None else _zero_point_arg(zero_point, qr.shape, scope, axis, group_size, lo, hi, qr)
+    _same_device([qr, s, zp])
     zp_value = implied_zero_point(qr.kind) if zp is None else (zp if isinstance(zp, int) else 0)
-    outr = _out_arg(out, qr, qr.shape, yk)
-    _same_device([qr, s, zp, outr])
-    _elementwise("dequantize", mode, qr, outr, s, zp if isinstance(zp, ArrayRef) else None, zp_value,
-                 scope, axis, group_size, qr.kind, yk, lo, hi)
+    outr = _launch_elementwise("dequantize", mode, qr, qv, out, s, zp if isinstance(zp, ArrayRef) else None,
+                               zp_value, scope, axis, group_size, qr.kind, yk, lo, hi, yk)
     return outr.obj

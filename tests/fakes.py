@@ -1,0 +1,17 @@
+"""A device-array stand-in for CPU tests: a ``__cuda_array_interface__`` that is never read.
+
+Validation happens before any launch or allocation, so errors can be tested on a machine
+without a GPU by describing arrays that do not exist.
+"""
+import numpy as np
+
+
+class FakeDeviceArray:
+    def __init__(self, shape, dtype="float32", strides=None, ptr=0x7F0000000000):
+        dt = np.dtype(dtype)
+        self.shape = tuple(shape)
+        self.dtype = dt
+        self.__cuda_array_interface__ = {
+            "shape": self.shape, "typestr": dt.str, "data": (ptr, False),
+            "strides": None if strides is None else tuple(s * dt.itemsize for s in strides), "version": 3,
+        }

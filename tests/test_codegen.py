@@ -1,0 +1,105 @@
+"""Matrix, rendering determinism, manifest and the CLI (CPU)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from codegen import GENERATOR_VERSION, manifest, matrix, render
+from runtime import compiler
+
+
+def test_generator_versions_agree():
+    assert compiler.GENERATOR_VERSION == GENERATOR_VERSION
+
+
+def test_matrix_covers_static_family_and_names_exclusions():
+    cells = matrix.cells()
+    gen = [c for c in cells if c.generated]
+    static = [c for c in gen if c.sku.op in ("quantize", "dequantize")]
+    # 2 ops x 4 scopes x 2 modes x 4 floats x 2 ints
+    assert len(static) == 128
+    for c in cells:
+        if not c.generated:
+            assert c.reason and len(c.reason) > 10
+    lowbit = [c for c in cells if c.sku.aux_element == "s4" and c.sku.op == "quantize"]
+    assert lowbit and all("issue 5" in c.reason for c in lowbit)
+
+
+def test_excluding_by_predicate_and_adding_a_dtype_is_declarative():
+    fam = matrix.Family(name="t", category="quantization", ops=("quantize",), template="quantization/{op}.cu.j2",
+                        pairs=(("f32", "s8"), ("f16", "s8")), scopes=("token",), modes=("symmetric",),
+                        ins=(matrix.Stream("x", "element"),), outs=(matrix.Stream("q", "aux"),),
+                        exclusions=(matrix.Exclusion("f16 left out for the test", lambda s: s.element == "f16"),))
+    cells = matrix.cells((fam,))
+    assert [c.generated for c in cells] == [False, True]
+    assert cells[0].reason == "f16 left out for the test"
+
+
+def test_rendering_is_deterministic_and_check_passes():
+    a = manifest.expected_files()
+    b = manifest.expected_files()
+    assert a == b
+    assert manifest.stale() == []
+
+
+def test_every_kernel_carries_its_sku_and_hash():
+    files = manifest.expected_files()
+    man = json.loads(files["manifest.json"])
+    for sku, entry in man["kernels"].items():
+        text = files[entry["unit"]]
+        assert f"// SKU: {sku}\n" in text
+        assert f" {entry['symbol']}(" in text
+        assert len(entry["sha256"]) == 64
+    assert man["counts"]["generated"] == len(man["kernels"])
+    assert all(e["reason"] for e in man["excluded"].values())
+
+
+def test_strict_undefined_fails_loudly():
+    import jinja2
+    env = render.environment()
+    with pytest.raises(jinja2.UndefinedError):
+        env.from_string("{{ k.nope }}").render(k={})
+
+
+def test_check_detects_stale_and_build_repairs(tmp_path):
+    root = tmp_path / "generated"
+    rep = manifest.build(root)
+    assert rep.written and manifest.stale(root) == []
+    unit = sorted(p for p in root.rglob("*.cu"))[0]
+    unit.write_text(unit.read_text() + "// edited\n")
+    (root / "quantization" / "orphan.cu").write_text("//")
+    bad = manifest.stale(root)
+    assert any(str(unit.relative_to(root)) in b for b in bad) and any("orphan" in b for b in bad)
+    rep = manifest.build(root)
+    assert len(rep.written) == 1 and rep.removed == ["quantization/orphan.cu"]
+    assert manifest.build(root).written == []
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "codegen", *args], capture_output=True, text=True)
+
+
+def test_cli_check_list_show():
+    assert _cli("check").returncode == 0
+    out = _cli("list", "--filter", "*quantize/token/symmetric/bf16/s8*")
+    assert out.returncode == 0
+    assert out.stdout.split() == ["quantization/quantize/token/symmetric/bf16/s8/sm80/simt/f32.acc-f32.det.stable"]
+    js = json.loads(_cli("list", "--json", "--filter", "*dequantize/group*").stdout)
+    assert len(js["kernels"]) == 16 and all(k["symbol"].startswith("sf_dequantize_group") for k in js["kernels"])
+    show = _cli("show", "quantization/quantize/token/symmetric/bf16/s8/sm80/simt/f32.acc-f32.det.stable")
+    assert "sf_quantize_token_symmetric_bf16_s8_sm80_simt(" in show.stdout
+    assert "sf_quantize_token_asymmetric" not in show.stdout   # only its own kernel
+    assert "__device__ __forceinline__ float  to_f32(bf16_t v)" in show.stdout  # helpers included
+
+
+def test_cli_show_unknown_sku_is_a_clear_error():
+    out = _cli("show", "quantization/quantize/token/symmetric/bf16/s4/sm80/simt/f32.acc-f32.det.stable")
+    assert out.returncode != 0
+    assert "issue 5" in out.stderr
+
+
+def test_cli_compile_one_unit():
+    out = _cli("compile", "--arch", "sm_80", "--filter", "*quantize/tensor/symmetric/f32/s8*")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "sm_80: 1 units, 1 kernels compiled" in out.stdout

@@ -1,0 +1,71 @@
+"""NVRTC on the CPU and the content-keyed compile cache."""
+import multiprocessing as mp
+
+import pytest
+
+from runtime import compiler
+
+SRC = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] *= 2.0f; }\n'
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SKUFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_compiles_without_gpu_for_sm80_and_sm90():
+    for arch in (80, 90):
+        cubin = compiler.nvrtc_compile(SRC, "k.cu", arch)
+        assert cubin[:4] == b"\x7fELF"
+
+
+def test_compile_error_carries_log():
+    with pytest.raises(compiler.CompileError, match="identifier"):
+        compiler.nvrtc_compile("__global__ void k() { undefined_name = 1; }", "bad.cu", 80)
+
+
+def test_key_depends_on_every_input(monkeypatch):
+    base = compiler.cache_key(SRC, 80, ())
+    assert compiler.cache_key(SRC, 80, ()) == base
+    assert compiler.cache_key(SRC + " ", 80, ()) != base
+    assert compiler.cache_key(SRC, 90, ()) != base
+    assert compiler.cache_key(SRC, 80, ("--fmad=false",)) != base
+    monkeypatch.setattr(compiler, "GENERATOR_VERSION", "9.9.9")
+    assert compiler.cache_key(SRC, 80, ()) != base
+
+
+def test_cache_hit_layout_and_corrupt_entry_recovery(cache_dir):
+    first = compiler.compile_cached(SRC, "quantization/k.cu", 80)
+    assert not first.cached
+    assert first.path.parent.name == "sm_80" and first.path.parent.parent.name.startswith("nvrtc-")
+    assert first.path.name.startswith("quantization_k-")
+    second = compiler.compile_cached(SRC, "quantization/k.cu", 80)
+    assert second.cached and second.cubin == first.cubin
+    # truncate the entry: it must be detected and rebuilt, not loaded
+    first.path.write_bytes(first.path.read_bytes()[:100])
+    third = compiler.compile_cached(SRC, "quantization/k.cu", 80)
+    assert not third.cached and third.cubin == first.cubin
+    # flip a payload byte: checksum mismatch, rebuilt
+    data = bytearray(first.path.read_bytes())
+    data[-1] ^= 0xFF
+    first.path.write_bytes(bytes(data))
+    assert not compiler.compile_cached(SRC, "quantization/k.cu", 80).cached
+    assert not list(first.path.parent.glob(".tmp-*"))  # no temporary files left behind
+
+
+def _worker(args):
+    d, src = args
+    import os
+    os.environ["SKUFORGE_CACHE_DIR"] = d
+    from runtime import compiler as c
+    return c.compile_cached(src, "race.cu", 80).cubin
+
+
+def test_concurrent_processes_agree(cache_dir):
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        outs = pool.map(_worker, [(str(cache_dir), SRC)] * 3)
+    assert len(set(outs)) == 1
+    entries = list(cache_dir.rglob("race-*.cubin"))
+    assert len(entries) == 1

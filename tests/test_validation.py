@@ -1,0 +1,112 @@
+"""Every bad input of the static family gets a typed error before any launch (CPU)."""
+import numpy as np
+import pytest
+
+import runtime as sf
+from runtime import InvalidProblemError, UnsupportedError
+from tests.fakes import FakeDeviceArray as D
+
+
+@pytest.fixture(autouse=True)
+def no_device_value_checks():
+    with sf.trusted():   # value checks need a GPU; shape/dtype checks do not
+        yield
+
+
+X = D((8, 64), "float32")
+
+
+def err(fn, exc, *words):
+    with pytest.raises(exc) as e:
+        fn()
+    msg = str(e.value)
+    for w in words:
+        assert w in msg, msg
+    return msg
+
+
+def test_wrong_input_dtype():
+    err(lambda: sf.quantize(D((8, 64), "int32"), 0.1, scope="tensor"), UnsupportedError, "x", "i32", "bf16")
+    err(lambda: sf.dequantize(D((8, 64), "float32"), 0.1, scope="tensor"), UnsupportedError, "q", "s8, u8")
+
+
+def test_wrong_output_dtype():
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", out_dtype="int16"), InvalidProblemError, "out_dtype")
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", out_dtype="int4"), UnsupportedError, "issue 5")
+    err(lambda: sf.dequantize(D((8, 64), "int8"), 0.1, scope="tensor", out_dtype="int8"), UnsupportedError,
+        "out_dtype")
+
+
+def test_host_arrays_and_scalars():
+    err(lambda: sf.quantize(np.zeros((2, 2), np.float32), 0.1, scope="tensor"), InvalidProblemError,
+        "host array", "cupy.asarray")
+    err(lambda: sf.quantize(X, 0.1, scope="token"), InvalidProblemError, "scalar", "(8,)")
+    err(lambda: sf.quantize(X, D((8,)), 3, scope="token"), InvalidProblemError, "zero_point", "scalar")
+    err(lambda: sf.quantize(X, np.ones(8, np.float32), scope="token"), InvalidProblemError, "scale", "host array")
+    err(lambda: sf.quantize(3.0, 0.1, scope="tensor"), InvalidProblemError, "x", "scalar")
+
+
+def test_scale_shape_and_dtype():
+    err(lambda: sf.quantize(X, D((7,)), scope="token"), InvalidProblemError, "scale", "(7,)", "(8,)")
+    err(lambda: sf.quantize(X, D((8, 2)), scope="group", group_size=16), InvalidProblemError, "(8, 4)")
+    err(lambda: sf.quantize(X, D((64,)), scope="channel", axis=0), InvalidProblemError, "(8,)")
+    err(lambda: sf.quantize(X, D((8,), "float64"), scope="token"), InvalidProblemError, "float32")
+    err(lambda: sf.quantize(D((8, 64), "float64"), D((8,)), scope="token"), InvalidProblemError, "float64")
+    err(lambda: sf.quantize(X, D((8, 4), strides=(1, 8)), scope="group", group_size=16), InvalidProblemError,
+        "C-contiguous")
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
+def test_non_positive_or_non_finite_scalar_scale(bad):
+    err(lambda: sf.quantize(X, bad, scope="tensor"), InvalidProblemError, "scale", "positive and finite")
+
+
+def test_zero_point_range_and_dtype():
+    err(lambda: sf.quantize(X, 0.1, 200, scope="tensor"), InvalidProblemError, "zero_point=200", "[-128, 127]")
+    err(lambda: sf.quantize(X, 0.1, -1, scope="tensor", out_dtype="uint8"), InvalidProblemError, "[0, 255]")
+    err(lambda: sf.quantize(X, 0.1, 5, scope="tensor", qmin=10, qmax=20), InvalidProblemError, "[10, 20]")
+    err(lambda: sf.quantize(X, D((8,)), D((8,), "int64"), scope="token"), InvalidProblemError, "int32")
+
+
+def test_scope_arguments():
+    err(lambda: sf.quantize(X, D((8, 3)), scope="group", group_size=3), InvalidProblemError,
+        "group_size=3", "D=64")
+    err(lambda: sf.quantize(X, D((8,)), scope="group"), InvalidProblemError, "group_size is required")
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", group_size=4), InvalidProblemError, "only meaningful")
+    err(lambda: sf.quantize(X, D((8,)), scope="channel"), InvalidProblemError, "axis is required")
+    err(lambda: sf.quantize(X, D((8,)), scope="channel", axis=2), InvalidProblemError, "axis=2")
+    err(lambda: sf.quantize(X, 0.1, scope="row"), UnsupportedError, "scope='row'", "tensor, channel")
+
+
+def test_qmin_qmax():
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", qmin=5, qmax=5), InvalidProblemError, "qmin=5", "< qmax")
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", qmin=-200), InvalidProblemError, "qmin=-200")
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", qmax=1.5), InvalidProblemError, "qmax=1.5", "integer")
+
+
+def test_layouts():
+    err(lambda: sf.quantize(D((8, 64), strides=(1, 8)), 0.1, scope="tensor"), InvalidProblemError,
+        "non-contiguous last axis")
+    # rows that do not collapse into one stride: (4, 8, 64) with a gap between the 8-row blocks...
+    ok_rows = D((4, 8, 64), strides=(8 * 80, 80, 1))        # ...is fine when evenly spaced
+    bad_rows = D((4, 8, 64), strides=(1000, 80, 1))
+    err(lambda: sf.quantize(bad_rows, 0.1, scope="tensor"), InvalidProblemError, "collapse")
+    err(lambda: sf.quantize(D((8, 64), strides=(32, 1)), 0.1, scope="tensor"), InvalidProblemError, "overlapping")
+    assert sf.scopes.rows_view(sf.arrays.as_array(ok_rows, "x"), "x").row_stride == 80
+    err(lambda: sf.quantize(D(()), 0.1, scope="tensor"), InvalidProblemError, "0-d")
+    err(lambda: sf.quantize(D((1,) * 9), 0.1, scope="tensor"), InvalidProblemError, "rank 9")
+
+
+def test_out_argument():
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", out=D((8, 64), "uint8")), InvalidProblemError,
+        "out", "s8")
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", out=D((8, 32), "int8")), InvalidProblemError, "(8, 64)")
+
+
+def test_mixed_devices(monkeypatch):
+    monkeypatch.setattr(sf.arrays, "_device_of_pointer", lambda ptr: 1 if ptr == 0x1000 else 0)
+    err(lambda: sf.quantize(X, D((8,), ptr=0x1000), scope="token"), InvalidProblemError, "different devices")
+
+
+def test_unknown_dtype_spelling():
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", out_dtype="int7"), InvalidProblemError, "int7")
