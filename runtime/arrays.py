@@ -27,8 +27,24 @@ ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "i32": 4,
             "fp8_e4m3": 1, "fp8_e5m2": 1, "e8m0": 1, "s4": 1, "u4": 1}
 
 
+_KIND_CACHE: dict = {}
+
+
 def kind_of(dtype, arg: str = "dtype") -> str:
     """Normalise a dtype spelling (``"int8"``, ``"s8"``, ``numpy.int8``, ``torch.int8``) to a kind."""
+    try:
+        return _KIND_CACHE[dtype]
+    except (KeyError, TypeError):
+        pass
+    kind = _kind_of(dtype, arg)
+    try:
+        _KIND_CACHE[dtype] = kind
+    except TypeError:
+        pass
+    return kind
+
+
+def _kind_of(dtype, arg: str) -> str:
     if isinstance(dtype, str):
         name = dtype.lower()
     else:
@@ -44,11 +60,6 @@ def kind_of(dtype, arg: str = "dtype") -> str:
         return KIND_OF_NUMPY[name]
     raise InvalidProblemError(f"{arg}={dtype!r} is not a dtype skuforge knows; known: "
                               + ", ".join(sorted(KIND_OF_NUMPY)))
-
-
-@lru_cache(maxsize=None)
-def _torch_kind(dt) -> str:
-    return kind_of(dt)
 
 
 @dataclass
@@ -88,7 +99,7 @@ def as_array(obj, arg: str) -> ArrayRef:
         if not obj.is_cuda:
             raise InvalidProblemError(f"{arg} is a torch tensor on {obj.device}; skuforge runs on CUDA tensors "
                                       f"(move it with {arg}.cuda())")
-        return ArrayRef(obj, obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), _torch_kind(obj.dtype),
+        return ArrayRef(obj, obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), kind_of(obj.dtype, arg),
                         obj.device.index, "torch")
     cp = sys.modules.get("cupy")
     if cp is not None and isinstance(obj, cp.ndarray):
