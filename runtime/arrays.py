@@ -99,8 +99,8 @@ def as_array(obj, arg: str) -> ArrayRef:
         if not obj.is_cuda:
             raise InvalidProblemError(f"{arg} is a torch tensor on {obj.device}; skuforge runs on CUDA tensors "
                                       f"(move it with {arg}.cuda())")
-        return ArrayRef(obj, obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), kind_of(obj.dtype, arg),
-                        obj.device.index, "torch")
+        return ArrayRef(obj, obj.data_ptr(), tuple(obj.shape), obj.stride(), kind_of(obj.dtype, arg),
+                        obj.get_device(), "torch")
     cp = sys.modules.get("cupy")
     if cp is not None and isinstance(obj, cp.ndarray):
         item = obj.itemsize
@@ -184,20 +184,9 @@ def torch_dtype(kind: str):
     return getattr(torch, name)
 
 
-_streams: dict = {}
-
-
-def stream_of(ref: ArrayRef):
-    """The caller's current stream for this array's framework, as a CuPy stream object."""
-    import cupy as cp
+def stream_handle(ref: ArrayRef) -> int:
+    """The caller's current stream (raw ``cudaStream_t``) for this array's framework."""
     if ref.framework == "torch":
-        ts = _torch().cuda.current_stream(ref.device)
-        s = _streams.get((ref.device, ts.cuda_stream))
-        if s is None:
-            if hasattr(cp.cuda.Stream, "from_external") and hasattr(ts, "__cuda_stream__"):
-                s = cp.cuda.Stream.from_external(ts)
-            else:  # older CuPy / torch
-                s = cp.cuda.ExternalStream(ts.cuda_stream, ref.device)
-            _streams[(ref.device, ts.cuda_stream)] = s
-        return s
-    return cp.cuda.get_current_stream(ref.device)
+        return _torch()._C._cuda_getCurrentRawStream(ref.device)
+    import cupy as cp
+    return cp.cuda.get_current_stream(ref.device).ptr

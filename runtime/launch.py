@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Union
 
 import numpy as np
 
-from .arrays import ArrayRef, stream_of
-from .device import properties
+from .arrays import ArrayRef, stream_handle
+from .device import launch, param_format, properties
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
 
@@ -80,13 +81,20 @@ class ElementwiseLauncher(Launcher):
         tx = min(threads, next_pow2(units))
         ty = threads // tx
         grid = row_grid(args.rows, ty, threads, first.device)
-        math = np.float64 if plan.sku.precision.math == "f64" else np.float32
-        params = []
+        f64 = plan.sku.precision.math == "f64"
+        values = []
         for a, view in args.ins + args.outs:
-            params += [np.uint64(a.ptr), np.int64(view.row_stride)]
+            values += (a.ptr, view.row_stride)
         scale_value = 0.0 if isinstance(args.scale, ArrayRef) else args.scale
-        params += [np.uint64(ptr(args.scale)), math(scale_value), np.uint64(ptr(args.zero_point)),
-                   np.int32(args.zp_value), np.int64(args.rows), np.int64(args.cols),
-                   np.int64(args.group_size), np.int64(args.chan_inner), np.int64(args.chan_count),
-                   np.int32(args.chan_last), np.int32(args.qmin), np.int32(args.qmax), np.int32(vec_ok)]
-        fn((grid,), (tx, ty), tuple(params), stream=stream if stream is not None else stream_of(first))
+        values += (ptr(args.scale), scale_value, ptr(args.zero_point), args.zp_value, args.rows, args.cols,
+                   args.group_size, args.chan_inner, args.chan_count, int(args.chan_last), args.qmin, args.qmax,
+                   int(vec_ok))
+        fmt = _elementwise_format(len(args.ins) + len(args.outs), f64)
+        launch(fn, (grid,), (tx, ty), fmt, values, stream if stream is not None else stream_handle(first))
+
+
+@lru_cache(maxsize=None)
+def _elementwise_format(streams: int, f64: bool) -> str:
+    """Parameter layout of templates/quantization/_elementwise.cu.j2 kernels."""
+    return param_format(("ptr", "i64") * streams + ("ptr", "f64" if f64 else "f32", "ptr", "i32")
+                        + ("i64",) * 5 + ("i32",) * 4)

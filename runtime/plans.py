@@ -107,8 +107,21 @@ class Plan:
             return False
 
     def run(self, args, stream=None):
+        """Launch on ``stream`` (a CuPy or torch stream, or a raw handle); default: the
+        caller's current stream for the arrays' framework."""
         self.launcher.check(self, args)
-        self.launcher.run(self, args, stream)
+        self.launcher.run(self, args, stream_handle_of(stream))
+
+
+def stream_handle_of(stream):
+    """A raw ``cudaStream_t`` from a CuPy stream, a torch stream or an int (None stays None)."""
+    if stream is None or isinstance(stream, int):
+        return stream
+    for attr in ("ptr", "cuda_stream"):
+        h = getattr(stream, attr, None)
+        if h is not None:
+            return int(h)
+    raise InvalidProblemError(f"stream={stream!r} is not a CuPy stream, a torch stream or a raw handle")
 
 
 @lru_cache(maxsize=4096)

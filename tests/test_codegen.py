@@ -82,7 +82,7 @@ def _cli(*args):
 
 def test_cli_check_list_show():
     assert _cli("check").returncode == 0
-    out = _cli("list", "--filter", "*quantize/token/symmetric/bf16/s8*")
+    out = _cli("list", "--filter", "quantization/quantize/token/symmetric/bf16/s8*")
     assert out.returncode == 0
     assert out.stdout.split() == ["quantization/quantize/token/symmetric/bf16/s8/sm80/simt/f32.acc-f32.det.stable"]
     js = json.loads(_cli("list", "--json", "--filter", "*dequantize/group*").stdout)
@@ -100,6 +100,6 @@ def test_cli_show_unknown_sku_is_a_clear_error():
 
 
 def test_cli_compile_one_unit():
-    out = _cli("compile", "--arch", "sm_80", "--filter", "*quantize/tensor/symmetric/f32/s8*")
+    out = _cli("compile", "--arch", "sm_80", "--filter", "quantization/quantize/tensor/symmetric/f32/s8*")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sm_80: 1 units, 1 kernels compiled" in out.stdout
