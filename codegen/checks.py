@@ -86,14 +86,16 @@ def _shapes(scope: str, rng):
     """(shape, axis, group_size) triples covering aligned, odd and higher-rank shapes."""
     out = []
     if scope == "tensor":
-        out = [((64, 512), None, None), ((3, 5, 77), None, None), ((1,), None, None), ((2, 1, 3, 1, 2, 1, 2, 3), None, None)]
+        out = [((64, 512), None, None), ((3, 5, 77), None, None), ((1,), None, None), ((2, 1, 3, 1, 2, 1, 2, 3), None, None),
+               ((0, 16), None, None)]
     elif scope == "token":
-        out = [((70, 256), None, None), ((4, 9, 33), None, None), ((5, 1), None, None)]
+        out = [((70, 256), None, None), ((4, 9, 33), None, None), ((5, 1), None, None), ((0, 64), None, None)]
     elif scope == "group":
-        out = [((48, 512), None, 128), ((7, 96), None, 32), ((3, 4, 60), None, 6), ((9, 48), None, 3), ((5, 64), None, 64)]
+        out = [((48, 512), None, 128), ((7, 96), None, 32), ((3, 4, 60), None, 6), ((9, 48), None, 3), ((5, 64), None, 64),
+               ((0, 32), None, 16)]
     elif scope == "channel":
         out = [((40, 256), 1, None), ((40, 256), 0, None), ((3, 6, 5, 32), 1, None), ((2, 3, 4, 5, 7), -1, None),
-               ((2, 2, 2, 2, 2, 2, 2, 16), 3, None)]
+               ((2, 2, 2, 2, 2, 2, 2, 16), 3, None), ((0, 8), 1, None)]
     return out
 
 
@@ -196,3 +198,6 @@ def check(sku, rng=None, preferred_fw="cupy") -> CheckResult:
         return fn(sku, rng, preferred_fw)
     except Exception as e:  # noqa: BLE001 - a crash is a failed verification, recorded
         return CheckResult(str(sku), False, detail=f"{type(e).__name__}: {e}")
+from . import checks_moe  # noqa: E402,F401
+from . import checks_dynamic  # noqa: E402,F401
+from . import checks_training  # noqa: E402,F401

@@ -121,7 +121,7 @@ def cmd_compile(args) -> int:
     jobs = compile_jobs(reg, archs, args.filter)
     workers = args.jobs or os.cpu_count() or 1
     t0 = time.perf_counter()
-    failures, done = [], {a: 0 for a in archs}
+    failures, done, results = [], {a: 0 for a in archs}, []
     kernels = {a: 0 for a in archs}
     with Progress(console=console, transient=not console.is_terminal) as progress, \
             ProcessPoolExecutor(max_workers=workers) as pool:
@@ -129,6 +129,7 @@ def cmd_compile(args) -> int:
         futures = [pool.submit(_compile_one, j) for j in jobs]
         for f in as_completed(futures):
             unit, arch, err, dt = f.result()
+            results.append((unit, arch, err, dt))
             if err:
                 failures.append((unit, arch, err))
             else:
@@ -142,6 +143,10 @@ def cmd_compile(args) -> int:
     for unit, arch, err in failures:
         console.print(f"[red]FAILED[/red] {unit} sm_{arch}:\n{err}")
     console.print(f"{len(jobs)} compiles in {dt:.1f} s with {workers} workers; {len(failures)} failures")
+    if getattr(args, "record", None) is not None:
+        from .audit import record_compile
+        path = record_compile(reg.manifest, results, args.record or None)
+        console.print(f"recorded {len(results)} unit compiles in {path}")
     return 1 if failures else 0
 
 
@@ -160,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--arch", default="sm_80,sm_90")
     sp.add_argument("--filter", default="*")
     sp.add_argument("--jobs", type=int, default=0)
+    sp.add_argument("--record", nargs="?", const="", default=None, metavar="FILE",
+                    help="record per unit and arch ok/failed with the sha256s, for `audit` "
+                         "(default FILE: audit/compiled.json)")
     for name, mod in (("audit", "audit"), ("verify", "verify"), ("bench", "bench")):
         try:
             m = __import__(f"codegen.{mod}", fromlist=["add_parser"])

@@ -125,7 +125,170 @@ STATIC_DEQUANTIZE = Family(
     exclusions=(_not_yet(LOW_BIT, 5),),
 )
 
-FAMILIES: tuple = (STATIC_QUANTIZE, STATIC_DEQUANTIZE)
+
+def _dynamic_context(cell, ctx):
+    """dynamic_quantize (issue 3): token/group are one fused pass (launch kind ``dynamic_fused``),
+    tensor/channel a two-phase deterministic reduction + the static quantize kernel
+    (``dynamic_reduce``). ``ch_*``: chunks of a row a thread keeps in registers (64 bytes of x);
+    ``min_blocks``: 2 (64 registers, 4 resident 256-thread blocks) where ptxas fits it unspilled."""
+    el = cell.sku.element
+    if cell.sku.scope in ("token", "group"):
+        ch_max = max(1, 64 // (ctx["vec"] * SIZE[el]))
+        ch_vec = [c for c in (1, 2, 4, 8) if c <= ch_max]
+        ch_scalar = [c for c in (1, 4, 8) if c * SIZE[el] <= 64]
+        min_blocks = 2 if cell.sku.mode == "symmetric" and SIZE[el] <= 4 else 1
+        return {"ch_vec": ch_vec, "ch_scalar": ch_scalar, "min_blocks": min_blocks,
+                "launch": {"kind": "dynamic_fused", "max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar}}
+    return {"rvec": 16 // SIZE[el], "launch": {"kind": "dynamic_reduce", "rvec": 16 // SIZE[el]}}
+
+
+DYNAMIC_QUANTIZE = Family(
+    name="dynamic-quantize",
+    category="quantization",
+    ops=("dynamic_quantize",),
+    template="quantization/{op}.cu.j2",
+    pairs=tuple(itertools.product(FLOATS, INTS + LOW_BIT)),
+    scopes=QUANT_SCOPES,
+    modes=QUANT_MODES,
+    launch="dynamic_fused",
+    ins=(Stream("x", "element"),),
+    outs=(Stream("q", "aux"),),
+    exclusions=(_not_yet(LOW_BIT, 5),),
+    extra_context=_dynamic_context,
+    # the reductions (min/max) run in the math precision too
+    precision=lambda op, scope, mode, el, aux, arch, backend: Precision(math_of(el), math_of(el)),
+)
+
+# -- MoE grouped matmul (issue 6) -------------------------------------------------------------
+MOE_FLOATS = ("f32", "f16", "bf16", "f64")
+# Tile shape of each backend: the templates static_assert the shapes their fragment maps assume.
+MOE_TILES = {
+    "simt": {"BM": 64, "BN": 64, "BK": 16, "STAGES": 1, "THREADS": 256, "MIN_BLOCKS": 0},
+    "mma": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 5, "THREADS": 128, "MIN_BLOCKS": 0},
+}
+MOE_OPKIND = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad",
+              "grouped_matmul_backward_weight": "wgrad"}
+MOE_ROUTE = ("offsets_i32", "offsets_i64", "count", "scan", "scatter")
+
+
+def _moe_context(cell, ctx):
+    """Tile shape, storage types and the routing entry points (``<symbol>_route_*``)."""
+    sku = cell.sku
+    tile = dict(MOE_TILES[sku.backend])
+    out_kind = sku.aux_element or sku.element
+    smem = tile["STAGES"] * (tile["BM"] + tile["BN"]) * tile["BK"] * SIZE[sku.element] if sku.backend == "mma" else 0
+    return {
+        "ns": sku.symbol + "_ns", "T": CTYPE[sku.element], "OUT": CTYPE[out_kind], "out_kind": out_kind,
+        "opkind": MOE_OPKIND[sku.op], "tile": tile, "route_threads": 1024,
+        "launch": {"kind": "moe_gemm", "block_threads": tile["THREADS"], "tile": tile, "dynamic_smem": smem,
+                   "out": out_kind, "route_threads": 1024,
+                   "route": {r: f"{sku.symbol}_route_{r}" for r in MOE_ROUTE}},
+    }
+
+
+def _moe_precision(op, scope, mode, el, aux, arch, backend):
+    # mma multiplies the f16/bf16 inputs as they are (exact products) into fp32 accumulators.
+    math = el if backend == "mma" and el in ("f16", "bf16") else math_of(el)
+    return Precision(math, "f64" if el == "f64" else "f32", deterministic=True, bit_stable=False)
+
+
+_MOE_EXCLUSIONS = (
+    Exclusion("f64 grouped matmul is not offered: SPEC §5 grouped_matmul dtypes are f32, f16, bf16",
+              lambda s: s.element == "f64"),
+    Exclusion("the tensor-core (mma) path takes f16/bf16 inputs with fp32 accumulation; f32 runs on simt",
+              lambda s: s.backend == "mma" and s.element == "f32"),
+)
+
+MOE_GEMM = Family(
+    name="moe-grouped-matmul",
+    category="moe",
+    ops=("grouped_matmul", "grouped_matmul_backward_input"),
+    template="moe/grouped_matmul.cu.j2",
+    pairs=tuple((el, None) for el in MOE_FLOATS),
+    backends=("simt", "mma"),
+    launch="moe_gemm",
+    nvrtc_options=(),            # fmad on: grouped matmul is not bit-exact with NumPy (SPEC §6 tolerances)
+    exclusions=_MOE_EXCLUSIONS,
+    extra_context=_moe_context,
+    precision=_moe_precision,
+)
+
+# dw is float32 by default (aux f32 for f16/bf16 inputs), or the input dtype on request (aux None).
+MOE_WGRAD = Family(
+    name="moe-grouped-matmul-wgrad",
+    category="moe",
+    ops=("grouped_matmul_backward_weight",),
+    template="moe/grouped_matmul.cu.j2",
+    pairs=(("f32", None), ("f16", "f32"), ("f16", None), ("bf16", "f32"), ("bf16", None), ("f64", None)),
+    backends=("simt", "mma"),
+    launch="moe_gemm",
+    nvrtc_options=(),
+    exclusions=_MOE_EXCLUSIONS,
+    extra_context=_moe_context,
+    precision=_moe_precision,
+)
+
+
+
+# -- training ops (issue 4): straight-through backward, fake-quant, LSQ ----------------------
+# Gradients and fake-quantized values are in the input dtype: element = aux_element.
+TRAINING_PAIRS = tuple((f, f) for f in FLOATS)
+
+TRAINING_STE = Family(
+    name="training-ste",
+    category="quantization",
+    ops=("quantize_backward", "fake_quantize_backward"),
+    template="quantization/{op}.cu.j2",
+    pairs=TRAINING_PAIRS,
+    scopes=QUANT_SCOPES,
+    modes=QUANT_MODES,
+    ins=(Stream("dy", "aux"), Stream("x", "element")),
+    outs=(Stream("dx", "aux"),),
+)
+
+TRAINING_DEQUANTIZE_BACKWARD = Family(
+    name="training-dequantize-backward",
+    category="quantization",
+    ops=("dequantize_backward",),
+    template="quantization/{op}.cu.j2",
+    pairs=TRAINING_PAIRS,
+    scopes=QUANT_SCOPES,
+    ins=(Stream("dy", "element"),),
+    outs=(Stream("dq", "aux"),),
+)
+
+TRAINING_FAKE_QUANTIZE = Family(
+    name="training-fake-quantize",
+    category="quantization",
+    ops=("fake_quantize",),
+    template="quantization/{op}.cu.j2",
+    pairs=TRAINING_PAIRS,
+    scopes=QUANT_SCOPES,
+    modes=QUANT_MODES,
+    ins=(Stream("x", "element"),),
+    outs=(Stream("y", "aux"), Stream("mask", "u8")),
+    # the mask is optional: a null pointer skips its stores
+    extra_context=lambda cell, ctx: {"nullable": ("mask",), "launch": {"nullable": ["mask"]}},
+)
+
+TRAINING_LSQ = Family(
+    name="training-lsq",
+    category="quantization",
+    ops=("fake_quantize_learnable_backward",),
+    template="quantization/{op}.cu.j2",
+    pairs=TRAINING_PAIRS,
+    scopes=QUANT_SCOPES,
+    modes=QUANT_MODES,
+    launch="lsq",
+    ins=(Stream("dy", "aux"), Stream("x", "element")),
+    outs=(Stream("dx", "aux"),),
+    # sums accumulate in the math precision (float64 for f64 inputs)
+    precision=lambda op, scope, mode, el, aux, arch, backend: Precision(math_of(el), math_of(el)),
+    extra_context=lambda cell, ctx: {"launch": {"finish": cell.sku.scope in ("tensor", "channel")}},
+)
+
+FAMILIES: tuple = (STATIC_QUANTIZE, STATIC_DEQUANTIZE, DYNAMIC_QUANTIZE, MOE_GEMM, MOE_WGRAD,
+                  TRAINING_STE, TRAINING_DEQUANTIZE_BACKWARD, TRAINING_FAKE_QUANTIZE, TRAINING_LSQ)
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,13 @@ def _stream_kind(stream, sku) -> str:
     return {"element": sku.element, "aux": sku.aux_element}.get(stream.element, stream.element)
 
 
+UNROLL = 4  # vectors each thread has in flight in the elementwise skeleton
+
+
 def vector_width(kinds) -> int:
-    """Elements per thread: 16 bytes of the narrowest stream (16-byte accesses throughout)."""
-    return 16 // min(SIZE[k] for k in kinds)
+    """Elements per thread and access: 16 bytes of the widest stream, so the widest stream moves
+    in 16-byte accesses and the narrower ones in 8/4-byte accesses, all coalesced across a warp."""
+    return max(1, 16 // max(SIZE[k] for k in kinds))
 
 
 def kernel_context(cell: Cell) -> dict:
@@ -69,6 +73,7 @@ def kernel_context(cell: Cell) -> dict:
         "ins": ins,
         "outs": outs,
         "vec": vector_width([s["kind"] for s in ins + outs]) if ins + outs else 1,
+        "unroll": UNROLL,
         "arch": sku.arch,
         "backend": sku.backend,
         "launch_extra": {},
@@ -85,6 +90,7 @@ def launch_metadata(cell: Cell, ctx: dict) -> dict:
     meta = {
         "kind": cell.family.launch,
         "vec": ctx["vec"],
+        "unroll": ctx["unroll"],
         "block_threads": 256,
         "ins": [{"name": s["name"], "kind": s["kind"]} for s in ctx["ins"]],
         "outs": [{"name": s["name"], "kind": s["kind"]} for s in ctx["outs"]],

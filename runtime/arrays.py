@@ -17,13 +17,13 @@ from .errors import InvalidProblemError
 
 # element kind <-> numpy dtype name
 KIND_OF_NUMPY = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
-                 "int8": "s8", "uint8": "u8", "int32": "i32", "uint32": "u32",
+                 "int8": "s8", "uint8": "u8", "int32": "i32", "uint32": "u32", "int64": "i64",
                  "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "float8_e8m0fnu": "e8m0"}
 NUMPY_OF_KIND = {v: k for k, v in KIND_OF_NUMPY.items()}
 ALIASES = {"float": "f32", "half": "f16", "double": "f64", "int": "i32", "s32": "i32",
            "fp32": "f32", "fp16": "f16", "fp64": "f64", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
            "float8_e4m3": "fp8_e4m3", "int4": "s4", "uint4": "u4"}
-ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "i32": 4, "u32": 4,
+ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "i32": 4, "u32": 4, "i64": 8,
             "fp8_e4m3": 1, "fp8_e5m2": 1, "e8m0": 1, "s4": 1, "u4": 1}
 
 
@@ -179,7 +179,7 @@ def numpy_dtype(kind: str):
 def torch_dtype(kind: str):
     torch = _torch()
     name = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "s8": "int8",
-            "u8": "uint8", "i32": "int32", "u32": "uint32", "fp8_e4m3": "float8_e4m3fn",
+            "u8": "uint8", "i32": "int32", "u32": "uint32", "i64": "int64", "fp8_e4m3": "float8_e4m3fn",
             "fp8_e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu"}[kind]
     return getattr(torch, name)
 

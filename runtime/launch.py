@@ -21,11 +21,13 @@ def ptr(a) -> int:
     return a.ptr if isinstance(a, ArrayRef) else 0
 
 
-def row_grid(rows: int, ty: int, threads: int, device: int) -> int:
-    """Blocks for a grid-stride loop over rows: one full wave at most (no grid limits)."""
-    props = properties(device)
-    per_sm = max(1, props["max_threads_per_sm"] // threads)
-    return max(1, min(-(-rows // ty), props["sms"] * per_sm))
+MAX_GRID_X = 2**31 - 1
+
+
+def row_grid(rows: int, ty: int, threads: int = 256, device: int = 0) -> int:
+    """Blocks for a grid-stride loop over rows: one block per ``ty`` rows (no tail imbalance
+    from a capped grid), capped at the grid limit; the kernel's loop covers the rest."""
+    return max(1, min(-(-rows // ty), MAX_GRID_X))
 
 
 @dataclass
@@ -68,15 +70,20 @@ class ElementwiseLauncher(Launcher):
             align = min(16, vec * a.itemsize)
             if a.ptr % align or (view.row_stride * a.itemsize) % align:
                 return False
+        if args.chan_last:  # per-column scales and zero points are read as vectors too
+            for p in (args.scale, args.zero_point):
+                if isinstance(p, ArrayRef) and p.ptr % min(16, vec * p.itemsize):
+                    return False
         return True
 
-    def run(self, plan, args: ElementwiseArgs, stream=None):
-        if args.rows == 0 or args.cols == 0:
-            return
+    def prepare(self, plan, args: ElementwiseArgs) -> "PreparedLaunch":
+        """Grid, block and packed parameters; ``run`` launches them. Pointer slots can be
+        re-filled for a repeated call on same-shaped arrays (the functional fast path)."""
         first = args.ins[0][0]
         fn = plan.registry.kernel(plan.sku, first.device)
         vec_ok = self.vec_ok(plan, args)
-        units = -(-args.cols // plan.launch["vec"]) if vec_ok else args.cols
+        # columns per thread-iteration: U vectors (vector path) or one element (scalar path)
+        units = -(-args.cols // (plan.launch["vec"] * plan.launch.get("unroll", 1))) if vec_ok else args.cols
         threads = plan.launch["block_threads"]
         tx = min(threads, next_pow2(units))
         ty = threads // tx
@@ -90,7 +97,25 @@ class ElementwiseLauncher(Launcher):
                    args.group_size, args.chan_inner, args.chan_count, int(args.chan_last), args.qmin, args.qmax,
                    int(vec_ok))
         fmt = _elementwise_format(len(args.ins) + len(args.outs), f64)
-        launch(fn, (grid,), (tx, ty), fmt, values, stream if stream is not None else stream_handle(first))
+        return PreparedLaunch(fn, (grid,), (tx, ty), fmt, values)
+
+    def run(self, plan, args: ElementwiseArgs, stream=None):
+        if args.rows == 0 or args.cols == 0:
+            return
+        prep = self.prepare(plan, args)
+        prep.launch(stream if stream is not None else stream_handle(args.ins[0][0]))
+
+
+@dataclass
+class PreparedLaunch:
+    fn: object
+    grid: tuple
+    block: tuple
+    fmt: str
+    values: list
+
+    def launch(self, stream: int, values=None) -> None:
+        launch(self.fn, self.grid, self.block, self.fmt, self.values if values is None else values, stream)
 
 
 @lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ import numbers
 import sys
 
 from . import config
-from .arrays import ArrayRef, as_array, empty, kind_of
+from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs
 from .plans import Descriptor, cached_plan
@@ -56,6 +56,8 @@ def _check_param_shape(ref: ArrayRef, want, scope, arg):
     ok = tuple(ref.shape) == tuple(want) or (scope == "tensor" and ref.size == 1 and ref.ndim <= 1)
     if not ok:
         raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)}; scope={scope!r} needs {tuple(want)}")
+    if ref.size == 0:
+        return  # nothing is read
     # flat indexing in the kernel: the parameter must be C-contiguous
     expect = 1
     for n, s in reversed(list(zip(ref.shape, ref.strides))):
@@ -116,7 +118,7 @@ def _channel_params(shape, scope, axis):
 
 
 def _launch_elementwise(op, mode, x: ArrayRef, xv, out_obj, scale, zp, zp_value, scope, axis, group_size,
-                       element, aux, qmin, qmax, out_kind):
+                       element, aux, qmin, qmax, out_kind, fast=None):
     """Allocate (or check) the output, then launch. Every input check has already passed."""
     outr = _out_arg(out_obj, x, x.shape, out_kind)
     _same_device([x, outr])
@@ -127,8 +129,112 @@ def _launch_elementwise(op, mode, x: ArrayRef, xv, out_obj, scale, zp, zp_value,
     args = ElementwiseArgs(ins=[(x, xv)], outs=[(outr, ov)], scale=scale, zero_point=zp, zp_value=zp_value,
                            rows=xv.rows, cols=xv.cols, group_size=group_size or 1, chan_inner=inner,
                            chan_count=count, chan_last=last, qmin=qmin, qmax=qmax)
-    cached_plan(Descriptor(op, scope, mode, element, aux)).run(args)
+    plan = cached_plan(Descriptor(op, scope, mode, element, aux))
+    plan.launcher.check(plan, args)
+    prep = plan.launcher.prepare(plan, args)
+    prep.launch(stream_handle(x))
+    if fast is not None:
+        fast.remember(prep, x, out_kind, qmin, qmax)
     return outr
+
+
+# -- repeated-call fast path -------------------------------------------------------------------
+# A call whose arguments have the same types, shapes, strides, dtypes, devices and 16-byte
+# alignment as an earlier, fully validated call reuses that call's prepared launch: only the
+# pointers (and a scalar scale / zero point, re-checked here) change. Device-array *values*
+# are not re-checked on this path, so it is taken only when value checks are off
+# (``runtime.trusted()`` / ``config.check_values = False``) or no device parameter exists.
+_FAST: dict = {}
+_FAST_LIMIT = 2048
+
+
+def _describe(obj):
+    """(hashable signature, pointer or scalar value) of one argument; (None, None) = no fast path."""
+    t = type(obj)
+    if obj is None:
+        return ("none",), 0
+    if t is float or t is int:
+        return (t,), obj
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        p = obj.data_ptr()
+        return (t, obj.shape, obj.stride(), obj.dtype, obj.get_device(), obj.is_cuda, p & 15), p
+    cp = sys.modules.get("cupy")
+    if cp is not None and t is cp.ndarray:
+        p = obj.data.ptr
+        return (t, obj.shape, obj.strides, obj.dtype, obj.data.device_id, p & 15), p
+    return None, None
+
+
+class _FastCall:
+    """One functional call's fast-path key; ``hit`` launches, ``remember`` stores."""
+
+    __slots__ = ("key", "vals", "device_params", "result")
+
+    def __init__(self, op, x, scale, zero_point, out, static):
+        self.key = None
+        self.result = None
+        sx, px = _describe(x)
+        ss, ps = _describe(scale)
+        sz, pz = _describe(zero_point)
+        so, po = _describe(out)
+        if sx is None or ss is None or sz is None or so is None:
+            return
+        self.key = (op, sx, ss, sz, so) + static
+        self.vals = (px, ps, pz, po)
+        self.device_params = not (type(scale) in (float, int) and type(zero_point) in (int, type(None)))
+
+    def hit(self) -> bool:
+        if self.key is None or (self.device_params and config.values_checked()):
+            return False
+        entry = _FAST.get(self.key)
+        if entry is None:
+            return False
+        prep, alloc, qmin, qmax = entry
+        px, ps, pz, po = self.vals
+        values = list(prep.values)
+        values[0] = px
+        if type(ps) is float or type(ps) is int:
+            if not 0.0 < ps < math.inf:
+                return False  # the slow path raises the proper error
+            values[5] = ps
+        else:
+            values[4] = ps
+        if type(pz) is int and self.key[3][0] is int:
+            if not qmin <= pz <= qmax:
+                return False
+            values[7] = pz
+        elif self.key[3][0] != "none":
+            values[6] = pz
+        if self.key[4][0] == "none":
+            out = alloc()
+            po = out.data_ptr() if hasattr(out, "data_ptr") else out.data.ptr
+        else:
+            out = None
+        values[2] = po
+        stream = x_stream(self.key[1], px)
+        prep.launch(stream, values)
+        self.result = out
+        return True
+
+    def remember(self, prep, x: ArrayRef, out_kind, qmin, qmax):
+        if self.key is None:
+            return
+        if len(_FAST) >= _FAST_LIMIT:
+            _FAST.clear()
+        shape = x.shape
+        like = x
+        _FAST[self.key] = (prep, lambda: empty(like, shape, out_kind), qmin, qmax)
+
+
+def x_stream(sig, ptr_value) -> int:
+    """The current stream for an argument described by ``_describe``."""
+    t = sig[0]
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(t, torch.Tensor):
+        return torch._C._cuda_getCurrentRawStream(sig[4])
+    import cupy as cp
+    return cp.cuda.get_current_stream(sig[4]).ptr
 
 
 def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",
@@ -138,6 +244,9 @@ def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, ou
     ``zero_point=None`` is symmetric mode: the implied zero point is 0 for signed outputs
     and the middle of the range (128) for u8.
     """
+    fast = _FastCall("quantize", x, scale, zero_point, out, (scope, axis, group_size, out_dtype, qmin, qmax))
+    if fast.hit():
+        return out if out is not None else fast.result
     xr = as_array(x, "x")
     if xr.kind not in FLOAT_KINDS:
         raise UnsupportedError(f"x has dtype {xr.kind}; quantize takes {', '.join(FLOAT_KINDS)}")
@@ -154,12 +263,15 @@ def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, ou
     _same_device([xr, s, zp])
     zp_value = implied_zero_point(qk) if zp is None else (zp if isinstance(zp, int) else 0)
     outr = _launch_elementwise("quantize", mode, xr, xv, out, s, zp if isinstance(zp, ArrayRef) else None,
-                               zp_value, scope, axis, group_size, xr.kind, qk, qmin, qmax, qk)
+                               zp_value, scope, axis, group_size, xr.kind, qk, qmin, qmax, qk, fast)
     return outr.obj
 
 
 def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="float32", out=None):
     """``y = (q - zero_point) * scale`` per scope, rounded once to ``out_dtype`` (SPEC §5)."""
+    fast = _FastCall("dequantize", q, scale, zero_point, out, (scope, axis, group_size, out_dtype))
+    if fast.hit():
+        return out if out is not None else fast.result
     qr = as_array(q, "q")
     if qr.kind not in INT_KINDS:
         raise UnsupportedError(f"q has dtype {qr.kind}; dequantize takes {', '.join(INT_KINDS)}")
@@ -175,5 +287,5 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
     _same_device([qr, s, zp])
     zp_value = implied_zero_point(qr.kind) if zp is None else (zp if isinstance(zp, int) else 0)
     outr = _launch_elementwise("dequantize", mode, qr, qv, out, s, zp if isinstance(zp, ArrayRef) else None,
-                               zp_value, scope, axis, group_size, qr.kind, yk, lo, hi, yk)
+                               zp_value, scope, axis, group_size, qr.kind, yk, lo, hi, yk, fast)
     return outr.obj

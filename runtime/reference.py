@@ -76,3 +76,253 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
         zp = broadcast_param(np.asarray(zero_point, dtype=np.int32), q.shape, scope, axis, group_size)
     y = ((q.astype(np.int64) - zp).astype(math) * s).astype(math)
     return y.astype(numpy_dtype(out_dtype))
+
+
+# -- dynamic_quantize (issue 3) ---------------------------------------------------------------
+def dynamic_range(kind: str, mode: str, qmin=None, qmax=None):
+    """Effective (qmin, qmax, zp) of dynamic_quantize: symmetric defaults are the symmetric
+    range (s8 -127..127, u8 1..255) with the implied zero point; asymmetric the full range."""
+    lo, hi = QRANGE[kind]
+    if mode == "symmetric":
+        z = implied_zero_point(kind)
+        qmin = (2 * z - hi) if qmin is None else qmin
+        qmax = hi if qmax is None else qmax
+        return qmin, qmax, (qmin + qmax + 1) // 2
+    return (lo if qmin is None else qmin), (hi if qmax is None else qmax), None
+
+
+def _slice_axes(shape, scope, axis):
+    ndim = len(shape)
+    if scope == "tensor":
+        return tuple(range(ndim))
+    if scope == "channel":
+        return tuple(a for a in range(ndim) if a != axis % ndim)
+    return (ndim - 1,)  # token; group after the reshape below
+
+
+def dynamic_qparams(x, *, scope, mode="symmetric", axis=None, group_size=None, out_kind="s8",
+                    qmin=None, qmax=None, eps=1e-8):
+    """(scale, zero_point or None, qmin, qmax) exactly as SPEC §5 defines them, in the math
+    precision: reductions ignore NaN (np.fmax / np.fmin), an empty or all-NaN slice reduces to 0;
+    ``clamp`` of the zero point is ``fmax(fmin(z, qmax), qmin)`` (a NaN, from min x = -inf, -> qmax)."""
+    x = np.asarray(x)
+    math = math_dtype(x.dtype)
+    m = math.type
+    qmin, qmax, zp_sym = dynamic_range(out_kind, mode, qmin, qmax)
+    xm = x.astype(math)
+    if scope == "group":
+        xm = xm.reshape(tuple(x.shape[:-1]) + (x.shape[-1] // group_size, group_size))
+    axes = _slice_axes(xm.shape, scope, axis)
+    if scope == "channel":
+        pshape = (x.shape[axis % x.ndim],)
+    else:
+        pshape = tuple(s for i, s in enumerate(xm.shape) if i not in axes)
+    with np.errstate(all="ignore"):
+        if mode == "symmetric":
+            amax = np.fmax.reduce(np.abs(xm), axis=axes, initial=m(0)).astype(math).reshape(pshape)
+            scale = (np.fmax(amax, m(eps)) / m(qmax - zp_sym)).astype(math)
+            return scale, None, qmin, qmax
+        mn = np.fmin.reduce(xm, axis=axes, initial=m(0)).astype(math).reshape(pshape)
+        mx = np.fmax.reduce(xm, axis=axes, initial=m(0)).astype(math).reshape(pshape)
+        scale = np.fmax(((mx - mn) / m(qmax - qmin)).astype(math), m(eps)).astype(math)
+        z = (m(qmin) - np.rint((mn / scale).astype(math))).astype(math)
+        z = np.fmax(np.fmin(z, m(qmax)), m(qmin))
+        return scale, z.astype(np.int32), qmin, qmax
+
+
+def dynamic_quantize_ref(x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype="s8",
+                         qmin=None, qmax=None, eps=1e-8):
+    """``(q, scale, zero_point)`` of ``runtime.dynamic_quantize`` (zero_point None when symmetric);
+    ``q`` is ``quantize(x, scale, zero_point, qmin, qmax)`` by construction."""
+    x = np.asarray(x)
+    scale, zp, qmin, qmax = dynamic_qparams(x, scope=scope, mode=mode, axis=axis, group_size=group_size,
+                                            out_kind=out_dtype, qmin=qmin, qmax=qmax, eps=eps)
+    q = quantize(x, scale, zp, scope=scope, axis=axis, group_size=group_size, out_dtype=out_dtype,
+                 qmin=qmin, qmax=qmax)
+    return q, scale, zp
+
+
+# -- training ops (issue 4): straight-through backward, fake-quant, LSQ ---------------------------
+# Shared with runtime/training.py's launcher: the fixed reduction order of the LSQ sums.
+LSQ_MAX_TEAM = 256      # lanes of a team (a power of two)
+LSQ_TILE_ROWS = 32      # rows per tile of the channel-last tile pass
+
+
+def fake_quant_zero_point(qmin: int, qmax: int) -> int:
+    """Symmetric fake quantization's zero point: the middle of [qmin, qmax] (0 for -128..127)."""
+    return (qmin + qmax + 1) // 2
+
+
+def _fq_values(x, scale, zero_point, zp_default, scope, axis, group_size):
+    """(xm, s, inv, zp, v): x and the broadcast parameters in the math precision and
+    ``v = rne(x * inv) + zp`` (NaN stays NaN)."""
+    x = np.asarray(x)
+    math = math_dtype(x.dtype)
+    s = broadcast_param(np.asarray(scale).astype(math), x.shape, scope, axis, group_size)
+    if zero_point is None:
+        zp = np.asarray(zp_default, dtype=math)
+    else:
+        zp = broadcast_param(np.asarray(zero_point, dtype=np.int32), x.shape, scope, axis, group_size).astype(math)
+    inv = (math.type(1) / s).astype(math)
+    xm = x.astype(math)
+    with np.errstate(all="ignore"):
+        v = (np.rint((xm * inv).astype(math)) + zp).astype(math)
+    return xm, s, inv, zp, v
+
+
+def _in_range(v, qmin, qmax):
+    with np.errstate(invalid="ignore"):
+        return (v >= qmin) & (v <= qmax)
+
+
+def _masked(dy, mask, math):
+    """``dy * mask`` as a product (PyTorch's ``dY * mask``): -0 and NaN propagate like the kernels."""
+    with np.errstate(all="ignore"):
+        return (np.asarray(dy).astype(math) * mask.astype(math)).astype(math).astype(np.asarray(dy).dtype)
+
+
+def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="s8",
+                      qmin=None, qmax=None):
+    """``dx = dy * (qmin <= v <= qmax)`` with quantize's ``v`` (SPEC §5), in x's dtype."""
+    v, _, _ = quantize_values(np.asarray(x), scale, zero_point, scope=scope, axis=axis, group_size=group_size,
+                              out_kind=out_dtype, qmin=qmin, qmax=qmax)
+    lo, hi = QRANGE[out_dtype]
+    qmin = lo if qmin is None else qmin
+    qmax = hi if qmax is None else qmax
+    return _masked(dy, _in_range(v, qmin, qmax), math_dtype(np.asarray(x).dtype))
+
+
+def dequantize_backward(dy, scale, *, scope, axis=None, group_size=None):
+    """``dq = dy * scale`` rounded once to dy's dtype."""
+    dy = np.asarray(dy)
+    math = math_dtype(dy.dtype)
+    s = broadcast_param(np.asarray(scale).astype(math), dy.shape, scope, axis, group_size)
+    return (dy.astype(math) * s).astype(math).astype(dy.dtype)
+
+
+def fake_quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, qmin=-128, qmax=127):
+    """``(y, mask)``: ``y = (clamp(v, qmin, qmax) - zp) * scale`` in x's dtype, ``mask = qmin <= v <= qmax``.
+    ``zero_point=None``: the symmetric zero point ``(qmin + qmax + 1) // 2``. NaN x gives NaN, mask False."""
+    x = np.asarray(x)
+    math = math_dtype(x.dtype)
+    _, s, _, zp, v = _fq_values(x, scale, zero_point, fake_quant_zero_point(qmin, qmax), scope, axis, group_size)
+    with np.errstate(all="ignore"):
+        y = ((np.clip(v, math.type(qmin), math.type(qmax)) - zp).astype(math) * s).astype(math)
+    return y.astype(x.dtype), _in_range(v, qmin, qmax)
+
+
+def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None,
+                           qmin=-128, qmax=127):
+    """``dx = dy * mask`` with fake_quantize's mask."""
+    x = np.asarray(x)
+    _, _, _, _, v = _fq_values(x, scale, zero_point, fake_quant_zero_point(qmin, qmax), scope, axis, group_size)
+    return _masked(dy, _in_range(v, qmin, qmax), math_dtype(x.dtype))
+
+
+def lsq_terms(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None, qmin=-128, qmax=127,
+              grad_factor=1.0):
+    """Per-element LSQ terms ``(dx, ds, dz)`` (PyTorch's formulas, SPEC §5), ds/dz in the math precision."""
+    x = np.asarray(x)
+    math = math_dtype(x.dtype)
+    m = math.type
+    xm, s, inv, zp, v = _fq_values(x, scale, zero_point, fake_quant_zero_point(qmin, qmax), scope, axis, group_size)
+    g = np.asarray(dy).astype(math)
+    gf = m(grad_factor)
+    with np.errstate(all="ignore"):
+        below, above = v < m(qmin), v > m(qmax)
+        out = below | above
+        edge = np.where(below, m(qmin), m(qmax)).astype(math)
+        ds_out = ((g * (edge - zp).astype(math)).astype(math) * gf).astype(math)
+        dz_out = (((-g) * s).astype(math) * gf).astype(math)
+        xfq = ((np.clip(v, m(qmin), m(qmax)) - zp).astype(math) * s).astype(math)
+        ds_in = ((((g * (xfq - xm).astype(math)).astype(math)) * inv).astype(math) * gf).astype(math)
+        ds = np.where(out, ds_out, ds_in).astype(math)
+        dz = np.where(out, dz_out, m(0)).astype(math)
+    dx = _masked(dy, _in_range(v, qmin, qmax), math)
+    return dx, ds, dz
+
+
+def lsq_team(units: int) -> int:
+    """Lanes of a team that sums ``units`` vectors (segment pass) or partials (finish pass)."""
+    return min(LSQ_MAX_TEAM, 1 << max(0, (max(1, units) - 1).bit_length()))
+
+
+def _halve(a):
+    """Halving tree over the last axis (a power of two): ``s[i] + s[i + o]``, o = n/2 .. 1."""
+    while a.shape[-1] > 1:
+        o = a.shape[-1] // 2
+        a = a[..., :o] + a[..., o:]
+    return a[..., 0]
+
+
+def _lane_tree(acc):
+    """Combine lane sums (last axis, a power of two) as the kernels do: a halving tree over the
+    32 lanes of each warp, then one over the warps."""
+    t = acc.shape[-1]
+    with np.errstate(all="ignore"):
+        if t <= 32:
+            return _halve(acc)
+        return _halve(_halve(acc.reshape(acc.shape[:-1] + (t // 32, 32))))
+
+
+def lsq_team_sum(a, vec: int):
+    """Sum the last axis of ``a`` in the segment-pass order: ``vec``-element vectors dealt to
+    ``lsq_team(ceil(L / vec))`` lanes round-robin, each lane adding its elements in order from +0,
+    then the lane tree. Padding with +0 is exact: a sum that starts at +0 is never -0."""
+    a = np.asarray(a)
+    n = a.shape[-1]
+    team = lsq_team(-(-n // vec))
+    step = team * vec
+    pad = (-n) % step if n else step
+    a = np.concatenate([a, np.zeros(a.shape[:-1] + (pad,), a.dtype)], axis=-1)
+    a = a.reshape(a.shape[:-1] + (a.shape[-1] // step, team, vec))
+    acc = np.zeros(a.shape[:-3] + (team,), a.dtype)
+    with np.errstate(all="ignore"):
+        for r in range(a.shape[-3]):
+            for k in range(vec):
+                acc = acc + a[..., r, :, k]
+    return _lane_tree(acc)
+
+
+def lsq_reduce(t, x_shape, scope, axis=None, group_size=None, vec=4):
+    """Sum per-element terms ``t`` (x's shape, math precision) per scale element in the kernels' order."""
+    t = np.asarray(t)
+    ndim = len(x_shape)
+    cols = x_shape[-1]
+    rows = int(np.prod(x_shape[:-1], dtype=np.int64))
+    r2 = t.reshape(rows, cols)
+    if scope == "token":
+        return lsq_team_sum(r2, vec).reshape(x_shape[:-1])
+    if scope == "group":
+        return lsq_team_sum(r2.reshape(rows, cols // group_size, group_size), vec).reshape(
+            tuple(x_shape[:-1]) + (cols // group_size,))
+    if scope == "channel" and axis % ndim == ndim - 1:
+        ntiles = -(-rows // LSQ_TILE_ROWS)
+        padded = np.concatenate([r2, np.zeros((ntiles * LSQ_TILE_ROWS - rows, cols), r2.dtype)])
+        tiles = padded.reshape(ntiles, LSQ_TILE_ROWS, cols)
+        part = np.zeros((ntiles, cols), r2.dtype)
+        with np.errstate(all="ignore"):
+            for r in range(LSQ_TILE_ROWS):
+                part = part + tiles[:, r, :]
+        return lsq_team_sum(part.T, 1)                      # items: the tiles of each column
+    part = lsq_team_sum(r2, vec)                           # one partial per row
+    if scope == "tensor":
+        return lsq_team_sum(part, 1).reshape(())
+    axis %= ndim
+    inner = int(np.prod(x_shape[axis + 1:-1], dtype=np.int64))
+    count = x_shape[axis]
+    items = part.reshape(-1, count, inner).transpose(1, 0, 2).reshape(count, -1)
+    return lsq_team_sum(items, 1)
+
+
+def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None,
+                                     qmin=-128, qmax=127, grad_factor=1.0):
+    """``(dx, dscale, dzero_point)`` of LSQ: dx in x's dtype, dscale in the math precision (the scale's
+    dtype), dzero_point in float32 (None when zero_point is None), summed in the kernels' fixed order."""
+    x = np.asarray(x)
+    vec = 16 // x.dtype.itemsize
+    dx, ds_t, dz_t = lsq_terms(dy, x, scale, zero_point, scope=scope, axis=axis, group_size=group_size,
+                               qmin=qmin, qmax=qmax, grad_factor=grad_factor)
+    ds = lsq_reduce(ds_t, x.shape, scope, axis, group_size, vec)
+    dz = None if zero_point is None else lsq_reduce(dz_t, x.shape, scope, axis, group_size, vec).astype(np.float32)
+    return dx, ds, dz

@@ -75,7 +75,7 @@ def _check(name: str, value: Optional[str], allowed) -> None:
         raise InvalidProblemError(f"KernelSku.{name}={value!r}; supported: {', '.join(allowed)}")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class KernelSku:
     """One cell of the matrix, as a value. Field order is the listing order."""
 
@@ -103,6 +103,25 @@ class KernelSku:
         fields = (self.category, self.op, self.scope, self.mode, self.element, self.aux_element,
                   self.arch, self.backend, str(self.precision))
         return "/".join(NONE if f is None else f for f in fields)
+
+    # Ordering: field by field, a field that does not apply (None) before any value; so SKUs
+    # with and without an aux_element (moe: dw f32 vs input dtype) sort together.
+    def _order_key(self) -> tuple:
+        return tuple("" if f is None else f for f in (
+            self.category, self.op, self.scope, self.mode, self.element, self.aux_element,
+            self.arch, self.backend)) + (self.precision,)
+
+    def __lt__(self, other):
+        return self._order_key() < other._order_key() if isinstance(other, KernelSku) else NotImplemented
+
+    def __le__(self, other):
+        return self._order_key() <= other._order_key() if isinstance(other, KernelSku) else NotImplemented
+
+    def __gt__(self, other):
+        return self._order_key() > other._order_key() if isinstance(other, KernelSku) else NotImplemented
+
+    def __ge__(self, other):
+        return self._order_key() >= other._order_key() if isinstance(other, KernelSku) else NotImplemented
 
     @classmethod
     def parse(cls, text: str) -> "KernelSku":

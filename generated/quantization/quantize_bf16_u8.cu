@@ -32,6 +32,9 @@ template <> __device__ __forceinline__ double from_f64<double>(double v) { retur
 // -- rounding and saturation (NaN handled by the caller: it never reaches a float->int cast) ----
 __device__ __forceinline__ float  rne(float v)  { return rintf(v); }
 __device__ __forceinline__ double rne(double v) { return rint(v); }
+// Correctly rounded reciprocal: bit-identical to 1 / s in IEEE arithmetic (and to NumPy).
+__device__ __forceinline__ float  recip(float v)  { return __frcp_rn(v); }
+__device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
@@ -108,8 +111,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
     int qmin, int qmax, int vec_ok)
 {
-    constexpr int VEC = 16;
+    constexpr int VEC = 8;
     const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
+    (void)narrow_index;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
@@ -119,32 +124,56 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
 
         if (vec_ok) {
             // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-#pragma unroll 2
-            for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-                const Vec<bf16_t, VEC> x_v = load_vec<bf16_t, VEC>(x_row + c);
-                Vec<u8_t, VEC> q_v;
+            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
+            constexpr int U = 4;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    const i64_t sidx = chan_last ? c + i : srow;
-                    const float s = scale ? scale[sidx] : scale_value;
-                    const float inv = (float)1 / s;
-                    const int zp = zero_point ? zero_point[sidx] : zp_value;
-                    (void)s; (void)inv; (void)zp;
-
-                    const bf16_t x_e = x_v.v[i];
-                    u8_t& q_e = q_v.v[i];
-                    const float t = to_f32(x_e) * inv;
-                    const float v = rne(t) + (float)zp;
-                    q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
                 }
-                store_vec<u8_t, VEC>(q_row + c, q_v);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+                    // axis = last: VEC consecutive per-column parameters, moved as vectors (the
+                    // launcher checks their alignment); other axes: one parameter per row.
+                    Vec<float, VEC> s_col;
+                    Vec<i32_t, VEC> zp_col;
+                    if (chan_last) {
+                        s_col = load_vec<float, VEC>(scale + c);
+                        zp_col = load_vec<i32_t, VEC>(zero_point + c);
+                    }
+                    const float s_r = (!chan_last) && scale ? scale[srow] : scale_value;
+                    const float inv_r = recip(s_r);
+                    const int zp_r = (!chan_last) && zero_point ? zero_point[srow] : zp_value;
+                    (void)s_r; (void)inv_r; (void)zp_r;
+
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float s = chan_last ? s_col.v[i] : s_r;
+                        const float inv = chan_last ? recip(s) : inv_r;
+                        const int zp = chan_last ? zp_col.v[i] : zp_r;
+                        (void)s; (void)inv; (void)zp;
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        const float t = to_f32(x_e) * inv;
+                        const float v = rne(t) + (float)zp;
+                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
             }
         } else {
             // Scalar path: any cols, any alignment.
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = chan_last ? c : srow;
                 const float s = scale ? scale[sidx] : scale_value;
-                const float inv = (float)1 / s;
+                const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 (void)s; (void)inv; (void)zp;
 
@@ -168,8 +197,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
     int qmin, int qmax, int vec_ok)
 {
-    constexpr int VEC = 16;
+    constexpr int VEC = 8;
     const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
+    (void)narrow_index;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
@@ -179,32 +210,54 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
 
         if (vec_ok) {
             // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-#pragma unroll 2
-            for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-                const Vec<bf16_t, VEC> x_v = load_vec<bf16_t, VEC>(x_row + c);
-                Vec<u8_t, VEC> q_v;
+            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
+            constexpr int U = 4;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    const i64_t sidx = chan_last ? c + i : srow;
-                    const float s = scale ? scale[sidx] : scale_value;
-                    const float inv = (float)1 / s;
-                    const int zp = zp_value;  // symmetric: the implied zero point
-                    (void)s; (void)inv; (void)zp;
-
-                    const bf16_t x_e = x_v.v[i];
-                    u8_t& q_e = q_v.v[i];
-                    const float t = to_f32(x_e) * inv;
-                    const float v = rne(t) + (float)zp;
-                    q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
                 }
-                store_vec<u8_t, VEC>(q_row + c, q_v);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+                    // axis = last: VEC consecutive per-column parameters, moved as vectors (the
+                    // launcher checks their alignment); other axes: one parameter per row.
+                    Vec<float, VEC> s_col;
+                    if (chan_last) {
+                        s_col = load_vec<float, VEC>(scale + c);
+                    }
+                    const float s_r = (!chan_last) && scale ? scale[srow] : scale_value;
+                    const float inv_r = recip(s_r);
+                    const int zp_r = zp_value;  // symmetric: the implied zero point
+                    (void)s_r; (void)inv_r; (void)zp_r;
+
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float s = chan_last ? s_col.v[i] : s_r;
+                        const float inv = chan_last ? recip(s) : inv_r;
+                        const int zp = zp_r;
+                        (void)s; (void)inv; (void)zp;
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        const float t = to_f32(x_e) * inv;
+                        const float v = rne(t) + (float)zp;
+                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
             }
         } else {
             // Scalar path: any cols, any alignment.
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = chan_last ? c : srow;
                 const float s = scale ? scale[sidx] : scale_value;
-                const float inv = (float)1 / s;
+                const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 (void)s; (void)inv; (void)zp;
 
@@ -228,8 +281,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_b
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
     int qmin, int qmax, int vec_ok)
 {
-    constexpr int VEC = 16;
+    constexpr int VEC = 8;
     const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
+    (void)narrow_index;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
@@ -239,34 +294,64 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_b
 
         if (vec_ok) {
             // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-#pragma unroll 2
-            for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-                const Vec<bf16_t, VEC> x_v = load_vec<bf16_t, VEC>(x_row + c);
-                Vec<u8_t, VEC> q_v;
-                // One scale per vector when the group size is a multiple of VEC.
-                const bool one_group = (group_size % VEC) == 0;
+            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
+            constexpr int U = 4;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    const i64_t sidx = srow + (one_group ? c : c + i) / group_size;
-                    const float s = scale ? scale[sidx] : scale_value;
-                    const float inv = (float)1 / s;
-                    const int zp = zero_point ? zero_point[sidx] : zp_value;
-                    (void)s; (void)inv; (void)zp;
-
-                    const bf16_t x_e = x_v.v[i];
-                    u8_t& q_e = q_v.v[i];
-                    const float t = to_f32(x_e) * inv;
-                    const float v = rne(t) + (float)zp;
-                    q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
                 }
-                store_vec<u8_t, VEC>(q_row + c, q_v);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+                    // When group_size >= VEC at most two groups meet inside a vector: elements
+                    // before `split` use group g0, the rest g0 + 1 (two scale loads, not VEC).
+                    const i64_t g0 = narrow_index ? (i64_t)((u32_t)c / (u32_t)group_size) : c / group_size;
+                    const bool wide = group_size >= VEC;
+                    const int split = wide ? (int)min((i64_t)VEC, (g0 + 1) * group_size - c) : 0;
+                    const float s_a = scale ? scale[srow + g0] : scale_value;
+                    const float inv_a = recip(s_a);
+                    const int zp_a = zero_point ? zero_point[srow + g0] : zp_value;
+                    (void)s_a; (void)inv_a; (void)zp_a;
+
+                    const float s_b = (wide) && scale ? scale[srow + g0 + (split < VEC ? 1 : 0)] : scale_value;
+                    const float inv_b = recip(s_b);
+                    const int zp_b = (wide) && zero_point ? zero_point[srow + g0 + (split < VEC ? 1 : 0)] : zp_value;
+                    (void)s_b; (void)inv_b; (void)zp_b;
+
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        float s, inv; int zp;
+                        if (wide) {
+                            s = i < split ? s_a : s_b; inv = i < split ? inv_a : inv_b; zp = i < split ? zp_a : zp_b;
+                        } else {  // groups narrower than a vector
+                            const i64_t sidx = srow + (c + i) / group_size;
+                            s = scale ? scale[sidx] : scale_value;
+                            inv = recip(s);
+                            zp = zero_point ? zero_point[sidx] : zp_value;
+                        }
+                        (void)s; (void)inv; (void)zp;
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        const float t = to_f32(x_e) * inv;
+                        const float v = rne(t) + (float)zp;
+                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
             }
         } else {
             // Scalar path: any cols, any alignment.
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow + c / group_size;
                 const float s = scale ? scale[sidx] : scale_value;
-                const float inv = (float)1 / s;
+                const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 (void)s; (void)inv; (void)zp;
 
@@ -290,8 +375,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_bf
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
     int qmin, int qmax, int vec_ok)
 {
-    constexpr int VEC = 16;
+    constexpr int VEC = 8;
     const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
+    (void)narrow_index;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
@@ -301,34 +388,64 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_bf
 
         if (vec_ok) {
             // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-#pragma unroll 2
-            for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-                const Vec<bf16_t, VEC> x_v = load_vec<bf16_t, VEC>(x_row + c);
-                Vec<u8_t, VEC> q_v;
-                // One scale per vector when the group size is a multiple of VEC.
-                const bool one_group = (group_size % VEC) == 0;
+            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
+            constexpr int U = 4;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    const i64_t sidx = srow + (one_group ? c : c + i) / group_size;
-                    const float s = scale ? scale[sidx] : scale_value;
-                    const float inv = (float)1 / s;
-                    const int zp = zp_value;  // symmetric: the implied zero point
-                    (void)s; (void)inv; (void)zp;
-
-                    const bf16_t x_e = x_v.v[i];
-                    u8_t& q_e = q_v.v[i];
-                    const float t = to_f32(x_e) * inv;
-                    const float v = rne(t) + (float)zp;
-                    q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
                 }
-                store_vec<u8_t, VEC>(q_row + c, q_v);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+                    // When group_size >= VEC at most two groups meet inside a vector: elements
+                    // before `split` use group g0, the rest g0 + 1 (two scale loads, not VEC).
+                    const i64_t g0 = narrow_index ? (i64_t)((u32_t)c / (u32_t)group_size) : c / group_size;
+                    const bool wide = group_size >= VEC;
+                    const int split = wide ? (int)min((i64_t)VEC, (g0 + 1) * group_size - c) : 0;
+                    const float s_a = scale ? scale[srow + g0] : scale_value;
+                    const float inv_a = recip(s_a);
+                    const int zp_a = zp_value;  // symmetric: the implied zero point
+                    (void)s_a; (void)inv_a; (void)zp_a;
+
+                    const float s_b = (wide) && scale ? scale[srow + g0 + (split < VEC ? 1 : 0)] : scale_value;
+                    const float inv_b = recip(s_b);
+                    const int zp_b = zp_value;  // symmetric: the implied zero point
+                    (void)s_b; (void)inv_b; (void)zp_b;
+
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        float s, inv; int zp;
+                        if (wide) {
+                            s = i < split ? s_a : s_b; inv = i < split ? inv_a : inv_b; zp = i < split ? zp_a : zp_b;
+                        } else {  // groups narrower than a vector
+                            const i64_t sidx = srow + (c + i) / group_size;
+                            s = scale ? scale[sidx] : scale_value;
+                            inv = recip(s);
+                            zp = zp_value;
+                        }
+                        (void)s; (void)inv; (void)zp;
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        const float t = to_f32(x_e) * inv;
+                        const float v = rne(t) + (float)zp;
+                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
             }
         } else {
             // Scalar path: any cols, any alignment.
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow + c / group_size;
                 const float s = scale ? scale[sidx] : scale_value;
-                const float inv = (float)1 / s;
+                const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 (void)s; (void)inv; (void)zp;
 
@@ -352,8 +469,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
     int qmin, int qmax, int vec_ok)
 {
-    constexpr int VEC = 16;
+    constexpr int VEC = 8;
     const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
+    (void)narrow_index;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
@@ -363,31 +482,44 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
 
         if (vec_ok) {
             // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-#pragma unroll 2
-            for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-                const Vec<bf16_t, VEC> x_v = load_vec<bf16_t, VEC>(x_row + c);
-                Vec<u8_t, VEC> q_v;
-                const float s = scale ? scale[srow] : scale_value;
-                const float inv = (float)1 / s;
-                const int zp = zero_point ? zero_point[srow] : zp_value;
-                (void)s; (void)inv; (void)zp;
+            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
+            constexpr int U = 4;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+                    const float s = scale ? scale[srow] : scale_value;
+                    const float inv = recip(s);
+                    const int zp = zero_point ? zero_point[srow] : zp_value;
+                    (void)s; (void)inv; (void)zp;
 
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    const bf16_t x_e = x_v.v[i];
-                    u8_t& q_e = q_v.v[i];
-                    const float t = to_f32(x_e) * inv;
-                    const float v = rne(t) + (float)zp;
-                    q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        const float t = to_f32(x_e) * inv;
+                        const float v = rne(t) + (float)zp;
+                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-                store_vec<u8_t, VEC>(q_row + c, q_v);
             }
         } else {
             // Scalar path: any cols, any alignment.
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
-                const float inv = (float)1 / s;
+                const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 (void)s; (void)inv; (void)zp;
 
@@ -411,8 +543,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_b
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
     int qmin, int qmax, int vec_ok)
 {
-    constexpr int VEC = 16;
+    constexpr int VEC = 8;
     const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
+    (void)narrow_index;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
@@ -422,31 +556,44 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_b
 
         if (vec_ok) {
             // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-#pragma unroll 2
-            for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-                const Vec<bf16_t, VEC> x_v = load_vec<bf16_t, VEC>(x_row + c);
-                Vec<u8_t, VEC> q_v;
-                const float s = scale ? scale[srow] : scale_value;
-                const float inv = (float)1 / s;
-                const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
+            constexpr int U = 4;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+                    const float s = scale ? scale[srow] : scale_value;
+                    const float inv = recip(s);
+                    const int zp = zp_value;  // symmetric: the implied zero point
+                    (void)s; (void)inv; (void)zp;
 
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    const bf16_t x_e = x_v.v[i];
-                    u8_t& q_e = q_v.v[i];
-                    const float t = to_f32(x_e) * inv;
-                    const float v = rne(t) + (float)zp;
-                    q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        const float t = to_f32(x_e) * inv;
+                        const float v = rne(t) + (float)zp;
+                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-                store_vec<u8_t, VEC>(q_row + c, q_v);
             }
         } else {
             // Scalar path: any cols, any alignment.
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
-                const float inv = (float)1 / s;
+                const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 (void)s; (void)inv; (void)zp;
 
@@ -470,8 +617,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_b
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
     int qmin, int qmax, int vec_ok)
 {
-    constexpr int VEC = 16;
+    constexpr int VEC = 8;
     const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
+    (void)narrow_index;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
@@ -481,31 +630,44 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_b
 
         if (vec_ok) {
             // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-#pragma unroll 2
-            for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-                const Vec<bf16_t, VEC> x_v = load_vec<bf16_t, VEC>(x_row + c);
-                Vec<u8_t, VEC> q_v;
-                const float s = scale ? scale[srow] : scale_value;
-                const float inv = (float)1 / s;
-                const int zp = zero_point ? zero_point[srow] : zp_value;
-                (void)s; (void)inv; (void)zp;
+            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
+            constexpr int U = 4;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+                    const float s = scale ? scale[srow] : scale_value;
+                    const float inv = recip(s);
+                    const int zp = zero_point ? zero_point[srow] : zp_value;
+                    (void)s; (void)inv; (void)zp;
 
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    const bf16_t x_e = x_v.v[i];
-                    u8_t& q_e = q_v.v[i];
-                    const float t = to_f32(x_e) * inv;
-                    const float v = rne(t) + (float)zp;
-                    q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        const float t = to_f32(x_e) * inv;
+                        const float v = rne(t) + (float)zp;
+                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-                store_vec<u8_t, VEC>(q_row + c, q_v);
             }
         } else {
             // Scalar path: any cols, any alignment.
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
-                const float inv = (float)1 / s;
+                const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 (void)s; (void)inv; (void)zp;
 
@@ -529,8 +691,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
     int qmin, int qmax, int vec_ok)
 {
-    constexpr int VEC = 16;
+    constexpr int VEC = 8;
     const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
+    (void)narrow_index;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
@@ -540,31 +704,44 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf
 
         if (vec_ok) {
             // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-#pragma unroll 2
-            for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-                const Vec<bf16_t, VEC> x_v = load_vec<bf16_t, VEC>(x_row + c);
-                Vec<u8_t, VEC> q_v;
-                const float s = scale ? scale[srow] : scale_value;
-                const float inv = (float)1 / s;
-                const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
+            constexpr int U = 4;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+                    const float s = scale ? scale[srow] : scale_value;
+                    const float inv = recip(s);
+                    const int zp = zp_value;  // symmetric: the implied zero point
+                    (void)s; (void)inv; (void)zp;
 
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    const bf16_t x_e = x_v.v[i];
-                    u8_t& q_e = q_v.v[i];
-                    const float t = to_f32(x_e) * inv;
-                    const float v = rne(t) + (float)zp;
-                    q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        const float t = to_f32(x_e) * inv;
+                        const float v = rne(t) + (float)zp;
+                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-                store_vec<u8_t, VEC>(q_row + c, q_v);
             }
         } else {
             // Scalar path: any cols, any alignment.
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
-                const float inv = (float)1 / s;
+                const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 (void)s; (void)inv; (void)zp;
 

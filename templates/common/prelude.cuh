@@ -28,6 +28,9 @@ template <> __device__ __forceinline__ double from_f64<double>(double v) { retur
 // -- rounding and saturation (NaN handled by the caller: it never reaches a float->int cast) ----
 __device__ __forceinline__ float  rne(float v)  { return rintf(v); }
 __device__ __forceinline__ double rne(double v) { return rint(v); }
+// Correctly rounded reciprocal: bit-identical to 1 / s in IEEE arithmetic (and to NumPy).
+__device__ __forceinline__ float  recip(float v)  { return __frcp_rn(v); }
+__device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }

@@ -1,0 +1,792 @@
+"""``python -m codegen bench``: bandwidth of the selected SKUs against a device copy and PyTorch.
+
+The method of SPEC §6, in one process: a device-to-device copy (cudaMemcpyAsync, bytes read +
+bytes written) gives the reference bandwidth; then each selected SKU runs on each shape with
+its PyTorch eager composite and the ``torch.compile`` of the same composite, on the same data.
+Bytes = every input element read once + every output element written once (scales and zero
+points included). Times come from CUDA events around each call after warm-up; the host
+enqueues a batch of calls behind a short spin kernel, so what is timed is the GPU's time per
+call, not Python's; the median of many calls is reported. When a workload fits in 4x the L2
+cache, several input sets are rotated so that the cache is not what is measured.
+
+Workloads come from modules ``codegen/bench_*.py``. Each exposes ``make(sku, shape)`` returning
+``None`` (not mine) or a dict:
+
+    call          zero-arg callable: runs the skuforge kernel (required)
+    bytes | flops bytes moved (bandwidth kernels) or floating-point operations (compute kernels)
+    label         short text, e.g. "bf16->s8 token symmetric"
+    torch_fn, torch_args   the PyTorch composite as a pure function and its tensors: timed
+                  eagerly and through torch.compile(torch_fn, fullgraph=True, dynamic=False)
+    torch_eager   zero-arg callable, when there is no torch_fn (compiled as a closure)
+    torch_ref     zero-arg callable: a library reference (e.g. torch._grouped_mm) for compute kernels
+    footprint     bytes the call touches, when not ``bytes`` (decides L2 rotation)
+
+and optionally ``OPS`` (the ops it handles), ``SHAPES`` / ``QUICK_SHAPES`` (its own shapes,
+used instead of the elementwise ones), ``default(sku)`` (the default subset), ``TARGET_PCT``
+(% of copy the issue asks for) and ``host_calls()`` (functional-API calls for the host
+overhead measurement: list of dicts with ``label``, ``call``, ``framework``).
+
+Writes ``audit/bench/<gpu-slug>.json`` (merged with earlier results, keyed by SKU and shape),
+``<gpu-slug>.md`` and ``<gpu-slug>.png`` (when matplotlib is importable). File formats: docs/audit.md.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import math
+import pkgutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from .audit import AUDIT_DIR, git_info, now, read_json, slug, write_json
+
+SCHEMA = 1
+# SPEC §6 shapes; the first two are the bandwidth shapes of the issue's targets, the last is latency.
+SPEC_SHAPES = ((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096))
+LARGE_SHAPES = ((8192, 8192), (65536, 4096))
+DEFAULT_SHAPES = LARGE_SHAPES              # --all: SPEC_SHAPES
+QUICK_SHAPES = ((8192, 8192), (16, 4096))
+DEFAULT_KINDS = {"bf16", "f16", "f32", "s8", "-"}
+DEFAULT_COMPILE_KINDS = {"bf16"}            # torch.compile baseline by default (--all: every SKU)
+TARGET_PCT = {"dynamic_quantize": 85.0}     # the issue: >= 90% static, >= 85% dynamic token/group
+DEFAULT_TARGET_PCT = 90.0
+TARGET_SPEEDUP_COMPILE = 1.3                # geomean over SPEC shapes vs torch.compile
+TARGET_HOST_US = 15.0
+MAX_SETS = 256
+CHART_MIN_BYTES = 64 << 20
+COPY_BYTES = 1 << 30
+
+SPIN_SRC = r"""
+extern "C" __global__ void sf_bench_spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
+# -- the arithmetic (unit-tested on the CPU) ------------------------------------------------------
+def nbytes(*arrays) -> int:
+    """Bytes of the given arrays (CuPy, NumPy, torch; ``None`` and Python numbers count 0)."""
+    total = 0
+    for a in arrays:
+        if a is None or isinstance(a, (int, float)):
+            continue
+        n = getattr(a, "nbytes", None)
+        if n is None and hasattr(a, "element_size"):
+            n = a.numel() * a.element_size()
+        total += int(n)
+    return total
+
+
+def gbps(nbytes_: int, ms: float) -> float:
+    return nbytes_ / (ms * 1e-3) / 1e9
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+def pct(value: float, ref: float) -> float:
+    return 100.0 * value / ref
+
+
+def geomean(values) -> Optional[float]:
+    vals = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def rotation_sets(footprint: int, l2_bytes: int, cap: int = MAX_SETS) -> int:
+    """Input sets to rotate so that the working set is at least 4x the L2 cache."""
+    if footprint <= 0:
+        return 1
+    return max(1, min(cap, math.ceil(4 * l2_bytes / footprint)))
+
+
+def stats(times_ms) -> dict:
+    t = sorted(times_ms)
+    q = lambda f: t[min(len(t) - 1, int(f * len(t)))]  # noqa: E731
+    return {"ms": statistics.median(t), "p10_ms": q(0.1), "p90_ms": q(0.9), "samples": len(t)}
+
+
+def shape_key(shape) -> str:
+    return "x".join(str(s) for s in shape) if isinstance(shape, (tuple, list)) else str(shape)
+
+
+def parse_shapes(text: str) -> list:
+    """``"8192x8192,16x4096"`` -> [(8192, 8192), (16, 4096)]."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part:
+            try:
+                out.append(tuple(int(v) for v in part.split("x")))
+            except ValueError:
+                raise SystemExit(f"--shapes: {part!r} is not like 8192x8192") from None
+    return out
+
+
+def finish(r: dict, copy_gbps: float) -> dict:
+    """Derived figures of one result: GB/s (or TFLOP/s), % of copy, speed-ups over each baseline."""
+    for name in ("skuforge", "torch_eager", "torch_compile", "torch_ref"):
+        m = r.get(name)
+        if not m or "ms" not in m:
+            continue
+        if r.get("bytes"):
+            m["gbps"] = gbps(r["bytes"], m["ms"])
+            m["pct_copy"] = pct(m["gbps"], copy_gbps)
+        if r.get("flops"):
+            m["tflops"] = tflops(r["flops"], m["ms"])
+    ours = r.get("skuforge") or {}
+    for k in ("gbps", "pct_copy", "tflops", "ms"):
+        if k in ours:
+            r[k] = ours[k]
+    for name, key in (("torch_eager", "speedup_eager"), ("torch_compile", "speedup_compile"),
+                      ("torch_ref", "speedup_ref")):
+        m = r.get(name)
+        if m and "ms" in m and "ms" in ours:
+            r[key] = m["ms"] / ours["ms"]
+    r["copy_gbps"] = copy_gbps
+    return r
+
+
+def target_for(module, sku) -> dict:
+    """The targets a workload module declares for a SKU: ``TARGETS_BY_SCOPE`` / ``TARGET_PCT``
+    (% of copy; a number or a dict by op) and ``TARGET_PCT_OF_TORCH`` (compute kernels)."""
+    out = {}
+    by_scope = getattr(module, "TARGETS_BY_SCOPE", None)
+    t = getattr(module, "TARGET_PCT", None)
+    if isinstance(by_scope, dict) and sku.scope in by_scope:
+        out["target_pct"] = float(by_scope[sku.scope])
+    elif isinstance(t, (int, float)):
+        out["target_pct"] = float(t)
+    elif isinstance(t, dict) and sku.op in t:
+        out["target_pct"] = float(t[sku.op])
+    ref = getattr(module, "TARGET_PCT_OF_TORCH", None)
+    if isinstance(ref, (int, float)):
+        out["target_ref"] = float(ref) / 100.0
+    return out
+
+
+def default_subset(sku) -> bool:
+    """Per op: scopes x {bf16, f16, f32} with s8 for the quantized side, symmetric mode."""
+    kinds = {sku.element, sku.aux_element or "-"}
+    return kinds <= DEFAULT_KINDS and sku.mode in (None, "symmetric")
+
+
+def merge(old, env: dict, run: dict, results: list, host: list, copy: dict) -> dict:
+    """Fold a run into a GPU's bench record: results keyed by (sku, shape) replace older ones."""
+    rec = dict(old or {})
+    keyed = {(r["sku"], shape_key(r["shape"])): r for r in rec.get("results") or []}
+    for r in results:
+        keyed[(r["sku"], shape_key(r["shape"]))] = r
+    rec.update(env)
+    rec.update({"schema": SCHEMA, "date": run["date"], "commit": run["commit"], "dirty": run["dirty"],
+                "run": run, "copy": copy, "results": [keyed[k] for k in sorted(keyed)]})
+    if host:
+        rec["host_overhead"] = host
+    return rec
+
+
+def targets(rec: dict) -> list:
+    """The performance targets, checked on a bench record: list of (what, value, target, ok, note).
+
+    Bandwidth: per op and target level, the worst % of copy on the two large shapes (bf16/f16/f32
+    inputs; a result's own ``target_pct``, else 90, 85 for dynamic_quantize); the geomean speed-up
+    over torch.compile per op (>= 1.3). Compute: per op, the worst ratio to the PyTorch reference
+    against ``target_ref``. Host overhead: <= 15 µs per call.
+    """
+    out = []
+    results = [r for r in rec.get("results") or [] if "f64" not in (r.get("element"), r.get("aux_element"))]
+    large = {shape_key(s) for s in LARGE_SHAPES}
+    bw = [r for r in results if r.get("pct_copy") is not None]
+    for op in sorted({r["op"] for r in bw}):
+        mine = [r for r in bw if r["op"] == op]
+        levels: dict = {}
+        for r in mine:
+            if shape_key(r["shape"]) in large:
+                want = r.get("target_pct") or TARGET_PCT.get(op, DEFAULT_TARGET_PCT)
+                levels.setdefault(want, []).append(r)
+        for want, rs in sorted(levels.items(), reverse=True):
+            worst = min(rs, key=lambda r: r["pct_copy"])
+            scopes = "/".join(sorted({str(r.get("scope")) for r in rs}))
+            out.append((f"{op} ({scopes}): min % of copy on {'/'.join(sorted(large))}", worst["pct_copy"], want,
+                        worst["pct_copy"] >= want, f"worst: {worst['label']} {shape_key(worst['shape'])}"))
+        g = geomean(r.get("speedup_compile") for r in mine)
+        if g is not None:
+            out.append((f"{op}: geomean speed-up vs torch.compile", g, TARGET_SPEEDUP_COMPILE,
+                        g >= TARGET_SPEEDUP_COMPILE, f"{sum(r.get('speedup_compile') is not None for r in mine)} results"))
+    comp = [r for r in results if r.get("speedup_ref") is not None and r.get("target_ref")]
+    for op in sorted({r["op"] for r in comp}):
+        mine = [r for r in comp if r["op"] == op]
+        worst = min(mine, key=lambda r: r["speedup_ref"])
+        out.append((f"{op}: min ratio to the PyTorch reference", worst["speedup_ref"], worst["target_ref"],
+                    worst["speedup_ref"] >= worst["target_ref"], f"worst: {worst['label']}"))
+    for h in rec.get("host_overhead") or []:
+        if h.get("target_us") and h.get("us") is not None:
+            out.append((f"host overhead: {h['label']}", h["us"], h["target_us"], h["us"] <= h["target_us"], "µs per call"))
+    return out
+
+
+# -- Markdown and chart ---------------------------------------------------------------------------------
+def _f(v, fmt="{:.0f}") -> str:
+    return "" if v is None else fmt.format(v)
+
+
+def _agree(n) -> str:
+    return "" if n is None else ("✓" if n == 0 else f"✗ {n}")
+
+
+def to_markdown(rec: dict) -> str:
+    gpu = rec.get("gpu", {})
+    lines = [f"# skuforge bench: {gpu.get('name', '?')}", "",
+             f"Driver {rec.get('driver')}, CUDA {rec.get('cuda_runtime')}, NVRTC {rec.get('nvrtc')}, "
+             f"torch {rec.get('torch', 'absent')}; latest run {rec.get('date')} at commit "
+             f"{(rec.get('commit') or 'unknown')[:12]}{' (dirty)' if rec.get('dirty') else ''}.", "",
+             f"Device-to-device copy: **{_f(rec.get('copy', {}).get('gbps'))} GB/s** "
+             f"({rec.get('copy', {}).get('bytes', 0) / 2**30:.0f} GiB read + written). "
+             "Bandwidth = bytes (inputs read once + outputs written once, scales included) / median time "
+             "(CUDA events). `% copy` is relative to a copy of the same number of bytes measured in the same "
+             "run (the peak copy above for shapes that fit in 4 x L2); `pct_copy_peak` in the JSON is "
+             "relative to the peak copy.", ""]
+    t = targets(rec)
+    if t:
+        lines += ["## Targets (issue 7)", "", "| target | measured | wanted | | note |", "|---|---|---|---|---|"]
+        for what, val, want, ok, note in t:
+            lines.append(f"| {what} | {val:.2f} | {want:g} | {'✅' if ok else '❌'} | {note} |")
+        lines.append("")
+    host = rec.get("host_overhead") or []
+    if host:
+        lines += ["## Host overhead of a repeated functional call", "",
+                  "| call | µs per call (median of repeats) | min |", "|---|---|---|"]
+        for h in host:
+            lines.append(f"| {h['label']} | {h['us']:.1f} | {h['min_us']:.1f} |" if h.get("us") is not None
+                         else f"| {h['label']} | error: {h.get('error')} | |")
+        lines.append("")
+    res = rec.get("results") or []
+    bw = [r for r in res if r.get("bytes")]
+    fl = [r for r in res if r.get("flops") and not r.get("bytes")]
+    if bw:
+        lines += ["## Bandwidth kernels", "",
+                  "| op | kernel | shape | µs | GB/s | % copy | eager % | compile % | × eager | × compile | = eager |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(bw, key=lambda r: (r["op"], r["sku"], shape_key(r["shape"]))):
+            e, c = r.get("torch_eager") or {}, r.get("torch_compile") or {}
+            lines.append(f"| {r['op']} | {r['label']} | {shape_key(r['shape'])} | {_f(r.get('ms', 0) * 1e3, '{:.1f}')} | "
+                         f"{_f(r.get('gbps'))} | {_f(r.get('pct_copy'), '{:.1f}')} | {_f(e.get('pct_copy'), '{:.1f}')} | "
+                         f"{_f(c.get('pct_copy'), '{:.1f}')} | {_f(r.get('speedup_eager'), '{:.2f}')} | "
+                         f"{_f(r.get('speedup_compile'), '{:.2f}')} | {_agree(r.get('mismatches_vs_eager'))} |")
+        lines.append("")
+    if fl:
+        lines += ["## Compute kernels", "", "| op | kernel | shape | ms | TFLOP/s | ref TFLOP/s | × ref |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in sorted(fl, key=lambda r: (r["op"], r["sku"], shape_key(r["shape"]))):
+            ref = r.get("torch_ref") or {}
+            lines.append(f"| {r['op']} | {r['label']} | {shape_key(r['shape'])} | {_f(r.get('ms'), '{:.3f}')} | "
+                         f"{_f(r.get('tflops'), '{:.1f}')} | {_f(ref.get('tflops'), '{:.1f}')} | "
+                         f"{_f(r.get('speedup_ref'), '{:.2f}')} |")
+        lines.append("")
+    errs = [(r["label"], shape_key(r["shape"]), n, r[n]["error"]) for r in res
+            for n in ("torch_eager", "torch_compile", "torch_ref") if isinstance(r.get(n), dict) and "error" in r[n]]
+    if errs:
+        lines += ["## Baselines that did not run", ""] + [f"- {a} {s} {n}: {e}" for a, s, n, e in errs] + [""]
+    return "\n".join(lines)
+
+
+def chart(rec: dict, path: Path) -> Optional[Path]:
+    """A PNG of % of copy bandwidth per op/scope/dtype (one panel per shape), with the PyTorch baselines."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    res = [r for r in rec.get("results") or [] if r.get("pct_copy") is not None]
+    if not res:
+        return None
+    shapes = []
+    for r in res:
+        k = shape_key(r["shape"])
+        if k not in shapes and (r.get("bytes") or 0) >= CHART_MIN_BYTES:   # latency shapes: see the table
+            shapes.append(k)
+    if not shapes:
+        return None
+    shapes = [s for s in (shape_key(x) for x in SPEC_SHAPES) if s in shapes] + \
+             [s for s in shapes if s not in {shape_key(x) for x in SPEC_SHAPES}]
+    labels = sorted({(r["op"], r["label"]) for r in res})
+    h = max(3.0, 0.22 * len(labels) + 1.5)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes) + 3, h), sharey=True, squeeze=False)
+    for ax, s in zip(axes[0], shapes):
+        by = {(r["op"], r["label"]): r for r in res if shape_key(r["shape"]) == s}
+        ys = range(len(labels))
+        for off, key, name, color in ((-0.27, None, "skuforge", "#15803d"),
+                                      (0.0, "torch_compile", "torch.compile", "#2563eb"),
+                                      (0.27, "torch_eager", "PyTorch eager", "#9ca3af")):
+            vals = []
+            for lab in labels:
+                r = by.get(lab)
+                v = None if r is None else (r.get("pct_copy") if key is None else (r.get(key) or {}).get("pct_copy"))
+                vals.append(v or 0.0)
+            ax.barh([y + off for y in ys], vals, height=0.27, color=color, label=name)
+        ax.axvline(100, color="black", lw=0.8)
+        ax.axvline(DEFAULT_TARGET_PCT, color="#dc2626", lw=0.8, ls="--")
+        ax.set_title(f"shape {s}")
+        ax.set_xlabel("% of device-to-device copy bandwidth")
+        ax.set_xlim(0, 110)
+    axes[0][0].set_yticks(list(range(len(labels))))
+    axes[0][0].set_yticklabels([f"{op}: {lab}" for op, lab in labels], fontsize=7)
+    axes[0][0].invert_yaxis()
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.suptitle(f"skuforge on {rec.get('gpu', {}).get('name', '?')}: copy = {rec.get('copy', {}).get('gbps', 0):.0f} GB/s")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -- workload discovery ---------------------------------------------------------------------------------
+def workload_modules(warn=print) -> list:
+    """Every ``codegen.bench_*`` module that imports (a broken one is reported and skipped)."""
+    import codegen
+    mods = []
+    for info in sorted(pkgutil.iter_modules(codegen.__path__), key=lambda i: i.name):
+        if not info.name.startswith("bench_"):
+            continue
+        try:
+            mods.append(importlib.import_module(f"codegen.{info.name}"))
+        except Exception as e:  # noqa: BLE001 - one family's bench must not stop the others
+            warn(f"bench: skipping codegen.{info.name}: {type(e).__name__}: {e}")
+    return mods
+
+
+def module_for(sku, modules):
+    for m in modules:
+        if hasattr(m, "handles"):
+            if m.handles(sku):
+                return m
+        elif sku.op in getattr(m, "OPS", ()):
+            return m
+    return None
+
+
+def plan(skus, modules, *, all_skus=False, shapes=None, quick=False) -> list:
+    """[(sku, module, shape)] to run: the default subset unless ``all_skus``."""
+    out = []
+    for sku in skus:
+        m = module_for(sku, modules)
+        if m is None:
+            continue
+        chosen = all_skus or (m.default(sku) if hasattr(m, "default") else default_subset(sku))
+        if not chosen:
+            continue
+        if hasattr(m, "SHAPES"):
+            sh = getattr(m, "QUICK_SHAPES", m.SHAPES[:1]) if quick else m.SHAPES
+        elif shapes or quick or all_skus:
+            sh = shapes or (QUICK_SHAPES if quick else SPEC_SHAPES)
+        else:   # default: the two large shapes; every SPEC §6 shape for the bf16 kernels
+            sh = SPEC_SHAPES if {sku.element, sku.aux_element} & DEFAULT_COMPILE_KINDS else DEFAULT_SHAPES
+        out += [(sku, m, tuple(s) if isinstance(s, list) else s) for s in sh]
+    return out
+
+
+# -- GPU side ----------------------------------------------------------------------------------------------
+class Timer:
+    """CUDA-event timing of zero-arg callables, queued behind a spin kernel (GPU time, not host time)."""
+
+    def __init__(self, stream, samples: int, max_seconds: float):
+        import cupy as cp
+        self.cp, self.stream, self.samples, self.max_seconds = cp, stream, samples, max_seconds
+        self.spin = cp.RawKernel(SPIN_SRC, "sf_bench_spin")
+
+    def spin_ns(self, ns: int):
+        import numpy as np
+        self.spin((1,), (1,), (np.uint64(max(0, int(ns))),), stream=self.stream)
+
+    def measure(self, calls) -> dict:
+        cp, st = self.cp, self.stream
+        n = len(calls)
+        t0 = time.perf_counter()
+        for c in calls:              # every set once: loads, compiles, allocator warm-up
+            c()
+        for i in range(3):
+            calls[i % n]()
+        st.synchronize()
+        first_s = time.perf_counter() - t0
+        t0 = time.perf_counter()     # host enqueue time per call (the queue does not fill in 8 calls)
+        for i in range(8):
+            calls[i % n]()
+        host_s = (time.perf_counter() - t0) / 8
+        st.synchronize()
+        batch = max(1, min(self.samples, int(0.02 / max(host_s, 1e-6))))
+        events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(batch)]
+        times, i, start = [], 0, time.perf_counter()
+        while len(times) < self.samples:
+            b = min(batch, self.samples - len(times))
+            self.spin_ns(min(5e7, b * host_s * 1.5e9 + 2e4))   # keeps the GPU busy while we enqueue
+            for j in range(b):
+                e0, e1 = events[j]
+                e0.record(st)
+                calls[i % n]()
+                e1.record(st)
+                i += 1
+            events[b - 1][1].synchronize()
+            times += [cp.cuda.get_elapsed_time(e0, e1) for e0, e1 in events[:b]]
+            if time.perf_counter() - start > self.max_seconds and len(times) >= 10:
+                break
+        out = stats(times)
+        out["first_call_s"] = round(first_s, 3)
+        out["host_us"] = round(host_s * 1e6, 2)
+        return out
+
+
+def copy_bandwidth(timer: "Timer", nbytes_: int = COPY_BYTES) -> dict:
+    """cudaMemcpyAsync device to device of ``nbytes_`` (random bytes): GB/s counting read + write."""
+    cp = timer.cp
+    bufs = {"src": cp.random.randint(1, 255, size=nbytes_, dtype=cp.uint8)}
+    bufs["dst"] = cp.empty_like(bufs["src"])
+    m = timer.measure([lambda: bufs["dst"].data.copy_from_device_async(bufs["src"].data, nbytes_, timer.stream)])
+    bufs.clear()
+    cp.get_default_memory_pool().free_all_blocks()
+    return {"bytes": nbytes_, "ms": m["ms"], "gbps": gbps(2 * nbytes_, m["ms"]), "samples": m["samples"],
+            "method": "cudaMemcpyAsync device-to-device; bytes = read + written"}
+
+
+class TorchBaselines:
+    """Eager and ``torch.compile`` (fullgraph, static shapes) of a workload's composite."""
+
+    def __init__(self, compile_: bool):
+        import torch
+        self.torch = torch
+        self.compile = compile_
+        self.compiled, self.failures, self.skipped = {}, {}, {}
+        if compile_:
+            import torch._dynamo as dynamo
+            cfg = dynamo.config
+            for name in ("cache_size_limit", "recompile_limit"):
+                if hasattr(cfg, name):
+                    setattr(cfg, name, 4096)          # one graph per dtype/shape: never fall back to eager
+            for name in ("accumulated_cache_size_limit", "accumulated_recompile_limit"):
+                if hasattr(cfg, name):
+                    setattr(cfg, name, 1 << 16)
+            if hasattr(cfg, "fail_on_recompile_limit_hit"):
+                cfg.fail_on_recompile_limit_hit = True
+
+    def agreement(self, ours, theirs):
+        """Elements where the skuforge result and the eager composite differ (NaN == NaN); None if
+        they cannot be compared (not both torch tensors of one shape and dtype)."""
+        torch = self.torch
+        if isinstance(ours, (tuple, list)) and isinstance(theirs, (tuple, list)) and len(ours) == len(theirs):
+            parts = [self.agreement(a, b) for a, b in zip(ours, theirs) if a is not None or b is not None]
+            return None if not parts or None in parts else sum(parts)
+        if not (isinstance(ours, torch.Tensor) and isinstance(theirs, torch.Tensor)) \
+                or ours.shape != theirs.shape or ours.dtype != theirs.dtype:
+            return None
+        diff = ours != theirs
+        if ours.is_floating_point():
+            diff &= ~(torch.isnan(ours) & torch.isnan(theirs))
+        return int(diff.sum().item())
+
+    def eager_calls(self, sets):
+        calls = []
+        for w in sets:
+            if w.get("torch_fn") is not None:
+                calls.append(lambda f=w["torch_fn"], a=tuple(w.get("torch_args", ())): f(*a))
+            elif w.get("torch_eager") is not None:
+                calls.append(w["torch_eager"])
+            else:
+                return None
+        return calls
+
+    def graphs(self) -> int:
+        try:
+            from torch._dynamo.utils import counters
+            return int(counters["stats"]["unique_graphs"])
+        except Exception:  # noqa: BLE001 - an internal counter; without it, assume no recompiles
+            return 0
+
+    def recompiles(self, calls) -> bool:
+        """True when the second input set makes Dynamo compile again (a composite that takes
+        per-set Python numbers is specialised on them); both calls also serve as warm-up."""
+        calls[0]()
+        before = self.graphs()
+        calls[1]()
+        return self.graphs() > before
+
+    def compile_failed(self, fn, error: str):
+        """After 2 failed compiles of one composite (e.g. an op Dynamo cannot trace, or no C compiler
+        for Triton), later results of that composite record why instead of failing again."""
+        n = self.failures.get(fn, 0) + 1
+        self.failures[fn] = n
+        if n >= 2:
+            self.skipped[fn] = f"skipped: torch.compile of this composite failed twice; last: {error}"
+
+    def compiled_calls(self, sets):
+        if not self.compile:
+            return None
+        calls = []
+        for w in sets:
+            fn = w.get("torch_fn") or w.get("torch_eager")
+            if fn is None:
+                return None
+            if fn in self.skipped:
+                raise RuntimeError(self.skipped[fn])
+            cfn = self.compiled.get(fn)
+            if cfn is None:
+                cfn = self.compiled[fn] = self.torch.compile(fn, fullgraph=True, dynamic=False)
+            args = tuple(w.get("torch_args", ())) if w.get("torch_fn") is not None else ()
+            calls.append(lambda f=cfn, a=args: f(*a))
+        return calls
+
+
+def error_text(e: BaseException, limit: int = 600) -> str:
+    """One line: the exception type and the last lines of its message (where the cause usually is)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = " | ".join(lines[:1] + lines[-4:] if len(lines) > 5 else lines)
+    return f"{type(e).__name__}: {text}"[:limit]
+
+
+def _free():
+    import cupy as cp
+    cp.get_default_memory_pool().free_all_blocks()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def measure_host(timer: "Timer", modules, n_calls: int = 2000, repeats: int = 5) -> list:
+    """µs per call of repeated functional-API calls (host clock; kernels and plans cached)."""
+    out = []
+    items = [dict(label="cupy RawKernel launch (floor)", framework="cupy",
+                  call=lambda: timer.spin_ns(0))]
+    for m in modules:
+        if hasattr(m, "host_calls"):
+            try:
+                items += list(m.host_calls())
+            except Exception as e:  # noqa: BLE001 - recorded, not fatal
+                out.append({"label": f"{m.__name__}.host_calls()", "error": f"{type(e).__name__}: {e}",
+                            "us": None, "min_us": None})
+    for item in items:
+        call = item["call"]
+        try:
+            for _ in range(200):
+                call()
+            timer.stream.synchronize()
+            per = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for _ in range(n_calls):
+                    call()
+                timer.stream.synchronize()
+                per.append((time.perf_counter() - t0) / n_calls * 1e6)
+            out.append({"label": item["label"], "framework": item.get("framework"), "us": statistics.median(per),
+                        "min_us": min(per), "calls": n_calls, "repeats": repeats,
+                        **({"target_us": TARGET_HOST_US} if item.get("target", True) and "floor" not in item["label"]
+                           else {})})
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            out.append({"label": item["label"], "error": f"{type(e).__name__}: {e}", "us": None, "min_us": None})
+    return out
+
+
+def run_one(timer, baselines, sku, module, shape, l2: int, copy_gbps: float, sha: str,
+            compile_this: bool = True) -> Optional[dict]:
+    w0 = module.make(sku, shape)
+    if w0 is None:
+        return None
+    footprint = w0.get("footprint") or w0.get("bytes") or 0
+    n = rotation_sets(footprint, l2) if footprint else 1
+    sets = [w0] + [module.make(sku, shape) for _ in range(n - 1)]
+    r = {"sku": str(sku), "sha256": sha, "op": sku.op, "scope": sku.scope, "mode": sku.mode,
+         "element": sku.element, "aux_element": sku.aux_element, "shape": list(shape) if isinstance(shape, tuple) else shape,
+         "label": w0.get("label") or str(sku), "bytes": w0.get("bytes"), "flops": w0.get("flops"), "sets": n,
+         "date": now()}
+    r.update(target_for(module, sku))
+    r["skuforge"] = timer.measure([w["call"] for w in sets])
+    if baselines is not None and w0.get("torch_fn") is not None:
+        r["mismatches_vs_eager"] = baselines.agreement(w0["call"](), w0["torch_fn"](*w0.get("torch_args", ())))
+    if baselines is not None:
+        for name, get in (("torch_eager", baselines.eager_calls), ("torch_compile", baselines.compiled_calls)):
+            if name == "torch_compile" and not compile_this:
+                continue
+            try:
+                calls = get(sets)
+                if calls is not None and name == "torch_compile" and len(calls) > 1 and baselines.recompiles(calls):
+                    calls = calls[:1]    # guards on per-set Python scalars: one graph per set would be timed
+                    r["torch_compile_note"] = "the compiled composite recompiles per input set: timed on one set"
+                if calls is not None:
+                    r[name] = timer.measure(calls)
+            except Exception as e:  # noqa: BLE001 - a baseline that fails is recorded, not fatal
+                r[name] = {"error": error_text(e)}
+                if name == "torch_compile" and not str(e).startswith("skipped:"):
+                    baselines.compile_failed(w0.get("torch_fn") or w0.get("torch_eager"), r[name]["error"])
+        if w0.get("torch_ref") is not None:
+            try:
+                r["torch_ref"] = timer.measure([w["torch_ref"] for w in sets])
+            except Exception as e:  # noqa: BLE001
+                r["torch_ref"] = {"error": error_text(e)}
+    del sets, w0
+    # % of copy is taken against a copy of the same number of bytes (issue 3: "a device copy of
+    # the same bytes"), so launch ramp and tail count alike on both sides; shapes that fit in
+    # 4 x L2 use the peak copy. The peak (1 GiB) copy stays in the record as `pct_copy_peak`.
+    ref_gbps = copy_gbps
+    if r.get("bytes") and r["bytes"] >= 4 * l2:
+        same = same_size_copy(timer, int(r["bytes"]))
+        r["copy_same"] = same
+        ref_gbps = same["gbps"]
+    out = finish(r, ref_gbps)
+    if out.get("gbps"):
+        out["pct_copy_peak"] = pct(out["gbps"], copy_gbps)
+    out["copy_peak_gbps"] = copy_gbps
+    return out
+
+
+_SAME_COPY: dict = {}
+
+
+def same_size_copy(timer, nbytes_: int) -> dict:
+    """A device copy moving ``nbytes_`` in total (half read, half written), measured once per size."""
+    if nbytes_ not in _SAME_COPY:
+        _SAME_COPY[nbytes_] = copy_bandwidth(timer, max(1, nbytes_ // 2))
+    return _SAME_COPY[nbytes_]
+
+
+def cmd_bench(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from runtime.registry import Registry
+
+    from .manifest import GENERATED
+    console = Console(highlight=False, stderr=True)
+    reg = Registry.load(GENERATED)
+    skus = [s for s in reg.skus() if fnmatch.fnmatchcase(str(s), args.filter)]
+    modules = workload_modules(lambda m: console.print(f"[yellow]{m}[/yellow]"))
+    shapes = parse_shapes(args.shapes) if args.shapes else None
+    todo = plan(skus, modules, all_skus=args.all, shapes=shapes, quick=args.quick)
+    if not todo:
+        console.print(f"bench: nothing to run for --filter {args.filter!r} "
+                      f"(modules: {', '.join(m.__name__ for m in modules) or 'none'}; try --all)")
+        return 2
+    try:
+        import cupy as cp
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            raise RuntimeError("no CUDA device")
+    except Exception as e:  # noqa: BLE001
+        console.print(f"bench: needs a CUDA GPU ({type(e).__name__}: {e}); nothing recorded")
+        return 2
+    import os
+
+    from .verify import _precompile, environment
+    cp.cuda.Device(args.device).use()
+    env = environment(args.device)
+    t0 = time.perf_counter()      # NVRTC for every unit in parallel first (else serially on first calls)
+    _precompile(reg, sorted({sku for sku, _, _ in todo}), int(env["gpu"]["cc"].replace(".", "")), os.cpu_count() or 1)
+    console.print(f"compiled units in {time.perf_counter() - t0:.1f} s")
+    baselines = None
+    if not args.no_torch:
+        try:
+            import torch
+            torch.cuda.set_device(args.device)
+            torch.cuda.init()
+            baselines = TorchBaselines(compile_=not args.no_compile)
+            env["torch"] = torch.__version__
+        except ImportError:
+            console.print("torch is not importable: no PyTorch baselines")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream, args.device)
+    else:
+        stream = cp.cuda.get_current_stream()
+    l2 = int(cp.cuda.Device(args.device).attributes.get("L2CacheSize", 64 << 20))
+    env["gpu"]["l2_mib"] = round(l2 / 2**20, 1)
+    git = git_info()
+    samples = args.samples or (20 if args.quick else 100)
+    results, host = [], []
+    t_start = time.perf_counter()
+    with stream:
+        timer = Timer(stream, samples, 0.25)
+        copy = copy_bandwidth(timer)
+        console.print(f"bench on {env['gpu']['name']}: device copy {copy['gbps']:.0f} GB/s; L2 {l2 / 2**20:.0f} MiB; "
+                      f"{len(todo)} runs ({samples} samples each); torch {env.get('torch', 'absent')}"
+                      f"{', no torch.compile' if args.no_compile else ''}")
+        if not args.no_host:
+            host = measure_host(timer, modules)
+            for h in host:
+                console.print(f"host overhead {h['label']}: {h['us']:.1f} µs per call" if "error" not in h
+                              else f"host overhead {h['label']}: [red]{h['error']}[/red]")
+        cols = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.fields[what]}"))
+        interrupted = False
+        with Progress(*cols, console=console) as progress:
+            task = progress.add_task("bench", total=len(todo), what="")
+            try:
+                for sku, module, shape in todo:
+                    progress.update(task, what=f"{sku.op} {sku.scope} {sku.element}->{sku.aux_element} {shape_key(shape)}")
+                    try:
+                        r = run_one(timer, baselines, sku, module, shape, l2, copy["gbps"],
+                                    reg.manifest["kernels"][str(sku)]["sha256"],
+                                    compile_this=args.all or args.compile_all
+                                    or bool({sku.element, sku.aux_element} & DEFAULT_COMPILE_KINDS))
+                    except Exception as e:  # noqa: BLE001 - a kernel that cannot run is reported, not fatal
+                        console.print(f"[red]bench {sku} {shape_key(shape)}: {type(e).__name__}: {e}[/red]")
+                        r = None
+                    finally:
+                        _free()
+                    if r is not None:
+                        results.append(r)
+                        progress.console.print(
+                            f"{r['op']:<12} {r['label']:<40} {shape_key(r['shape']):>11} "
+                            + (f"{r['gbps']:7.0f} GB/s {r['pct_copy']:5.1f}% copy" if r.get("bytes") else
+                               f"{r.get('tflops', 0):7.1f} TFLOP/s")
+                            + "".join(f"  ×{r[k]:.2f} {n}" for k, n in (("speedup_eager", "eager"),
+                                                                       ("speedup_compile", "compile"),
+                                                                       ("speedup_ref", "ref")) if r.get(k))
+                            + (f"  [red]{r['mismatches_vs_eager']} elements differ from eager[/red]"
+                               if r.get("mismatches_vs_eager") else ""))
+                    progress.advance(task)
+            except KeyboardInterrupt:
+                interrupted = True
+    run = {"date": now(), **git, "filter": args.filter, "all": bool(args.all), "quick": bool(args.quick),
+           "samples": samples, "runs": len(results), "seconds": round(time.perf_counter() - t_start, 1),
+           "interrupted": interrupted}
+    if not results and not host:
+        console.print("bench: no result; nothing recorded")
+        return 1
+    folder = Path(args.records) / "bench"
+    name = slug(env["gpu"]["name"])
+    path = folder / f"{name}.json"
+    rec = merge(read_json(path), env, run, results, host, copy)
+    write_json(path, rec)
+    (folder / f"{name}.md").write_text(to_markdown(rec))
+    png = chart(rec, folder / f"{name}.png")
+    console.print(f"recorded {len(results)} results in {path}, {folder / (name + '.md')}"
+                  + (f", {png}" if png else " (no matplotlib: no chart)") + f" in {run['seconds']} s")
+    for what, val, want, ok, note in targets(rec):
+        console.print(f"{'[green]ok[/green]  ' if ok else '[red]MISS[/red]'} {what}: {val:.2f} (want {want:g}) {note}")
+    return 130 if interrupted else 0
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("bench", help="bandwidth of the selected SKUs vs device copy and PyTorch (needs a GPU)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("--filter", default="*", help="glob on the SKU string")
+    sp.add_argument("--all", action="store_true",
+                    help="every selected SKU on the four SPEC shapes, torch.compile for all (default: per op, "
+                         "scopes x {bf16,f16,f32} with s8, symmetric, on the two large shapes; bf16 on all four "
+                         "with the torch.compile baseline)")
+    sp.add_argument("--shapes", help="elementwise shapes, e.g. 8192x8192,16x4096 (for every selected SKU)")
+    sp.add_argument("--quick", action="store_true", help="two shapes, 20 samples: a smoke run")
+    sp.add_argument("--samples", type=int, default=0, help="timed calls per measurement (default 100)")
+    sp.add_argument("--no-torch", action="store_true", help="skip the PyTorch baselines")
+    sp.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    sp.add_argument("--compile-all", action="store_true",
+                    help="torch.compile baseline for every SKU (default: bf16 ones only, to bound compile time)")
+    sp.add_argument("--no-host", action="store_true", help="skip the host-overhead measurement")
+    sp.add_argument("--device", type=int, default=0)
+    sp.add_argument("--records", default=str(AUDIT_DIR), help="records folder (default audit/)")
+    sp.set_defaults(func=cmd_bench)

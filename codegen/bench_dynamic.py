@@ -1,0 +1,129 @@
+"""Bench workloads of dynamic_quantize (issue 3), for ``codegen.bench``.
+
+Inputs: x ~ 3·N(0, 1) in the input dtype (never zeros), on the current torch device (CuPy
+when torch is missing). Scope parameters: group size 128; channel per column (``axis=-1``).
+Bytes (SPEC §6): x read once + q written once + scales (and zero points) written once; the
+per-tensor / per-channel paths read x twice by design (reduce, then quantize), which shows up
+as a lower % of copy, not as more counted bytes.
+
+The PyTorch composite is SPEC §5 written with eager ops (upcast, amax or amin/amax including
+0, eps floor, ``1 / scale``, round half to even, NaN -> zero point, clamp, cast) as a pure
+function, so ``torch.compile`` compiles it once per dtype and shape. (Torch's amax propagates
+NaN where skuforge ignores it; on the bench's finite data both agree.)
+"""
+from __future__ import annotations
+
+import math
+
+OPS = ("dynamic_quantize",)
+GROUP_SIZE = 128
+CHANNEL_AXIS = -1
+TARGETS_BY_SCOPE = {"token": 85.0, "group": 85.0, "tensor": 55.0, "channel": 55.0}   # % of copy, issue 3, bf16 -> s8
+
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def dynamic_composite(x, scope: str, group: int, symmetric: bool, qmin: int, qmax: int, zc: int, eps: float,
+                      out_dtype):
+    """PyTorch composite of SPEC §5 dynamic_quantize; returns (q, scale, zero_point or None)."""
+    import torch
+    xm = x if x.dtype == torch.float64 else x.float()
+    if group:
+        xm = xm.unflatten(-1, (-1, group))
+    if scope in ("token", "group"):
+        dims = (-1,)
+    elif scope == "channel":                      # axis = -1: reduce over every other axis
+        dims = tuple(range(xm.ndim - 1))
+    else:
+        dims = tuple(range(xm.ndim))
+    if symmetric:
+        amax = xm.abs().amax(dim=dims, keepdim=True)
+        scale = amax.clamp(min=eps) / (qmax - zc)
+        zp = None
+        zpv = zc
+    else:
+        mn = xm.amin(dim=dims, keepdim=True).clamp(max=0)
+        mx = xm.amax(dim=dims, keepdim=True).clamp(min=0)
+        scale = ((mx - mn) / (qmax - qmin)).clamp(min=eps)
+        zpv = (qmin - torch.round(mn / scale)).clamp(qmin, qmax)
+        zp = zpv.to(torch.int32)
+    inv = 1.0 / scale
+    v = torch.round(torch.nan_to_num(xm * inv, nan=0.0)) + zpv
+    q = v.clamp(qmin, qmax).to(out_dtype)
+    if group:
+        q = q.flatten(-2)
+    return q, scale.squeeze(dims), None if zp is None else zp.squeeze(dims)
+
+
+def _params(sku, shape):
+    from runtime.scopes import param_shape
+    axis = CHANNEL_AXIS if sku.scope == "channel" else None
+    gs = GROUP_SIZE if sku.scope == "group" else None
+    return axis, gs, param_shape(shape, sku.scope, None if axis is None else axis % len(shape), gs)
+
+
+def expected_bytes(sku, shape) -> int:
+    """SPEC §6 bytes of one call: x read once, q written once, scales (and zero points) written once."""
+    from runtime.arrays import ITEMSIZE
+    _, _, pshape = _params(sku, shape)
+    per_param = (8 if sku.element == "f64" else 4) + (4 if sku.mode == "asymmetric" else 0)
+    return math.prod(shape) * (ITEMSIZE[sku.element] + ITEMSIZE[sku.aux_element]) + math.prod(pshape) * per_param
+
+
+def make(sku, shape):
+    """A workload dict for ``codegen.bench`` (``None`` for other ops): call, bytes, label, the
+    torch composite (``torch_fn`` + ``torch_args``) and ``torch_eager`` / ``torch_inputs``."""
+    if sku.op not in OPS:
+        return None
+    import runtime as sf
+    from runtime.reference import dynamic_range
+    from runtime.scopes import implied_zero_point
+
+    torch = _torch()
+    axis, gs, _ = _params(sku, shape)
+    if torch is not None:
+        from runtime.arrays import torch_dtype
+        dev = torch.device("cuda", torch.cuda.current_device())
+        mdt = torch.float64 if sku.element == "f64" else torch.float32
+        x = (torch.randn(shape, device=dev, dtype=mdt) * 3).to(torch_dtype(sku.element))
+    else:
+        import cupy as cp
+
+        from runtime.arrays import numpy_dtype
+        x = (cp.random.standard_normal(shape, dtype=cp.float32) * 3).astype(numpy_dtype(sku.element))
+    kw = dict(scope=sku.scope, mode=sku.mode, axis=axis, group_size=gs, out_dtype=sku.aux_element)
+
+    def call():
+        return sf.dynamic_quantize(x, **kw)
+
+    where = {"tensor": "", "channel": " axis=-1", "token": "", "group": f" g{GROUP_SIZE}"}[sku.scope]
+    w = {"call": call, "bytes": expected_bytes(sku, shape),
+         "label": f"dyn {sku.element}->{sku.aux_element} {sku.scope}{where} {sku.mode[:4]}",
+         "torch_eager": None, "torch_inputs": None}
+    if torch is not None:
+        from runtime.arrays import torch_dtype
+        qmin, qmax, _ = dynamic_range(sku.aux_element, sku.mode)
+        zc = implied_zero_point(sku.aux_element) if sku.mode == "symmetric" else 0
+        args = (x, sku.scope, gs or 0, sku.mode == "symmetric", qmin, qmax, zc, 1e-8, torch_dtype(sku.aux_element))
+        w["torch_fn"] = dynamic_composite
+        w["torch_args"] = args
+        w["torch_inputs"] = args
+        w["torch_eager"] = lambda a=args: dynamic_composite(*a)
+    return w
+
+
+def host_calls():
+    """Repeated functional calls on (16, 4096) bf16 -> s8, per token (torch input)."""
+    torch = _torch()
+    if torch is None:
+        return []
+    import runtime as sf
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16) * 3
+    return [{"label": "dynamic_quantize token bf16->s8 (16, 4096), torch", "framework": "torch",
+             "call": lambda: sf.dynamic_quantize(x, scope="token")}]

@@ -1,0 +1,149 @@
+"""Benchmark workloads of the moe grouped matmul (SPEC §6), for ``python -m codegen bench`` and
+standalone: ``python -m codegen.bench_moe [--quick]`` prints TFLOP/s against ``torch._grouped_mm``.
+
+Shapes: (E, M, N, K, routing) with routing ``balanced`` (M / E rows each) or ``skewed`` (rows
+per expert ~ 1 / (e + 1)^1.2, fixed seed); rows sorted by expert and given as offsets, as
+``torch._grouped_mm`` needs them. FLOPs = 2 M N K (padding-free).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+
+import numpy as np
+
+OPS = ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
+SPEC_SHAPES = ((8, 16384, 4096, 4096), (64, 32768, 2048, 7168), (128, 16384, 1536, 2048))
+SHAPES = tuple(s + (r,) for s in SPEC_SHAPES for r in ("balanced", "skewed"))
+QUICK_SHAPES = (SHAPES[0], SHAPES[5])
+TARGET_PCT_OF_TORCH = 50.0
+
+
+def default(sku) -> bool:
+    """The issue's benchmark: bf16 on tensor cores (the simt path is the reference-grade one)."""
+    return sku.element == "bf16" and sku.backend == "mma" and sku.aux_element in (None, "f32")
+
+
+def counts_for(E: int, M: int, routing: str) -> np.ndarray:
+    if routing == "balanced":
+        c = np.full(E, M // E, np.int64)
+        c[: M % E] += 1
+        return c
+    p = 1.0 / (np.arange(E) + 1.0) ** 1.2
+    c = np.floor(p / p.sum() * M).astype(np.int64)
+    c[0] += M - c.sum()
+    return c
+
+
+def make(sku, shape):
+    """dict(call, flops, torch_ref, label, footprint) for one SKU on one shape, or None."""
+    if sku.category != "moe":
+        return None
+    import torch
+
+    import runtime as sf
+    E, M, N, K, routing = shape
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[sku.element]
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    x = torch.randn(M, K, device="cuda", dtype=dt, generator=g)
+    w = torch.randn(E, N, K, device="cuda", dtype=dt, generator=g) / K ** 0.5
+    dy = torch.randn(M, N, device="cuda", dtype=dt, generator=g)
+    counts = counts_for(E, M, routing)
+    offsets = torch.tensor(np.concatenate([[0], np.cumsum(counts)]), device="cuda", dtype=torch.int32)
+    ends = offsets[1:].contiguous()
+    backend = sku.backend
+    dw_dtype = "float32" if sku.aux_element == "f32" else {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[sku.element]
+    gmm = getattr(torch, "_grouped_mm", None)
+    if sku.op == "grouped_matmul":
+        def call():
+            return sf.grouped_matmul(x, w, offsets=offsets, strategy=backend)
+        ref = (lambda: gmm(x, w.transpose(-2, -1), offs=ends)) if gmm else None
+        out_bytes = M * N * x.element_size()
+    elif sku.op == "grouped_matmul_backward_input":
+        def call():
+            return sf.grouped_matmul_backward(x, w, dy, offsets=offsets, strategy=backend, need_weight=False)
+        ref = (lambda: gmm(dy, w, offs=ends)) if gmm else None
+        out_bytes = M * K * x.element_size()
+    else:
+        def call():
+            return sf.grouped_matmul_backward(x, w, dy, offsets=offsets, strategy=backend, need_input=False,
+                                              dw_dtype=dw_dtype)
+        ref = (lambda: gmm(dy.t(), x, offs=ends)) if gmm else None
+        out_bytes = E * N * K * 4
+    if dt == torch.float32:
+        ref = None   # torch._grouped_mm takes bf16 only
+    footprint = x.numel() * x.element_size() + w.numel() * w.element_size() + dy.numel() * dy.element_size() + out_bytes
+    label = f"{sku.op} {sku.element} {backend} E{E} M{M} N{N} K{K} {routing}"
+    return {"call": call, "flops": 2.0 * M * N * K, "torch_ref": ref, "label": label, "footprint": footprint}
+
+
+def _time(fn, reps: int = 30, warmup: int = 5) -> float:
+    """Median ms per call by CUDA events (each call timed on its own, after warm-up)."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev)
+
+
+def _compile_unit(job):
+    from runtime.compiler import compile_cached
+    unit, source, arch, options = job
+    return unit, compile_cached(source, unit, arch, options).cached
+
+
+def warm(arch: int, pattern: str = "moe/*", workers: int = 16) -> list:
+    """Compile the units holding SKUs that match ``pattern`` into the disk cache, in parallel
+    processes (a fresh machine otherwise compiles them one by one on first use)."""
+    import fnmatch
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from runtime.registry import default_registry
+    reg = default_registry()
+    jobs = [(u, reg.unit_source(u), arch, tuple(m["nvrtc_options"])) for u, m in sorted(reg.units.items())
+            if any(fnmatch.fnmatchcase(s, pattern) for s in m["skus"])]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        return list(pool.map(_compile_unit, jobs))
+
+
+def main(argv=None) -> int:
+    """Standalone table: each default SKU on each shape, ours vs torch._grouped_mm."""
+    import argparse
+    import fnmatch
+
+    import runtime as sf
+    ap = argparse.ArgumentParser(prog="python -m codegen.bench_moe")
+    ap.add_argument("--filter", default="moe/*")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warm", type=int, default=0, metavar="ARCH", help="only compile the moe units for sm_ARCH")
+    args = ap.parse_args(argv)
+    if args.warm:
+        for unit, cached in warm(args.warm):
+            print(f"{unit}: {'cached' if cached else 'compiled'}")
+        return 0
+    skus = [s for s in sf.default_registry().skus() if fnmatch.fnmatchcase(str(s), args.filter) and default(s)]
+    rows = []
+    for sku in skus:
+        for shape in (QUICK_SHAPES if args.quick else SHAPES):
+            wl = make(sku, shape)
+            ours = _time(wl["call"], args.reps)
+            theirs = _time(wl["torch_ref"], args.reps) if wl["torch_ref"] else None
+            tf = wl["flops"] / ours / 1e9
+            tt = wl["flops"] / theirs / 1e9 if theirs else None
+            rows.append((wl["label"], ours, tf, theirs, tt))
+            print(f"{wl['label']:<80} {ours:8.3f} ms {tf:7.1f} TF/s | torch {theirs or 0:8.3f} ms "
+                  f"{tt or 0:7.1f} TF/s | {100 * tf / tt if tt else 0:5.1f}%", flush=True)
+            del wl
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""MoE grouped matmul (SPEC §5): functional API, routing workspace and the ``moe_gemm`` launcher.
+
+    y      = grouped_matmul(x, w, row_experts=ids)              # y[m] = w[e(m)] @ x[m]
+    dx, dw = grouped_matmul_backward(x, w, dy, offsets=offs)
+    plan   = select_plan("grouped_matmul", x, w, row_experts=ids)   # plan.sku: the kernel
+
+``x [M, K]``, ``w [E, N, K]``, ``dy [M, N]``; f32, f16, bf16; fp32 accumulation, one rounding.
+Rows go to experts by ``row_experts`` (int32/uint32 [M], any order, ids outside [0, E) are
+padding: zero rows in y/dx, nothing in dw) or ``offsets`` (int32/int64 [E+1] prefix sums over
+rows sorted by expert). Routing runs on the device in the same stream as the product, with
+no host round trip (templates/moe/_routing.cu.j2): a stable counting sort for ``row_experts``,
+a validating clamp for ``offsets``. Invalid offsets (not starting at 0, not ending at M, or
+decreasing) make every element of the outputs NaN — checked on the device, never an
+out-of-bounds access; ``validate_offsets`` gives a typed error instead, at the cost of a sync.
+``trusted_offsets=True`` (or ``runtime.trusted()``) skips the validation: the offsets are then
+clamped into [0, M] and made monotone, so accesses stay in bounds whatever they hold.
+
+Strategies are SKU backends: ``simt`` (every dtype, any shape) and ``mma`` (tensor cores,
+f16/bf16, sm_80+; needs N and K multiples of 8 and 16-byte aligned operands). ``auto`` picks
+``mma`` whenever it can implement the problem and ``simt`` otherwise; failures are never hidden.
+Every reduction runs in a fixed order (no float atomics): the same inputs give the same bits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from . import config
+from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
+from .errors import InvalidProblemError, UnsupportedError
+from .device import launch, param_format
+from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
+
+MOE_KINDS = ("f32", "f16", "bf16")
+MMA_KINDS = ("f16", "bf16")
+STRATEGIES = ("auto", "simt", "mma")
+MAX_EXPERTS = 1024          # routing keeps one counter per expert per warp in shared memory
+MAX_ROWS = 2**31            # row indices are stored as int32 in the routing permutation
+ROUTE_WARPS = 8             # warps per block of the count / scatter kernels (one chunk each)
+HIST_BUDGET = 65536         # (E + 1) x chunks histogram entries, at most (about)
+OPS = ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
+COUNTER_SLOT = {"grouped_matmul": 0, "grouped_matmul_backward_input": 1, "grouped_matmul_backward_weight": 2}
+
+
+# -- problem description ---------------------------------------------------------------------
+@dataclass
+class Routing:
+    """Rows -> experts: exactly one of ``row_experts`` / ``offsets``."""
+
+    E: int
+    M: int
+    row_experts: Optional[ArrayRef] = None
+    offsets: Optional[ArrayRef] = None
+    trusted: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "offsets" if self.offsets is not None else "row_experts"
+
+
+@dataclass
+class MoeArgs:
+    """Launch arguments of one moe kernel. ``routed``: the workspace already holds the routing
+    of these rows (the backward routes once for both gradients)."""
+
+    op: str
+    x: Optional[ArrayRef]
+    w: Optional[ArrayRef]
+    dy: Optional[ArrayRef]
+    out: ArrayRef
+    routing: Routing
+    M: int
+    N: int
+    K: int
+    E: int
+    workspace: Optional[ArrayRef] = None
+    routed: bool = False
+
+
+# -- workspace ---------------------------------------------------------------------------------
+def route_chunks(M: int, E: int) -> tuple:
+    """(chunks, rows per chunk) of the row_experts counting sort: one warp per chunk, a chunk a
+    multiple of 32 rows, the (E + 1) x chunks histogram bounded by about HIST_BUDGET entries."""
+    limit = max(1, HIST_BUDGET // (E + 1))
+    want = max(1, min(-(-M // 256), limit))
+    rows = max(32, -(-(-(-M // want)) // 32) * 32)
+    return max(1, -(-M // rows)), rows
+
+
+def _align(n: int) -> int:
+    return -(-n // 256) * 256
+
+
+def workspace_layout(M: int, E: int, mode: str) -> dict:
+    """Byte offsets of the workspace regions, and ``total``. Only int regions: no float state."""
+    regions = [("status", 4), ("counters", 8 * 4), ("row_start", 8 * (E + 2)), ("tile_start", 8 * (E + 2))]
+    if mode == "row_experts":
+        chunks, _ = route_chunks(M, E)
+        regions += [("perm", 4 * M), ("hist", 4 * (E + 1) * chunks), ("base", 4 * (E + 1) * chunks)]
+    out, off = {}, 0
+    for name, size in regions:
+        out[name] = off
+        off += _align(size)
+    out["total"] = off
+    return out
+
+
+# -- validation (pure: works on ArrayRef descriptions, no device needed) ----------------------
+def _contiguous_last(ref: ArrayRef, arg: str):
+    if any(s < 0 for s in ref.strides):
+        raise InvalidProblemError(f"{arg} has negative strides {ref.strides}; skuforge does not copy: "
+                                  "pass a view with non-negative strides")
+    if ref.size and ref.shape[-1] > 1 and ref.strides[-1] != 1:
+        raise InvalidProblemError(f"{arg} must have a contiguous last axis (stride 1); got strides {ref.strides}")
+
+
+def _dtype_name(kind: str) -> str:
+    return {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}.get(kind, kind)
+
+
+def check_problem(x: ArrayRef, w: ArrayRef, dy: Optional[ArrayRef], row_experts, offsets) -> tuple:
+    """Validate shapes, dtypes, strides and the routing arguments; returns (M, N, K, E).
+    Raises InvalidProblemError / UnsupportedError naming the argument before any launch."""
+    if x.kind not in MOE_KINDS:
+        raise UnsupportedError(f"x has dtype {x.kind}; grouped_matmul takes "
+                               + ", ".join(_dtype_name(k) for k in MOE_KINDS))
+    if x.ndim != 2:
+        raise InvalidProblemError(f"x must be 2-D [M, K]; got shape {tuple(x.shape)}")
+    if w.ndim != 3:
+        raise InvalidProblemError(f"w must be 3-D [E, N, K]; got shape {tuple(w.shape)}")
+    if w.kind != x.kind:
+        raise InvalidProblemError(f"w has dtype {_dtype_name(w.kind)} but x has {_dtype_name(x.kind)}; "
+                                  "x, w (and dy) must share one dtype")
+    M, K = x.shape
+    E, N, Kw = w.shape
+    if Kw != K:
+        raise InvalidProblemError(f"mismatched K: x.shape[1] = {K} but w.shape[2] = {Kw} (w is [E, N, K])")
+    if K < 1:
+        raise InvalidProblemError(f"K = {K}; grouped_matmul needs K >= 1")
+    if E < 1:
+        raise InvalidProblemError(f"w has E = {E} experts; at least 1 is needed")
+    if E > MAX_EXPERTS:
+        raise UnsupportedError(f"w has E = {E} experts; supported: 1 to {MAX_EXPERTS}")
+    if M > MAX_ROWS:
+        raise UnsupportedError(f"x has M = {M} rows; supported: up to 2**31")
+    _contiguous_last(x, "x")
+    _contiguous_last(w, "w")
+    if dy is not None:
+        if dy.kind != x.kind:
+            raise InvalidProblemError(f"dy has dtype {_dtype_name(dy.kind)} but x has {_dtype_name(x.kind)}; "
+                                      "x, w and dy must share one dtype")
+        if dy.ndim != 2 or tuple(dy.shape) != (M, N):
+            raise InvalidProblemError(f"dy must be [M, N] = {(M, N)}; got shape {tuple(dy.shape)}")
+        _contiguous_last(dy, "dy")
+    if (row_experts is None) == (offsets is None):
+        raise InvalidProblemError("pass exactly one of row_experts= (int32/uint32 [M]) or offsets= "
+                                  "(int32/int64 [E+1]); got " + ("both" if row_experts is not None else "neither"))
+    if row_experts is not None:
+        if row_experts.kind not in ("i32", "u32"):
+            raise InvalidProblemError(f"row_experts has dtype {row_experts.kind}; int32 or uint32 is required")
+        if row_experts.ndim != 1 or row_experts.shape[0] != M:
+            raise InvalidProblemError(f"row_experts must have shape (M,) = ({M},); got {tuple(row_experts.shape)}")
+        if M > 1 and row_experts.strides[0] != 1:
+            raise InvalidProblemError(f"row_experts must be contiguous; got stride {row_experts.strides[0]}")
+    else:
+        if offsets.kind not in ("i32", "i64"):
+            raise InvalidProblemError(f"offsets has dtype {offsets.kind}; int32 or int64 is required")
+        if offsets.ndim != 1 or offsets.shape[0] != E + 1:
+            raise InvalidProblemError(f"offsets must have shape (E+1,) = ({E + 1},) for E = {E} experts; "
+                                      f"got {tuple(offsets.shape)}")
+        if offsets.strides[0] != 1:
+            raise InvalidProblemError(f"offsets must be contiguous; got stride {offsets.strides[0]}")
+    devices = {r.device for r in (x, w, dy, row_experts, offsets) if r is not None}
+    if len(devices) > 1:
+        raise InvalidProblemError(f"arguments live on different devices: {sorted(devices)}")
+    frameworks = {r.framework for r in (x, w, dy) if r is not None}
+    if len(frameworks) > 1:
+        raise InvalidProblemError(f"x, w and dy mix array types ({', '.join(sorted(frameworks))}); pass one kind")
+    return M, N, K, E
+
+
+def mma_blockers(args: MoeArgs) -> list:
+    """Why the mma kernels cannot take these arguments (empty: they can)."""
+    out = []
+    if args.K % 8:
+        out.append(f"K = {args.K} is not a multiple of 8")
+    if args.N % 8:
+        out.append(f"N = {args.N} is not a multiple of 8")
+    used = {"grouped_matmul": ("x", "w"), "grouped_matmul_backward_input": ("dy", "w"),
+            "grouped_matmul_backward_weight": ("dy", "x")}[args.op]
+    for name in used:
+        ref = getattr(args, name)
+        if ref.size == 0:
+            continue
+        if ref.ptr % 16:
+            out.append(f"{name} is not 16-byte aligned")
+        if any(s % 8 for s in ref.strides[:-1]):
+            out.append(f"{name} has strides {ref.strides}: row strides must be multiples of 8 elements")
+    return out
+
+
+# -- the launcher ------------------------------------------------------------------------------
+_occupancy: dict = {}
+
+
+def _blocks_per_sm(fn, threads: int, smem: int) -> int:
+    key = (fn.ptr, threads, smem)
+    n = _occupancy.get(key)
+    if n is None:
+        from cupy_backends.cuda.api import driver
+        if smem > 48 * 1024:
+            driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        n = _occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, smem))
+    return n
+
+
+def _p(ref) -> int:
+    return ref.ptr if ref is not None else 0
+
+
+# Parameter layouts (templates/moe/grouped_matmul.cu.j2), packed for runtime.device.launch.
+_FMT_MAIN = param_format(("ptr", "i64", "ptr", "i64", "i64", "ptr", "i64", "ptr", "i64", "i64", "i64", "i32")
+                         + ("ptr",) * 5)
+_FMT_OFFSETS = param_format(("ptr", "i32", "i64", "i32", "i32", "ptr", "ptr", "ptr", "ptr"))
+_FMT_COUNT = param_format(("ptr", "i64", "i32", "i64", "i64", "ptr"))
+_FMT_SCAN = param_format(("ptr", "i32", "i64", "i64", "i32") + ("ptr",) * 5)
+_FMT_SCATTER = param_format(("ptr", "i64", "i32", "i64", "i64", "ptr", "ptr"))
+
+
+@launcher("moe_gemm")
+class MoeLauncher(Launcher):
+    """Routing prologue (<symbol>_route_*) then the persistent grouped-matmul kernel."""
+
+    def check(self, plan, args: MoeArgs) -> None:
+        sku = plan.sku
+        if args.op != sku.op:
+            raise InvalidProblemError(f"{sku} runs {sku.op}, not {args.op}")
+        src = args.x if args.x is not None else args.dy
+        if src.kind != sku.element or args.out.kind != (sku.aux_element or sku.element):
+            raise InvalidProblemError(f"{sku} takes {sku.element} -> {sku.aux_element or sku.element}; "
+                                      f"got {src.kind} -> {args.out.kind}")
+        if sku.backend == "mma":
+            why = mma_blockers(args)
+            if why:
+                raise InvalidProblemError(f"{sku} (tensor cores) cannot take this problem: " + "; ".join(why)
+                                          + "; use strategy='simt' (or 'auto')")
+
+    def workspace_size(self, plan, args: MoeArgs) -> int:
+        return workspace_layout(args.M, args.E, args.routing.mode)["total"]
+
+    def route(self, plan, args: MoeArgs, ws: ArrayRef, stream: int) -> None:
+        """Rows -> experts into the workspace (no host sync)."""
+        from .device import load_function
+        r, lay, dev = args.routing, workspace_layout(args.M, args.E, args.routing.mode), args.out.device
+        names = plan.launch["route"]
+
+        def fn(name):
+            return load_function(plan.registry, plan.entry.unit, names[name], dev)
+
+        at = {k: ws.ptr + v for k, v in lay.items() if k != "total"}
+        bm = plan.launch["tile"]["BM"]
+        threads = plan.launch["route_threads"]
+        E, M = args.E, args.M
+        if r.mode == "offsets":
+            kern = fn("offsets_i64" if r.offsets.kind == "i64" else "offsets_i32")
+            launch(kern, (1,), (threads,), _FMT_OFFSETS,
+                   (r.offsets.ptr, E, M, bm, int(r.trusted), at["status"], at["row_start"], at["tile_start"],
+                    at["counters"]), stream)
+            return
+        chunks, rows = route_chunks(M, E)
+        grid = (-(-chunks // ROUTE_WARPS),)
+        smem = ROUTE_WARPS * (E + 1) * 4
+        ids = r.row_experts.ptr
+        launch(fn("count"), grid, (32 * ROUTE_WARPS,), _FMT_COUNT, (ids, M, E, rows, chunks, at["hist"]),
+               stream, smem)
+        launch(fn("scan"), (1,), (threads,), _FMT_SCAN,
+               (at["hist"], E, M, chunks, bm, at["base"], at["row_start"], at["tile_start"], at["status"],
+                at["counters"]), stream)
+        launch(fn("scatter"), grid, (32 * ROUTE_WARPS,), _FMT_SCATTER,
+               (ids, M, E, rows, chunks, at["base"], at["perm"]), stream, smem)
+
+    def run(self, plan, args: MoeArgs, stream=None) -> None:
+        from .device import properties
+        if args.out.size == 0:
+            return
+        stream = stream if stream is not None else stream_handle(args.out)
+        ws = args.workspace
+        if ws is None:
+            ws = as_array(empty(args.out, (self.workspace_size(plan, args),), "u8"), "workspace")
+        elif ws.size < self.workspace_size(plan, args):
+            raise InvalidProblemError(f"workspace has {ws.size} bytes; {self.workspace_size(plan, args)} needed")
+        if not args.routed:
+            self.route(plan, args, ws, stream)
+        lay = workspace_layout(args.M, args.E, args.routing.mode)
+        dev = args.out.device
+        fn = plan.registry.kernel(plan.sku, dev)
+        tile = plan.launch["tile"]
+        threads, smem = tile["THREADS"], plan.launch["dynamic_smem"]
+        if args.op == "grouped_matmul_backward_weight":
+            upper = args.E * -(-args.N // tile["BM"]) * -(-args.K // tile["BN"])
+        else:
+            cols = args.N if args.op == "grouped_matmul" else args.K
+            upper = (-(-args.M // tile["BM"]) + args.E + 1) * -(-cols // tile["BN"])
+        grid = max(1, min(upper, properties(dev)["sms"] * _blocks_per_sm(fn, threads, smem)))
+        x, w, dy = args.x, args.w, args.dy
+        perm = ws.ptr + lay["perm"] if args.routing.mode == "row_experts" else 0
+        values = (
+            _p(x), x.strides[0] if x is not None else 0,
+            _p(w), w.strides[0] if w is not None else 0, w.strides[1] if w is not None else 0,
+            _p(dy), dy.strides[0] if dy is not None else 0,
+            args.out.ptr, args.M, args.N, args.K, args.E,
+            perm, ws.ptr + lay["row_start"], ws.ptr + lay["tile_start"], ws.ptr + lay["status"],
+            ws.ptr + lay["counters"] + 8 * COUNTER_SLOT[args.op],
+        )
+        launch(fn, (grid,), (threads,), _FMT_MAIN, values, stream, smem)
+
+
+# -- plan selection ----------------------------------------------------------------------------
+def _out_kind(op: str, element: str, dw_dtype) -> str:
+    if op != "grouped_matmul_backward_weight":
+        return element
+    k = kind_of(dw_dtype, "dw_dtype")
+    if k not in ("f32", element):
+        raise UnsupportedError(f"dw_dtype={dw_dtype!r}; dw is float32 or the input dtype ({_dtype_name(element)})")
+    return k
+
+
+def plan_for(args: MoeArgs, strategy: str = "auto", arch: Optional[int] = None):
+    """The plan that runs ``args``: ``strategy`` is a backend, or ``auto`` (mma when it can
+    implement the problem on this arch, else simt)."""
+    if strategy not in STRATEGIES:
+        raise InvalidProblemError(f"strategy={strategy!r}; supported: {', '.join(STRATEGIES)}")
+    element = (args.x if args.x is not None else args.dy).kind
+    aux = args.out.kind if args.out.kind != element else None
+    desc = Descriptor(args.op, element=element, aux_element=aux, category="moe")
+    if strategy == "auto":
+        if element in MMA_KINDS and (arch is None or arch >= 80):
+            plan = cached_plan(desc, Preference("mma", arch))
+            if plan.can_implement(args):
+                return plan
+        return cached_plan(desc, Preference("simt", arch))
+    plan = cached_plan(desc, Preference(strategy, arch))
+    plan.launcher.check(plan, args)  # a typed error says why the asked-for backend cannot run it
+    return plan
+
+
+def _prepare(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy):
+    if strategy not in STRATEGIES:
+        raise InvalidProblemError(f"strategy={strategy!r}; supported: {', '.join(STRATEGIES)}")
+    xr = as_array(x, "x")
+    wr = as_array(w, "w")
+    dyr = None if op == "grouped_matmul" else as_array(dy, "dy")
+    re_ref = None if row_experts is None else as_array(row_experts, "row_experts")
+    off_ref = None if offsets is None else as_array(offsets, "offsets")
+    M, N, K, E = check_problem(xr, wr, dyr, re_ref, off_ref)
+    trusted = bool(trusted_offsets) or not config.values_checked()
+    routing = Routing(E, M, re_ref, off_ref, trusted)
+    return xr, wr, dyr, routing, (M, N, K, E)
+
+
+def _arch(ref: ArrayRef) -> int:
+    from .device import compile_arch
+    return compile_arch(ref.device)
+
+
+def _args(op, xr, wr, dyr, out: ArrayRef, routing, dims) -> MoeArgs:
+    M, N, K, E = dims
+    use = {"grouped_matmul": (xr, wr, None), "grouped_matmul_backward_input": (None, wr, dyr),
+           "grouped_matmul_backward_weight": (xr, None, dyr)}[op]
+    return MoeArgs(op, *use, out, routing, M, N, K, E)
+
+
+def _placeholder(like: ArrayRef, shape, kind) -> ArrayRef:
+    """An output description for plan selection only (no allocation)."""
+    return ArrayRef(None, 0, tuple(shape), (0,) * len(shape), kind, like.device, like.framework)
+
+
+def select_plan(op: str, x, w, dy=None, *, row_experts=None, offsets=None, strategy="auto",
+                dw_dtype="float32", trusted_offsets=False):
+    """The plan (``plan.sku``: the chosen kernel) that ``grouped_matmul`` / ``_backward`` use."""
+    if op not in OPS:
+        raise InvalidProblemError(f"op={op!r}; supported: {', '.join(OPS)}")
+    xr, wr, dyr, routing, dims = _prepare(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy)
+    M, N, K, E = dims
+    shape = {"grouped_matmul": (M, N), "grouped_matmul_backward_input": (M, K),
+             "grouped_matmul_backward_weight": (E, N, K)}[op]
+    out = _placeholder(xr, shape, _out_kind(op, xr.kind, dw_dtype))
+    return plan_for(_args(op, xr, wr, dyr, out, routing, dims), strategy, _arch(xr))
+
+
+def grouped_matmul(x, w, *, row_experts=None, offsets=None, strategy="auto", trusted_offsets=False):
+    """``y[m, n] = sum_k x[m, k] * w[e(m), n, k]`` (fp32 accumulation, one rounding); padding rows -> 0."""
+    xr, wr, _, routing, dims = _prepare("grouped_matmul", x, w, None, row_experts, offsets, trusted_offsets,
+                                          strategy)
+    M, N, K, E = dims
+    y = as_array(empty(xr, (M, N), xr.kind), "y")
+    args = _args("grouped_matmul", xr, wr, None, y, routing, dims)
+    plan = plan_for(args, strategy, _arch(xr))
+    if y.size:
+        plan.run(args)
+    return y.obj
+
+
+def grouped_matmul_backward(x, w, dy, *, row_experts=None, offsets=None, strategy="auto", need_input=True,
+                            need_weight=True, dw_dtype="float32", trusted_offsets=False):
+    """``(dx, dw)``: ``dx = dy @ w[e(m)]`` (padding rows -> 0), ``dw[e] = dy_e^T @ x_e`` (float32 by
+    default, exact zeros for experts with no rows). Deterministic. A gradient not asked for is None."""
+    xr, wr, dyr, routing, dims = _prepare("grouped_matmul_backward_input", x, w, dy, row_experts, offsets,
+                                          trusted_offsets, strategy)
+    M, N, K, E = dims
+    dw_kind = _out_kind("grouped_matmul_backward_weight", xr.kind, dw_dtype)
+    jobs = []
+    dx = dw = None
+    arch = _arch(xr)
+    if need_input:
+        dx = as_array(empty(xr, (M, K), xr.kind), "dx")
+        a = _args("grouped_matmul_backward_input", xr, wr, dyr, dx, routing, dims)
+        jobs.append((plan_for(a, strategy, arch), a))
+    if need_weight:
+        dw = as_array(empty(xr, (E, N, K), dw_kind), "dw")
+        a = _args("grouped_matmul_backward_weight", xr, wr, dyr, dw, routing, dims)
+        jobs.append((plan_for(a, strategy, arch), a))
+    jobs = [(p, a) for p, a in jobs if a.out.size]
+    if jobs:
+        plan0, a0 = jobs[0]
+        ws = as_array(empty(xr, (plan0.workspace_size(a0),), "u8"), "workspace")
+        for i, (plan, a) in enumerate(jobs):
+            a.workspace, a.routed = ws, i > 0   # route once (with the first kernel's m-tile size)
+            plan.run(a)
+    return (None if dx is None else dx.obj), (None if dw is None else dw.obj)
+
+
+def validate_offsets(offsets, M: int, E: Optional[int] = None) -> None:
+    """Host-side check of offsets (one device->host copy): a typed error when they are not
+    E+1 non-decreasing prefix sums from 0 to M. The kernels check on the device anyway."""
+    ref = as_array(offsets, "offsets")
+    if ref.ndim != 1 or (E is not None and ref.shape[0] != E + 1):
+        raise InvalidProblemError(f"offsets must have shape (E+1,); got {tuple(ref.shape)}")
+    if ref.framework == "torch":
+        host = ref.obj.detach().cpu().numpy()
+    else:
+        host = ref.obj.get()
+    host = host.astype(np.int64)
+    if host.size == 0 or host[0] != 0 or host[-1] != M or np.any(np.diff(host) < 0):
+        raise InvalidProblemError(f"offsets must rise from 0 to M = {M} without decreasing; "
+                                  f"got {host[:8].tolist()}{' ...' if host.size > 8 else ''}")

@@ -1,0 +1,403 @@
+"""Training ops (SPEC §3, §5): straight-through backward passes, fake quantization and LSQ.
+
+    dx         = quantize_backward(dy, x, scale, zero_point=None, *, scope, ...)
+    dq         = dequantize_backward(dy, scale, *, scope, ...)
+    y          = fake_quantize(x, scale, zero_point=None, *, scope, ..., qmin=-128, qmax=127)
+    y, mask    = fake_quantize(..., return_mask=True)
+    dx         = fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, ...)
+    dx, ds, dz = fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ...,
+                                                  grad_factor=1.0)
+
+Gradients and fake-quantized values come back in the input dtype; ``ds`` in the scale's dtype
+(float32, float64 for float64 inputs); ``dz`` in float32, as PyTorch's learnable zero point
+(``None`` in symmetric mode). ``zero_point=None`` is symmetric mode: quantize_backward implies
+quantize's zero point (0 for int8, 128 for uint8); the fake-quant ops imply ``(qmin + qmax + 1) // 2``.
+Every check happens before any launch; errors are typed and name the argument. See docs/training.md.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
+from .device import launch, load_function, param_format, properties
+from .errors import InvalidProblemError, UnsupportedError
+from .launch import ElementwiseArgs
+from .plans import Descriptor, Launcher, cached_plan, launcher
+from .quantization import (FLOAT_KINDS, INT_KINDS, _channel_params, _math_kind, _out_arg, _same_device,
+                           _scale_arg, _zero_point_arg)
+from .reference import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
+from .scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
+
+DEFAULT_QMIN, DEFAULT_QMAX = -128, 127   # fake quantization's default range: int8, like PyTorch's QAT
+QLIMIT = 2 ** 24                         # |qmin|, |qmax| bound: integers float32 holds exactly
+
+
+# -- validation ---------------------------------------------------------------------------------
+def _float_array(a, arg: str, op: str) -> ArrayRef:
+    ref = as_array(a, arg)
+    if ref.kind not in FLOAT_KINDS:
+        raise UnsupportedError(f"{arg} has dtype {ref.kind}; {op} takes {', '.join(FLOAT_KINDS)}")
+    return ref
+
+
+def _grad_array(dy, x: ArrayRef) -> ArrayRef:
+    """dy: the same shape and dtype as x (gradients are in the input dtype)."""
+    d = as_array(dy, "dy")
+    if tuple(d.shape) != tuple(x.shape):
+        raise InvalidProblemError(f"dy has shape {tuple(d.shape)} but x has shape {tuple(x.shape)}; "
+                                  "the gradient must have the input's shape")
+    if d.kind != x.kind:
+        raise InvalidProblemError(f"dy has dtype {d.kind} but x has dtype {x.kind}; "
+                                  "gradients are in the input dtype")
+    return d
+
+
+def fake_quant_range(qmin, qmax, learnable: bool = False):
+    """Validated (qmin, qmax) of the fake-quant ops: integers, qmin < qmax, |q| <= 2**24;
+    LSQ also needs qmin <= 0 <= qmax (as PyTorch)."""
+    for name, v in (("qmin", qmin), ("qmax", qmax)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise InvalidProblemError(f"{name}={v!r} must be an integer")
+        if not -QLIMIT <= v <= QLIMIT:
+            raise InvalidProblemError(f"{name}={v} is outside [-2**24, 2**24] (integers float32 holds exactly)")
+    qmin, qmax = int(qmin), int(qmax)
+    if qmin >= qmax:
+        raise InvalidProblemError(f"qmin={qmin} must be < qmax={qmax}")
+    if learnable and not qmin <= 0 <= qmax:
+        raise InvalidProblemError(f"qmin={qmin}, qmax={qmax}: fake_quantize_learnable_backward needs "
+                                  "qmin <= 0 <= qmax (as PyTorch's learnable fake quantization)")
+    return qmin, qmax
+
+
+def _grad_factor(g) -> float:
+    if not isinstance(g, numbers.Real) or isinstance(g, bool) or not math.isfinite(float(g)):
+        raise InvalidProblemError(f"grad_factor={g!r} must be a finite real number")
+    return float(g)
+
+
+@dataclass
+class _Params:
+    axis: Optional[int]
+    scale: Union[ArrayRef, float]
+    mode: str
+    zp: Union[ArrayRef, int, None]      # as given (validated)
+    zp_array: Optional[ArrayRef]        # the array the kernel reads, or None
+    zp_value: int                       # the scalar zero point otherwise
+
+
+def _empty_param(p, x: ArrayRef, scope, axis, group_size, arg: str, kind: str):
+    """A parameter array with no elements (x is empty): shape and dtype only (nothing is read)."""
+    if p is None or isinstance(p, numbers.Number):
+        return None
+    ref = as_array(p, arg)
+    if ref.size:
+        return None
+    want = param_shape(x.shape, scope, axis, group_size)
+    if tuple(ref.shape) != tuple(want):
+        raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)}; scope={scope!r} needs {tuple(want)}")
+    if ref.kind != kind:
+        raise InvalidProblemError(f"{arg} has dtype {ref.kind}; {kind} is required for {x.kind} data")
+    return ref
+
+
+def _params(x: ArrayRef, scale, zero_point, scope, axis, group_size, qmin, qmax, zp_symmetric) -> _Params:
+    axis = check_scope(x.shape, scope, axis, group_size)
+    mk = _math_kind(x.kind)
+    s = _empty_param(scale, x, scope, axis, group_size, "scale", mk) if x.size == 0 else None
+    s = s or _scale_arg(scale, x, scope, axis, group_size, mk)
+    if zero_point is None:
+        return _Params(axis, s, "symmetric", None, None, zp_symmetric)
+    zp = _empty_param(zero_point, x, scope, axis, group_size, "zero_point", "i32") if x.size == 0 else None
+    zp = zp or _zero_point_arg(zero_point, x.shape, scope, axis, group_size, qmin, qmax, x)
+    if isinstance(zp, ArrayRef):
+        return _Params(axis, s, "asymmetric", zp, zp, 0)
+    return _Params(axis, s, "asymmetric", zp, None, zp)
+
+
+def _null_stream(like: ArrayRef, kind: str):
+    """A null output stream (the kernel skips its stores): fake_quantize without a mask."""
+    cols = like.shape[-1] if like.ndim else 1
+    rows = math.prod(like.shape[:-1]) if like.ndim else 1
+    return ArrayRef(None, 0, tuple(like.shape), (), kind, like.device, like.framework), RowsView(rows, cols, max(cols, 1))
+
+
+def _launch_elementwise(op, p: _Params, ins, outs, shape, scope, group_size, element, qmin, qmax):
+    """ins / outs: [(argname, ArrayRef) or (ArrayRef, RowsView)] in the kernel's stream order."""
+    def view(item):
+        return item if isinstance(item[1], RowsView) else (item[1], rows_view(item[1], item[0]))
+    vin, vout = [view(i) for i in ins], [view(o) for o in outs]
+    inner, count, last = _channel_params(shape, scope, p.axis)
+    if math.prod(shape) == 0:
+        return
+    args = ElementwiseArgs(ins=vin, outs=vout, scale=p.scale, zero_point=p.zp_array, zp_value=p.zp_value,
+                           rows=vin[0][1].rows, cols=vin[0][1].cols, group_size=group_size or 1,
+                           chan_inner=inner, chan_count=count, chan_last=last, qmin=qmin, qmax=qmax)
+    mode = None if op == "dequantize_backward" else p.mode
+    cached_plan(Descriptor(op, scope, mode, element, element)).run(args)
+
+
+# -- straight-through backward passes ------------------------------------------------------------
+def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",
+                      qmin=None, qmax=None, out=None):
+    """Straight-through gradient of :func:`runtime.quantize`: ``dx = dy * (qmin <= v <= qmax)``,
+    ``v = rne(x / scale) + zero_point`` before the clamp. Takes quantize's own arguments
+    (``out_dtype`` is quantize's output kind: it sets the default range and the implied zero point)."""
+    xr = _float_array(x, "x", "quantize_backward")
+    dyr = _grad_array(dy, xr)
+    qk = kind_of(out_dtype, "out_dtype")
+    if qk not in INT_KINDS:
+        raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize_backward follows quantize to "
+                               f"{', '.join(INT_KINDS)}")
+    check_scope(xr.shape, scope, axis, group_size)
+    qmin, qmax = check_range(qk, qmin, qmax)
+    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, implied_zero_point(qk))
+    ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
+    outr = _out_arg(out, xr, xr.shape, xr.kind)
+    _same_device([dyr, xr, p.scale, p.zp, outr])
+    _launch_elementwise("quantize_backward", p, ins, [("out", outr)], xr.shape, scope, group_size, xr.kind,
+                        qmin, qmax)
+    return outr.obj
+
+
+def dequantize_backward(dy, scale, *, scope, axis=None, group_size=None, out=None):
+    """Straight-through gradient of :func:`runtime.dequantize` with respect to q:
+    ``dq = dy * scale``, rounded once to dy's dtype (scale: float32, float64 for float64 dy)."""
+    dyr = _float_array(dy, "dy", "dequantize_backward")
+    p = _params(dyr, scale, None, scope, axis, group_size, 0, 0, 0)
+    ins = [(dyr, rows_view(dyr, "dy"))]
+    outr = _out_arg(out, dyr, dyr.shape, dyr.kind)
+    _same_device([dyr, p.scale, outr])
+    _launch_elementwise("dequantize_backward", p, ins, [("out", outr)], dyr.shape, scope, group_size, dyr.kind,
+                        0, 0)
+    return outr.obj
+
+
+# -- fake quantization ---------------------------------------------------------------------------
+def _bool_mask(like: ArrayRef, shape):
+    """A bool array in the caller's framework and its uint8 view (what the kernel writes)."""
+    if like.framework == "torch":
+        torch = sys.modules["torch"]
+        m = torch.empty(shape, dtype=torch.bool, device=like.obj.device)
+        return m, as_array(m.view(torch.uint8), "mask")
+    import cupy as cp
+    with cp.cuda.Device(like.device):
+        m = cp.empty(shape, dtype=cp.bool_)
+    return m, as_array(m.view(cp.uint8), "mask")
+
+
+def fake_quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
+                  qmax=DEFAULT_QMAX, return_mask=False, out=None):
+    """``y = (clamp(rne(x / scale) + zp, qmin, qmax) - zp) * scale`` in x's dtype (PyTorch's
+    ``fake_quantize_per_*_affine``). With ``return_mask=True`` returns ``(y, mask)``, mask a bool
+    array ``qmin <= rne(x / scale) + zp <= qmax``, written by the same kernel."""
+    xr = _float_array(x, "x", "fake_quantize")
+    qmin, qmax = fake_quant_range(qmin, qmax)
+    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
+    ins = [(xr, rows_view(xr, "x"))]
+    outr = _out_arg(out, xr, xr.shape, xr.kind)
+    mask = None
+    if return_mask:
+        mask, mref = _bool_mask(xr, tuple(xr.shape))
+        mstream = (mref, rows_view(mref, "mask"))
+    else:
+        mstream = _null_stream(xr, "u8")
+    _same_device([xr, p.scale, p.zp, outr])
+    _launch_elementwise("fake_quantize", p, ins, [("out", outr), mstream], xr.shape, scope, group_size, xr.kind,
+                        qmin, qmax)
+    return (outr.obj, mask) if return_mask else outr.obj
+
+
+def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None,
+                           qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX, out=None):
+    """``dx = dy * mask`` with fake_quantize's mask, recomputed from x (a product, as PyTorch's)."""
+    xr = _float_array(x, "x", "fake_quantize_backward")
+    dyr = _grad_array(dy, xr)
+    qmin, qmax = fake_quant_range(qmin, qmax)
+    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
+    ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
+    outr = _out_arg(out, xr, xr.shape, xr.kind)
+    _same_device([dyr, xr, p.scale, p.zp, outr])
+    _launch_elementwise("fake_quantize_backward", p, ins, [("out", outr)], xr.shape, scope, group_size, xr.kind,
+                        qmin, qmax)
+    return outr.obj
+
+
+# -- LSQ -----------------------------------------------------------------------------------------
+@dataclass
+class LsqArgs:
+    """Launch arguments of a fake_quantize_learnable_backward kernel (launch kind ``lsq``)."""
+
+    dy: tuple                   # (ArrayRef, RowsView)
+    x: tuple
+    dx: tuple
+    scale: Union[ArrayRef, float]
+    zero_point: Optional[ArrayRef]
+    zp_value: int
+    ds: ArrayRef                # per scale element, math precision
+    dz: Optional[ArrayRef]      # per scale element, float32 (asymmetric mode)
+    rows: int
+    cols: int
+    seg_len: int                # group: group_size; otherwise cols
+    chan_inner: int = 1
+    chan_count: int = 1
+    chan_last: bool = False
+    qmin: int = DEFAULT_QMIN
+    qmax: int = DEFAULT_QMAX
+    grad_factor: float = 1.0
+    ds_part: Optional[ArrayRef] = None   # workspace (tensor, channel): partial sums
+    dz_part: Optional[ArrayRef] = None
+    max_blocks: Optional[int] = None     # caps the grid; the results do not depend on it
+
+
+def lsq_partials(rows: int, cols: int, scope: str, chan_last: bool) -> int:
+    """Elements of each workspace array (ds, dz partials): one per row, or per (tile, column)."""
+    if scope in ("token", "group"):
+        return 0
+    if chan_last:
+        return -(-rows // LSQ_TILE_ROWS) * cols
+    return rows
+
+
+def _ptr(a) -> int:
+    return a.ptr if isinstance(a, ArrayRef) else 0
+
+
+@launcher("lsq")
+class LsqLauncher(Launcher):
+    """A segment (or tile) pass that writes dx and per-segment sums, then for tensor and channel
+    scopes a finish pass (``<symbol>_finish``) that sums the partials per scale element."""
+
+    def check(self, plan, args: LsqArgs):
+        want = [s["kind"] for s in plan.launch["ins"] + plan.launch["outs"]]
+        got = [args.dy[0].kind, args.x[0].kind, args.dx[0].kind]
+        if got != want:
+            raise InvalidProblemError(f"{plan.sku} takes dy, x, dx of {want}, got {got}")
+        math_kind = plan.sku.precision.math
+        if args.ds.kind != math_kind:
+            raise InvalidProblemError(f"ds has dtype {args.ds.kind}; {plan.sku} writes {math_kind}")
+        if plan.sku.mode == "asymmetric" and (args.dz is None or args.dz.kind != "f32"):
+            raise InvalidProblemError(f"{plan.sku} needs a float32 dz output")
+        need = lsq_partials(args.rows, args.cols, plan.sku.scope, args.chan_last)
+        for name in ("ds_part", "dz_part") if plan.sku.mode == "asymmetric" else ("ds_part",):
+            a = getattr(args, name)
+            if need and (a is None or a.size < need or a.kind != math_kind):
+                raise InvalidProblemError(f"{name}: the workspace needs {need} elements of {math_kind}")
+
+    def workspace_size(self, plan, args: LsqArgs) -> int:
+        n = lsq_partials(args.rows, args.cols, plan.sku.scope, args.chan_last)
+        per = 8 if plan.sku.precision.math == "f64" else 4
+        return n * per * (2 if plan.sku.mode == "asymmetric" else 1)
+
+    @staticmethod
+    def vec_ok(plan, args: LsqArgs) -> bool:
+        vec = plan.launch["vec"]
+        if (args.cols if args.chan_last else args.seg_len) % vec:
+            return False
+        for a, view in (args.dy, args.x, args.dx):
+            if a.ptr % 16 or (view.row_stride * a.itemsize) % 16:
+                return False
+        return True
+
+    def run(self, plan, args: LsqArgs, stream=None):
+        if args.rows == 0 or args.cols == 0:
+            return
+        dy = args.dy[0]
+        dev = dy.device
+        stream = stream if stream is not None else stream_handle(dy)
+        props = properties(dev)
+        threads = plan.launch["block_threads"]
+        cap = args.max_blocks or props["sms"] * max(1, props["max_threads_per_sm"] // threads)
+        vec = plan.launch["vec"]
+        f64 = plan.sku.precision.math == "f64"
+        if args.chan_last:
+            work = -(-args.rows // LSQ_TILE_ROWS) * -(-args.cols // vec)   # tiles x column vectors
+            team, grid = 1, min(-(-work // threads), cap)
+        else:
+            team = lsq_team(-(-args.seg_len // vec))
+            items = args.rows * (args.cols // args.seg_len)
+            grid = min(-(-items // (threads // team)), cap)
+        values = []
+        for a, view in (args.dy, args.x, args.dx):
+            values += (a.ptr, view.row_stride)
+        scale_value = 0.0 if isinstance(args.scale, ArrayRef) else args.scale
+        values += (_ptr(args.scale), scale_value, _ptr(args.zero_point), args.zp_value, _ptr(args.ds),
+                   _ptr(args.dz), _ptr(args.ds_part), _ptr(args.dz_part), args.rows, args.cols, args.seg_len,
+                   args.chan_inner, args.chan_count, int(args.chan_last), team, LSQ_TILE_ROWS, args.qmin,
+                   args.qmax, args.grad_factor, int(self.vec_ok(plan, args)))
+        fn = plan.registry.kernel(plan.sku, dev)
+        launch(fn, (max(1, grid),), (threads,), _lsq_format(f64), values, stream)
+        if not plan.launch.get("finish"):
+            return
+        if args.chan_last:
+            count, inner, n_items = args.cols, 1, -(-args.rows // LSQ_TILE_ROWS)
+        elif plan.sku.scope == "tensor":
+            count, inner, n_items = 1, args.rows, args.rows
+        else:
+            count, inner, n_items = args.chan_count, args.chan_inner, args.rows // args.chan_count
+        team2 = lsq_team(n_items)
+        grid2 = min(-(-count // (threads // team2)), cap)
+        fin = load_function(plan.registry, plan.entry.unit, plan.entry.symbol + "_finish", dev)
+        launch(fin, (max(1, grid2),), (threads,), _FINISH_FORMAT,
+               (_ptr(args.ds_part), _ptr(args.dz_part), _ptr(args.ds), _ptr(args.dz), count, inner, n_items, team2),
+               stream)
+
+
+def _lsq_format(f64: bool) -> str:
+    """Parameter layout of the LSQ kernel (templates/quantization/fake_quantize_learnable_backward.cu.j2)."""
+    m = "f64" if f64 else "f32"
+    return param_format(("ptr", "i64") * 3 + ("ptr", m, "ptr", "i32") + ("ptr",) * 4 + ("i64",) * 5
+                        + ("i32", "i32", "i64", "i32", "i32", m, "i32"))
+
+
+_FINISH_FORMAT = param_format(("ptr",) * 4 + ("i64",) * 3 + ("i32",))
+
+
+def _zeros(like: ArrayRef, shape, kind: str):
+    arr = empty(like, shape, kind)
+    arr[...] = 0
+    return arr
+
+
+def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None,
+                                     qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX, grad_factor=1.0, out=None,
+                                     _max_blocks=None):
+    """LSQ gradients ``(dx, dscale, dzero_point)`` (PyTorch's ``_fake_quantize_learnable_*`` terms).
+
+    ``dscale`` has the scale's shape and dtype, ``dzero_point`` the zero point's shape in float32
+    (``None`` when ``zero_point`` is None). The sums per scale element use one fixed order (no
+    atomics): the same inputs give the same bits on every run, whatever the launch configuration.
+    """
+    xr = _float_array(x, "x", "fake_quantize_learnable_backward")
+    dyr = _grad_array(dy, xr)
+    qmin, qmax = fake_quant_range(qmin, qmax, learnable=True)
+    g = _grad_factor(grad_factor)
+    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
+    mk = _math_kind(xr.kind)
+    pshape = param_shape(xr.shape, scope, p.axis, group_size)
+    xv, dyv = rows_view(xr, "x"), rows_view(dyr, "dy")
+    outr = _out_arg(out, xr, xr.shape, xr.kind)
+    ds_shape = tuple(p.scale.shape) if isinstance(p.scale, ArrayRef) else pshape
+    dz_shape = tuple(p.zp.shape) if isinstance(p.zp, ArrayRef) else pshape
+    _same_device([dyr, xr, p.scale, p.zp, outr])
+    if xr.size == 0:
+        ds = _zeros(xr, ds_shape, mk)
+        dz = None if zero_point is None else _zeros(xr, dz_shape, "f32")
+        return outr.obj, ds, dz
+    ds = as_array(empty(xr, ds_shape, mk), "dscale")
+    dz = None if zero_point is None else as_array(empty(xr, dz_shape, "f32"), "dzero_point")
+    ov = rows_view(outr, "out")
+    inner, count, last = _channel_params(xr.shape, scope, p.axis)
+    n = lsq_partials(xv.rows, xv.cols, scope, last)
+    ds_part = as_array(empty(xr, (n,), mk), "workspace") if n else None
+    dz_part = as_array(empty(xr, (n,), mk), "workspace") if n and dz is not None else None
+    args = LsqArgs(dy=(dyr, dyv), x=(xr, xv), dx=(outr, ov), scale=p.scale, zero_point=p.zp_array,
+                   zp_value=p.zp_value, ds=ds, dz=dz, rows=xv.rows, cols=xv.cols,
+                   seg_len=group_size if scope == "group" else xv.cols, chan_inner=inner, chan_count=count,
+                   chan_last=last, qmin=qmin, qmax=qmax, grad_factor=g, ds_part=ds_part, dz_part=dz_part,
+                   max_blocks=_max_blocks)
+    cached_plan(Descriptor("fake_quantize_learnable_backward", scope, p.mode, xr.kind, xr.kind)).run(args)
+    return outr.obj, ds.obj, None if dz is None else dz.obj

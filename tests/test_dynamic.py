@@ -1,0 +1,276 @@
+"""dynamic_quantize on the CPU: the NumPy reference on hand-computed cases, every bad input's
+typed error (before any launch), and the launchers' work partition (every element reduced
+exactly once, for the shapes the GPU tests use)."""
+import numpy as np
+import pytest
+
+import runtime as sf
+from runtime import InvalidProblemError, UnsupportedError
+from runtime import dynamic as dyn
+from runtime.reference import dynamic_quantize_ref, quantize
+from tests.fakes import FakeDeviceArray as D
+
+f32 = np.float32
+
+
+# -- the reference, by hand ----------------------------------------------------------------------
+def test_symmetric_token_s8_by_hand():
+    x = np.array([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [3.0, np.nan, -1.0]], f32)
+    q, s, zp = dynamic_quantize_ref(x, scope="token")
+    assert zp is None
+    np.testing.assert_array_equal(s, [f32(2) / f32(127), f32(1e-8) / f32(127), f32(3) / f32(127)])
+    assert s.dtype == np.float32
+    assert q[0, 1] == -127 and q[2, 0] == 127          # +-amax -> +-qmax
+    assert q[0, 0] == 64                                 # 1 / (2/127) = 63.5 -> 64 (ties to even)
+    np.testing.assert_array_equal(q[1], [0, 0, 0])       # all-zero row: scale eps/127, q 0
+    assert q[2, 1] == 0                                  # NaN -> zero point, ignored by the max
+    assert q.dtype == np.int8
+
+
+def test_symmetric_u8_uses_the_implied_zero_point():
+    x = np.array([[-4.0, 2.0, 4.0]], f32)
+    q, s, zp = dynamic_quantize_ref(x, scope="token", out_dtype="u8")
+    assert zp is None and s[0] == f32(4) / f32(127)
+    np.testing.assert_array_equal(q, [[1, 128 + 64, 255]])   # range 1..255 around 128 (2*inv = 63.5 -> 64)
+
+
+def test_asymmetric_tensor_u8_by_hand():
+    x = np.array([[-1.0, 3.0], [0.5, 2.0]], f32)
+    q, s, zp = dynamic_quantize_ref(x, scope="tensor", mode="asymmetric", out_dtype="u8")
+    assert s == f32(4) / f32(255) and s.shape == ()
+    assert zp == 64 and zp.dtype == np.int32               # 0 - rne(-1 / (4/255)) = rne(63.75)
+    assert q[0, 0] == 0 and q[0, 1] == 255
+
+
+def test_asymmetric_range_includes_zero():
+    x = np.array([[2.0, 4.0], [-8.0, -2.0]], f32)
+    q, s, zp = dynamic_quantize_ref(x, scope="token", mode="asymmetric")
+    np.testing.assert_array_equal(s, [f32(4) / f32(255), f32(8) / f32(255)])   # mn = 0 / mx = 0
+    np.testing.assert_array_equal(zp, [-128, 127])
+    np.testing.assert_array_equal(q[0], [-128 + 127, 127])     # 2 * f32(1 / f32(4/255)) = 127.49999 -> 127
+    np.testing.assert_array_equal(q[1], [-128, quantize(x[1:], s[1:], zp[1:], scope="token")[0, 1]])
+
+
+def test_group_and_channel_scopes():
+    x = np.arange(1, 25, dtype=f32).reshape(2, 3, 4)
+    _, s, _ = dynamic_quantize_ref(x, scope="group", group_size=2)
+    assert s.shape == (2, 3, 2)
+    assert s[1, 2, 1] == f32(24) / f32(127) and s[0, 0, 0] == f32(2) / f32(127)
+    _, s, _ = dynamic_quantize_ref(x, scope="channel", axis=1)
+    np.testing.assert_array_equal(s, f32([16, 20, 24]) / f32(127))
+    _, s, _ = dynamic_quantize_ref(x, scope="channel", axis=-1)
+    np.testing.assert_array_equal(s, f32([21, 22, 23, 24]) / f32(127))
+
+
+def test_eps_floor_and_all_nan():
+    x = np.array([[np.nan, np.nan], [1e-12, -1e-12]], f32)
+    q, s, _ = dynamic_quantize_ref(x, scope="token", eps=1e-6)
+    np.testing.assert_array_equal(s, [f32(1e-6) / f32(127)] * 2)
+    np.testing.assert_array_equal(q, [[0, 0], [0, 0]])
+    q, s, zp = dynamic_quantize_ref(x, scope="token", mode="asymmetric", eps=1e-6)
+    np.testing.assert_array_equal(s, [f32(1e-6)] * 2)
+    np.testing.assert_array_equal(zp, [-128, -128])
+
+
+def test_infinities_follow_the_spec_literally():
+    # amax = inf -> scale = inf -> inv = 0: finite x -> zp, inf * 0 = NaN -> zp
+    q, s, _ = dynamic_quantize_ref(np.array([[np.inf, 1.0, -2.0]], f32), scope="token")
+    assert np.isinf(s[0]) and (q == 0).all()
+    # asymmetric, +inf: zp = qmin - rne(-2 / inf) = qmin
+    q, s, zp = dynamic_quantize_ref(np.array([[np.inf, -2.0]], f32), scope="token", mode="asymmetric")
+    assert np.isinf(s[0]) and zp[0] == -128 and (q == -128).all()
+    # asymmetric, -inf: -inf / inf = NaN; clamp = fmax(fmin(z, qmax), qmin) sends NaN to qmax
+    q, s, zp = dynamic_quantize_ref(np.array([[-np.inf, 1.0]], f32), scope="token", mode="asymmetric")
+    assert zp[0] == 127 and (q == 127).all()
+
+
+def test_f64_math_and_half_inputs():
+    x = np.array([[1.0, -3.0]], np.float64)
+    q, s, _ = dynamic_quantize_ref(x, scope="token")
+    assert s.dtype == np.float64 and s[0] == 3.0 / 127.0
+    import ml_dtypes
+    xb = np.array([[1.0, -3.0]], ml_dtypes.bfloat16)
+    q2, s2, _ = dynamic_quantize_ref(xb, scope="token")
+    assert s2.dtype == np.float32 and s2[0] == f32(3) / f32(127)
+
+
+def test_reference_invariant_random(rng):
+    for mode in ("symmetric", "asymmetric"):
+        x = (rng.standard_normal((33, 64)) * rng.random((33, 1)) * 10).astype(f32)
+        q, s, zp = dynamic_quantize_ref(x, scope="group", mode=mode, group_size=16)
+        qmin, qmax = (-127, 127) if mode == "symmetric" else (-128, 127)
+        np.testing.assert_array_equal(q, quantize(x, s, zp, scope="group", group_size=16, qmin=qmin, qmax=qmax))
+        y = sf.reference.dequantize(q, s, zp, scope="group", group_size=16)
+        assert (np.abs(y - x) <= np.repeat(s.reshape(33, -1), 16, -1) * 0.5 * (1 + 1e-5)).all()
+
+
+# -- validation: typed errors before any launch ---------------------------------------------------
+X = D((8, 64), "float32")
+
+
+def err(fn, exc, *words):
+    with pytest.raises(exc) as e:
+        fn()
+    msg = str(e.value)
+    for w in words:
+        assert w in msg, msg
+    return msg
+
+
+def test_bad_dtypes():
+    err(lambda: sf.dynamic_quantize(D((8, 64), "int32"), scope="token"), UnsupportedError, "x", "i32", "bf16")
+    err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="int4"), UnsupportedError, "issue 5")
+    err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="float32"), UnsupportedError, "out_dtype", "s8, u8")
+    err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="int16"), InvalidProblemError, "out_dtype")
+    err(lambda: sf.dynamic_quantize(np.zeros((2, 2), f32), scope="token"), InvalidProblemError, "host array")
+
+
+def test_bad_mode_and_scope():
+    err(lambda: sf.dynamic_quantize(X, scope="token", mode="affine"), UnsupportedError, "mode", "symmetric")
+    err(lambda: sf.dynamic_quantize(X, scope="row"), UnsupportedError, "scope", "token")
+    err(lambda: sf.dynamic_quantize(X, scope="channel"), InvalidProblemError, "axis")
+    err(lambda: sf.dynamic_quantize(X, scope="channel", axis=2), InvalidProblemError, "axis=2")
+    err(lambda: sf.dynamic_quantize(X, scope="group", group_size=48), InvalidProblemError, "group_size=48", "D=64")
+    err(lambda: sf.dynamic_quantize(X, scope="group"), InvalidProblemError, "group_size")
+    err(lambda: sf.dynamic_quantize(X, scope="token", group_size=16), InvalidProblemError, "group_size")
+
+
+@pytest.mark.parametrize("bad", [0.0, -1e-8, float("inf"), float("nan"), 1e-50, "1e-8", True])
+def test_bad_eps(bad):
+    err(lambda: sf.dynamic_quantize(X, scope="token", eps=bad), InvalidProblemError, "eps")
+
+
+def test_bad_ranges():
+    err(lambda: sf.dynamic_quantize(X, scope="token", mode="asymmetric", qmin=5, qmax=5), InvalidProblemError,
+        "qmin=5", "qmax=5")
+    err(lambda: sf.dynamic_quantize(X, scope="token", mode="asymmetric", qmin=-200), InvalidProblemError, "qmin")
+    err(lambda: sf.dynamic_quantize(X, scope="token", qmin=-100, qmax=127), InvalidProblemError,
+        "zero point", "(qmin + qmax + 1) // 2 = 14", "asymmetric")
+    err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="u8", qmin=0, qmax=200), InvalidProblemError,
+        "100", "128")
+    err(lambda: sf.dynamic_quantize(X, scope="token", qmin=1.5), InvalidProblemError, "qmin")
+
+
+def test_bad_scale_dtype():
+    err(lambda: sf.dynamic_quantize(X, scope="token", scale_dtype="e8m0"), UnsupportedError, "issue 5")
+    err(lambda: sf.dynamic_quantize(X, scope="token", scale_dtype="float64"), UnsupportedError, "float32")
+    err(lambda: sf.dynamic_quantize(X, scope="token", scale_dtype="float16"), UnsupportedError, "scale_dtype")
+
+
+def test_bad_layouts():
+    err(lambda: sf.dynamic_quantize(D((8, 64), strides=(1, 8)), scope="token"), InvalidProblemError,
+        "non-contiguous last axis")
+    err(lambda: sf.dynamic_quantize(D((4, 8, 64), strides=(1024, 70, 1)), scope="tensor"), InvalidProblemError,
+        "collapse")
+
+
+# -- the launchers' partition: every element reduced exactly once --------------------------------
+H200 = {"name": "fake", "cc": 90, "sms": 132, "max_threads_per_sm": 2048}
+
+
+class _Plan:
+    def __init__(self, scope, mode="symmetric", element="bf16"):
+        from codegen.matrix import SIZE
+        from runtime.sku import KernelSku, Precision
+        vec = 16 // SIZE[element]
+        self.sku = KernelSku("quantization", "dynamic_quantize", scope, mode, element, "s8",
+                             precision=Precision("f64" if element == "f64" else "f32"))
+        self.registry = type("Registry", (), {"kernel": staticmethod(lambda sku, device: None)})()
+        self.launch = {"vec": vec, "rvec": vec, "max_threads": 512,
+                       "ch_vec": [c for c in (1, 2, 4, 8) if c * vec * SIZE[element] <= 64],
+                       "ch_scalar": [c for c in (1, 4, 16) if c * SIZE[element] <= 64]}
+
+
+def _args(shape, scope, axis=None, gs=None, strides=None):
+    from runtime.arrays import as_array
+    from runtime.scopes import rows_view
+    x = as_array(D(shape, "float32", strides=strides), "x")
+    q = as_array(D(shape, "int8"), "q")
+    axis = None if axis is None else axis % len(shape)
+    s = as_array(D(dyn.param_shape(shape, scope, axis, gs), "float32"), "scale")
+    return dyn.DynamicArgs(x, rows_view(x, "x"), q, rows_view(q, "q"), s, None, scope, "symmetric", -127, 127, 0,
+                           1e-8, axis=axis, group_size=gs)
+
+
+def _emulate_reduce(cfg, args, v):
+    """Count how often phase 0 visits each (row, col) and check the (slot, part) layout."""
+    rows, cols = args.xv.rows, args.xv.cols
+    inner, count, last = dyn._channel_params(args.x.shape, args.scope, args.axis)
+    if args.scope == "tensor":
+        inner, count = 1, 1
+    hits = np.zeros((rows, cols), np.int64)
+    slot_of = np.full((rows, cols), -1, np.int64)
+    if last:
+        tx = cfg.tx
+        tiles = -(-cols // (tx * v))
+        for w in range(cfg.row_parts * tiles):
+            rp, tile = divmod(w, tiles)
+            r0, r1 = rows * rp // cfg.row_parts, rows * (rp + 1) // cfg.row_parts
+            for t in range(tx):
+                c0 = (tile * tx + t) * v
+                if c0 < cols:
+                    hits[r0:r1, c0:c0 + v] += 1
+                    slot_of[r0:r1, c0:c0 + v] = np.arange(c0, min(c0 + v, cols))
+        return hits, slot_of
+    if cfg.flat:                                  # tensor scope, contiguous: a grid-stride stream
+        assert cfg.grid0 == cfg.row_parts == cfg.parts and cfg.col_chunk == cols and (rows * cols) % v == 0
+        hits[:] = 1
+        slot_of[:] = 0
+        return hits, slot_of
+    sub = rows // count
+    col_parts = -(-cols // cfg.col_chunk)
+    assert cfg.parts == cfg.row_parts * col_parts
+    for w in range(count * cfg.parts):
+        c, part = divmod(w, cfg.parts)
+        rp, cp = divmod(part, col_parts)
+        r0, r1 = sub * rp // cfg.row_parts, sub * (rp + 1) // cfg.row_parts
+        c0, c1 = cp * cfg.col_chunk, min(cp * cfg.col_chunk + cfg.col_chunk, cols)
+        assert c0 % v == 0
+        for s in range(r0, r1):
+            row = (s // inner) * count * inner + c * inner + s % inner
+            hits[row, c0:c1] += 1
+            slot_of[row, c0:c1] = c
+    return hits, slot_of
+
+
+@pytest.mark.parametrize("shape,scope,axis", [
+    ((64, 512), "tensor", None), ((3, 5, 77), "tensor", None), ((1, 3 * 2**20), "tensor", None),
+    ((40, 256), "channel", 0), ((40, 256), "channel", 1), ((3, 6, 5, 32), "channel", 1),
+    ((2, 3, 4, 5, 7), "channel", -1), ((2, 2, 2, 2, 2, 2, 2, 16), "channel", 3), ((70001, 3), "channel", 0),
+    ((4096, 64), "channel", 1), ((5, 4000), "channel", 0)])
+def test_reduce_partition_covers_every_element_once(monkeypatch, shape, scope, axis):
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
+    plan = _Plan(scope)
+    args = _args(shape, scope, axis)
+    launcher = dyn.DynamicReduceLauncher()
+    cfg = launcher.config(plan, args)
+    v = plan.launch["rvec"] if cfg.vec_ok else 1
+    hits, slot_of = _emulate_reduce(cfg, args, v)
+    assert (hits == 1).all()
+    want = np.broadcast_to(np.arange(shape[axis]).reshape([-1 if i == axis % len(shape) else 1
+                                                           for i in range(len(shape))]), shape) \
+        if scope == "channel" else np.zeros(shape, np.int64)
+    np.testing.assert_array_equal(slot_of, want.reshape(args.xv.rows, args.xv.cols))
+    assert launcher.workspace_size(plan, args) == cfg.partials * 4
+    assert 1 <= cfg.tx <= 256 and (cfg.tx & (cfg.tx - 1)) == 0
+
+
+@pytest.mark.parametrize("shape,scope,gs", [((8192, 8192), "token", None), ((65536, 4096), "token", None),
+                                            ((16, 4096), "token", None), ((5, 1), "token", None),
+                                            ((4, 70000), "token", None), ((7, 96), "group", 32),
+                                            ((8192, 8192), "group", 128), ((9, 48), "group", 3)])
+def test_fused_config(monkeypatch, shape, scope, gs):
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+    plan = _Plan(scope)
+    args = _args(shape, scope, gs=gs)
+    vec_ok, tx, ty, grid = dyn.DynamicFusedLauncher().config(plan, args)
+    g = gs or shape[-1]
+    v = plan.launch["vec"] if vec_ok else 1
+    assert vec_ok == (g % plan.launch["vec"] == 0)
+    assert tx * ty in (256, 512) and tx <= 512 and (tx & (tx - 1)) == 0
+    per = -(-(-(-g // v)) // tx)
+    chs = plan.launch["ch_vec"] if vec_ok else plan.launch["ch_scalar"]
+    if -(-g // v) <= 512 * chs[-1]:
+        assert per <= chs[-1]                     # the row group stays in registers
+    assert grid * ty >= min(args.xv.rows * (shape[-1] // g), 1) and grid < 2**31

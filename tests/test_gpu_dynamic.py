@@ -1,0 +1,125 @@
+"""GPU: every dynamic_quantize SKU bit-exact against the NumPy reference (random + edge cases,
+via codegen.checks_dynamic), the quantize/dequantize invariants, run-to-run determinism,
+streams, the plan API, and > 2**31 elements (slow)."""
+import numpy as np
+import pytest
+
+import runtime as sf
+from codegen import checks
+
+pytestmark = pytest.mark.gpu
+
+REG = sf.default_registry()
+DYNAMIC = [s for s in REG.skus() if s.op == "dynamic_quantize"]
+
+
+@pytest.mark.parametrize("sku", DYNAMIC, ids=str)
+def test_dynamic_sku_bit_exact(sku, rng):
+    # torch for the half-precision inputs (what LLM inference passes), CuPy for the others
+    fw = "torch" if sku.element in ("bf16", "f16") else "cupy"
+    if fw == "torch":
+        pytest.importorskip("torch")
+    res = checks.check(sku, rng, fw)
+    assert res.passed, f"{res.detail}: {res.failures[:5]}"
+
+
+@pytest.mark.parametrize("scope,kw", [("tensor", {}), ("channel", {"axis": 0}), ("channel", {"axis": -1}),
+                                      ("token", {}), ("group", {"group_size": 128})])
+@pytest.mark.parametrize("mode", ["symmetric", "asymmetric"])
+def test_deterministic_run_to_run(scope, kw, mode, rng):
+    """The same input gives the same bits on every run (no atomics anywhere)."""
+    import cupy as cp
+    x = cp.asarray((rng.standard_normal((2048, 4096)) * 10 ** rng.uniform(-2, 2, (2048, 1))).astype(np.float32))
+    first = sf.dynamic_quantize(x, scope=scope, mode=mode, **kw)
+    for _ in range(3):
+        again = sf.dynamic_quantize(x, scope=scope, mode=mode, **kw)
+        for a, b in zip(first, again):
+            if a is not None:
+                assert bool(cp.all(a.reshape(-1).view(cp.uint8) == b.reshape(-1).view(cp.uint8)))
+
+
+def test_torch_side_stream_and_types(rng):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        big = x * 3          # queued on the side stream: the kernels must run after it
+        outs = {s: sf.dynamic_quantize(big, scope=s, mode="asymmetric", **kw)
+                for s, kw in (("token", {}), ("group", {"group_size": 64}), ("tensor", {}), ("channel", {"axis": 1}))}
+    stream.synchronize()
+    host = checks.to_host(big)
+    for s, (q, sc, zp) in outs.items():
+        assert isinstance(q, torch.Tensor) and q.dtype == torch.int8 and sc.dtype == torch.float32
+        assert zp.dtype == torch.int32
+        kw = {"group": {"group_size": 64}, "channel": {"axis": 1}}.get(s, {})
+        q_ref, s_ref, z_ref = sf.reference.dynamic_quantize_ref(host, scope=s, mode="asymmetric", **kw)
+        np.testing.assert_array_equal(q.cpu().numpy(), q_ref)
+        np.testing.assert_array_equal(sc.cpu().numpy(), s_ref)
+        np.testing.assert_array_equal(zp.cpu().numpy(), z_ref)
+
+
+def test_plan_api_and_workspace():
+    import cupy as cp
+    from runtime.arrays import as_array, empty
+    from runtime.dynamic import DynamicArgs
+    from runtime.scopes import rows_view
+    x = cp.asarray(np.random.default_rng(0).standard_normal((1000, 512)).astype(np.float32))
+    xr = as_array(x, "x")
+    q, s = as_array(empty(xr, x.shape, "s8"), "q"), as_array(empty(xr, (), "f32"), "scale")
+    args = DynamicArgs(xr, rows_view(xr, "x"), q, rows_view(q, "q"), s, None, "tensor", "symmetric", -127, 127, 0, 1e-8)
+    plan = sf.Plan.select(sf.Descriptor("dynamic_quantize", "tensor", "symmetric", "f32", "s8"))
+    n = plan.workspace_size(args)
+    assert n > 0 and "deterministic" in plan.precision_guarantee
+    assert not plan.can_implement(args)                # no workspace yet
+    args.workspace = as_array(cp.empty(n, cp.uint8), "workspace")
+    assert plan.can_implement(args)
+    plan.run(args)
+    want_q, want_s, _ = sf.reference.dynamic_quantize_ref(x.get(), scope="tensor")
+    np.testing.assert_array_equal(q.obj.get(), want_q)
+    assert s.obj.get() == want_s
+    token = sf.Plan.select(sf.Descriptor("dynamic_quantize", "token", "symmetric", "f32", "s8"))
+    assert token.workspace_size(args) == 0
+
+
+def test_empty_tensors_launch_nothing():
+    import cupy as cp
+    q, s, z = sf.dynamic_quantize(cp.empty((4, 0), cp.float32), scope="token", mode="asymmetric")
+    assert q.shape == (4, 0) and s.shape == (4,) and z.shape == (4,)
+    assert (s.get() == np.float32(1e-8)).all() and (z.get() == -128).all()
+    q, s, z = sf.dynamic_quantize(cp.empty((0, 16), cp.float32), scope="tensor")
+    assert q.shape == (0, 16) and s.shape == () and z is None
+
+
+@pytest.mark.slow
+def test_more_than_2_pow_31_elements():
+    """bf16 -> s8 per token (fused) and per tensor (reduce + static quantize) on 2.15e9 elements,
+    then 2**31 - 1 rows of one element per token: 64-bit indexing, no grid limit."""
+    torch = pytest.importorskip("torch")
+    rows, d = 2**17 + 3, 2**14 + 16
+    x = torch.randn(rows, d, device="cuda", dtype=torch.bfloat16)
+    x[-1, -5:] = torch.tensor([1e3, -2e3, 7.0, float("nan"), 0.5], dtype=torch.bfloat16)
+    q, s, _ = sf.dynamic_quantize(x, scope="token")
+    for sl in (slice(0, 2), slice(rows - 3, rows)):
+        xh = checks.to_host(x[sl])
+        q_ref, s_ref, _ = sf.reference.dynamic_quantize_ref(xh, scope="token")
+        np.testing.assert_array_equal(q[sl].cpu().numpy(), q_ref)
+        np.testing.assert_array_equal(s[sl].cpu().numpy(), s_ref)
+    del q, s
+    q, s, _ = sf.dynamic_quantize(x, scope="tensor")
+    amax = np.float32(x.abs().nan_to_num(0.0).amax().float().item())   # exact; NaN ignored
+    assert s.item() == np.float32(max(amax, np.float32(1e-8))) / np.float32(127)
+    sh = np.float32(s.item())
+    xh = checks.to_host(x[-3:])
+    np.testing.assert_array_equal(q[-3:].cpu().numpy(), sf.reference.quantize(xh, sh, scope="tensor"))
+    del q, s, x
+    torch.cuda.empty_cache()
+    n = 2**31 - 1
+    x = torch.randn(n, 1, device="cuda", dtype=torch.bfloat16)
+    q, s, _ = sf.dynamic_quantize(x, scope="token")
+    for sl in (slice(0, 4), slice(n - 4, n)):
+        q_ref, s_ref, _ = sf.reference.dynamic_quantize_ref(checks.to_host(x[sl]), scope="token")
+        np.testing.assert_array_equal(q[sl].cpu().numpy(), q_ref)
+        np.testing.assert_array_equal(s[sl].cpu().numpy(), s_ref)
+    assert bool(((q.abs() == 127) | (x.abs() < 1e-8)).all())   # each row is its own amax (unless < eps)
+    del q, s, x
+    torch.cuda.empty_cache()

@@ -1,0 +1,178 @@
+"""GPU: the moe grouped matmul against the float64 reference, torch._grouped_mm and a
+per-expert torch.mm loop; invalid offsets, determinism, frameworks, streams, big tensors."""
+import numpy as np
+import pytest
+
+import runtime as sf
+from codegen import checks, checks_moe
+from runtime import reference_moe as ref
+
+pytestmark = pytest.mark.gpu
+
+REG = sf.default_registry()
+MOE = [s for s in REG.skus() if s.category == "moe"]
+
+
+@pytest.mark.parametrize("sku", MOE, ids=str)
+def test_moe_sku(sku, rng):
+    res = checks.check(sku, rng)
+    assert res.passed, f"{res.detail}: {res.failures[:6]}"
+
+
+def _torch_problem(rng, E, M, N, K, dtype, sorted_rows=True, empty=()):
+    import torch
+    counts = rng.multinomial(M, np.ones(E) / E)
+    for e in empty:
+        counts[(e + 1) % E] += counts[e]
+        counts[e] = 0
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    x = torch.randn(M, K, device="cuda", dtype=dtype)
+    w = torch.randn(E, N, K, device="cuda", dtype=dtype) / K ** 0.5
+    dy = torch.randn(M, N, device="cuda", dtype=dtype)
+    return x, w, dy, torch.tensor(offsets, device="cuda"), counts
+
+
+@pytest.mark.parametrize("strategy", ["mma", "simt"])
+def test_against_torch_grouped_mm(strategy, rng):
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("torch._grouped_mm is not in this torch")
+    E, M, N, K = 8, 1000, 256, 384
+    x, w, dy, offs, _ = _torch_problem(rng, E, M, N, K, torch.bfloat16, empty=(3,))
+    ends = offs[1:].contiguous()
+    y = sf.grouped_matmul(x, w, offsets=offs, strategy=strategy)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
+    y_t = torch._grouped_mm(x, w.transpose(-2, -1), offs=ends)
+    dx, dw = sf.grouped_matmul_backward(x, w, dy, offsets=offs, strategy=strategy)
+    dx_t = torch._grouped_mm(dy, w, offs=ends)
+    dw_t = torch._grouped_mm(dy.t(), x, offs=ends)
+    for got, theirs in ((y, y_t), (dx, dx_t), (dw, dw_t)):
+        assert ref.rel_error(got.float().cpu().numpy(), theirs.float().cpu().numpy()) < 1e-2
+    assert dw.dtype == torch.float32
+    assert torch.all(dw[3] == 0)   # expert without rows: exact zeros
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_against_per_expert_mm_loop(dtype, rng):
+    """Unsorted row_experts with padding ids, forward and both gradients vs torch.mm per expert."""
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dtype)
+    E, M, N, K = 5, 777, 136, 200
+    x = torch.randn(M, K, device="cuda", dtype=dt)
+    w = torch.randn(E, N, K, device="cuda", dtype=dt) / K ** 0.5
+    dy = torch.randn(M, N, device="cuda", dtype=dt)
+    ids = torch.tensor(rng.integers(-1, E + 1, M), device="cuda", dtype=torch.int32)
+    y = sf.grouped_matmul(x, w, row_experts=ids)
+    dx, dw = sf.grouped_matmul_backward(x, w, dy, row_experts=ids)
+    y_l, dx_l, dw_l = torch.zeros(M, N, device="cuda"), torch.zeros(M, K, device="cuda"), torch.zeros(E, N, K, device="cuda")
+    for e in range(E):
+        rows = torch.nonzero(ids == e).flatten()
+        xe, dye = x[rows].double(), dy[rows].double()
+        y_l[rows] = (xe @ w[e].double().t()).float()
+        dx_l[rows] = (dye @ w[e].double()).float()
+        dw_l[e] = (dye.t() @ xe).float()
+    tol = ref.TOLERANCE[{"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[dtype]]
+    for got, want in ((y, y_l), (dx, dx_l), (dw, dw_l)):
+        assert ref.rel_error(got.float().cpu().numpy(), want.cpu().numpy()) <= tol
+    pad = (ids < 0) | (ids >= E)
+    assert torch.all(y[pad] == 0) and torch.all(dx[pad] == 0)
+
+
+@pytest.mark.parametrize("strategy", ["mma", "simt"])
+def test_invalid_offsets_give_nan_and_trusted_stays_in_bounds(strategy):
+    import cupy as cp
+    E, M, N, K = 4, 64, 32, 32
+    x = cp.random.standard_normal((M, K), dtype=cp.float32).astype(cp.float16)
+    w = cp.random.standard_normal((E, N, K), dtype=cp.float32).astype(cp.float16)
+    dy = cp.random.standard_normal((M, N), dtype=cp.float32).astype(cp.float16)
+    for bad in ([0, 10, 5, 30, 64], [1, 10, 20, 30, 64], [0, 10, 20, 30, 63], [0, 10, 20, 30, 1 << 30],
+                [-5, 10, 20, 30, 64]):
+        offs = cp.asarray(np.array(bad, np.int64))
+        y = sf.grouped_matmul(x, w, offsets=offs, strategy=strategy)
+        dx, dw = sf.grouped_matmul_backward(x, w, dy, offsets=offs, strategy=strategy)
+        for out in (y, dx, dw):
+            assert bool(cp.all(cp.isnan(out))), bad
+        with pytest.raises(sf.InvalidProblemError, match="offsets"):
+            sf.moe.validate_offsets(offs, M, E)
+        y = sf.grouped_matmul(x, w, offsets=offs, strategy=strategy, trusted_offsets=True)
+        assert bool(cp.all(cp.isfinite(y))), bad
+        with sf.trusted():
+            _, dw = sf.grouped_matmul_backward(x, w, dy, offsets=offs, strategy=strategy, need_input=False)
+        assert bool(cp.all(cp.isfinite(dw))), bad
+    cp.cuda.Device().synchronize()
+
+
+def test_backward_is_deterministic(rng):
+    """Skewed, unsorted routing with long reductions: three runs, identical bits."""
+    import cupy as cp
+    E, M, N, K = 16, 20000, 64, 128
+    x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+    w = cp.asarray(rng.standard_normal((E, N, K)).astype(np.float16))
+    dy = cp.asarray(rng.standard_normal((M, N)).astype(np.float16))
+    p = 1.0 / (np.arange(E) + 1.0) ** 2
+    ids = cp.asarray(rng.choice(E, size=M, p=p / p.sum()).astype(np.int32))
+    for strategy in ("mma", "simt"):
+        runs = [sf.grouped_matmul_backward(x, w, dy, row_experts=ids, strategy=strategy) for _ in range(3)]
+        for dx, dw in runs[1:]:
+            assert bool(cp.all(dx.view(cp.uint16) == runs[0][0].view(cp.uint16)))
+            assert bool(cp.all(dw.view(cp.uint32) == runs[0][1].view(cp.uint32)))
+
+
+def test_cupy_in_cupy_out_and_empty(rng):
+    import cupy as cp
+    x = cp.asarray(rng.standard_normal((0, 16)).astype(np.float32))
+    w = cp.asarray(rng.standard_normal((3, 8, 16)).astype(np.float32))
+    y = sf.grouped_matmul(x, w, offsets=cp.zeros(4, cp.int32))
+    assert isinstance(y, cp.ndarray) and y.shape == (0, 8)
+    dx, dw = sf.grouped_matmul_backward(x, w, cp.zeros((0, 8), cp.float32), row_experts=cp.zeros(0, cp.int32))
+    assert dx.shape == (0, 16) and dw.shape == (3, 8, 16) and bool(cp.all(dw == 0))
+
+
+def test_plan_shows_the_chosen_sku():
+    import cupy as cp
+    x = cp.ones((32, 64), cp.float16)
+    w = cp.ones((2, 16, 64), cp.float16)
+    ids = cp.zeros(32, cp.int32)
+    assert sf.moe.select_plan("grouped_matmul", x, w, row_experts=ids).sku.backend == "mma"
+    assert sf.moe.select_plan("grouped_matmul", x[:, :60], w[:, :, :60], row_experts=ids).sku.backend == "simt"
+    plan = sf.moe.select_plan("grouped_matmul_backward_weight", x, w, cp.ones((32, 16), cp.float16), row_experts=ids)
+    assert plan.sku.aux_element == "f32" and "deterministic" in plan.precision_guarantee
+
+
+def test_torch_non_default_stream(rng):
+    torch = pytest.importorskip("torch")
+    E, M, N, K = 4, 4096, 512, 512
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, E, (M,), device="cuda", dtype=torch.int32)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x2 = x * 2           # queued on the side stream: routing and product must follow it
+        y = sf.grouped_matmul(x2, w, row_experts=ids)
+    s.synchronize()
+    want = ref.grouped_matmul(checks.to_host(x2), checks.to_host(w), row_experts=ids.cpu().numpy())
+    assert ref.rel_error(y.float().cpu().numpy(), want) < 1e-2
+
+
+@pytest.mark.slow
+def test_more_than_2_pow_31_elements(rng):
+    """x with 2.15e9 elements (64-bit offsets end to end); rows checked at both ends."""
+    import cupy as cp
+    M, K, N, E = 2**19 + 3, 4104, 16, 4
+    x = cp.empty((M, K), cp.float16)
+    x[:] = cp.asarray(rng.standard_normal(K).astype(np.float16))[None, :]
+    tail = rng.standard_normal((5, K)).astype(np.float16)
+    x[-5:] = cp.asarray(tail)
+    w = cp.asarray((rng.standard_normal((E, N, K)) / 64).astype(np.float16))
+    ids_h = rng.integers(-1, E, M).astype(np.int32)
+    ids = cp.asarray(ids_h)
+    for strategy in ("mma", "simt"):
+        y = sf.grouped_matmul(x, w, row_experts=ids, strategy=strategy)
+        got = y[-5:].get()
+        want = ref.grouped_matmul(tail, w.get(), row_experts=ids_h[-5:])
+        assert ref.rel_error(got, want) < 1e-2, strategy
+        head = y[:3].get()
+        assert ref.rel_error(head, ref.grouped_matmul(x[:3].get(), w.get(), row_experts=ids_h[:3])) < 1e-2
+        del y
+    del x
+    cp.get_default_memory_pool().free_all_blocks()

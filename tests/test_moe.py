@@ -1,0 +1,236 @@
+"""CPU tests of the moe category: matrix cells, manifest, NVRTC builds, typed errors before any
+launch, plan selection (auto -> mma / simt), routing workspace and the float64 reference."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+import runtime as sf
+from codegen.matrix import FAMILIES, MOE_GEMM, MOE_WGRAD, cells
+from runtime import InvalidProblemError, KernelSku, UnsupportedError
+from runtime import reference_moe as ref
+from runtime.arrays import ArrayRef
+from runtime.moe import (MoeArgs, Routing, check_problem, mma_blockers, plan_for, route_chunks,
+                         workspace_layout)
+from tests.fakes import FakeDeviceArray as D
+
+REG = sf.default_registry()
+MOE = [s for s in REG.skus() if s.category == "moe"]
+
+
+# -- matrix, manifest, sources ------------------------------------------------------------------
+def test_matrix_cells_and_exclusions():
+    assert MOE_GEMM in FAMILIES and MOE_WGRAD in FAMILIES
+    gen = {str(s) for s in MOE}
+    assert len(MOE) == 19
+    for op in ("grouped_matmul", "grouped_matmul_backward_input"):
+        for el in ("f32", "f16", "bf16"):
+            assert f"moe/{op}/-/-/{el}/-/sm80/simt/f32.acc-f32.det" in gen
+        for el in ("f16", "bf16"):
+            assert f"moe/{op}/-/-/{el}/-/sm80/mma/{el}.acc-f32.det" in gen
+    assert "moe/grouped_matmul_backward_weight/-/-/bf16/f32/sm80/mma/bf16.acc-f32.det" in gen
+    assert "moe/grouped_matmul_backward_weight/-/-/f16/-/sm80/simt/f32.acc-f32.det" in gen
+    excluded = {str(s): r for s, r in REG.excluded.items() if s.category == "moe"}
+    assert "tensor-core" in excluded["moe/grouped_matmul/-/-/f32/-/sm80/mma/f32.acc-f32.det"]
+    assert "f64" in excluded["moe/grouped_matmul_backward_weight/-/-/f64/-/sm80/simt/f64.acc-f64.det"]
+    for s in MOE:
+        assert s.precision.accumulator == "f32" and s.precision.deterministic and not s.precision.bit_stable
+        assert KernelSku.parse(str(s)) == s
+
+
+def test_excluded_cells_give_typed_errors():
+    with pytest.raises(UnsupportedError, match="f32 runs on simt|no 'mma' kernel"):
+        REG.select(category="moe", op="grouped_matmul", element="f32", backend="mma")
+    with pytest.raises(UnsupportedError, match="f64"):
+        REG.lookup("moe/grouped_matmul/-/-/f64/-/sm80/simt/f64.acc-f64.det")
+
+
+def test_manifest_launch_metadata_and_sources():
+    for s in MOE:
+        e = REG.lookup(s)
+        assert e.launch["kind"] == "moe_gemm"
+        src = REG.source(s)
+        assert f"// SKU: {s}" in src
+        for name in e.launch["route"].values():
+            assert f" {name}(" in src
+        assert f" {e.symbol}(" in src
+        if s.backend == "mma":
+            for ins in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4", "cp.async.cg.shared.global"):
+                assert ins in src
+            t = e.launch["tile"]
+            assert e.launch["dynamic_smem"] == t["STAGES"] * (t["BM"] + t["BN"]) * t["BK"] * 2 <= 227 * 1024
+        assert "atomicAdd(counter" in src     # integer tile counter only: no float atomics
+        assert not re.search(r"atomicAdd\((?!counter)", src)
+    units = json.loads((REG.root / "manifest.json").read_text())["units"]
+    assert units["moe/grouped_matmul_bf16.cu"]["nvrtc_options"] == []   # fmad on
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_nvrtc_builds_mma_without_spills(arch):
+    """The bf16 forward unit compiles for sm_80 / sm_90; ptxas reports no spills on the mma kernel."""
+    from cuda.bindings import nvrtc
+    src = REG.unit_source("moe/grouped_matmul_bf16.cu")
+    err, prog = nvrtc.nvrtcCreateProgram(src.encode(), b"moe.cu", 0, [], [])
+    opts = [f"--gpu-architecture=sm_{arch}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    _, n = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * n
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    nvrtc.nvrtcDestroyProgram(prog)
+    log = log.decode(errors="replace")
+    assert int(err) == 0, log
+    mma = log[log.index("Compiling entry function 'sf_grouped_matmul_bf16_sm80_mma'"):]
+    mma = mma[: mma.find("Compiling entry function", 10) if "Compiling entry function" in mma[10:] else None]
+    assert "0 bytes spill stores" in mma, mma
+
+
+# -- typed errors before any launch ------------------------------------------------------------
+X = D((32, 64), "float16")
+W = D((4, 48, 64), "float16")
+DY = D((32, 48), "float16")
+IDS = D((32,), "int32")
+OFF = D((5,), "int32")
+
+
+def err(fn, exc, *words):
+    with pytest.raises(exc) as e:
+        fn()
+    msg = str(e.value)
+    for w in words:
+        assert w in msg, msg
+    return msg
+
+
+def test_shape_and_dtype_errors():
+    gm = sf.grouped_matmul
+    err(lambda: gm(D((32, 63), "float16"), W, row_experts=IDS), InvalidProblemError, "mismatched K", "63", "64")
+    err(lambda: gm(D((32, 64, 1), "float16"), W, row_experts=IDS), InvalidProblemError, "x must be 2-D")
+    err(lambda: gm(X, D((48, 64), "float16"), row_experts=IDS), InvalidProblemError, "w must be 3-D")
+    err(lambda: gm(X, D((4, 48, 64), "float32"), row_experts=IDS), InvalidProblemError, "w has dtype float32",
+        "float16")
+    err(lambda: gm(D((32, 64), "float64"), D((4, 48, 64), "float64"), row_experts=IDS), UnsupportedError,
+        "f64", "float32, float16, bfloat16")
+    err(lambda: gm(D((32, 64), "int8"), D((4, 48, 64), "int8"), row_experts=IDS), UnsupportedError, "x has dtype")
+    err(lambda: gm(X, D((1025, 8, 64), "float16"), row_experts=IDS), UnsupportedError, "1025", "1024")
+    err(lambda: gm(X, D((0, 8, 64), "float16"), row_experts=IDS), InvalidProblemError, "E = 0")
+    err(lambda: gm(D((32, 0), "float16"), D((4, 8, 0), "float16"), row_experts=IDS), InvalidProblemError, "K >= 1")
+    err(lambda: gm(D((32, 64), "float16", strides=(128, 2)), W, row_experts=IDS), InvalidProblemError,
+        "contiguous last axis")
+    err(lambda: gm(X, W, row_experts=IDS, strategy="cublas"), InvalidProblemError, "strategy", "auto, simt, mma")
+    err(lambda: gm(np.zeros((32, 64), np.float16), W, row_experts=IDS), InvalidProblemError, "host array")
+
+
+def test_routing_argument_errors():
+    gm = sf.grouped_matmul
+    err(lambda: gm(X, W), InvalidProblemError, "exactly one of row_experts", "neither")
+    err(lambda: gm(X, W, row_experts=IDS, offsets=OFF), InvalidProblemError, "exactly one", "both")
+    err(lambda: gm(X, W, row_experts=D((31,), "int32")), InvalidProblemError, "row_experts", "(32,)", "(31,)")
+    err(lambda: gm(X, W, row_experts=D((32,), "int64")), InvalidProblemError, "row_experts", "i64", "int32")
+    err(lambda: gm(X, W, row_experts=D((32,), "uint8")), InvalidProblemError, "row_experts", "u8", "int32")
+    err(lambda: gm(X, W, row_experts=D((32, 1), "int32")), InvalidProblemError, "row_experts", "(32,)")
+    err(lambda: gm(X, W, offsets=D((4,), "int32")), InvalidProblemError, "offsets", "(5,)", "(4,)")
+    err(lambda: gm(X, W, offsets=D((5,), "float32")), InvalidProblemError, "offsets", "int32 or int64")
+    err(lambda: gm(X, W, row_experts=D((32,), "int32", strides=(2,))), InvalidProblemError, "contiguous")
+
+
+def test_backward_errors():
+    bw = sf.grouped_matmul_backward
+    err(lambda: bw(X, W, D((32, 47), "float16"), row_experts=IDS), InvalidProblemError, "dy must be [M, N]")
+    err(lambda: bw(X, W, D((32, 48), "float32"), row_experts=IDS), InvalidProblemError, "dy has dtype float32")
+    err(lambda: bw(X, W, None, row_experts=IDS), InvalidProblemError, "dy is None")
+    err(lambda: bw(X, W, DY, row_experts=IDS, dw_dtype="int8"), UnsupportedError, "dw_dtype")
+    err(lambda: bw(X, W, DY, row_experts=IDS, dw_dtype="bfloat16"), UnsupportedError, "dw_dtype", "float16")
+
+
+# -- plan selection: auto picks mma when it can, simt otherwise --------------------------------
+def _ref(shape, kind, ptr=0x7F0000000000, strides=None):
+    if strides is None:
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.append(acc)
+            acc *= n
+        strides = tuple(reversed(strides))
+    return ArrayRef(None, ptr, tuple(shape), tuple(strides), kind, 0, "cupy")
+
+
+def _args(op, M, N, K, E, kind, ptr=0x7F0000000000, out_kind=None):
+    x, w, dy = _ref((M, K), kind, ptr), _ref((E, N, K), kind), _ref((M, N), kind, ptr)
+    shape = {"grouped_matmul": (M, N), "grouped_matmul_backward_input": (M, K),
+             "grouped_matmul_backward_weight": (E, N, K)}[op]
+    use = {"grouped_matmul": (x, w, None), "grouped_matmul_backward_input": (None, w, dy),
+           "grouped_matmul_backward_weight": (x, None, dy)}[op]
+    return MoeArgs(op, *use, _ref(shape, out_kind or kind), Routing(E, M, _ref((M,), "i32")), M, N, K, E)
+
+
+@pytest.mark.parametrize("op", ["grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight"])
+def test_auto_strategy(op):
+    out = "f32" if op.endswith("weight") else None
+    assert plan_for(_args(op, 64, 64, 64, 4, "bf16", out_kind=out), "auto", 90).sku.backend == "mma"
+    assert plan_for(_args(op, 64, 64, 64, 4, "f16", out_kind=out), "auto", 80).sku.backend == "mma"
+    assert plan_for(_args(op, 64, 64, 64, 4, "f32"), "auto", 90).sku.backend == "simt"
+    assert plan_for(_args(op, 64, 7, 64, 4, "bf16", out_kind=out), "auto", 90).sku.backend == "simt"
+    assert plan_for(_args(op, 64, 64, 3, 4, "bf16", out_kind=out), "auto", 90).sku.backend == "simt"
+    assert plan_for(_args(op, 64, 64, 64, 4, "bf16", ptr=0x7F0000000002, out_kind=out), "auto", 90).sku.backend == "simt"
+    with pytest.raises(InvalidProblemError, match="K = 12 is not a multiple of 8"):
+        plan_for(_args(op, 64, 64, 12, 4, "bf16", out_kind=out), "mma", 90)
+    with pytest.raises(UnsupportedError, match="mma"):
+        plan_for(_args(op, 64, 64, 64, 4, "f32"), "mma", 90)
+    p = plan_for(_args(op, 64, 64, 64, 4, "f16", out_kind=out), "simt", 90)
+    assert p.sku.backend == "simt" and p.sku.op == op
+
+
+def test_mma_blockers_name_the_reason():
+    a = _args("grouped_matmul", 16, 64, 64, 2, "bf16")
+    assert mma_blockers(a) == []
+    a.x = _ref((16, 64), "bf16", strides=(68, 1))
+    assert any("row strides" in r for r in mma_blockers(a))
+
+
+# -- routing workspace -------------------------------------------------------------------------
+@pytest.mark.parametrize("M,E", [(0, 1), (1, 1024), (16384, 8), (100_000, 1024), (2**31, 8), (2**31, 1024)])
+def test_route_chunks(M, E):
+    chunks, rows = route_chunks(M, E)
+    assert rows % 32 == 0 and chunks >= 1
+    assert chunks * rows >= M and (chunks - 1) * rows < max(M, 1)
+    assert (E + 1) * chunks <= max(65536 + E + 1, 8 * (E + 1))
+    lay = workspace_layout(M, E, "row_experts")
+    assert all(v % 256 == 0 for v in lay.values())
+    assert lay["total"] >= 4 * M + 2 * 4 * (E + 1) * chunks
+    assert workspace_layout(M, E, "offsets")["total"] < 256 * 4 + 16 * (E + 2) + 1024
+
+
+# -- the float64 reference -----------------------------------------------------------------------
+def test_reference_routing():
+    ids = np.array([0, 3, -1, 2, 7, 1], np.int32)
+    np.testing.assert_array_equal(ref.expert_of_rows(6, 4, row_experts=ids), [0, 3, -1, 2, -1, 1])
+    u = np.array([0, 2**32 - 1, 2**31, 1], np.uint32)
+    np.testing.assert_array_equal(ref.expert_of_rows(4, 2, row_experts=u), [0, -1, -1, 1])
+    np.testing.assert_array_equal(ref.expert_of_rows(5, 3, offsets=np.array([0, 2, 2, 5])), [0, 0, 2, 2, 2])
+    with pytest.raises(ValueError):
+        ref.expert_of_rows(5, 3, offsets=np.array([0, 3, 2, 5]))
+
+
+def test_reference_matches_a_loop(rng):
+    M, N, K, E = 23, 5, 7, 3
+    x, w, dy = rng.standard_normal((M, K)), rng.standard_normal((E, N, K)), rng.standard_normal((M, N))
+    ids = rng.integers(-1, E + 1, M).astype(np.int32)
+    y = ref.grouped_matmul(x, w, row_experts=ids)
+    dx, dw = ref.grouped_matmul_backward(x, w, dy, row_experts=ids)
+    for m in range(M):
+        e = ids[m]
+        ok = 0 <= e < E
+        np.testing.assert_allclose(y[m], w[e] @ x[m] if ok else 0, atol=1e-12)
+        np.testing.assert_allclose(dx[m], dy[m] @ w[e] if ok else 0, atol=1e-12)
+    for e in range(E):
+        rows = ids == e
+        np.testing.assert_allclose(dw[e], np.einsum("mn,mk->nk", dy[rows], x[rows]), atol=1e-12)
+
+
+def test_rel_error():
+    a = np.ones((3, 3))
+    assert ref.rel_error(a, a) == 0
+    assert ref.rel_error(a * 1.01, a) == pytest.approx(0.01)
+    b = a.copy()
+    b[1, 1] = np.nan
+    assert ref.rel_error(b, a) == float("inf")

@@ -1,0 +1,410 @@
+"""Training ops (issue 4), CPU: the NumPy reference by hand, the LSQ summation order, the matrix
+cells, and every bad input's typed error before any launch."""
+import importlib.util
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import runtime as sf
+from runtime import InvalidProblemError, UnsupportedError
+from runtime import reference as ref
+from tests.fakes import FakeDeviceArray as D
+
+F32 = np.float32
+OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
+       "fake_quantize_learnable_backward")
+
+
+# -- reference, by hand ---------------------------------------------------------------------------
+def bits(a):
+    a = np.asarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def test_fake_quantize_ties_saturation_and_specials():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 300.0, -300.0, np.inf, -np.inf, np.nan, 126.5, 127.5], F32)
+    y, m = ref.fake_quantize(x, F32(1.0), None, scope="tensor", qmin=-128, qmax=127)
+    want = np.array([0, 2, 2, 0, -2, 127, -128, 127, -128, np.nan, 126, 127], F32)
+    np.testing.assert_array_equal(y, want)
+    assert bits(y[3]) == 0  # rne(-0.5) = -0, + zp 0 = +0: PyTorch's result too
+    np.testing.assert_array_equal(m, [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 0])
+
+
+def test_fake_quantize_asymmetric_and_scale():
+    x = np.array([[0.0, 0.25, 1.0, -1.0], [0.125, 10.0, -10.0, 0.375]], F32)
+    y, m = ref.fake_quantize(x, np.array([0.25, 0.5], F32), np.array([3, 0], np.int32), scope="token",
+                             qmin=0, qmax=15)
+    # row 0: v = x / 0.25 + 3 = [3, 4, 7, -1]; row 1: v = rne(x / 0.5) = [0 (0.25 -> 0), 20, -20, 1 (0.75)]
+    np.testing.assert_array_equal(y, [[0.0, 0.25, 1.0, -0.75], [0.0, 7.5, 0.0, 0.5]])
+    np.testing.assert_array_equal(m, [[1, 1, 1, 0], [1, 0, 0, 1]])
+
+
+def test_symmetric_zero_points():
+    assert ref.fake_quant_zero_point(-128, 127) == 0
+    assert ref.fake_quant_zero_point(0, 255) == 128
+    assert ref.fake_quant_zero_point(-127, 127) == 0
+    # fake quant without a zero point on 0..255 centres on 128
+    y, _ = ref.fake_quantize(np.array([0.0, 200.0], F32), F32(1.0), None, scope="tensor", qmin=0, qmax=255)
+    np.testing.assert_array_equal(y, [0.0, 127.0])
+
+
+def test_quantize_backward_uses_quantize_values():
+    x = np.array([-129.0, -128.4, 126.6, 127.5, 127.4, np.nan, np.inf], F32)
+    dy = np.array([1, -2, 3, -4, 5, 6, 7], F32)
+    dx = ref.quantize_backward(dy, x, F32(1.0), None, scope="tensor", out_dtype="s8")
+    np.testing.assert_array_equal(dx, [0, -2, 3, -0.0, 5, 0, 0])
+    assert bits(dx[3]) == bits(F32(-0.0))      # dy * 0 with dy < 0: -0, like PyTorch's dY * mask
+    # uint8, symmetric: implied zero point 128
+    dx = ref.quantize_backward(np.ones(3, F32), np.array([-129.0, -128.0, 127.6], F32), F32(1.0), None,
+                               scope="tensor", out_dtype="u8")
+    np.testing.assert_array_equal(dx, [0, 1, 0])
+    # asymmetric + explicit range
+    dx = ref.quantize_backward(np.ones(3, F32), np.array([-5.0, -4.0, 4.0], F32), F32(1.0), np.int32(2),
+                               scope="tensor", out_dtype="s8", qmin=-2, qmax=5)
+    np.testing.assert_array_equal(dx, [0, 1, 0])
+
+
+def test_fake_quantize_backward_nan_gradient():
+    dx = ref.fake_quantize_backward(np.array([np.nan, np.inf, 2.0], F32), np.array([1000.0, 1000.0, 1000.0], F32),
+                                    F32(1.0), None, scope="tensor")
+    assert np.isnan(dx[0]) and np.isnan(dx[1]) and dx[2] == 0   # a product, not a select
+
+
+def test_dequantize_backward_bf16():
+    dy = np.array([[1.0, -3.0], [0.5, 7.0]], ml_dtypes.bfloat16)
+    dq = ref.dequantize_backward(dy, np.array([0.1, 3.0], F32), scope="channel", axis=1)
+    want = (dy.astype(F32) * np.array([0.1, 3.0], F32)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(dq.view(np.uint16), want.view(np.uint16))
+    assert dq.dtype == ml_dtypes.bfloat16
+
+
+def test_lsq_terms_by_hand():
+    # scale 0.5, zp 1, range [-2, 3]: v = rne(2x) + 1
+    x = np.array([-10.0, -1.3, 0.3, 0.7, 10.0], F32)
+    dy = np.array([1.0, 2.0, 3.0, 4.0, 5.0], F32)
+    s, zp, g = F32(0.5), np.int32(1), 0.5
+    dx, ds, dz = ref.lsq_terms(dy, x, s, zp, scope="tensor", qmin=-2, qmax=3, grad_factor=g)
+    v = np.rint(x * F32(2.0)) + 1                         # [-19, -2, 2, 2, 21]
+    np.testing.assert_array_equal(v, [-19, -2, 2, 2, 21])
+    np.testing.assert_array_equal(dx, [0, 2, 3, 4, 0])
+    xfq = (np.clip(v, -2, 3) - 1) * s                    # [., -1.5, 0.5, 0.5, .]
+    want_ds = [1.0 * (-2 - 1) * g,
+               ((F32(2.0) * (F32(-1.5) - F32(-1.3))) * F32(2.0)) * F32(g),
+               ((F32(3.0) * (F32(0.5) - F32(0.3))) * F32(2.0)) * F32(g),
+               ((F32(4.0) * (F32(0.5) - F32(0.7))) * F32(2.0)) * F32(g),
+               5.0 * (3 - 1) * g]
+    np.testing.assert_array_equal(ds, np.array(want_ds, F32))
+    np.testing.assert_array_equal(dz, np.array([-1.0 * 0.5 * g, 0, 0, 0, -5.0 * 0.5 * g], F32))
+    assert xfq[1] == -1.5
+
+
+def test_lsq_team_sum_order():
+    # 8 float32 elements, vec 4: team = 2 lanes, lane 0 adds e0..e3, lane 1 e4..e7, then lane0 + lane1
+    e = np.array([1e8, 1.0, -1e8, 1.0, 3.0, 1e8, 1.0, -1e8], F32)
+    lane0 = ((((F32(0) + e[0]) + e[1]) + e[2]) + e[3])
+    lane1 = ((((F32(0) + e[4]) + e[5]) + e[6]) + e[7])
+    got = ref.lsq_team_sum(e, 4)
+    assert got == lane0 + lane1 and got != np.sum(e, dtype=np.float64)
+    assert ref.lsq_team(1) == 1 and ref.lsq_team(5) == 8 and ref.lsq_team(10**6) == 256
+
+
+def test_lsq_lane_tree_order():
+    # 64 lanes: tree over 32 lanes within each warp, then warp 0 + warp 1
+    rng = np.random.default_rng(0)
+    acc = (rng.standard_normal(64) * 10.0 ** rng.integers(-6, 6, 64)).astype(F32)
+    w = []
+    for k in range(2):
+        s = acc[32 * k:32 * k + 32]
+        while s.size > 1:
+            s = s[:s.size // 2] + s[s.size // 2:]
+        w.append(s[0])
+    got = ref.lsq_team_sum(acc, 1)    # team 64, one element per lane
+    assert bits(got) == bits(F32(w[0] + w[1]))
+
+
+@pytest.mark.parametrize("case", [
+    ("tensor", (7, 33), None, None), ("token", (4, 5, 37), None, None), ("group", (6, 96), None, 12),
+    ("group", (3, 40), None, 5), ("channel", (70, 9), 1, None), ("channel", (3, 6, 5, 7), 1, None),
+    ("channel", (40, 17), 0, None), ("channel", (2, 3, 4, 5, 6), -1, None), ("channel", (5,), 0, None)])
+def test_lsq_reduce_sums_the_right_elements(case):
+    """With small integers every order gives the exact sum: the reduction picks the right elements."""
+    scope, shape, axis, gs = case
+    t = np.random.default_rng(1).integers(-50, 50, shape).astype(F32)
+    got = ref.lsq_reduce(t, shape, scope, axis, gs, vec=4)
+    nd = len(shape)
+    if scope == "tensor":
+        want = t.sum()
+    elif scope == "token":
+        want = t.sum(-1)
+    elif scope == "group":
+        want = t.reshape(shape[:-1] + (shape[-1] // gs, gs)).sum(-1)
+    else:
+        want = t.sum(axis=tuple(i for i in range(nd) if i != axis % nd))
+    np.testing.assert_array_equal(got, want)
+    assert got.shape == np.shape(want)
+
+
+def test_lsq_reference_dtypes_and_shapes():
+    x = np.linspace(-3, 3, 2 * 3 * 8).reshape(2, 3, 8).astype(np.float64)
+    dy = np.ones_like(x)
+    dx, ds, dz = ref.fake_quantize_learnable_backward(dy, x, np.full(3, 0.1), np.zeros(3, np.int32),
+                                                      scope="channel", axis=1, qmin=-8, qmax=7)
+    assert dx.dtype == np.float64 and ds.dtype == np.float64 and dz.dtype == np.float32
+    assert ds.shape == (3,) and dz.shape == (3,)
+    _, ds, dz = ref.fake_quantize_learnable_backward(dy.astype(F32), x.astype(F32), F32(0.1), None,
+                                                     scope="tensor", qmin=-8, qmax=7)
+    assert dz is None and ds.shape == () and ds.dtype == F32
+
+
+def test_lsq_reduce_is_close_to_float64_sum():
+    rng = np.random.default_rng(2)
+    t = rng.standard_normal((300, 1000)).astype(F32)
+    got = ref.lsq_reduce(t, t.shape, "tensor", vec=4)
+    assert abs(float(got) - t.astype(np.float64).sum()) < 1e-3
+
+
+# -- the matrix --------------------------------------------------------------------------------------
+def test_every_training_cell_is_generated():
+    reg = sf.default_registry()
+    for op in OPS:
+        skus = reg.query(op=op)
+        modes = (None,) if op == "dequantize_backward" else ("symmetric", "asymmetric")
+        assert len(skus) == 4 * 4 * len(modes), op
+        for s in skus:
+            assert s.element == s.aux_element and s.element in ("f32", "f64", "f16", "bf16")
+        assert {s.scope for s in skus} == {"tensor", "channel", "token", "group"}
+    for s in reg.query(op="fake_quantize_learnable_backward"):
+        entry = reg.lookup(s)
+        assert entry.launch["kind"] == "lsq"
+        assert entry.launch["finish"] == (s.scope in ("tensor", "channel"))
+        assert s.precision.accumulator == s.precision.math and s.precision.deterministic
+        src = reg.source(s)
+        assert "atomic" not in src
+        assert (s.symbol + "_finish(") in src or not entry.launch["finish"]
+    fq = reg.lookup(reg.query(op="fake_quantize")[0])
+    assert [o["kind"] for o in fq.launch["outs"]][1] == "u8" and fq.launch["nullable"] == ["mask"]
+
+
+# -- bad input: typed errors before any launch --------------------------------------------------------
+@pytest.fixture(autouse=True)
+def no_device_value_checks():
+    with sf.trusted():
+        yield
+
+
+X = D((8, 64), "float32")
+
+
+def err(fn, exc, *words):
+    with pytest.raises(exc) as e:
+        fn()
+    msg = str(e.value)
+    for w in words:
+        assert w in msg, msg
+    return msg
+
+
+def test_gradient_shape_and_dtype():
+    for fn in (sf.quantize_backward, sf.fake_quantize_backward, sf.fake_quantize_learnable_backward):
+        err(lambda: fn(D((8, 63)), X, 0.1, scope="tensor"), InvalidProblemError, "dy", "(8, 63)", "(8, 64)")
+        err(lambda: fn(D((8, 64), "float16"), X, 0.1, scope="tensor"), InvalidProblemError, "dy", "f16", "f32")
+        err(lambda: fn(D((8, 64), "int8"), D((8, 64), "int8"), 0.1, scope="tensor"), UnsupportedError, "x", "s8")
+
+
+def test_input_dtypes():
+    err(lambda: sf.fake_quantize(D((8, 64), "int32"), 0.1, scope="tensor"), UnsupportedError, "x", "i32")
+    err(lambda: sf.dequantize_backward(D((8, 64), "int8"), 0.1, scope="tensor"), UnsupportedError, "dy", "s8")
+    err(lambda: sf.quantize_backward(X, X, 0.1, scope="tensor", out_dtype="int16"), InvalidProblemError,
+        "out_dtype")
+    err(lambda: sf.quantize_backward(X, X, 0.1, scope="tensor", out_dtype="float32"), UnsupportedError,
+        "out_dtype", "s8, u8")
+
+
+def test_scope_shapes():
+    for fn in (lambda s, z=None, **k: sf.fake_quantize(X, s, z, **k),
+               lambda s, z=None, **k: sf.fake_quantize_backward(X, X, s, z, **k),
+               lambda s, z=None, **k: sf.fake_quantize_learnable_backward(X, X, s, z, **k),
+               lambda s, z=None, **k: sf.quantize_backward(X, X, s, z, **k)):
+        err(lambda: fn(D((7,)), scope="token"), InvalidProblemError, "scale", "(7,)", "(8,)")
+        err(lambda: fn(D((8, 2)), scope="group", group_size=16), InvalidProblemError, "scale", "(8, 4)")
+        err(lambda: fn(D((8,)), scope="channel", axis=1), InvalidProblemError, "scale", "(64,)")
+        err(lambda: fn(D((8,)), D((8,), "int32"), scope="channel", axis=1), InvalidProblemError, "(64,)")
+        err(lambda: fn(D((8,)), D((7,), "int32"), scope="token"), InvalidProblemError, "zero_point", "(7,)")
+        err(lambda: fn(D((8,)), D((8,), "int64"), scope="token"), InvalidProblemError, "zero_point", "int32")
+        err(lambda: fn(D((8,), "float64"), scope="token"), InvalidProblemError, "scale", "float32")
+        err(lambda: fn(D((8,)), scope="group", group_size=10), InvalidProblemError, "group_size=10", "D=64")
+        err(lambda: fn(D((8,)), scope="channel"), InvalidProblemError, "axis")
+        err(lambda: fn(D((8,)), scope="row"), UnsupportedError, "scope", "tensor")
+    err(lambda: sf.dequantize_backward(X, D((7,)), scope="token"), InvalidProblemError, "scale", "(8,)")
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
+def test_non_finite_or_non_positive_scale(bad):
+    err(lambda: sf.fake_quantize(X, bad, scope="tensor"), InvalidProblemError, "scale")
+    err(lambda: sf.fake_quantize_learnable_backward(X, X, bad, scope="tensor"), InvalidProblemError, "scale")
+    err(lambda: sf.dequantize_backward(X, bad, scope="tensor"), InvalidProblemError, "scale")
+    err(lambda: sf.quantize_backward(X, X, bad, scope="tensor"), InvalidProblemError, "scale")
+
+
+def test_lsq_range_must_contain_zero():
+    err(lambda: sf.fake_quantize_learnable_backward(X, X, 0.1, scope="tensor", qmin=1, qmax=255),
+        InvalidProblemError, "qmin=1", "qmin <= 0 <= qmax")
+    err(lambda: sf.fake_quantize_learnable_backward(X, X, 0.1, scope="tensor", qmin=-10, qmax=-1),
+        InvalidProblemError, "qmax=-1", "qmin <= 0 <= qmax")
+    err(lambda: sf.fake_quantize_learnable_backward(X, X, 0.1, scope="tensor", grad_factor=float("nan")),
+        InvalidProblemError, "grad_factor")
+
+
+def test_fake_quant_ranges_and_zero_points():
+    err(lambda: sf.fake_quantize(X, 0.1, scope="tensor", qmin=5, qmax=5), InvalidProblemError, "qmin=5", "< qmax")
+    err(lambda: sf.fake_quantize(X, 0.1, scope="tensor", qmin=0.5, qmax=5), InvalidProblemError, "qmin", "integer")
+    err(lambda: sf.fake_quantize(X, 0.1, scope="tensor", qmin=-2**30, qmax=5), InvalidProblemError, "2**24")
+    err(lambda: sf.fake_quantize(X, 0.1, 300, scope="tensor", qmin=0, qmax=255), InvalidProblemError,
+        "zero_point=300", "[0, 255]")
+    err(lambda: sf.fake_quantize_backward(X, X, 0.1, -1, scope="tensor", qmin=0, qmax=255), InvalidProblemError,
+        "zero_point=-1")
+    err(lambda: sf.quantize_backward(X, X, 0.1, scope="tensor", qmin=-200), InvalidProblemError, "qmin=-200")
+
+
+def test_output_arguments():
+    err(lambda: sf.fake_quantize(X, 0.1, scope="tensor", out=D((8, 64), "float16")), InvalidProblemError, "out")
+    err(lambda: sf.dequantize_backward(X, 0.1, scope="tensor", out=D((8, 32))), InvalidProblemError, "out")
+
+
+def test_host_arrays():
+    err(lambda: sf.fake_quantize(np.zeros((2, 2), F32), 0.1, scope="tensor"), InvalidProblemError, "host array")
+    err(lambda: sf.fake_quantize_backward(np.zeros((2, 2), F32), D((2, 2)), 0.1, scope="tensor"),
+        InvalidProblemError, "dy", "host array")
+
+
+def test_non_collapsible_rows_are_refused():
+    bad = D((4, 6, 8), strides=(100, 8, 1))   # rows of the two leading axes are not evenly spaced
+    err(lambda: sf.fake_quantize(bad, 0.1, scope="tensor"), InvalidProblemError, "x")
+    err(lambda: sf.fake_quantize(D((8, 64), strides=(1, 8)), 0.1, scope="tensor"), InvalidProblemError,
+        "contiguous")
+
+
+def test_torch_front_needs_torch():
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed: tested on the GPU")
+    with pytest.raises(ImportError, match="torch"):
+        import runtime.torch  # noqa: F401
+
+
+def test_lsq_workspace_size_is_reported():
+    from runtime.plans import Descriptor, cached_plan
+    from runtime.training import LsqArgs
+    plan = cached_plan(Descriptor("fake_quantize_learnable_backward", "tensor", "asymmetric", "f32", "f32"))
+    args = LsqArgs(dy=None, x=None, dx=None, scale=1.0, zero_point=None, zp_value=0, ds=None, dz=None,
+                   rows=1000, cols=64, seg_len=64)
+    assert plan.workspace_size(args) == 1000 * 4 * 2
+    args.chan_last = True
+    plan = cached_plan(Descriptor("fake_quantize_learnable_backward", "channel", "symmetric", "f64", "f64"))
+    assert plan.workspace_size(args) == 32 * 64 * 8            # ceil(1000 / 32) tiles x 64 columns, f64
+    assert "deterministic" in plan.precision_guarantee
+
+
+# -- launches, without a GPU: the packed parameters match each kernel's signature ---------------------
+class _Launches:
+    """Stands in for the driver: packs every launch's parameters with its struct format."""
+
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, fn, grid, block, fmt, values, stream, shared_mem=0):
+        import struct
+        struct.pack("@" + fmt, *values)          # raises when the values do not fit the format
+        self.calls.append((fn, grid, block, fmt, tuple(values)))
+
+
+def _kernel_params(sku, symbol_suffix=""):
+    """The C parameter list of a kernel in its generated source, as struct format letters."""
+    import re
+    src = sf.default_registry().source(sku)
+    sig = re.search(re.escape(sku.symbol + symbol_suffix) + r"\((.*?)\)\s*\{", src, re.S).group(1)
+    out = ""
+    for p in sig.split(","):
+        p = p.strip()
+        if "*" in p:
+            out += "Q"
+        else:
+            out += {"i64_t": "q", "int": "i", "float": "f", "double": "d"}[p.split()[0]]
+    return out
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    from runtime import launch as launch_mod
+    from runtime import training
+    rec = _Launches()
+
+    def fake_empty(like, shape, kind):
+        from runtime.arrays import NUMPY_OF_KIND
+        return D(shape, NUMPY_OF_KIND[kind] if kind not in ("bf16",) else "float16", ptr=0x7F0000100000)
+
+    monkeypatch.setattr(training, "launch", rec.launch)
+    monkeypatch.setattr(launch_mod, "launch", rec.launch)
+    monkeypatch.setattr(training, "empty", fake_empty)
+    monkeypatch.setattr(training, "load_function", lambda reg, unit, symbol, dev: symbol)
+    monkeypatch.setattr(training, "properties", lambda dev: {"sms": 132, "max_threads_per_sm": 2048})
+    monkeypatch.setattr(training, "stream_handle", lambda ref: 0)
+    monkeypatch.setattr(launch_mod, "stream_handle", lambda ref: 0)
+    monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).symbol)
+    monkeypatch.setattr(training, "_bool_mask", lambda like, shape: (D(shape, "uint8"), sf.arrays.as_array(
+        D(shape, "uint8"), "mask")))
+    monkeypatch.setattr(training, "_zeros", lambda like, shape, kind: fake_empty(like, shape, kind))
+    return rec
+
+
+@pytest.mark.parametrize("scope,shape,axis,gs", [("tensor", (70, 33), None, None), ("token", (6, 64), None, None),
+                                                 ("group", (6, 64), None, 16), ("channel", (9, 48), 1, None),
+                                                 ("channel", (9, 5, 48), 0, None)])
+@pytest.mark.parametrize("mode", ["symmetric", "asymmetric"])
+@pytest.mark.parametrize("kind", ["float32", "float64"])
+def test_lsq_launches_match_the_kernels(fake_gpu, scope, shape, axis, gs, mode, kind):
+    from runtime.scopes import param_shape
+    x = D(shape, kind)
+    ps = param_shape(shape, scope, None if axis is None else axis % len(shape), gs)
+    s = D(ps, kind)
+    z = D(ps, "int32") if mode == "asymmetric" else None
+    dx, ds, dz = sf.fake_quantize_learnable_backward(D(shape, kind), x, s, z, scope=scope, axis=axis, group_size=gs,
+                                                     out=D(shape, kind))
+    sku = sf.default_registry().select(category="quantization", op="fake_quantize_learnable_backward", scope=scope,
+                                       mode=mode, element=sf.arrays.kind_of(kind), aux_element=sf.arrays.kind_of(kind))
+    calls = fake_gpu.calls
+    assert calls[0][0] == sku.symbol and calls[0][3] == _kernel_params(sku)
+    if scope in ("tensor", "channel"):
+        assert len(calls) == 2 and calls[1][0] == sku.symbol + "_finish"
+        assert calls[1][3] == _kernel_params(sku, "_finish")
+    else:
+        assert len(calls) == 1
+    assert (dz is None) == (mode == "symmetric")
+    team = calls[0][4][-6]
+    assert team & (team - 1) == 0 and 1 <= team <= 256 and calls[0][2] == (256,)
+
+
+@pytest.mark.parametrize("op", ["quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward"])
+@pytest.mark.parametrize("scope", ["tensor", "channel", "token", "group"])
+def test_elementwise_launches_match_the_kernels(fake_gpu, op, scope):
+    shape, gs = (8, 64), (16 if scope == "group" else None)
+    axis = 0 if scope == "channel" else None
+    from runtime.scopes import param_shape
+    ps = param_shape(shape, scope, axis, gs)
+    x, s, z = D(shape, "float32"), D(ps, "float32"), D(ps, "int32")
+    kw = dict(scope=scope, axis=axis, group_size=gs)
+    if op == "dequantize_backward":
+        sf.dequantize_backward(x, s, **kw, out=D(shape))
+    elif op == "fake_quantize":
+        sf.fake_quantize(x, s, z, **kw, out=D(shape))
+        sf.fake_quantize(x, s, z, **kw, out=D(shape), return_mask=True)
+    else:
+        getattr(sf, op)(D(shape), x, s, z, **kw, out=D(shape))
+    mode = None if op == "dequantize_backward" else "asymmetric"
+    sku = sf.default_registry().select(category="quantization", op=op, scope=scope, mode=mode, element="f32",
+                                       aux_element="f32")
+    for fn, grid, block, fmt, values in fake_gpu.calls:
+        assert fn == sku.symbol and fmt == _kernel_params(sku)
+    if op == "fake_quantize":
+        mask_ptr = fake_gpu.calls[0][4][4]
+        assert mask_ptr == 0 and fake_gpu.calls[1][4][4] != 0     # no mask: a null pointer
