@@ -194,7 +194,7 @@ class _FastCall:
         px, ps, pz, po = self.vals
         values = list(prep.values)
         values[0] = px
-        if type(ps) is float or type(ps) is int:
+        if self.key[2][0] is float or self.key[2][0] is int:   # a Python scalar scale (not a pointer)
             if not 0.0 < ps < math.inf:
                 return False  # the slow path raises the proper error
             values[5] = ps
