@@ -42,15 +42,18 @@ def dynamic_composite(x, scope: str, group: int, symmetric: bool, qmin: int, qma
         dims = tuple(range(xm.ndim - 1))
     else:
         dims = tuple(range(xm.ndim))
+    # Divide by 0-d tensors, not Python numbers: eager CUDA division by a Python scalar multiplies
+    # by its reciprocal (one rounding more), which is not SPEC §5 and moves scales by an ulp.
+    span = torch.tensor(float(qmax - zc), dtype=xm.dtype, device=xm.device)
     if symmetric:
         amax = xm.abs().amax(dim=dims, keepdim=True)
-        scale = amax.clamp(min=eps) / (qmax - zc)
+        scale = amax.clamp(min=eps) / span
         zp = None
         zpv = zc
     else:
         mn = xm.amin(dim=dims, keepdim=True).clamp(max=0)
         mx = xm.amax(dim=dims, keepdim=True).clamp(min=0)
-        scale = ((mx - mn) / (qmax - qmin)).clamp(min=eps)
+        scale = ((mx - mn) / torch.tensor(float(qmax - qmin), dtype=xm.dtype, device=xm.device)).clamp(min=eps)
         zpv = (qmin - torch.round(mn / scale)).clamp(qmin, qmax)
         zp = zpv.to(torch.int32)
     inv = 1.0 / scale

@@ -28,7 +28,7 @@ def broadcast_param(p, shape, scope, axis=None, group_size=None):
     if scope == "token":
         return p.reshape(tuple(shape[:-1]) + (1,))
     if scope == "group":
-        return np.repeat(p.reshape(tuple(shape[:-1]) + (-1,)), group_size, axis=-1)
+        return np.repeat(p.reshape(tuple(shape[:-1]) + (shape[-1] // group_size,)), group_size, axis=-1)
     raise ValueError(scope)
 
 
