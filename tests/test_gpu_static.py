@@ -100,3 +100,23 @@ def test_repeated_calls_take_the_fast_path_correctly(fw, rng):
             sf.quantize(xd, -1.0, scope="tensor")
         with pytest.raises(sf.InvalidProblemError, match="zero_point"):
             sf.quantize(xd, 0.5, 300, scope="tensor")
+
+
+@pytest.mark.parametrize("fw", ["cupy", "torch"])
+def test_device_value_checks_raise_before_launch(fw, rng):
+    """Scales and zero points held on the device are value-checked (one sync) unless trusted."""
+    if fw == "torch":
+        pytest.importorskip("torch")
+    x = checks.to_device(rng.standard_normal((8, 64)).astype(np.float32), fw)
+    for bad in (0.0, -1.0, np.inf, np.nan):
+        s = np.full(8, 0.5, np.float32)
+        s[3] = bad
+        with pytest.raises(sf.InvalidProblemError, match="positive and finite"):
+            sf.quantize(x, checks.to_device(s, fw), scope="token")
+    zp = np.zeros(8, np.int32)
+    zp[5] = 200
+    with pytest.raises(sf.InvalidProblemError, match=r"\[-128, 127\]"):
+        sf.quantize(x, checks.to_device(np.full(8, 0.5, np.float32), fw), checks.to_device(zp, fw), scope="token")
+    q = checks.to_device(np.zeros((8, 64), np.int8), fw)
+    with pytest.raises(sf.InvalidProblemError, match="positive and finite"):
+        sf.dequantize(q, checks.to_device(np.full(8, -0.5, np.float32), fw), scope="token")
