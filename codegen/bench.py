@@ -366,11 +366,12 @@ def workload_modules(warn=print) -> list:
 
 
 def module_for(sku, modules):
+    """The module for a SKU: one whose ``handles(sku)`` says so first (specific), then by ``OPS``."""
     for m in modules:
-        if hasattr(m, "handles"):
-            if m.handles(sku):
-                return m
-        elif sku.op in getattr(m, "OPS", ()):
+        if hasattr(m, "handles") and m.handles(sku):
+            return m
+    for m in modules:
+        if not hasattr(m, "handles") and sku.op in getattr(m, "OPS", ()):
             return m
     return None
 

@@ -201,3 +201,4 @@ def check(sku, rng=None, preferred_fw="cupy") -> CheckResult:
 from . import checks_moe  # noqa: E402,F401
 from . import checks_dynamic  # noqa: E402,F401
 from . import checks_training  # noqa: E402,F401
+from . import checks_lowbit  # noqa: E402,F401

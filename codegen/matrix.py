@@ -71,6 +71,7 @@ class Family:
     # returned dict is merged into the kernel's manifest launch metadata.
     extra_context: Optional[Callable] = None
     precision: Optional[Callable] = None   # sku fields -> Precision; default: exact math of SPEC §5
+    headers: tuple = ()                 # extra shared headers (templates/...) after the prelude in its units
 
     def cells(self) -> Iterator[KernelSku]:
         for op, scope, mode, (el, aux), arch, backend in itertools.product(
@@ -94,22 +95,16 @@ class Family:
         return self.template.format(op=sku.op)
 
 
-def _not_yet(kinds, issue):
-    return Exclusion(f"not implemented yet: low-bit formats are planned in issue {issue}",
-                     lambda s, kinds=kinds: s.element in kinds or s.aux_element in kinds)
-
-
 STATIC_QUANTIZE = Family(
     name="static-quantize",
     category="quantization",
     ops=("quantize",),
     template="quantization/{op}.cu.j2",
-    pairs=tuple(itertools.product(FLOATS, INTS + LOW_BIT)),
+    pairs=tuple(itertools.product(FLOATS, INTS)),          # low-bit kinds: LOWBIT_* below
     scopes=QUANT_SCOPES,
     modes=QUANT_MODES,
     ins=(Stream("x", "element"),),
     outs=(Stream("q", "aux"),),
-    exclusions=(_not_yet(LOW_BIT, 5),),
 )
 
 STATIC_DEQUANTIZE = Family(
@@ -117,12 +112,11 @@ STATIC_DEQUANTIZE = Family(
     category="quantization",
     ops=("dequantize",),
     template="quantization/{op}.cu.j2",
-    pairs=tuple(itertools.product(INTS + LOW_BIT, FLOATS)),
+    pairs=tuple(itertools.product(INTS, FLOATS)),          # low-bit kinds: LOWBIT_* below
     scopes=QUANT_SCOPES,
     modes=QUANT_MODES,
     ins=(Stream("q", "element"),),
     outs=(Stream("y", "aux"),),
-    exclusions=(_not_yet(LOW_BIT, 5),),
 )
 
 
@@ -147,13 +141,12 @@ DYNAMIC_QUANTIZE = Family(
     category="quantization",
     ops=("dynamic_quantize",),
     template="quantization/{op}.cu.j2",
-    pairs=tuple(itertools.product(FLOATS, INTS + LOW_BIT)),
+    pairs=tuple(itertools.product(FLOATS, INTS)),          # low-bit kinds: LOWBIT_* below
     scopes=QUANT_SCOPES,
     modes=QUANT_MODES,
     launch="dynamic_fused",
     ins=(Stream("x", "element"),),
     outs=(Stream("q", "aux"),),
-    exclusions=(_not_yet(LOW_BIT, 5),),
     extra_context=_dynamic_context,
     # the reductions (min/max) run in the math precision too
     precision=lambda op, scope, mode, el, aux, arch, backend: Precision(math_of(el), math_of(el)),
@@ -287,8 +280,121 @@ TRAINING_LSQ = Family(
     extra_context=lambda cell, ctx: {"launch": {"finish": cell.sku.scope in ("tensor", "channel")}},
 )
 
+# -- low-bit formats (issue 5): fp8 e4m3fn / e5m2, packed s4 / u4, e8m0 (MX) block scales ----------
+# STAGED: implemented and tested on the CPU (rendering, NVRTC for sm_80/89/90, the conversion code
+# proven against ml_dtypes as host C++), not yet run on a GPU. While LOWBIT_STAGED is True every
+# low-bit cell is excluded with LOWBIT_STAGED_REASON (nothing unverified is generated or shipped,
+# and the runtime refuses these kinds naming issue 5). The next session with a GPU sets it to
+# False, runs `python -m codegen` and the checklist in docs/lowbit.md.
+LOWBIT_STAGED = True
+LOWBIT_STAGED_REASON = "implemented; awaiting GPU verification (issue 5) — see docs/lowbit.md"
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+INT4 = ("s4", "u4")
+FP8_FORMAT = {"fp8_e4m3": "Fp8E4M3", "fp8_e5m2": "Fp8E5M2"}   # templates/common/lowbit.cuh
+# Low-bit streams are byte containers: one fp8 code, or two int4 values (2i low nibble, 2i + 1 high).
+CTYPE.update({k: "u8_t" for k in LOW_BIT})
+SIZE.update({k: 1 for k in LOW_BIT})
+LOWBIT_ARCHES = ("sm80", "sm89")   # sm80: software conversion; sm89: the cvt e4m3x2 / e5m2x2 instructions
+
+
+@dataclass(frozen=True)
+class LowBitFamily(Family):
+    """Low-bit cells: templates/common/lowbit.cuh in their units, and the sm89 (hardware conversion)
+    kernels in units of their own (``..._sm89.cu``, min_arch sm89), so that an sm_80 build never
+    meets an sm_89 instruction."""
+
+    headers: tuple = ("common/lowbit.cuh",)
+
+    def unit(self, sku: KernelSku) -> str:
+        base = super().unit(sku)
+        return base if sku.arch == "sm80" else f"{base[:-3]}_{sku.arch}.cu"
+
+
+def _lowbit_kind(sku: KernelSku) -> str:
+    return sku.element if sku.element in LOW_BIT else sku.aux_element
+
+
+def lowbit_exclusions(staged: bool) -> tuple:
+    """Permanent reasons first (they stay after the flip), then the staging reason."""
+    out = (
+        Exclusion("fp8 has no zero point: fp8 quantization is symmetric only (SPEC §5 fp8 outputs; issue 5)",
+                  lambda s: s.mode == "asymmetric" and _lowbit_kind(s) in FP8),
+        Exclusion("int4 has no conversion instruction: the sm80 kernel (integer rounding) serves every arch (issue 5)",
+                  lambda s: s.arch != "sm80" and _lowbit_kind(s) in INT4),
+        Exclusion("no f64 -> fp8 conversion instruction: the sm80 kernel (software, one rounding from f64) "
+                  "serves sm89+ (issue 5)", lambda s: s.arch != "sm80" and s.element == "f64"),
+    )
+    return out + ((Exclusion(LOWBIT_STAGED_REASON, lambda s: True),) if staged else ())
+
+
+def _lowbit_common(sku: KernelSku) -> dict:
+    q = _lowbit_kind(sku)
+    fl = sku.aux_element if q == sku.element else sku.element
+    return {"qkind": q, "fmt": FP8_FORMAT.get(q), "pack": 2 if q in INT4 else 1, "hw": sku.arch != "sm80",
+            "float_ctype": CTYPE[fl], "M_kind": sku.precision.math}
+
+
+def _lowbit_static_context(cell, ctx):
+    """Low-bit quantize / dequantize (launch kind ``lowbit_elementwise``). ``e8m0``: fp8 group-scope
+    kernels also accept e8m0 block scales (a byte pointer; the launcher passes it for group 32)."""
+    out = _lowbit_common(cell.sku)
+    out["e8m0"] = out["fmt"] is not None and cell.sku.scope == "group"
+    out["launch"] = {"pack": out["pack"], "e8m0": out["e8m0"]}
+    return out
+
+
+def _lowbit_dynamic_context(cell, ctx):
+    """tensor / channel: the s8/u8 reduction (``dynamic_reduce``), then the low-bit static kernel;
+    token / group: the fused low-bit kernel (``lowbit_dynamic_fused``); fp8 group kernels also write
+    MX e8m0 scales (``mx``). Register chunks as for s8/u8: at most 64 bytes of x per thread."""
+    sku = cell.sku
+    out = _lowbit_common(sku)
+    out["mx"] = out["fmt"] is not None and sku.scope == "group"
+    if sku.scope in ("tensor", "channel"):
+        out.update(_dynamic_context(cell, ctx))
+        return out
+    el, pack = sku.element, out["pack"]
+    ch_max = max(1, 64 // (ctx["vec"] * SIZE[el]))
+    ch_vec = [c for c in (1, 2, 4, 8) if c <= ch_max]
+    ch_scalar = [c for c in (1, 4, 8) if c * pack * SIZE[el] <= 64]
+    out.update({"ch_vec": ch_vec, "ch_scalar": ch_scalar,
+                "min_blocks": 2 if sku.mode == "symmetric" and SIZE[el] <= 4 else 1,
+                "launch": {"kind": "lowbit_dynamic_fused", "max_threads": 512, "ch_vec": ch_vec,
+                           "ch_scalar": ch_scalar, "pack": pack, "mx": out["mx"]}})
+    return out
+
+
+def lowbit_families(staged: bool = LOWBIT_STAGED) -> tuple:
+    """The three low-bit families; ``staged=False`` is what the flip generates (tests render and
+    NVRTC-compile it while the shipped matrix stays staged)."""
+    ex = lowbit_exclusions(staged)
+    quantize = LowBitFamily(
+        name="lowbit-quantize", category="quantization", ops=("quantize",),
+        template="quantization/lowbit_{op}.cu.j2", pairs=tuple(itertools.product(FLOATS, LOW_BIT)),
+        scopes=QUANT_SCOPES, modes=QUANT_MODES, arches=LOWBIT_ARCHES, launch="lowbit_elementwise",
+        ins=(Stream("x", "element"),), outs=(Stream("q", "aux"),), exclusions=ex,
+        extra_context=_lowbit_static_context)
+    dequantize = LowBitFamily(
+        name="lowbit-dequantize", category="quantization", ops=("dequantize",),
+        template="quantization/lowbit_{op}.cu.j2", pairs=tuple(itertools.product(LOW_BIT, FLOATS)),
+        scopes=QUANT_SCOPES, modes=QUANT_MODES, arches=LOWBIT_ARCHES, launch="lowbit_elementwise",
+        ins=(Stream("q", "element"),), outs=(Stream("y", "aux"),), exclusions=ex,
+        extra_context=_lowbit_static_context)
+    dynamic = LowBitFamily(
+        name="lowbit-dynamic-quantize", category="quantization", ops=("dynamic_quantize",),
+        template="quantization/lowbit_{op}.cu.j2", pairs=tuple(itertools.product(FLOATS, LOW_BIT)),
+        scopes=QUANT_SCOPES, modes=QUANT_MODES, arches=LOWBIT_ARCHES, launch="lowbit_dynamic_fused",
+        ins=(Stream("x", "element"),), outs=(Stream("q", "aux"),), exclusions=ex,
+        extra_context=_lowbit_dynamic_context,
+        precision=lambda op, scope, mode, el, aux, arch, backend: Precision(math_of(el), math_of(el)))
+    return quantize, dequantize, dynamic
+
+
+LOWBIT_QUANTIZE, LOWBIT_DEQUANTIZE, LOWBIT_DYNAMIC_QUANTIZE = lowbit_families()
+
 FAMILIES: tuple = (STATIC_QUANTIZE, STATIC_DEQUANTIZE, DYNAMIC_QUANTIZE, MOE_GEMM, MOE_WGRAD,
-                  TRAINING_STE, TRAINING_DEQUANTIZE_BACKWARD, TRAINING_FAKE_QUANTIZE, TRAINING_LSQ)
+                  TRAINING_STE, TRAINING_DEQUANTIZE_BACKWARD, TRAINING_FAKE_QUANTIZE, TRAINING_LSQ,
+                  LOWBIT_QUANTIZE, LOWBIT_DEQUANTIZE, LOWBIT_DYNAMIC_QUANTIZE)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,12 @@ def prelude() -> str:
     return environment().get_template(PRELUDE).render()
 
 
+def headers(family: Family) -> str:
+    """The family's extra shared headers (``Family.headers``), each followed by a blank line;
+    empty for families without any, whose units are then exactly prelude + kernels."""
+    return "".join(environment().get_template(h).render() + "\n" for h in family.headers)
+
+
 def _stream_kind(stream, sku) -> str:
     return {"element": sku.element, "aux": sku.aux_element}.get(stream.element, stream.element)
 
@@ -113,7 +119,7 @@ def sha256(text: str) -> str:
 class RenderedKernel:
     cell: Cell
     text: str
-    sha256: str       # of prelude + this kernel: changes when anything it compiles from changes
+    sha256: str       # of prelude (+ family headers) + this kernel: changes when anything it compiles from changes
     launch: dict
 
 
@@ -131,7 +137,7 @@ class RenderedUnit:
             f"// Translation unit {self.path}: {len(self.kernels)} kernels\n"
         )
         body = "\n".join(k.text for k in self.kernels)
-        return head + "\n" + prelude_text + "\n" + body
+        return head + "\n" + prelude_text + "\n" + headers(fam) + body
 
 
 def render(cells) -> list:
@@ -143,7 +149,7 @@ def render(cells) -> list:
             continue
         ctx = kernel_context(cell)
         text = render_kernel(cell)
-        kernel = RenderedKernel(cell, text, sha256(pre + text), launch_metadata(cell, ctx))
+        kernel = RenderedKernel(cell, text, sha256(pre + headers(cell.family) + text), launch_metadata(cell, ctx))
         path = cell.family.unit(cell.sku)
         units.setdefault(path, RenderedUnit(path, cell.family, [])).kernels.append(kernel)
     return [units[p] for p in sorted(units)]

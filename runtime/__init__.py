@@ -30,6 +30,7 @@ __all__ += ["quantize_backward", "dequantize_backward", "fake_quantize", "fake_q
 
 from . import dynamic  # noqa: E402,F401  (issue 3: registers the "dynamic_fused"/"dynamic_reduce" launchers)
 from .dynamic import dynamic_quantize  # noqa: E402
+from . import lowbit  # noqa: E402,F401  (issue 5: registers the "lowbit_*" launchers; staged, docs/lowbit.md)
 
 __all__ += ["dynamic_quantize"]
 

@@ -27,7 +27,7 @@ from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_hand
 from .device import launch, param_format, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
-from .plans import Descriptor, Launcher, cached_plan, launcher
+from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 from .quantization import FLOAT_KINDS, INT_KINDS, _channel_params, _math_kind, _same_device
 from .reference import dynamic_qparams, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
@@ -259,7 +259,9 @@ class DynamicReduceLauncher(Launcher):
                                 group_size=1, chan_inner=inner if args.scope == "channel" else 1,
                                 chan_count=count if args.scope == "channel" else 1,
                                 chan_last=bool(last), qmin=args.qmin, qmax=args.qmax)
-        qplan = cached_plan(Descriptor("quantize", args.scope, args.mode, plan.sku.element, plan.sku.aux_element))
+        # (the quantize kernel of the same arch: sm89 low-bit SKUs pair with the sm89 quantize)
+        qplan = cached_plan(Descriptor("quantize", args.scope, args.mode, plan.sku.element, plan.sku.aux_element),
+                            Preference(arch=plan.sku.arch_number))
         qplan.run(qargs, stream=stream)
 
 
@@ -330,6 +332,10 @@ def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, 
     if xr.kind not in FLOAT_KINDS:
         raise UnsupportedError(f"x has dtype {xr.kind}; dynamic_quantize takes {', '.join(FLOAT_KINDS)}")
     qk = kind_of(out_dtype, "out_dtype")
+    from . import lowbit   # issue 5: fp8 / packed int4 outputs, MX e8m0 scales
+    if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
+        return lowbit.dynamic_quantize(xr, scope=scope, mode=mode, axis=axis, group_size=group_size, kind=qk,
+                                       qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
     if qk not in INT_KINDS:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dynamic_quantize produces {', '.join(INT_KINDS)}"
                                + (" (low-bit formats: issue 5)" if qk in LOW_BIT else ""))

@@ -237,23 +237,38 @@ def x_stream(sig, ptr_value) -> int:
     return cp.cuda.get_current_stream(sig[4]).ptr
 
 
+def _check_scale_dtype(scale_dtype, math_kind: str, data_kind: str) -> None:
+    """``scale_dtype`` for s8/u8 data may only name the scale kind the data implies (or e8m0, routed
+    to runtime.lowbit before this check)."""
+    if scale_dtype is not None and kind_of(scale_dtype, "scale_dtype") != math_kind:
+        raise InvalidProblemError(f"scale_dtype={scale_dtype!r}; {data_kind} data takes "
+                                  f"{'float64' if math_kind == 'f64' else 'float32'} scales "
+                                  "(or 'e8m0' block scales with fp8 outputs)")
+
+
 def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",
-             qmin=None, qmax=None, out=None):
+             qmin=None, qmax=None, out=None, scale_dtype=None):
     """``q = clamp(rne(x / scale) + zero_point, qmin, qmax)`` per scope (SPEC §5).
 
     ``zero_point=None`` is symmetric mode: the implied zero point is 0 for signed outputs
-    and the middle of the range (128) for u8.
+    and the middle of the range (128) for u8. Low-bit outputs (fp8, packed int4) and
+    ``scale_dtype="e8m0"`` (MX block scales): runtime.lowbit, docs/lowbit.md.
     """
     fast = _FastCall("quantize", x, scale, zero_point, out, (scope, axis, group_size, out_dtype, qmin, qmax))
-    if fast.hit():
+    if scale_dtype is None and fast.hit():
         return out if out is not None else fast.result
     xr = as_array(x, "x")
     if xr.kind not in FLOAT_KINDS:
         raise UnsupportedError(f"x has dtype {xr.kind}; quantize takes {', '.join(FLOAT_KINDS)}")
     qk = kind_of(out_dtype, "out_dtype")
+    from . import lowbit   # issue 5
+    if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
+        return lowbit.quantize(xr, scale, zero_point, scope=scope, axis=axis, group_size=group_size, kind=qk,
+                               qmin=qmin, qmax=qmax, out=out, scale_dtype=scale_dtype)
     if qk not in INT_KINDS:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize produces {', '.join(INT_KINDS)}"
                                + (" (low-bit formats: issue 5)" if qk in ("s4", "u4", "fp8_e4m3", "fp8_e5m2") else ""))
+    _check_scale_dtype(scale_dtype, _math_kind(xr.kind), xr.kind)
     xv = rows_view(xr, "x")
     axis = check_scope(xr.shape, scope, axis, group_size)
     qmin, qmax = check_range(qk, qmin, qmax)
@@ -267,17 +282,29 @@ def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, ou
     return outr.obj
 
 
-def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="float32", out=None):
-    """``y = (q - zero_point) * scale`` per scope, rounded once to ``out_dtype`` (SPEC §5)."""
+def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="float32", out=None,
+               in_dtype=None, scale_dtype=None):
+    """``y = (q - zero_point) * scale`` per scope, rounded once to ``out_dtype`` (SPEC §5).
+
+    Low-bit inputs (runtime.lowbit, docs/lowbit.md): a torch fp8 tensor, or a uint8 container with
+    ``in_dtype`` = ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"int4"`` (s4) or ``"uint4"`` (u4, packed two
+    per byte); ``scale_dtype="e8m0"`` for MX block scales.
+    """
     fast = _FastCall("dequantize", q, scale, zero_point, out, (scope, axis, group_size, out_dtype))
-    if fast.hit():
+    if in_dtype is None and scale_dtype is None and fast.hit():
         return out if out is not None else fast.result
     qr = as_array(q, "q")
+    from . import lowbit   # issue 5
+    low = lowbit.input_kind(qr, in_dtype)
+    if low is not None or lowbit.is_e8m0(scale_dtype):
+        return lowbit.dequantize(qr, scale, zero_point, scope=scope, axis=axis, group_size=group_size,
+                                 kind=low or qr.kind, out_dtype=out_dtype, out=out, scale_dtype=scale_dtype)
     if qr.kind not in INT_KINDS:
         raise UnsupportedError(f"q has dtype {qr.kind}; dequantize takes {', '.join(INT_KINDS)}")
     yk = kind_of(out_dtype, "out_dtype")
     if yk not in FLOAT_KINDS:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(FLOAT_KINDS)}")
+    _check_scale_dtype(scale_dtype, _math_kind(yk), yk)
     qv = rows_view(qr, "q")
     axis = check_scope(qr.shape, scope, axis, group_size, "q")
     lo, hi = QRANGE[qr.kind]

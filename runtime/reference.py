@@ -326,3 +326,158 @@ def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ax
     ds = lsq_reduce(ds_t, x.shape, scope, axis, group_size, vec)
     dz = None if zero_point is None else lsq_reduce(dz_t, x.shape, scope, axis, group_size, vec).astype(np.float32)
     return dx, ds, dz
+
+
+# -- low-bit formats (issue 5): fp8 e4m3fn / e5m2, packed int4, e8m0 (MX) block scales ------------
+FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
+INT4_KINDS = ("s4", "u4")
+FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+FP8_MBITS = {"fp8_e4m3": 3, "fp8_e5m2": 2}
+FP8_EMIN = {"fp8_e4m3": -6, "fp8_e5m2": -14}     # exponent of the smallest normal
+FP8_EMAX = {"fp8_e4m3": 8, "fp8_e5m2": 15}       # of the largest normal: OCP MX "emax_elem"
+FP8_NAN = 0x7F                                    # the NaN code every conversion writes
+MX_GROUP = 32
+
+
+def _fp8_dtype(kind: str):
+    import ml_dtypes
+    return np.dtype(ml_dtypes.float8_e4m3fn if kind == "fp8_e4m3" else ml_dtypes.float8_e5m2)
+
+
+def fp8_encode(t, kind: str) -> np.ndarray:
+    """``fp8_rne_satfinite(t)`` as uint8 codes: one round-half-to-even from t's own precision
+    (float32 or float64), ``|t| > max`` and ±inf saturate to ±max, NaN -> 0x7F (no sign), and a
+    result that rounds to zero keeps its sign. (ml_dtypes' float64 cast rounds through float32,
+    twice; so t is first rounded onto the fp8 grid here, exactly, and ml_dtypes encodes the
+    grid value, which it represents exactly.)"""
+    t = np.asarray(t)
+    mx = FP8_MAX[kind]
+    with np.errstate(all="ignore"):
+        a = np.clip(t.astype(np.float64), -mx, mx)
+        _, e = np.frexp(a)                                      # |a| = f * 2**e, 0.5 <= f < 1
+        qe = np.maximum(e - 1, FP8_EMIN[kind]) - FP8_MBITS[kind]   # exponent of the fp8 quantum
+        r = np.ldexp(np.rint(np.ldexp(a, -qe)), qe)
+        codes = r.astype(_fp8_dtype(kind)).view(np.uint8)
+    return np.where(np.isnan(t), np.uint8(FP8_NAN), codes).astype(np.uint8)
+
+
+def fp8_decode(codes, kind: str, math=np.float32) -> np.ndarray:
+    """The exact values of fp8 codes (uint8 or an ml_dtypes float8 array) in ``math``."""
+    return np.asarray(codes).view(np.uint8).view(_fp8_dtype(kind)).astype(math)
+
+
+def e8m0_from_amax(amax, kind: str) -> np.ndarray:
+    """SPEC §5 MX: ``e = floor(log2(amax)) - emax_elem`` clamped to [-127, 127], stored as ``e + 127``
+    (uint8). amax = 0 gives e = -127; amax = inf gives 127."""
+    a = np.asarray(amax)
+    with np.errstate(all="ignore"):
+        _, e = np.frexp(a)
+    fl = np.where(a == 0, -(1 << 20), np.where(np.isfinite(a), e.astype(np.int64) - 1, 1 << 20))
+    return (np.clip(fl - FP8_EMAX[kind], -127, 127) + 127).astype(np.uint8)
+
+
+def e8m0_scale(codes, math=np.float32) -> np.ndarray:
+    """The scale ``2**(code - 127)`` of e8m0 codes, exact in float32 (2**-127 is a subnormal); 255 is NaN."""
+    c = np.asarray(codes).view(np.uint8).astype(np.int64)
+    return np.where(c == 255, np.nan, np.ldexp(1.0, c - 127)).astype(math)
+
+
+def pack_int4(v) -> np.ndarray:
+    """Pack int4 values (last axis even) two per byte: element 2i in the low nibble, 2i + 1 in the high."""
+    v = np.asarray(v).astype(np.int64)
+    return ((v[..., 0::2] & 0xF) | ((v[..., 1::2] & 0xF) << 4)).astype(np.uint8)
+
+
+def unpack_int4(b, kind: str) -> np.ndarray:
+    """The int4 values of packed bytes: shape ``b.shape[:-1] + (2 * b.shape[-1],)``, int8."""
+    b = np.asarray(b).astype(np.int16)
+    v = np.stack([b & 0xF, b >> 4], axis=-1).reshape(b.shape[:-1] + (2 * b.shape[-1],))
+    if kind == "s4":
+        v = np.where(v >= 8, v - 16, v)
+    return v.astype(np.int8)
+
+
+def _params_math(scale, scale_dtype, math):
+    return e8m0_scale(scale, math) if scale_dtype == "e8m0" else np.asarray(scale).astype(math)
+
+
+def quantize_lowbit(x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype,
+                    qmin=None, qmax=None, scale_dtype=None):
+    """Low-bit quantize. fp8: uint8 codes of ``fp8_rne_satfinite(x * inv)`` (x's shape; view them as
+    ``ml_dtypes.float8_*``); s4/u4: ``clamp(rne(x * inv) + zp)`` packed, shape ``x.shape[:-1] + (D // 2,)``.
+    ``scale_dtype="e8m0"``: ``scale`` holds e8m0 codes."""
+    x = np.asarray(x)
+    math = math_dtype(x.dtype)
+    s = _params_math(scale, scale_dtype, math)
+    if out_dtype in FP8_KINDS:
+        sb = broadcast_param(s, x.shape, scope, axis, group_size)
+        inv = (math.type(1) / sb).astype(math)
+        with np.errstate(all="ignore"):
+            t = (x.astype(math) * inv).astype(math)
+        return fp8_encode(t, out_dtype)
+    _, q, _ = quantize_values(x, s, zero_point, scope=scope, axis=axis, group_size=group_size,
+                              out_kind=out_dtype, qmin=qmin, qmax=qmax)
+    return pack_int4(q)
+
+
+def dequantize_lowbit(q, scale, zero_point=None, *, scope, axis=None, group_size=None, in_kind,
+                      out_dtype="f32", scale_dtype=None):
+    """``y = (q - zp) * scale`` in the math precision, rounded once to ``out_dtype``. fp8: q are codes
+    (zp = 0); s4/u4: q is packed (..., D // 2) and the result has D columns."""
+    math = math_dtype(out_dtype)
+    q = np.asarray(q)
+    s = _params_math(scale, scale_dtype, math)
+    if in_kind in FP8_KINDS:
+        vals = fp8_decode(q, in_kind, math)
+        sb = broadcast_param(s, vals.shape, scope, axis, group_size)
+        with np.errstate(all="ignore"):
+            y = (vals * sb).astype(math)
+    else:
+        ints = unpack_int4(q, in_kind).astype(np.int64)
+        sb = broadcast_param(s, ints.shape, scope, axis, group_size)
+        if zero_point is None:
+            zp = np.int64(implied_zero_point(in_kind))
+        else:
+            zp = broadcast_param(np.asarray(zero_point, dtype=np.int32), ints.shape, scope, axis, group_size)
+        with np.errstate(all="ignore"):
+            y = ((ints - zp).astype(math) * sb).astype(math)
+    with np.errstate(over="ignore"):
+        return y.astype(numpy_dtype(out_dtype))
+
+
+def slice_amax(x, *, scope, axis=None, group_size=None) -> np.ndarray:
+    """``max |x|`` per scope element in the math precision (NaN ignored; empty or all-NaN -> 0)."""
+    x = np.asarray(x)
+    math = math_dtype(x.dtype)
+    xm = x.astype(math)
+    if scope == "group":
+        xm = xm.reshape(tuple(x.shape[:-1]) + (x.shape[-1] // group_size, group_size))
+    axes = _slice_axes(xm.shape, scope, axis)
+    pshape = (x.shape[axis % x.ndim],) if scope == "channel" else \
+        tuple(s for i, s in enumerate(xm.shape) if i not in axes)
+    with np.errstate(all="ignore"):
+        return np.fmax.reduce(np.abs(xm), axis=axes, initial=math.type(0)).astype(math).reshape(pshape)
+
+
+def dynamic_quantize_lowbit_ref(x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype,
+                                qmin=None, qmax=None, eps=1e-8, scale_dtype=None):
+    """``(q, scale, zero_point)`` of ``runtime.dynamic_quantize`` for low-bit outputs (q as
+    ``quantize_lowbit`` returns it). fp8: ``scale = max(amax, eps) / fp8_max`` (math precision),
+    or with ``scale_dtype="e8m0"`` the MX codes ``e8m0_from_amax`` (uint8, eps unused); s4/u4: the
+    integer formulas of ``dynamic_qparams``. ``q == quantize_lowbit(x, scale, zp)`` by construction."""
+    x = np.asarray(x)
+    if out_dtype in FP8_KINDS:
+        amax = slice_amax(x, scope=scope, axis=axis, group_size=group_size)
+        if scale_dtype == "e8m0":
+            scale = e8m0_from_amax(amax, out_dtype)
+        else:
+            m = math_dtype(x.dtype).type
+            with np.errstate(all="ignore"):
+                scale = (np.fmax(amax, m(eps)) / m(FP8_MAX[out_dtype])).astype(math_dtype(x.dtype))
+        zp = None
+    else:
+        scale, zp, qmin, qmax = dynamic_qparams(x, scope=scope, mode=mode, axis=axis, group_size=group_size,
+                                                out_kind=out_dtype, qmin=qmin, qmax=qmax, eps=eps)
+    q = quantize_lowbit(x, scale, zp, scope=scope, axis=axis, group_size=group_size, out_dtype=out_dtype,
+                        qmin=qmin, qmax=qmax, scale_dtype=scale_dtype)
+    return q, scale, zp

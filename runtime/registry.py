@@ -112,7 +112,8 @@ class Registry:
         text = self.unit_source(entry.unit)
         marker = f"// SKU: {entry.sku}\n"
         start = text.index(marker)
-        prelude_end = text.index("// ---- end of helpers")
+        # the shared helpers: the prelude and any family headers (each ends with "// ---- end of ...")
+        prelude_end = text.rindex("// ---- end of ", 0, text.index("// SKU: "))
         prelude_end = text.index("\n", prelude_end) + 1
         nxt = text.find("// SKU: ", start + len(marker))
         return text[:prelude_end] + "\n" + text[start: nxt if nxt >= 0 else len(text)].rstrip("\n") + "\n"

@@ -110,3 +110,11 @@ def test_mixed_devices(monkeypatch):
 
 def test_unknown_dtype_spelling():
     err(lambda: sf.quantize(X, 0.1, scope="tensor", out_dtype="int7"), InvalidProblemError, "int7")
+
+
+def test_scale_dtype_must_match_the_data():
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", scale_dtype="float64"), InvalidProblemError,
+        "scale_dtype", "float32")
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", scale_dtype="nonsense"), InvalidProblemError, "nonsense")
+    err(lambda: sf.dequantize(D((8, 64), "int8"), 0.1, scope="tensor", out_dtype="float64", scale_dtype="float32"),
+        InvalidProblemError, "float64")

@@ -1,0 +1,179 @@
+"""Bench workloads of the low-bit dynamic quantization (issue 5), for ``codegen.bench``.
+
+The issue's two targets: dynamic per-group(128) bf16 -> fp8_e4m3 and bf16 -> s4, >= 85 % of a
+device copy on (65536, 4096), side by side with ``torch.compile`` of the eager composite. Every
+low-bit ``dynamic_quantize`` SKU is handled (``--all``); the default subset is those two (both
+arches for fp8: sm80 = software conversion, sm89 = ``cvt`` instructions; each SKU runs itself
+through ``runtime.lowbit.prefer_arch``).
+
+Inputs: x ~ 3·N(0, 1) in the input dtype (never zeros). Bytes (SPEC §6): x read once + q written
+once (fp8 one byte, int4 half a byte per element) + scales written once (and zero points).
+The composites are SPEC §5 in eager PyTorch (upcast, per-group amax, eps floor, ``1 / scale``,
+fp8: clamp to ±max then the RNE cast; int4: round half to even, clamp, pack two per byte), pure
+functions so ``torch.compile`` compiles each once. q comes back as its uint8 bytes on both sides,
+so ``codegen.bench`` counts the elements where they differ.
+"""
+from __future__ import annotations
+
+import math
+
+OPS = ("dynamic_quantize",)
+GROUP_SIZE = 128
+SHAPES = ((65536, 4096), (8192, 8192), (4096, 14336), (16, 4096))
+QUICK_SHAPES = ((65536, 4096), (16, 4096))
+TARGET_PCT = 85.0                       # issue 5, per-group(128) bf16 -> fp8_e4m3 / s4
+LOW_BIT = ("s4", "u4", "fp8_e4m3", "fp8_e5m2")
+FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+
+
+def handles(sku) -> bool:
+    """Low-bit dynamic_quantize, and low-bit static quantize / dequantize (no composite: ``--all`` only)."""
+    return sku.op in OPS + ("quantize", "dequantize") and bool({sku.element, sku.aux_element} & set(LOW_BIT))
+
+
+def default(sku) -> bool:
+    return (sku.op == "dynamic_quantize" and sku.element == "bf16" and sku.aux_element in ("fp8_e4m3", "s4") and sku.scope == "group"
+            and sku.mode == "symmetric")
+
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def fp8_composite(x, group: int, fp8_max: float, eps: float, fp8_dtype):
+    """SPEC §5 dynamic fp8 per group: (q bytes, scale)."""
+    import torch
+    xm = (x if x.dtype == torch.float64 else x.float()).unflatten(-1, (-1, group))
+    scale = xm.abs().amax(-1, keepdim=True).clamp(min=eps) / fp8_max
+    q = (xm * (1.0 / scale)).clamp(-fp8_max, fp8_max).to(fp8_dtype)
+    return q.flatten(-2).view(torch.uint8), scale.squeeze(-1)
+
+
+def int4_composite(x, group: int, qmin: int, qmax: int, zc: int, eps: float):
+    """SPEC §5 dynamic symmetric int4 per group, packed two per byte (2i low nibble): (q bytes, scale)."""
+    import torch
+    xm = (x if x.dtype == torch.float64 else x.float()).unflatten(-1, (-1, group))
+    scale = xm.abs().amax(-1, keepdim=True).clamp(min=eps) / (qmax - zc)
+    v = (torch.round(torch.nan_to_num(xm * (1.0 / scale))) + zc).clamp(qmin, qmax).to(torch.int32).flatten(-2)
+    packed = (v[..., 0::2] & 0xF) | ((v[..., 1::2] & 0xF) << 4)
+    return packed.to(torch.uint8), scale.squeeze(-1)
+
+
+def _params(sku, shape):
+    from runtime.scopes import param_shape
+    axis = -1 if sku.scope == "channel" else None
+    gs = GROUP_SIZE if sku.scope == "group" else None
+    return axis, gs, param_shape(shape, sku.scope, None if axis is None else axis % len(shape), gs)
+
+
+def expected_bytes(sku, shape) -> int:
+    """SPEC §6 bytes of one call: x (or q) read once, q (or y) written once (int4: half a byte per
+    element), scales (and zero points) once."""
+    from runtime.arrays import ITEMSIZE
+    _, _, pshape = _params(sku, shape)
+    n = math.prod(shape)
+    fkind, qkind = (sku.aux_element, sku.element) if sku.op == "dequantize" else (sku.element, sku.aux_element)
+    q_bytes = n // 2 if qkind in ("s4", "u4") else n
+    per_param = (8 if fkind == "f64" else 4) + (4 if sku.mode == "asymmetric" else 0)
+    return n * ITEMSIZE[fkind] + q_bytes + math.prod(pshape) * per_param
+
+
+def make(sku, shape):
+    """A workload dict for ``codegen.bench`` (``None`` for SKUs this module does not handle)."""
+    if not handles(sku):
+        return None
+    import runtime as sf
+    from runtime import lowbit
+    from runtime.reference import dynamic_range
+    from runtime.scopes import implied_zero_point
+
+    if sku.op != "dynamic_quantize":
+        return _static(sku, shape)
+    torch = _torch()
+    axis, gs, _ = _params(sku, shape)
+    if torch is not None:
+        from runtime.arrays import torch_dtype
+        dev = torch.device("cuda", torch.cuda.current_device())
+        mdt = torch.float64 if sku.element == "f64" else torch.float32
+        x = (torch.randn(shape, device=dev, dtype=mdt) * 3).to(torch_dtype(sku.element))
+    else:
+        import cupy as cp
+
+        from runtime.arrays import numpy_dtype
+        x = (cp.random.standard_normal(shape, dtype=cp.float32) * 3).astype(numpy_dtype(sku.element))
+    kw = dict(scope=sku.scope, mode=sku.mode, axis=axis, group_size=gs, out_dtype=sku.aux_element)
+    fp8 = sku.aux_element in FP8_MAX
+
+    def call():
+        with lowbit.prefer_arch(sku.arch_number):
+            q, s, zp = sf.dynamic_quantize(x, **kw)
+        if fp8 and torch is not None and isinstance(q, torch.Tensor):
+            q = q.view(torch.uint8)        # bytes, as the composite returns them (a view: no copy)
+        return q, s
+
+    where = {"tensor": "", "channel": " axis=-1", "token": "", "group": f" g{GROUP_SIZE}"}[sku.scope]
+    w = {"call": call, "bytes": expected_bytes(sku, shape),
+         "label": f"dyn {sku.element}->{sku.aux_element} {sku.scope}{where} {sku.mode[:4]} {sku.arch}"}
+    if torch is not None and sku.scope in ("token", "group") and sku.mode == "symmetric":
+        group = gs or shape[-1]
+        if fp8:
+            from runtime.arrays import torch_dtype
+            w["torch_fn"] = fp8_composite
+            w["torch_args"] = (x, group, FP8_MAX[sku.aux_element], 1e-8, torch_dtype(sku.aux_element))
+        else:
+            qmin, qmax, _ = dynamic_range(sku.aux_element, "symmetric")
+            w["torch_fn"] = int4_composite
+            w["torch_args"] = (x, group, qmin, qmax, implied_zero_point(sku.aux_element), 1e-8)
+    return w
+
+
+def _static(sku, shape):
+    """Low-bit quantize / dequantize on random data with scales in [0.5, 1.5) (no PyTorch composite)."""
+    import runtime as sf
+    from runtime import lowbit
+    from runtime import reference as ref
+    from runtime.scopes import QRANGE
+
+    import cupy as cp
+    axis, gs, pshape = _params(sku, shape)
+    fkind, qkind = (sku.aux_element, sku.element) if sku.op == "dequantize" else (sku.element, sku.aux_element)
+    mdt = cp.float64 if fkind == "f64" else cp.float32
+    scale = cp.random.random(pshape, dtype=mdt) + 0.5
+    zp = None
+    if sku.mode == "asymmetric":
+        lo, hi = QRANGE[qkind]
+        zp = cp.random.randint(lo, hi + 1, pshape, dtype=cp.int32)
+    kw = dict(scope=sku.scope, axis=axis, group_size=gs)
+    if sku.op == "quantize":
+        x = _float_input(sku.element, shape)
+
+        def call():
+            with sf.trusted(), lowbit.prefer_arch(sku.arch_number):
+                return sf.quantize(x, scale, zp, out_dtype=qkind, **kw)
+    else:
+        cshape = lowbit.packed_shape(shape, qkind)
+        q = cp.random.randint(0, 256, cshape, dtype=cp.int32).astype(cp.uint8)
+        if qkind in ref.FP8_KINDS:
+            q[(q & 0x7F) >= (0x7F if qkind == "fp8_e4m3" else 0x7C)] = 0x38   # finite codes only
+
+        def call():
+            with sf.trusted(), lowbit.prefer_arch(sku.arch_number):
+                return sf.dequantize(q, scale, zp, in_dtype=qkind, out_dtype=fkind, **kw)
+    where = {"tensor": "", "channel": " axis=-1", "token": "", "group": f" g{GROUP_SIZE}"}[sku.scope]
+    return {"call": call, "bytes": expected_bytes(sku, shape),
+            "label": f"{sku.element}->{sku.aux_element} {sku.scope}{where} {sku.mode[:4]} {sku.arch}"}
+
+
+def _float_input(kind, shape):
+    torch = _torch()
+    if torch is not None:
+        from runtime.arrays import torch_dtype
+        return (torch.randn(shape, device="cuda", dtype=torch.float32) * 3).to(torch_dtype(kind))
+    import cupy as cp
+
+    from runtime.arrays import numpy_dtype
+    return (cp.random.standard_normal(shape, dtype=cp.float32) * 3).astype(numpy_dtype(kind))

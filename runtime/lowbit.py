@@ -1,0 +1,450 @@
+"""Low-bit formats (issue 5): fp8 (e4m3fn, e5m2) and packed int4 (s4, u4), e8m0 (OCP MX) scales.
+
+Reached through the ordinary functional API (``runtime.quantize`` / ``dequantize`` /
+``dynamic_quantize`` route these kinds here):
+
+    q = sf.quantize(x, scale, scope="token", out_dtype="fp8_e4m3")       # fp8_rne_satfinite(x * inv)
+    q = sf.quantize(w, scale, scope="group", group_size=128, out_dtype="int4")   # packed, (..., D // 2)
+    y = sf.dequantize(q, scale, scope="group", group_size=128, in_dtype="int4", out_dtype="bfloat16")
+    q, s, _ = sf.dynamic_quantize(x, scope="group", group_size=32, out_dtype="fp8_e4m3",
+                                  scale_dtype="e8m0")                   # MX: s holds e + 127 (uint8)
+
+Containers: packed int4 is a uint8 array of shape ``x.shape[:-1] + (D // 2,)`` (element 2i in the
+low nibble, 2i + 1 in the high nibble); fp8 is a ``torch.float8_e4m3fn`` / ``float8_e5m2`` tensor
+for torch inputs and a uint8 array of codes for CuPy (which has no fp8 dtype). ``dequantize`` learns
+the kind from a torch fp8 dtype, or from ``in_dtype=`` for uint8 containers. e8m0 scales are uint8
+arrays (``torch.float8_e8m0fnu`` tensors are accepted too) with ``scale_dtype="e8m0"``.
+
+While the low-bit kernels are staged (``codegen.matrix.LOWBIT_STAGED``: implemented, awaiting GPU
+verification) the manifest holds none of them and every entry point raises ``UnsupportedError``
+naming issue 5. See docs/lowbit.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import numbers
+import sys
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+
+from . import config
+from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
+from .device import launch, param_format, properties
+from .errors import InvalidProblemError, UnsupportedError
+from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
+from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
+from .quantization import (FLOAT_KINDS, _check_param_shape, _channel_params, _device_check, _math_kind, _out_arg,
+                           _same_device, _scale_arg, _zero_point_arg)
+from .reference import FP8_MAX, MX_GROUP, dynamic_quantize_lowbit_ref
+from .scopes import QRANGE, check_range, check_scope, implied_zero_point, param_shape, rows_view
+
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+INT4 = ("s4", "u4")
+KINDS = INT4 + FP8
+E8M0 = "e8m0"
+
+
+# -- availability: staged until verified on a GPU ------------------------------------------------
+@lru_cache(maxsize=8)
+def _registry_has_lowbit(registry) -> bool:
+    return any(s.element in KINDS or s.aux_element in KINDS for s in registry.entries)
+
+
+def staged() -> bool:
+    """True while the manifest holds no low-bit kernel (``codegen.matrix.LOWBIT_STAGED``)."""
+    from .registry import default_registry
+    return not _registry_has_lowbit(default_registry())
+
+
+def _require(what: str) -> None:
+    if staged():
+        raise UnsupportedError(f"{what}: low-bit formats (issue 5) are implemented but staged, awaiting GPU "
+                               "verification (see docs/lowbit.md); supported today: int8, uint8 with float32 scales")
+
+
+# -- which arch's kernels: the device's, or lower on request --------------------------------------
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def prefer_arch(arch: int):
+    """Select low-bit kernels built for at most ``sm_<arch>`` in this block (this thread), e.g.
+    ``prefer_arch(80)`` runs the software-conversion SKUs on an sm_90 GPU (the checkers do)."""
+    prev = getattr(_local, "arch", None)
+    _local.arch = int(arch)
+    try:
+        yield
+    finally:
+        _local.arch = prev
+
+
+def preference(device: int) -> Preference:
+    cc = properties(device)["cc"]
+    forced = getattr(_local, "arch", None)
+    return Preference(arch=cc if forced is None else min(cc, forced))
+
+
+# -- argument helpers ------------------------------------------------------------------------------
+def is_e8m0(scale_dtype) -> bool:
+    if scale_dtype is None:
+        return False
+    try:
+        return kind_of(scale_dtype, "scale_dtype") == E8M0
+    except InvalidProblemError:
+        return False
+
+
+def _retag(ref: ArrayRef, kind: str) -> ArrayRef:
+    """The same memory described with its low-bit kind (containers are uint8)."""
+    return dataclasses.replace(ref, kind=kind)
+
+
+def packed_shape(shape, kind: str) -> tuple:
+    """Shape of q for a logical shape: int4 packs the last axis two per byte."""
+    shape = tuple(shape)
+    return shape[:-1] + (shape[-1] // 2,) if kind in INT4 else shape
+
+
+def _check_int4(shape, scope, group_size, kind, arg):
+    d = shape[-1] if shape else 0
+    if d % 2:
+        raise InvalidProblemError(f"{arg} has D={d} columns (its last axis); packed {kind} needs an even D "
+                                  "(two values per byte)")
+    if scope == "group" and group_size % 2:
+        raise InvalidProblemError(f"group_size={group_size}: {kind} groups must be even (a byte never straddles "
+                                  f"two groups); supported: even divisors of D={d}")
+
+
+def _check_fp8_args(kind, zero_point, qmin, qmax, arg_zp="zero_point"):
+    if zero_point is not None:
+        raise InvalidProblemError(f"{arg_zp} is given but {kind} has no zero point: fp8 quantization is symmetric "
+                                  f"(q = fp8(x / scale)); pass {arg_zp}=None")
+    if qmin is not None or qmax is not None:
+        raise InvalidProblemError(f"qmin={qmin!r}, qmax={qmax!r}: a range applies to integer outputs; {kind} "
+                                  f"saturates at ±{FP8_MAX[kind]:g}")
+
+
+def _check_mx(kind, scope, group_size):
+    if kind not in FP8:
+        raise UnsupportedError(f"scale_dtype='e8m0': MX block scales (issue 5) are for fp8 data "
+                               f"({', '.join(FP8)}); got {kind}")
+    if scope != "group" or group_size != MX_GROUP:
+        raise InvalidProblemError(f"scale_dtype='e8m0' needs scope='group' with group_size={MX_GROUP} (OCP MX "
+                                  f"blocks); got scope={scope!r}, group_size={group_size!r}")
+
+
+def _e8m0_arg(scale, shape, scope, axis, group_size) -> ArrayRef:
+    """An e8m0 scale array: uint8 codes (or a float8_e8m0fnu tensor) of the scope's shape."""
+    if isinstance(scale, numbers.Number):
+        raise InvalidProblemError(f"scale is a scalar ({scale!r}) but scale_dtype='e8m0' needs a uint8 array "
+                                  f"of shape {param_shape(shape, scope, axis, group_size)}")
+    ref = as_array(scale, "scale")
+    if ref.kind not in ("u8", E8M0):
+        raise InvalidProblemError(f"scale has dtype {ref.kind}; scale_dtype='e8m0' needs uint8 codes "
+                                  "(e + 127) or a float8_e8m0fnu array")
+    _check_param_shape(ref, param_shape(shape, scope, axis, group_size), scope, "scale")
+    if config.values_checked() and ref.size:
+        bytes_ = ref
+        if ref.framework == "torch" and ref.kind == E8M0:
+            bytes_ = dataclasses.replace(ref, obj=ref.obj.view(sys.modules["torch"].uint8), kind="u8")
+        _device_check(bytes_, "scale", lambda s, m: m.all(s != 255), "e8m0 code 255 is NaN; scales must be finite")
+    return _retag(ref, E8M0)
+
+
+def _lowbit_out(out, like: ArrayRef, shape, kind: str) -> ArrayRef:
+    """q's container: given (uint8, or the torch fp8 dtype) or allocated in the caller's framework."""
+    if out is None:
+        torch_fp8 = kind in FP8 and like.framework == "torch"
+        return _retag(as_array(empty(like, shape, kind if torch_fp8 else "u8"), "out"), kind)
+    ref = as_array(out, "out")
+    ok_kinds = ("u8", kind) if kind in FP8 else ("u8",)
+    if tuple(ref.shape) != tuple(shape) or ref.kind not in ok_kinds:
+        raise InvalidProblemError(f"out has shape {tuple(ref.shape)} and dtype {ref.kind}; expected shape "
+                                  f"{tuple(shape)} and dtype {' or '.join(ok_kinds)} for {kind}")
+    if (ref.framework == "torch") != (like.framework == "torch"):
+        raise InvalidProblemError(f"out is a {ref.framework} array but the input is {like.framework}")
+    return _retag(ref, kind)
+
+
+def input_kind(q: ArrayRef, in_dtype) -> Optional[str]:
+    """The low-bit kind of dequantize's q (None: an s8/u8 input for the ordinary path)."""
+    if in_dtype is None:
+        return q.kind if q.kind in FP8 else None
+    k = kind_of(in_dtype, "in_dtype")
+    if k in KINDS:
+        if q.kind not in ("u8", k):
+            raise InvalidProblemError(f"q has dtype {q.kind}; in_dtype={in_dtype!r} reads a uint8 container"
+                                      + (f" (or a {k} tensor)" if k in FP8 else " (two values per byte)"))
+        return k
+    if k != q.kind:
+        raise InvalidProblemError(f"in_dtype={in_dtype!r} but q has dtype {q.kind}; in_dtype names q's kind: "
+                                  f"{q.kind}, or a low-bit kind ({', '.join(KINDS)}) for uint8 containers")
+    return None
+
+
+# -- launchers ---------------------------------------------------------------------------------------
+@dataclass
+class LowBitArgs(ElementwiseArgs):
+    """ElementwiseArgs plus e8m0 block scales (``scale`` is then unused)."""
+
+    scale_e8m0: Optional[ArrayRef] = None
+
+
+def _aligned(a: ArrayRef, view, nbytes: int) -> bool:
+    align = min(16, nbytes)
+    return a.ptr % align == 0 and (view.row_stride * a.itemsize) % align == 0
+
+
+@launcher("lowbit_elementwise")
+class LowBitElementwiseLauncher(Launcher):
+    """rows x cols kernels of lowbit_quantize / lowbit_dequantize.cu.j2 (cols = logical elements;
+    the packed stream has cols / pack bytes per row)."""
+
+    def check(self, plan, args: ElementwiseArgs):
+        want = [s["kind"] for s in plan.launch["ins"] + plan.launch["outs"]]
+        got = [a.kind for a, _ in args.ins + args.outs]
+        if got != want:
+            raise InvalidProblemError(f"{plan.sku} takes {want[0]} -> {want[1]}, got {got[0]} -> {got[1]}")
+        if args.cols % plan.launch["pack"]:
+            raise InvalidProblemError(f"{plan.sku}: {args.cols} columns; packed int4 needs an even count")
+        if getattr(args, "scale_e8m0", None) is not None and not plan.launch.get("e8m0"):
+            raise InvalidProblemError(f"{plan.sku} takes no e8m0 scales")
+
+    def vec_ok(self, plan, args: ElementwiseArgs) -> bool:
+        vec, pack = plan.launch["vec"], plan.launch["pack"]
+        if args.cols % vec:
+            return False
+        return all(_aligned(a, view, vec * a.itemsize // (pack if a.kind in INT4 else 1))
+                   for a, view in args.ins + args.outs)
+
+    def run(self, plan, args: ElementwiseArgs, stream=None):
+        if args.rows == 0 or args.cols == 0:
+            return
+        first = args.ins[0][0]
+        fn = plan.registry.kernel(plan.sku, first.device)
+        vec_ok = self.vec_ok(plan, args)
+        vec, pack = plan.launch["vec"], plan.launch["pack"]
+        units = -(-args.cols // (vec * plan.launch.get("unroll", 1))) if vec_ok else -(-args.cols // pack)
+        threads = plan.launch["block_threads"]
+        tx = min(threads, next_pow2(units))
+        ty = threads // tx
+        grid = row_grid(args.rows, ty, threads, first.device)
+        values = []
+        for a, view in args.ins + args.outs:
+            values += (a.ptr, view.row_stride)
+        scale_value = 0.0 if isinstance(args.scale, ArrayRef) else float(args.scale)
+        values += (ptr(args.scale), scale_value, ptr(getattr(args, "scale_e8m0", None)), ptr(args.zero_point),
+                   args.zp_value, args.rows, args.cols, args.group_size, args.chan_inner, args.chan_count,
+                   int(args.chan_last), args.qmin, args.qmax, int(vec_ok))
+        launch(fn, (grid,), (tx, ty), _elementwise_format(plan.sku.precision.math == "f64"), values,
+               stream if stream is not None else stream_handle(first))
+
+
+@lru_cache(maxsize=None)
+def _elementwise_format(f64: bool) -> str:
+    """Parameters of the low-bit static kernels (_lowbit_common.cu.j2 ``signature``)."""
+    return param_format(("ptr", "i64", "ptr", "i64", "ptr", "f64" if f64 else "f32", "ptr", "ptr", "i32")
+                        + ("i64",) * 5 + ("i32",) * 4)
+
+
+@lru_cache(maxsize=None)
+def _fused_format(f64: bool) -> str:
+    return param_format(("ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "i64", "i64", "i64",
+                         "f64" if f64 else "f32", "i32", "i32", "i32", "i32"))
+
+
+@launcher("lowbit_dynamic_fused")
+class LowBitFusedLauncher(Launcher):
+    """Per-token / per-group low-bit dynamic quantization: one launch of the fused kernel
+    (lowbit_dynamic_fused.cu.j2), configured as runtime.dynamic.DynamicFusedLauncher does."""
+
+    def check(self, plan, args):
+        sku = plan.sku
+        if args.x.kind != sku.element or args.q.kind != sku.aux_element:
+            raise InvalidProblemError(f"{sku} takes {sku.element} -> {sku.aux_element}, got {args.x.kind} -> {args.q.kind}")
+        if args.scale.kind == E8M0:
+            if not plan.launch.get("mx") or args.group_size != MX_GROUP:
+                raise InvalidProblemError(f"{sku}: e8m0 scales need an fp8 group-{MX_GROUP} kernel")
+        elif args.scale.kind != sku.precision.math:
+            raise InvalidProblemError(f"{sku}: scale must be {sku.precision.math} (or e8m0), got {args.scale.kind}")
+        if (sku.mode == "asymmetric") != (args.zero_point is not None):
+            raise InvalidProblemError(f"{sku}: zero_point array is required exactly in asymmetric mode")
+
+    def config(self, plan, args):
+        """(vec_ok, TX, TY, grid), as DynamicFusedLauncher.config; the scalar path moves PACK elements."""
+        cols = args.xv.cols
+        gs = args.group_size if args.scope == "group" else cols
+        vec, pack = plan.launch["vec"], plan.launch["pack"]
+        vec_ok = (gs % vec == 0 and _aligned(args.x, args.xv, vec * args.x.itemsize)
+                  and _aligned(args.q, args.qv, vec // pack))
+        v = vec if vec_ok else pack
+        chs = plan.launch["ch_vec"] if vec_ok else plan.launch["ch_scalar"]
+        max_tx = plan.launch["max_threads"]
+        units = -(-gs // v)
+        tx = min(max_tx, next_pow2(-(-units // chs[-1])))
+        vrows = args.xv.rows * (cols // gs)
+        props = properties(args.x.device)
+        while tx < max_tx and tx < next_pow2(units) and vrows * tx < props["sms"] * props["max_threads_per_sm"]:
+            tx *= 2
+        threads = max(256, tx)
+        ty = threads // tx
+        return vec_ok, tx, ty, row_grid(vrows, ty, threads, args.x.device)
+
+    def run(self, plan, args, stream=None):
+        from .dynamic import _scalar, resident_blocks
+        rows, cols = args.xv.rows, args.xv.cols
+        if rows == 0 or cols == 0:
+            return
+        vec_ok, tx, ty, grid = self.config(plan, args)
+        gs = args.group_size if args.scope == "group" else cols
+        fn = plan.registry.kernel(plan.sku, args.x.device)
+        grid = min(grid, properties(args.x.device)["sms"] * resident_blocks(fn, tx * ty))   # persistent
+        mx = args.scale.kind == E8M0
+        m = plan.sku.precision.math
+        values = (args.x.ptr, args.xv.row_stride, args.q.ptr, args.qv.row_stride, 0 if mx else args.scale.ptr,
+                  args.scale.ptr if mx else 0, ptr(args.zero_point), rows, cols, gs, float(_scalar(m, args.eps)),
+                  args.qmin, args.qmax, args.zp_value, int(vec_ok))
+        launch(fn, (grid,), (tx, ty), _fused_format(m == "f64"), values,
+               stream if stream is not None else stream_handle(args.x))
+
+
+# -- the functional API (called by runtime.quantize / dequantize / dynamic_quantize) -------------
+def quantize(xr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_size=None, kind, qmin=None,
+             qmax=None, out=None, scale_dtype=None):
+    """Low-bit ``quantize`` (see runtime.quantization.quantize); ``kind`` is the output kind."""
+    if kind not in KINDS:
+        _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
+    _require(f"quantize to {kind}")
+    xv = rows_view(xr, "x")
+    axis = check_scope(xr.shape, scope, axis, group_size)
+    mx = is_e8m0(scale_dtype) or (not isinstance(scale, numbers.Number) and scale is not None
+                                  and as_array(scale, "scale").kind == E8M0)
+    if kind in FP8:
+        _check_fp8_args(kind, zero_point, qmin, qmax)
+        qmin, qmax, zp_value, zp = -int(FP8_MAX[kind]), int(FP8_MAX[kind]), 0, None
+    else:
+        _check_int4(xr.shape, scope, group_size, kind, "x")
+        qmin, qmax = check_range(kind, qmin, qmax)
+        zp = None if zero_point is None else _zero_point_arg(zero_point, xr.shape, scope, axis, group_size,
+                                                             qmin, qmax, xr)
+        zp_value = implied_zero_point(kind) if zp is None else (zp if isinstance(zp, int) else 0)
+    if mx:
+        _check_mx(kind, scope, group_size)
+        s, e8 = 0.0, _e8m0_arg(scale, xr.shape, scope, axis, group_size)
+    else:
+        s, e8 = _scale_arg(scale, xr, scope, axis, group_size, _math_kind(xr.kind)), None
+    mode = "symmetric" if zero_point is None else "asymmetric"
+    _same_device([xr, s, e8, zp])
+    outr = _lowbit_out(out, xr, packed_shape(xr.shape, kind), kind)
+    _same_device([xr, outr])
+    if xr.size == 0:
+        return outr.obj
+    inner, count, last = _channel_params(xr.shape, scope, axis)
+    args = LowBitArgs(ins=[(xr, xv)], outs=[(outr, rows_view(outr, "out"))], scale=s,
+                      zero_point=zp if isinstance(zp, ArrayRef) else None, zp_value=zp_value, rows=xv.rows,
+                      cols=xv.cols, group_size=group_size or 1, chan_inner=inner, chan_count=count, chan_last=last,
+                      qmin=qmin, qmax=qmax, scale_e8m0=e8)
+    cached_plan(Descriptor("quantize", scope, mode, xr.kind, kind), preference(xr.device)).run(args)
+    return outr.obj
+
+
+def dequantize(qr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_size=None, kind, out_dtype="float32",
+               out=None, scale_dtype=None):
+    """Low-bit ``dequantize``: ``kind`` is q's kind (see ``input_kind``); q is its container."""
+    if kind not in KINDS:
+        _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 input: UnsupportedError
+    _require(f"dequantize of {kind}")
+    yk = kind_of(out_dtype, "out_dtype")
+    if yk not in FLOAT_KINDS:
+        raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(FLOAT_KINDS)}")
+    qv = rows_view(qr, "q")
+    shape = tuple(qr.shape[:-1]) + (2 * qr.shape[-1],) if kind in INT4 else tuple(qr.shape)
+    axis = check_scope(shape, scope, axis, group_size, "q")
+    qref = _retag(qr, kind)
+    mx = is_e8m0(scale_dtype) or (not isinstance(scale, numbers.Number) and scale is not None
+                                  and as_array(scale, "scale").kind == E8M0)
+    if kind in FP8:
+        _check_fp8_args(kind, zero_point, None, None)
+        zp, zp_value, (lo, hi) = None, 0, (-int(FP8_MAX[kind]), int(FP8_MAX[kind]))
+    else:
+        _check_int4(shape, scope, group_size, kind, "q (unpacked)")
+        lo, hi = QRANGE[kind]
+        zp = None if zero_point is None else _zero_point_arg(zero_point, shape, scope, axis, group_size, lo, hi, qr)
+        zp_value = implied_zero_point(kind) if zp is None else (zp if isinstance(zp, int) else 0)
+    if mx:
+        _check_mx(kind, scope, group_size)
+        s, e8 = 0.0, _e8m0_arg(scale, shape, scope, axis, group_size)
+    else:
+        like = dataclasses.replace(qref, shape=shape)
+        s, e8 = _scale_arg(scale, like, scope, axis, group_size, _math_kind(yk)), None
+    mode = "symmetric" if zero_point is None else "asymmetric"
+    _same_device([qr, s, e8, zp])
+    outr = _out_arg(out, qr, shape, yk)
+    _same_device([qr, outr])
+    if outr.size == 0:
+        return outr.obj
+    inner, count, last = _channel_params(shape, scope, axis)
+    args = LowBitArgs(ins=[(qref, qv)], outs=[(outr, rows_view(outr, "out"))], scale=s,
+                      zero_point=zp if isinstance(zp, ArrayRef) else None, zp_value=zp_value, rows=qv.rows,
+                      cols=shape[-1], group_size=group_size or 1, chan_inner=inner, chan_count=count, chan_last=last,
+                      qmin=lo, qmax=hi, scale_e8m0=e8)
+    cached_plan(Descriptor("dequantize", scope, mode, kind, yk), preference(qr.device)).run(args)
+    return outr.obj
+
+
+def dynamic_quantize(xr: ArrayRef, *, scope, mode="symmetric", axis=None, group_size=None, kind, qmin=None,
+                     qmax=None, eps=1e-8, scale_dtype="float32"):
+    """Low-bit ``dynamic_quantize``: ``(q, scale, zero_point)`` with q in its container; fp8 scales are
+    ``max(amax, eps) / fp8_max``, or MX e8m0 codes (uint8, ``e + 127``) with ``scale_dtype="e8m0"``."""
+    from .dynamic import MODES, DynamicArgs, _check_eps, _check_scale_dtype, _fill, _resolve_range
+    mx = is_e8m0(scale_dtype)
+    if kind not in KINDS:
+        _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
+    _require(f"dynamic_quantize to {kind}" + (" with e8m0 scales" if mx else ""))
+    if mode not in MODES:
+        raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
+    axis = check_scope(xr.shape, scope, axis, group_size)
+    if kind in FP8:
+        if mode != "symmetric":
+            raise InvalidProblemError(f"mode={mode!r}: {kind} has no zero point; fp8 dynamic quantization is "
+                                      "symmetric (scale = max(amax, eps) / fp8_max)")
+        _check_fp8_args(kind, None, qmin, qmax)
+        qmin, qmax, zp_value = -int(FP8_MAX[kind]), int(FP8_MAX[kind]), 0
+    else:
+        _check_int4(xr.shape, scope, group_size, kind, "x")
+        qmin, qmax, zp_value = _resolve_range(kind, mode, qmin, qmax)
+    m = _math_kind(xr.kind)
+    eps = _check_eps(eps, m)
+    if mx:
+        _check_mx(kind, scope, group_size)
+    else:
+        _check_scale_dtype(scale_dtype, xr.kind, m)
+    xv = rows_view(xr, "x")
+    pshape = param_shape(xr.shape, scope, axis, group_size)
+    skind = "u8" if mx else m
+    if xr.size == 0:
+        # empty slices reduce to 0: the parameters of an all-zero slice, no kernel
+        _, s_val, z_val = dynamic_quantize_lowbit_ref(np.zeros((2,), np.float64 if m == "f64" else np.float32),
+                                                      scope="tensor", mode=mode, out_dtype=kind, qmin=qmin,
+                                                      qmax=qmax, eps=eps, scale_dtype=E8M0 if mx else None)
+        q = _lowbit_out(None, xr, packed_shape(xr.shape, kind), kind).obj
+        s = _fill(xr, pshape, skind, int(s_val) if mx else float(s_val))
+        return q, s, None if z_val is None else _fill(xr, pshape, "i32", int(z_val))
+    qref = _lowbit_out(None, xr, packed_shape(xr.shape, kind), kind)
+    sref = as_array(empty(xr, pshape, skind), "scale")
+    sref = _retag(sref, E8M0) if mx else sref
+    zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
+    _same_device([xr, qref])
+    args = DynamicArgs(xr, xv, qref, rows_view(qref, "q"), sref, zref, scope, mode, qmin, qmax, zp_value, eps,
+                       axis=axis, group_size=group_size)
+    plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, kind), preference(xr.device))
+    nbytes = plan.workspace_size(args)
+    if nbytes:
+        args.workspace = as_array(empty(xr, (nbytes,), "u8"), "workspace")
+    plan.run(args)
+    return qref.obj, sref.obj, None if zref is None else zref.obj

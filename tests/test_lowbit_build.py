@@ -1,0 +1,188 @@
+"""The staged low-bit kernels (issue 5), rendered and compiled on the CPU as the flip will ship them.
+
+``codegen.matrix.lowbit_families(staged=False)`` is what ``LOWBIT_STAGED = False`` generates.
+These tests render it next to the shipped families into a temporary generated/, check that every
+existing file and kernel hash stays byte for byte the same, check the low-bit units (helpers,
+sm89 units, manifest metadata, ``Registry.source``), and NVRTC-compile low-bit units for sm_80,
+sm_89 and sm_90: a subset covering every template branch by default, every unit on every arch
+with ``SKUFORGE_FULL_COMPILE=1`` (184 compiles, about 2-3 minutes on 2 cores).
+"""
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from codegen import manifest, matrix, render
+from runtime.registry import Registry
+from runtime.sku import KernelSku
+
+LOW = set(matrix.LOW_BIT)
+UNSTAGED = matrix.lowbit_families(staged=False)
+FLIPPED = tuple(f for f in matrix.FAMILIES if not isinstance(f, matrix.LowBitFamily)) + UNSTAGED
+
+
+def _is_low(sku) -> bool:
+    return bool({sku.element, sku.aux_element} & LOW)
+
+
+@pytest.fixture(scope="module")
+def flipped_files():
+    return manifest.expected_files(FLIPPED)
+
+
+@pytest.fixture(scope="module")
+def shipped_files():
+    return manifest.expected_files()
+
+
+def test_staged_switch_and_counts():
+    assert matrix.LOWBIT_STAGED is True
+    cells = matrix.cells(UNSTAGED)
+    gen = [c for c in cells if c.generated]
+    count = {op: sum(c.sku.op == op for c in gen) for op in ("quantize", "dequantize", "dynamic_quantize")}
+    # quantize / dynamic: fp8 4 floats x 2 formats x 4 scopes x (sm80 + sm89 except f64) + int4 4 x 2 x 4 x 2 modes
+    assert count == {"quantize": 56 + 64, "dequantize": 64 + 64, "dynamic_quantize": 56 + 64}
+    for c in cells:
+        s = c.sku
+        fp8 = {s.element, s.aux_element} & {"fp8_e4m3", "fp8_e5m2"}
+        if fp8 and s.mode == "asymmetric":
+            assert not c.generated and "no zero point" in c.reason
+        elif s.arch == "sm89" and not fp8:
+            assert not c.generated and "int4" in c.reason
+        elif s.arch == "sm89" and s.element == "f64":
+            assert not c.generated and "f64" in c.reason
+        else:
+            assert c.generated, s
+    staged = matrix.cells(matrix.lowbit_families(staged=True))
+    assert not [c for c in staged if c.generated]
+    assert sum(c.reason == matrix.LOWBIT_STAGED_REASON for c in staged) == 368
+
+
+def test_flip_keeps_every_existing_file_and_hash(flipped_files, shipped_files):
+    for path, text in shipped_files.items():
+        if path != manifest.MANIFEST:
+            assert flipped_files[path] == text, path
+    old = json.loads(shipped_files[manifest.MANIFEST])
+    new = json.loads(flipped_files[manifest.MANIFEST])
+    for sku, entry in old["kernels"].items():
+        assert new["kernels"][sku] == entry
+    for unit, meta in old["units"].items():
+        assert new["units"][unit] == meta
+    added = set(new["kernels"]) - set(old["kernels"])
+    assert len(added) == 368 and all(_is_low(KernelSku.parse(s)) for s in added)
+    # the staged cells are exactly the ones the flip generates
+    assert {s for s, e in old["excluded"].items() if e["reason"] == matrix.LOWBIT_STAGED_REASON} == added
+
+
+def test_lowbit_units(flipped_files):
+    man = json.loads(flipped_files[manifest.MANIFEST])
+    pre = render.prelude()
+    header = render.environment().get_template("common/lowbit.cuh").render()
+    low_units = {u: m for u, m in man["units"].items() if m["family"].startswith("lowbit-")}
+    assert len(low_units) == 68
+    for unit, meta in low_units.items():
+        text = flipped_files[unit]
+        assert text.count("// ---- skuforge low-bit helpers") == 1
+        assert text.index(pre) < text.index(header) < text.index("// SKU: ")
+        archs = {KernelSku.parse(s).arch for s in meta["skus"]}
+        assert archs == ({"sm89"} if unit.endswith("_sm89.cu") else {"sm80"}) and meta["min_arch"] == archs.pop()
+        assert meta["nvrtc_options"] == ["--fmad=false"]
+        # the instructions are used (instantiated) by sm89 kernels only
+        assert ("fp8x2_encode_hw<F>" in text or "fp8x2_decode_hw<F>" in text) == unit.endswith("_sm89.cu")
+    for sku, e in man["kernels"].items():
+        if not _is_low(KernelSku.parse(sku)):
+            continue
+        text = flipped_files[e["unit"]]
+        start = text.index(f"// SKU: {sku}\n")
+        nxt = text.find("// SKU: ", start + 1)
+        kernel = text[start: nxt if nxt >= 0 else len(text)].rstrip("\n") + "\n"
+        assert render.sha256(pre + header + "\n" + kernel) == e["sha256"]
+        assert f" {e['symbol']}(" in kernel
+        kind = e["launch"]["kind"]
+        s = KernelSku.parse(sku)
+        if s.op == "dynamic_quantize":
+            assert kind == ("lowbit_dynamic_fused" if s.scope in ("token", "group") else "dynamic_reduce")
+        else:
+            assert kind == "lowbit_elementwise" and e["launch"]["pack"] == (2 if {s.element, s.aux_element} & {"s4", "u4"} else 1)
+
+
+def test_registry_source_includes_the_lowbit_helpers(flipped_registry):
+    reg = flipped_registry
+    sku = "quantization/quantize/group/symmetric/bf16/fp8_e4m3/sm89/simt/f32.acc-f32.det.stable"
+    src = reg.source(sku)
+    assert "// ---- end of low-bit helpers" in src and "// ---- end of helpers" in src
+    assert src.count("// SKU: ") == 1 and "sf_quantize_group_symmetric_bf16_fp8_e4m3_sm89_simt(" in src
+    shipped = Registry.load(manifest.GENERATED)
+    old = "quantization/quantize/token/symmetric/bf16/s8/sm80/simt/f32.acc-f32.det.stable"
+    assert reg.source(old) == shipped.source(old)
+    # Registry.select prefers the newest arch <= the device's: sm89 (hardware) on sm_90, sm80 on sm_80
+    pick = dict(category="quantization", op="quantize", scope="token", mode="symmetric", element="bf16",
+                aux_element="fp8_e5m2")
+    assert reg.select(**pick, arch=90).arch == "sm89"
+    assert reg.select(**pick, arch=80).arch == "sm80"
+    assert reg.select(**dict(pick, aux_element="s4"), arch=90).arch == "sm80"
+
+
+# -- NVRTC ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def flipped_registry(tmp_path_factory):
+    """The flipped matrix written to a temporary generated/ and loaded as the runtime would."""
+    root = tmp_path_factory.mktemp("flipped") / "generated"
+    manifest.build(root, FLIPPED)
+    return Registry.load(root)
+
+
+def _units():
+    pre = render.prelude()
+    return [(u.path, u.text(pre), min(int(k.cell.sku.arch[2:]) for k in u.kernels), u.family.nvrtc_options)
+            for u in render.render(matrix.cells(UNSTAGED))]
+
+
+# Every template branch at least once: each op x each kind (bf16), hardware and software units, the
+# f64 software paths, the other floats; spread over sm_80 / sm_89 / sm_90.
+SUBSET = {
+    "quantization/quantize_bf16_fp8_e4m3.cu": 80, "quantization/quantize_bf16_fp8_e5m2_sm89.cu": 89,
+    "quantization/quantize_f16_s4.cu": 90, "quantization/quantize_f64_u4.cu": 80,
+    "quantization/quantize_f64_fp8_e5m2.cu": 90,
+    "quantization/dequantize_fp8_e4m3_f64_sm89.cu": 90, "quantization/dequantize_fp8_e5m2_f32.cu": 80,
+    "quantization/dequantize_s4_bf16.cu": 89, "quantization/dequantize_u4_f16.cu": 80,
+    "quantization/dynamic_quantize_bf16_fp8_e4m3_sm89.cu": 89, "quantization/dynamic_quantize_f32_fp8_e5m2.cu": 90,
+    "quantization/dynamic_quantize_bf16_s4.cu": 80, "quantization/dynamic_quantize_f64_u4.cu": 90,
+}
+
+
+def _compile(job):
+    path, text, arch, options = job
+    from runtime.compiler import nvrtc_compile
+    try:
+        cubin = nvrtc_compile(text, path, arch, options)
+        return path, arch, None if cubin[:4] == b"\x7fELF" else "not an ELF cubin"
+    except Exception as e:  # noqa: BLE001 - reported below
+        return path, arch, str(e)[:3000]
+
+
+def test_nvrtc_compiles_the_staged_kernels(flipped_registry):
+    """The jobs ``python -m codegen compile --arch sm_80,sm_89,sm_90`` would run on the flipped tree
+    (a unit is built for every arch >= its kernels'), restricted to the low-bit units."""
+    from codegen.cli import compile_jobs
+    full = bool(os.environ.get("SKUFORGE_FULL_COMPILE"))
+    reg = flipped_registry
+    low = {u for u, m in reg.units.items() if m["family"].startswith("lowbit-")}
+    assert set(SUBSET) <= low
+    jobs = [j for j in compile_jobs(reg, [80, 89, 90]) if j[0] in low]
+    assert len(jobs) == 184
+    if not full:
+        jobs = [j for j in jobs if SUBSET.get(j[0]) == j[2]]
+        assert len(jobs) == len(SUBSET)
+    with ProcessPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        failures = [(p, a, e) for p, a, e in pool.map(_compile, jobs) if e]
+    assert not failures, "\n".join(f"{p} sm_{a}: {e}" for p, a, e in failures)
+
+
+def test_sm89_units_do_not_build_for_sm80():
+    # the reason they are units of their own: sm_80 has no fp8 conversion instructions
+    from runtime.compiler import CompileError, nvrtc_compile
+    path, text, _, options = next(u for u in _units() if u[0] == "quantization/quantize_bf16_fp8_e4m3_sm89.cu")
+    with pytest.raises(CompileError):
+        nvrtc_compile(text, path, 80, options)
