@@ -150,6 +150,41 @@ def cmd_compile(args) -> int:
     return 1 if failures else 0
 
 
+def cmd_status(args) -> int:
+    """Where things are: generator, manifest counts, NVRTC, the compile cache (after FlashInfer's
+    ``status``). ``--clear-cache`` empties the cache for the current NVRTC version."""
+    import shutil
+
+    from runtime import compiler
+    reg = _registry()
+    c = reg.manifest["counts"]
+    table = Table(show_header=False, box=None)
+    table.add_row("generator", f"skuforge codegen {GENERATOR_VERSION}")
+    table.add_row("manifest", f"{GENERATED / 'manifest.json'}: {c['generated']} kernels, {c['units']} units, "
+                              f"{c['excluded']} excluded cells")
+    try:
+        major, minor = compiler.nvrtc_version()
+        archs = ", ".join(f"sm_{a}" for a in compiler.supported_archs())
+        table.add_row("NVRTC", f"{major}.{minor} (archs: {archs})")
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        table.add_row("NVRTC", f"[red]not available: {e}[/red]")
+        major = minor = None
+    root = compiler.cache_dir()
+    table.add_row("cache", str(root))
+    if root.exists():
+        for d in sorted(p for p in root.glob("nvrtc-*/sm_*") if p.is_dir()):
+            files = list(d.glob("*.cubin"))
+            size = sum(f.stat().st_size for f in files)
+            table.add_row("", f"{d.relative_to(root)}: {len(files)} cubins, {size / 2**20:.1f} MiB")
+    console.print(table)
+    if args.clear_cache and major is not None:
+        target = root / f"nvrtc-{major}.{minor}"
+        if target.exists():
+            shutil.rmtree(target)
+        console.print(f"cleared {target}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m codegen", description=__doc__)
     sub = p.add_subparsers(dest="cmd")
@@ -168,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--record", nargs="?", const="", default=None, metavar="FILE",
                     help="record per unit and arch ok/failed with the sha256s, for `audit` "
                          "(default FILE: audit/compiled.json)")
+    sp = sub.add_parser("status", help="generator, manifest, NVRTC and compile-cache status")
+    sp.add_argument("--clear-cache", action="store_true", help="empty the cache of the current NVRTC version")
     for name, mod in (("audit", "audit"), ("verify", "verify"), ("bench", "bench")):
         try:
             m = __import__(f"codegen.{mod}", fromlist=["add_parser"])
@@ -185,7 +222,7 @@ def main(argv=None) -> int:
         if hasattr(args, "func"):
             return args.func(args)
         return {"build": cmd_build, "check": cmd_check, "list": cmd_list, "show": cmd_show,
-                "compile": cmd_compile}[cmd](args)
+                "compile": cmd_compile, "status": cmd_status}[cmd](args)
     except SkuforgeError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

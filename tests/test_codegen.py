@@ -103,3 +103,17 @@ def test_cli_compile_one_unit():
     out = _cli("compile", "--arch", "sm_80", "--filter", "quantization/quantize/tensor/symmetric/f32/s8*")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sm_80: 1 units, 1 kernels compiled" in out.stdout
+
+
+def test_cli_status_reports_cache_and_nvrtc(tmp_path, monkeypatch):
+    monkeypatch.setenv("SKUFORGE_CACHE_DIR", str(tmp_path / "c"))
+    from runtime import compiler
+    compiler.compile_cached('extern "C" __global__ void k() {}\n', "quantization/x.cu", 80)
+    out = subprocess.run([sys.executable, "-m", "codegen", "status"], capture_output=True, text=True,
+                         env={**__import__("os").environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "NVRTC" in out.stdout and "sm_80: 1 cubins" in out.stdout
+    cleared = subprocess.run([sys.executable, "-m", "codegen", "status", "--clear-cache"], capture_output=True,
+                             text=True)
+    assert cleared.returncode == 0 and "cleared" in cleared.stdout
+    assert not list((tmp_path / "c").rglob("*.cubin"))
