@@ -3,36 +3,38 @@
     import runtime as sf
     q = sf.quantize(x, scale, scope="token", out_dtype="int8")
     y = sf.dequantize(q, scale, scope="token", out_dtype="bfloat16")
+    q, s, zp = sf.dynamic_quantize(x, scope="group", group_size=128)
+    y = sf.grouped_matmul(x, w, offsets=offsets)
 
 Submodules: ``sku`` (vocabulary), ``registry`` (manifest queries, kernels per device),
-``compiler`` (NVRTC + disk cache), ``plans`` (the plan API), ``reference`` (NumPy).
+``compiler`` (NVRTC + disk cache), ``plans`` (the plan API), ``reference`` (NumPy),
+``torch`` (autograd / torch.library front, imported on first use).
 """
-from . import launch  # noqa: F401  (registers the launchers)
+# The op modules register their launch kinds with runtime.plans when imported.
+from . import launch  # noqa: F401  static elementwise ("elementwise")
+from . import dynamic  # noqa: F401  issue 3 ("dynamic_fused", "dynamic_reduce")
+from . import training  # noqa: F401  issue 4 ("lsq")
+from . import moe  # noqa: F401  issue 6 ("moe_gemm")
+from . import lowbit  # noqa: F401  issue 5 ("lowbit_*"; staged, docs/lowbit.md)
 from .config import trusted
+from .dynamic import dynamic_quantize
 from .errors import DeviceRequiredError, InvalidProblemError, SkuforgeError, UnsupportedError
+from .moe import grouped_matmul, grouped_matmul_backward
 from .plans import Descriptor, Plan, Preference
 from .quantization import dequantize, quantize
 from .registry import Registry, default_registry
 from .sku import KernelSku, Precision
-from . import moe  # noqa: E402,F401  (issue 6: registers the "moe_gemm" launcher)
-from .moe import grouped_matmul, grouped_matmul_backward  # noqa: E402
-
-__all__ = ["quantize", "dequantize", "KernelSku", "Precision", "Registry", "default_registry", "Plan",
-           "Descriptor", "Preference", "UnsupportedError", "InvalidProblemError", "SkuforgeError",
-           "DeviceRequiredError", "trusted"]
-__all__ += ["grouped_matmul", "grouped_matmul_backward"]
-from . import training  # noqa: E402,F401  (issue 4: registers the "lsq" launcher)
-from .training import (dequantize_backward, fake_quantize, fake_quantize_backward,  # noqa: E402
+from .training import (dequantize_backward, fake_quantize, fake_quantize_backward,
                        fake_quantize_learnable_backward, quantize_backward)
 
-__all__ += ["quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
-            "fake_quantize_learnable_backward"]
-
-from . import dynamic  # noqa: E402,F401  (issue 3: registers the "dynamic_fused"/"dynamic_reduce" launchers)
-from .dynamic import dynamic_quantize  # noqa: E402
-from . import lowbit  # noqa: E402,F401  (issue 5: registers the "lowbit_*" launchers; staged, docs/lowbit.md)
-
-__all__ += ["dynamic_quantize"]
+__all__ = [
+    "quantize", "dequantize", "dynamic_quantize",
+    "quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
+    "fake_quantize_learnable_backward",
+    "grouped_matmul", "grouped_matmul_backward",
+    "KernelSku", "Precision", "Registry", "default_registry", "Plan", "Descriptor", "Preference",
+    "UnsupportedError", "InvalidProblemError", "SkuforgeError", "DeviceRequiredError", "trusted",
+]
 
 
 def __getattr__(name):
