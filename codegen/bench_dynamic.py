@@ -64,6 +64,21 @@ def dynamic_composite(x, scope: str, group: int, symmetric: bool, qmin: int, qma
     return q, scale.squeeze(dims), None if zp is None else zp.squeeze(dims)
 
 
+def random_input(element: str, shape):
+    """x ~ 3·N(0, 1) in ``element`` on the current device: a torch tensor when torch is present
+    (so the torch baselines run on the same data), else a CuPy array. Never all zeros."""
+    torch = _torch()
+    if torch is not None:
+        from runtime.arrays import torch_dtype
+        dev = torch.device("cuda", torch.cuda.current_device())
+        mdt = torch.float64 if element == "f64" else torch.float32
+        return (torch.randn(shape, device=dev, dtype=mdt) * 3).to(torch_dtype(element))
+    import cupy as cp
+
+    from runtime.arrays import numpy_dtype
+    return (cp.random.standard_normal(shape, dtype=cp.float32) * 3).astype(numpy_dtype(element))
+
+
 def _params(sku, shape):
     from runtime.scopes import param_shape
     axis = CHANNEL_AXIS if sku.scope == "channel" else None
@@ -90,16 +105,7 @@ def make(sku, shape):
 
     torch = _torch()
     axis, gs, _ = _params(sku, shape)
-    if torch is not None:
-        from runtime.arrays import torch_dtype
-        dev = torch.device("cuda", torch.cuda.current_device())
-        mdt = torch.float64 if sku.element == "f64" else torch.float32
-        x = (torch.randn(shape, device=dev, dtype=mdt) * 3).to(torch_dtype(sku.element))
-    else:
-        import cupy as cp
-
-        from runtime.arrays import numpy_dtype
-        x = (cp.random.standard_normal(shape, dtype=cp.float32) * 3).astype(numpy_dtype(sku.element))
+    x = random_input(sku.element, shape)
     kw = dict(scope=sku.scope, mode=sku.mode, axis=axis, group_size=gs, out_dtype=sku.aux_element)
 
     def call():

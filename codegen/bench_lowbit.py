@@ -95,16 +95,8 @@ def make(sku, shape):
         return _static(sku, shape)
     torch = _torch()
     axis, gs, _ = _params(sku, shape)
-    if torch is not None:
-        from runtime.arrays import torch_dtype
-        dev = torch.device("cuda", torch.cuda.current_device())
-        mdt = torch.float64 if sku.element == "f64" else torch.float32
-        x = (torch.randn(shape, device=dev, dtype=mdt) * 3).to(torch_dtype(sku.element))
-    else:
-        import cupy as cp
-
-        from runtime.arrays import numpy_dtype
-        x = (cp.random.standard_normal(shape, dtype=cp.float32) * 3).astype(numpy_dtype(sku.element))
+    from .bench_dynamic import random_input
+    x = random_input(sku.element, shape)
     kw = dict(scope=sku.scope, mode=sku.mode, axis=axis, group_size=gs, out_dtype=sku.aux_element)
     fp8 = sku.aux_element in FP8_MAX
 

@@ -15,3 +15,14 @@ class FakeDeviceArray:
             "shape": self.shape, "typestr": dt.str, "data": (ptr, False),
             "strides": None if strides is None else tuple(s * dt.itemsize for s in strides), "version": 3,
         }
+
+
+def err(fn, exc, *words):
+    """Call ``fn``, expect ``exc``, and check that the message names every one of ``words``."""
+    import pytest
+    with pytest.raises(exc) as e:
+        fn()
+    msg = str(e.value)
+    for w in words:
+        assert w in msg, msg
+    return msg

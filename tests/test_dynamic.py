@@ -9,6 +9,7 @@ from runtime import InvalidProblemError, UnsupportedError
 from runtime import dynamic as dyn
 from runtime.reference import dynamic_quantize_ref, quantize
 from tests.fakes import FakeDeviceArray as D
+from tests.fakes import err
 
 f32 = np.float32
 
@@ -106,15 +107,6 @@ def test_reference_invariant_random(rng):
 
 # -- validation: typed errors before any launch ---------------------------------------------------
 X = D((8, 64), "float32")
-
-
-def err(fn, exc, *words):
-    with pytest.raises(exc) as e:
-        fn()
-    msg = str(e.value)
-    for w in words:
-        assert w in msg, msg
-    return msg
 
 
 def test_bad_dtypes():

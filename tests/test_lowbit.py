@@ -11,6 +11,7 @@ from runtime import lowbit
 from runtime import reference as ref
 from runtime.plans import Preference
 from tests.fakes import FakeDeviceArray as D
+from tests.fakes import err
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 f32 = np.float32
@@ -120,15 +121,6 @@ def test_f64_inputs_round_once():
 # -- staged: refused, naming issue 5 ----------------------------------------------------------------
 X = D((8, 64), "float32")
 Q8 = D((8, 32), "uint8")
-
-
-def err(fn, exc, *words):
-    with pytest.raises(exc) as e:
-        fn()
-    msg = str(e.value)
-    for w in words:
-        assert w in msg, msg
-    return msg
 
 
 def test_shipped_state_is_staged():

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen.matrix import FAMILIES, MOE_GEMM, MOE_WGRAD, cells
+from codegen.matrix import FAMILIES, MOE_GEMM, MOE_WGRAD
 from runtime import InvalidProblemError, KernelSku, UnsupportedError
 from runtime import reference_moe as ref
 from runtime.arrays import ArrayRef
-from runtime.moe import (MoeArgs, Routing, check_problem, mma_blockers, plan_for, route_chunks,
+from runtime.moe import (MoeArgs, Routing, mma_blockers, plan_for, route_chunks,
                          workspace_layout)
 from tests.fakes import FakeDeviceArray as D
+from tests.fakes import err
 
 REG = sf.default_registry()
 MOE = [s for s in REG.skus() if s.category == "moe"]
@@ -91,15 +92,6 @@ W = D((4, 48, 64), "float16")
 DY = D((32, 48), "float16")
 IDS = D((32,), "int32")
 OFF = D((5,), "int32")
-
-
-def err(fn, exc, *words):
-    with pytest.raises(exc) as e:
-        fn()
-    msg = str(e.value)
-    for w in words:
-        assert w in msg, msg
-    return msg
 
 
 def test_shape_and_dtype_errors():

@@ -10,6 +10,7 @@ import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
 from runtime import reference as ref
 from tests.fakes import FakeDeviceArray as D
+from tests.fakes import err
 
 F32 = np.float32
 OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
@@ -194,15 +195,6 @@ def no_device_value_checks():
 
 
 X = D((8, 64), "float32")
-
-
-def err(fn, exc, *words):
-    with pytest.raises(exc) as e:
-        fn()
-    msg = str(e.value)
-    for w in words:
-        assert w in msg, msg
-    return msg
 
 
 def test_gradient_shape_and_dtype():

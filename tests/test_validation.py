@@ -5,6 +5,7 @@ import pytest
 import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
 from tests.fakes import FakeDeviceArray as D
+from tests.fakes import err
 
 
 @pytest.fixture(autouse=True)
@@ -14,15 +15,6 @@ def no_device_value_checks():
 
 
 X = D((8, 64), "float32")
-
-
-def err(fn, exc, *words):
-    with pytest.raises(exc) as e:
-        fn()
-    msg = str(e.value)
-    for w in words:
-        assert w in msg, msg
-    return msg
 
 
 def test_wrong_input_dtype():
