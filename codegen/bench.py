@@ -560,30 +560,88 @@ def _free():
         torch.cuda.empty_cache()
 
 
-def measure_host(timer: "Timer", modules, n_calls: int = 2000, repeats: int = 5) -> list:
-    """µs per call of repeated functional-API calls (host clock; kernels and plans cached)."""
+HOST_SHAPE = (16, 4096)
+
+
+def api_host_calls(device: int = 0) -> list:
+    """Repeated calls of each functional API that has a fast path (issue 7) on (16, 4096) inputs:
+    quantize / dequantize / fake_quantize (channel, axis 0) / dynamic_quantize (token), bf16 data
+    and float32 scales, with CuPy arrays and (when importable) torch tensors, with the default
+    device value checks and under ``runtime.trusted()``. Items as ``host_calls()``."""
+    import cupy as cp
+    import ml_dtypes
+
+    import runtime as sf
+    rows, cols = HOST_SHAPE
+    with cp.cuda.Device(device):
+        x = (cp.random.standard_normal(HOST_SHAPE, dtype=cp.float32) * 3).astype(ml_dtypes.bfloat16)
+        data = {"cupy": dict(x=x, s=cp.random.random(rows, dtype=cp.float32) + 0.5,
+                             q=cp.random.randint(-128, 128, HOST_SHAPE).astype(cp.int8))}
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+    if torch is not None and torch.cuda.is_available():
+        dev = f"cuda:{device}"
+        data["torch"] = dict(x=torch.randn(HOST_SHAPE, device=dev, dtype=torch.bfloat16) * 3,
+                             s=torch.rand(rows, device=dev) + 0.5,
+                             q=torch.randint(-128, 128, HOST_SHAPE, device=dev, dtype=torch.int8))
+    shape = f"({rows}, {cols})"
+    calls = (("quantize token bf16->s8", lambda d: sf.quantize(d["x"], d["s"], scope="token", out_dtype="int8")),
+             ("dequantize token s8->bf16",
+              lambda d: sf.dequantize(d["q"], d["s"], scope="token", out_dtype="bfloat16")),
+             ("fake_quantize channel bf16", lambda d: sf.fake_quantize(d["x"], d["s"], scope="channel", axis=0)),
+             ("dynamic_quantize token bf16->s8", lambda d: sf.dynamic_quantize(d["x"], scope="token")))
     out = []
-    items = [dict(label="cupy RawKernel launch (floor)", framework="cupy",
-                  call=lambda: timer.spin_ns(0))]
-    for m in modules:
-        if hasattr(m, "host_calls"):
-            try:
-                items += list(m.host_calls())
-            except Exception as e:  # noqa: BLE001 - recorded, not fatal
-                out.append({"label": f"{m.__name__}.host_calls()", "error": f"{type(e).__name__}: {e}",
-                            "us": None, "min_us": None})
+    for fw, d in data.items():
+        for name, call in calls:
+            def checked(call=call, d=d):
+                return call(d)
+
+            def trusted(call=call, d=d):
+                with sf.trusted():
+                    return call(d)
+            out.append({"label": f"{name} {shape}, {fw}, value checks on (default)", "framework": fw,
+                        "call": checked})
+            out.append({"label": f"{name} {shape}, {fw}, runtime.trusted()", "framework": fw, "call": trusted})
+    return out
+
+
+def host_items(timer: "Timer", modules, api: bool = True, device: int = 0):
+    """(items, errors): the bare CuPy launch floor, every module's ``host_calls()`` and (``api``)
+    :func:`api_host_calls` not already measured under the same label."""
+    errors = []
+    items = [dict(label="cupy RawKernel launch (floor)", framework="cupy", call=lambda: timer.spin_ns(0))]
+    sources = [(f"{m.__name__}.host_calls()", m.host_calls) for m in modules if hasattr(m, "host_calls")]
+    if api:
+        sources.append(("codegen.bench.api_host_calls()", lambda: api_host_calls(device)))
+    for name, get in sources:
+        try:
+            seen = {i["label"] for i in items}
+            items += [i for i in get() if i["label"] not in seen]
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            errors.append({"label": name, "error": f"{type(e).__name__}: {e}", "us": None, "min_us": None})
+    return items, errors
+
+
+def time_host_calls(items, synchronize, n_calls: int = 2000, repeats: int = 5) -> list:
+    """µs per call of each item's ``call``: 200 warm-up calls, then ``repeats`` times ``n_calls``
+    calls timed on the host clock, synchronizing before the clock is read; the median is ``us``."""
+    out = []
     for item in items:
         call = item["call"]
         try:
             for _ in range(200):
                 call()
-            timer.stream.synchronize()
+            synchronize()
             per = []
             for _ in range(repeats):
                 t0 = time.perf_counter()
                 for _ in range(n_calls):
                     call()
-                timer.stream.synchronize()
+                synchronize()
                 per.append((time.perf_counter() - t0) / n_calls * 1e6)
             out.append({"label": item["label"], "framework": item.get("framework"), "us": statistics.median(per),
                         "min_us": min(per), "calls": n_calls, "repeats": repeats,
@@ -592,6 +650,13 @@ def measure_host(timer: "Timer", modules, n_calls: int = 2000, repeats: int = 5)
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
             out.append({"label": item["label"], "error": f"{type(e).__name__}: {e}", "us": None, "min_us": None})
     return out
+
+
+def measure_host(timer: "Timer", modules, n_calls: int = 2000, repeats: int = 5, api: bool = True,
+                 device: int = 0) -> list:
+    """µs per call of repeated functional-API calls (host clock; kernels and plans cached)."""
+    items, errors = host_items(timer, modules, api, device)
+    return errors + time_host_calls(items, timer.stream.synchronize, n_calls, repeats)
 
 
 def run_one(timer, baselines, sku, module, shape, l2: int, copy_gbps: float, sha: str,
@@ -716,7 +781,7 @@ def cmd_bench(args) -> int:
                       f"{len(todo)} runs ({samples} samples each); torch {env.get('torch', 'absent')}"
                       f"{', no torch.compile' if args.no_compile else ''}")
         if not args.no_host:
-            host = measure_host(timer, modules)
+            host = measure_host(timer, modules, device=args.device)
             for h in host:
                 console.print(f"host overhead {h['label']}: {h['us']:.1f} µs per call" if "error" not in h
                               else f"host overhead {h['label']}: [red]{h['error']}[/red]")

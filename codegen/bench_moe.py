@@ -35,45 +35,61 @@ def counts_for(E: int, M: int, routing: str) -> np.ndarray:
     return c
 
 
-def make(sku, shape):
-    """dict(call, flops, torch_ref, label, footprint) for one SKU on one shape, or None."""
-    if sku.category != "moe":
-        return None
+def inputs(shape, element: str = "bf16", seed: int = 1234) -> dict:
+    """The benchmark problem of one shape (torch CUDA tensors): x [M, K], w [E, N, K] (scaled by
+    1/sqrt(K)), dy [M, N], the routing as ``offsets`` [E+1] (int32, rows sorted by expert) and
+    ``ends`` (= offsets[1:], what ``torch._grouped_mm`` takes), ``counts`` (rows per expert)."""
     import torch
-
-    import runtime as sf
     E, M, N, K, routing = shape
-    dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[sku.element]
-    g = torch.Generator(device="cuda").manual_seed(1234)
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[element]
+    g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(M, K, device="cuda", dtype=dt, generator=g)
     w = torch.randn(E, N, K, device="cuda", dtype=dt, generator=g) / K ** 0.5
     dy = torch.randn(M, N, device="cuda", dtype=dt, generator=g)
     counts = counts_for(E, M, routing)
     offsets = torch.tensor(np.concatenate([[0], np.cumsum(counts)]), device="cuda", dtype=torch.int32)
-    ends = offsets[1:].contiguous()
-    backend = sku.backend
-    dw_dtype = "float32" if sku.aux_element == "f32" else {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[sku.element]
+    return {"x": x, "w": w, "dy": dy, "offsets": offsets, "ends": offsets[1:].contiguous(), "counts": counts}
+
+
+def calls(op: str, data: dict, backend: str = "mma", dw_dtype: str = "float32"):
+    """(ours, torch's) zero-argument calls of one pass on ``inputs(...)``; torch's is None without
+    ``torch._grouped_mm`` (or for float32, which it does not take)."""
+    import torch
+
+    import runtime as sf
+    x, w, dy, offsets, ends = data["x"], data["w"], data["dy"], data["offsets"], data["ends"]
     gmm = getattr(torch, "_grouped_mm", None)
-    if sku.op == "grouped_matmul":
-        def call():
+    if op == "grouped_matmul":
+        def ours():
             return sf.grouped_matmul(x, w, offsets=offsets, strategy=backend)
         ref = (lambda: gmm(x, w.transpose(-2, -1), offs=ends)) if gmm else None
-        out_bytes = M * N * x.element_size()
-    elif sku.op == "grouped_matmul_backward_input":
-        def call():
-            return sf.grouped_matmul_backward(x, w, dy, offsets=offsets, strategy=backend, need_weight=False)
+    elif op == "grouped_matmul_backward_input":
+        def ours():
+            return sf.grouped_matmul_backward(x, w, dy, offsets=offsets, strategy=backend, need_weight=False)[0]
         ref = (lambda: gmm(dy, w, offs=ends)) if gmm else None
-        out_bytes = M * K * x.element_size()
     else:
-        def call():
+        def ours():
             return sf.grouped_matmul_backward(x, w, dy, offsets=offsets, strategy=backend, need_input=False,
-                                              dw_dtype=dw_dtype)
+                                              dw_dtype=dw_dtype)[1]
         ref = (lambda: gmm(dy.t(), x, offs=ends)) if gmm else None
-        out_bytes = E * N * K * 4
-    if dt == torch.float32:
+    if x.dtype == torch.float32:
         ref = None   # torch._grouped_mm takes bf16 only
+    return ours, ref
+
+
+def make(sku, shape):
+    """dict(call, flops, torch_ref, label, footprint) for one SKU on one shape, or None."""
+    if sku.category != "moe":
+        return None
+    E, M, N, K, routing = shape
+    data = inputs(shape, sku.element)
+    x, w, dy = data["x"], data["w"], data["dy"]
+    dw_dtype = "float32" if sku.aux_element == "f32" else {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[sku.element]
+    call, ref = calls(sku.op, data, sku.backend, dw_dtype)
+    out_bytes = {"grouped_matmul": M * N * x.element_size(), "grouped_matmul_backward_input": M * K * x.element_size(),
+                 "grouped_matmul_backward_weight": E * N * K * (4 if dw_dtype == "float32" else x.element_size())}[sku.op]
     footprint = x.numel() * x.element_size() + w.numel() * w.element_size() + dy.numel() * dy.element_size() + out_bytes
-    label = f"{sku.op} {sku.element} {backend} E{E} M{M} N{N} K{K} {routing}"
+    label = f"{sku.op} {sku.element} {sku.backend} E{E} M{M} N{N} K{K} {routing}"
     return {"call": call, "flops": 2.0 * M * N * K, "torch_ref": ref, "label": label, "footprint": footprint}
 
 

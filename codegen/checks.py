@@ -7,6 +7,7 @@ of SPEC §6: .5 ties, saturation, NaN/±inf, empty and odd shapes, strided rows.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ import numpy as np
 import runtime as sf
 from runtime import reference as ref
 from runtime.arrays import numpy_dtype
+from runtime.launch import grid_cap
 from runtime.scopes import QRANGE
 
 CHECKERS: dict = {}
@@ -92,10 +94,10 @@ def _shapes(scope: str, rng):
         out = [((70, 256), None, None), ((4, 9, 33), None, None), ((5, 1), None, None), ((0, 64), None, None)]
     elif scope == "group":
         out = [((48, 512), None, 128), ((7, 96), None, 32), ((3, 4, 60), None, 6), ((9, 48), None, 3), ((5, 64), None, 64),
-               ((0, 32), None, 16)]
+               ((0, 32), None, 16), ((21, 8192), None, 128)]
     elif scope == "channel":
         out = [((40, 256), 1, None), ((40, 256), 0, None), ((3, 6, 5, 32), 1, None), ((2, 3, 4, 5, 7), -1, None),
-               ((2, 2, 2, 2, 2, 2, 2, 16), 3, None), ((0, 8), 1, None)]
+               ((2, 2, 2, 2, 2, 2, 2, 16), 3, None), ((0, 8), 1, None), ((21, 8192), 1, None)]
     return out
 
 
@@ -163,30 +165,40 @@ def check_static(sku, rng, preferred_fw="cupy") -> CheckResult:
             qmin, qmax = (lo, hi) if rng.random() < 0.5 else (lo + 3, hi - 5)
             zp = rng.integers(qmin, qmax + 1, size=pshape).astype(np.int32) if sku.mode == "asymmetric" else None
             label = f"{shape} axis={axis} gs={gs} strided={strided}"
-            if sku.op == "quantize":
-                x = _random_floats(shape, ref.broadcast_param(scale.astype(np.float64), shape, sku.scope, axis, gs),
-                                   rng, float_kind)
-                want = ref.quantize(x, scale, zp, scope=sku.scope, axis=axis, group_size=gs, out_dtype=qkind,
-                                    qmin=qmin, qmax=qmax)
-                xd = to_device(x, fw)
-                if strided:
-                    xd = strided_rows(xd, 8 + int(rng.integers(0, 8)), fw)
-                got = sf.quantize(xd, to_device(scale, fw) if pshape or rng.random() < 0.5 else float(scale),
-                                  None if zp is None else to_device(zp, fw), scope=sku.scope, axis=axis,
-                                  group_size=gs, out_dtype=qkind, qmin=qmin, qmax=qmax)
-            else:
-                q = rng.integers(lo, hi + 1, size=shape).astype(numpy_dtype(qkind))
-                want = ref.dequantize(q, scale, zp, scope=sku.scope, axis=axis, group_size=gs, in_kind=qkind,
-                                      out_dtype=float_kind)
-                qd = to_device(q, fw)
-                if strided:
-                    qd = strided_rows(qd, 16 + int(rng.integers(0, 8)), fw)
-                got = sf.dequantize(qd, to_device(scale, fw), None if zp is None else to_device(zp, fw),
-                                    scope=sku.scope, axis=axis, group_size=gs, out_dtype=float_kind)
-            _record(res, label, to_host(got), want)
+            # strided cases also run on a 2-block grid: every row loop of the kernel strides
+            with grid_cap(2) if strided else contextlib.nullcontext():
+                _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qmax, qkind, float_kind,
+                             pshape, fw, rng)
     res.passed = res.mismatches == 0 and res.cases > 0
     res.detail = f"{res.cases} cases, {res.mismatches} mismatching elements"
     return res
+
+
+def _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qmax, qkind, float_kind, pshape, fw,
+                 rng):
+    """One quantize / dequantize case against the reference."""
+    lo, hi = QRANGE[qkind]
+    if sku.op == "quantize":
+        x = _random_floats(shape, ref.broadcast_param(scale.astype(np.float64), shape, sku.scope, axis, gs),
+                           rng, float_kind)
+        want = ref.quantize(x, scale, zp, scope=sku.scope, axis=axis, group_size=gs, out_dtype=qkind,
+                            qmin=qmin, qmax=qmax)
+        xd = to_device(x, fw)
+        if strided:
+            xd = strided_rows(xd, 8 + int(rng.integers(0, 8)), fw)
+        got = sf.quantize(xd, to_device(scale, fw) if pshape or rng.random() < 0.5 else float(scale),
+                          None if zp is None else to_device(zp, fw), scope=sku.scope, axis=axis,
+                          group_size=gs, out_dtype=qkind, qmin=qmin, qmax=qmax)
+    else:
+        q = rng.integers(lo, hi + 1, size=shape).astype(numpy_dtype(qkind))
+        want = ref.dequantize(q, scale, zp, scope=sku.scope, axis=axis, group_size=gs, in_kind=qkind,
+                              out_dtype=float_kind)
+        qd = to_device(q, fw)
+        if strided:
+            qd = strided_rows(qd, 16 + int(rng.integers(0, 8)), fw)
+        got = sf.dequantize(qd, to_device(scale, fw), None if zp is None else to_device(zp, fw),
+                            scope=sku.scope, axis=axis, group_size=gs, out_dtype=float_kind)
+    _record(res, label, to_host(got), want)
 
 
 def check(sku, rng=None, preferred_fw="cupy") -> CheckResult:

@@ -131,19 +131,35 @@ def run_case(sku, case, rng, fw="cupy"):
     return f"{label} E={E} M={M} N={N} K={K} {routing}", ref.rel_error(got, want), bad
 
 
+def variants_of(sku) -> list:
+    """The tile configurations compiled into a SKU (default first; ["default"] for simt)."""
+    e = sf.default_registry().lookup(sku)
+    v = e.launch.get("variants")
+    if not v:
+        return ["default"]
+    return [e.launch["default_variant"]] + sorted(n for n in v if n != e.launch["default_variant"])
+
+
 @checker("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
-def check_moe(sku, rng, preferred_fw="cupy") -> CheckResult:
+def check_moe(sku, rng, preferred_fw="cupy", variants=None) -> CheckResult:
+    """Every case on every tile configuration of the SKU (``variants``: a subset by name)."""
     res = CheckResult(str(sku), False)
     tol = ref.TOLERANCE[sku.element]
     cases = CASES + (ODD_CASES if sku.backend == "simt" else [])
-    for case in cases:
-        label, err, bad = run_case(sku, case, rng, preferred_fw)
-        res.cases += 1
-        res.max_error = max(res.max_error, err)
-        if err > tol or bad:
-            res.mismatches += 1
-            res.failures.append(f"{label}: rel err {err:.3g} (tol {tol:g})" + ("; " + "; ".join(bad) if bad else ""))
+    pass_ = sf.moe.PASS_OF[sku.op]
+    names = variants_of(sku) if variants is None else list(variants)
+    for name in names:
+        with sf.moe.use_config(**({pass_: name} if sku.backend == "mma" else {})):
+            for case in cases:
+                label, err, bad = run_case(sku, case, rng, preferred_fw)
+                if len(names) > 1:
+                    label = f"[{name}] {label}"
+                res.cases += 1
+                res.max_error = max(res.max_error, err)
+                if err > tol or bad:
+                    res.mismatches += 1
+                    res.failures.append(f"{label}: rel err {err:.3g} (tol {tol:g})" + ("; " + "; ".join(bad) if bad else ""))
     res.passed = res.mismatches == 0 and res.cases > 0
-    res.detail = f"{res.cases} cases, max rel Frobenius error {res.max_error:.3g} (tol {tol:g}), " \
-                 f"{res.mismatches} failing"
+    res.detail = f"{res.cases} cases ({len(names)} tile configuration{'s' if len(names) > 1 else ''}), " \
+                 f"max rel Frobenius error {res.max_error:.3g} (tol {tol:g}), {res.mismatches} failing"
     return res

@@ -9,6 +9,7 @@ canonical NaN, NumPy propagates the input's); every other element must match bit
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 import runtime as sf
 from runtime import reference as ref
 from runtime.arrays import numpy_dtype
+from runtime.launch import grid_cap
 from runtime.scopes import param_shape
 
 from .checks import (CheckResult, _pow2_scales, _random_floats, _shapes, checker, strided_rows, to_device,
@@ -148,49 +150,51 @@ def check_training_elementwise(sku, rng, preferred_fw="cupy") -> CheckResult:
     res = CheckResult(str(sku), False)
     kind, mk, fw = sku.element, _math(sku.element), preferred_fw
     for label, shape, axis, gs, strided in _cases(sku, rng):
-        ax = None if axis is None else axis % len(shape)
-        pshape = param_shape(shape, sku.scope, ax, gs)
-        scale = _scales(pshape, rng, mk, pow2=rng.random() < 0.7)
-        kw = dict(scope=sku.scope, axis=axis, group_size=gs)
-        empty = math.prod(shape) == 0
-        if sku.op == "dequantize_backward":
-            dy = _gradient(shape, rng, kind, specials=True)
-            want = dy.copy() if empty else ref.dequantize_backward(dy, scale, **kw)
-            got = sf.dequantize_backward(_dev(dy, fw, strided, rng), _param(scale, fw, pshape, rng), **kw)
-            record(res, label, to_host(got), want)
-            continue
-        if sku.op == "quantize_backward":
-            qk = "s8" if rng.random() < 0.5 else "u8"
-            lo, hi = ref.QRANGE[qk]
-            qmin, qmax = (lo, hi) if rng.random() < 0.5 else (lo + 3, hi - 5)
-            rkw = dict(out_dtype=qk, qmin=qmin, qmax=qmax)
-            center = ref.implied_zero_point(qk)
-        else:
-            qmin, qmax = FQ_RANGES[int(rng.integers(len(FQ_RANGES)))]
-            rkw = dict(qmin=qmin, qmax=qmax)
-            center = ref.fake_quant_zero_point(qmin, qmax)
-        zp = rng.integers(qmin, qmax + 1, size=pshape).astype(np.int32) if sku.mode == "asymmetric" else None
-        x = grid_values(shape, scale, zp, center, qmin, qmax, sku.scope, axis, gs, rng, kind)
-        xd = _dev(x, fw, strided, rng)
-        s_arg = _param(scale, fw, pshape, rng)
-        z_arg = _param(zp, fw, pshape, rng)
-        if sku.op == "fake_quantize":
-            want_y, want_m = ((x.copy(), np.zeros(shape, bool)) if empty
-                              else ref.fake_quantize(x, scale, zp, **kw, **rkw))
-            if rng.random() < 0.5:
-                got_y, got_m = sf.fake_quantize(xd, s_arg, z_arg, **kw, **rkw, return_mask=True)
-                record(res, label + " mask", to_host(got_m), want_m)
+        # strided cases also run on a 2-block grid: every row loop of the kernel strides
+        with grid_cap(2) if strided else contextlib.nullcontext():
+            ax = None if axis is None else axis % len(shape)
+            pshape = param_shape(shape, sku.scope, ax, gs)
+            scale = _scales(pshape, rng, mk, pow2=rng.random() < 0.7)
+            kw = dict(scope=sku.scope, axis=axis, group_size=gs)
+            empty = math.prod(shape) == 0
+            if sku.op == "dequantize_backward":
+                dy = _gradient(shape, rng, kind, specials=True)
+                want = dy.copy() if empty else ref.dequantize_backward(dy, scale, **kw)
+                got = sf.dequantize_backward(_dev(dy, fw, strided, rng), _param(scale, fw, pshape, rng), **kw)
+                record(res, label, to_host(got), want)
+                continue
+            if sku.op == "quantize_backward":
+                qk = "s8" if rng.random() < 0.5 else "u8"
+                lo, hi = ref.QRANGE[qk]
+                qmin, qmax = (lo, hi) if rng.random() < 0.5 else (lo + 3, hi - 5)
+                rkw = dict(out_dtype=qk, qmin=qmin, qmax=qmax)
+                center = ref.implied_zero_point(qk)
             else:
-                got_y = sf.fake_quantize(xd, s_arg, z_arg, **kw, **rkw)
-            record(res, label, to_host(got_y), want_y)
-            continue
-        dy = _gradient(shape, rng, kind, specials=rng.random() < 0.5)
-        dyd = _dev(dy, fw, strided and rng.random() < 0.5, rng)
-        fn, rfn = ((sf.quantize_backward, ref.quantize_backward) if sku.op == "quantize_backward"
-                   else (sf.fake_quantize_backward, ref.fake_quantize_backward))
-        want = dy.copy() if empty else rfn(dy, x, scale, zp, **kw, **rkw)
-        got = fn(dyd, xd, s_arg, z_arg, **kw, **rkw)
-        record(res, label, to_host(got), want)
+                qmin, qmax = FQ_RANGES[int(rng.integers(len(FQ_RANGES)))]
+                rkw = dict(qmin=qmin, qmax=qmax)
+                center = ref.fake_quant_zero_point(qmin, qmax)
+            zp = rng.integers(qmin, qmax + 1, size=pshape).astype(np.int32) if sku.mode == "asymmetric" else None
+            x = grid_values(shape, scale, zp, center, qmin, qmax, sku.scope, axis, gs, rng, kind)
+            xd = _dev(x, fw, strided, rng)
+            s_arg = _param(scale, fw, pshape, rng)
+            z_arg = _param(zp, fw, pshape, rng)
+            if sku.op == "fake_quantize":
+                want_y, want_m = ((x.copy(), np.zeros(shape, bool)) if empty
+                                  else ref.fake_quantize(x, scale, zp, **kw, **rkw))
+                if rng.random() < 0.5:
+                    got_y, got_m = sf.fake_quantize(xd, s_arg, z_arg, **kw, **rkw, return_mask=True)
+                    record(res, label + " mask", to_host(got_m), want_m)
+                else:
+                    got_y = sf.fake_quantize(xd, s_arg, z_arg, **kw, **rkw)
+                record(res, label, to_host(got_y), want_y)
+                continue
+            dy = _gradient(shape, rng, kind, specials=rng.random() < 0.5)
+            dyd = _dev(dy, fw, strided and rng.random() < 0.5, rng)
+            fn, rfn = ((sf.quantize_backward, ref.quantize_backward) if sku.op == "quantize_backward"
+                       else (sf.fake_quantize_backward, ref.fake_quantize_backward))
+            want = dy.copy() if empty else rfn(dy, x, scale, zp, **kw, **rkw)
+            got = fn(dyd, xd, s_arg, z_arg, **kw, **rkw)
+            record(res, label, to_host(got), want)
     if sku.element == "f32" and sku.scope in ("tensor", "channel") and sku.op in ("fake_quantize",
                                                                                   "fake_quantize_backward"):
         torch_fake_quantize_cases(res, sku, rng)

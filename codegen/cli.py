@@ -80,16 +80,19 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _compile_one(job):
-    # Runs in a worker process: compile one translation unit for one arch, no cache.
+def _compile_one(job, resources=False):
+    # Runs in a worker process: compile one translation unit for one arch, no cache; with
+    # ``resources``, also ptxas's per-kernel report (registers, spills).
     unit, source, arch, options = job
-    from runtime.compiler import nvrtc_compile
+    from runtime.compiler import nvrtc_compile, resource_report
     t0 = time.perf_counter()
     try:
-        nvrtc_compile(source, unit, arch, options)
-        return unit, arch, None, time.perf_counter() - t0
+        report = resource_report(source, unit, arch, options) if resources else None
+        if not resources:
+            nvrtc_compile(source, unit, arch, options)
+        return unit, arch, None, time.perf_counter() - t0, report
     except Exception as e:  # noqa: BLE001 - reported per unit
-        return unit, arch, str(e), time.perf_counter() - t0
+        return unit, arch, str(e), time.perf_counter() - t0, None
 
 
 def compile_jobs(reg, archs, pattern="*"):
@@ -126,9 +129,12 @@ def cmd_compile(args) -> int:
     with Progress(console=console, transient=not console.is_terminal) as progress, \
             ProcessPoolExecutor(max_workers=workers) as pool:
         task = progress.add_task(f"NVRTC x{workers}", total=len(jobs))
-        futures = [pool.submit(_compile_one, j) for j in jobs]
+        futures = [pool.submit(_compile_one, j, args.resources) for j in jobs]
+        reports = []
         for f in as_completed(futures):
-            unit, arch, err, dt = f.result()
+            unit, arch, err, dt, report = f.result()
+            if report:
+                reports.append((unit, arch, report))
             results.append((unit, arch, err, dt))
             if err:
                 failures.append((unit, arch, err))
@@ -138,6 +144,8 @@ def cmd_compile(args) -> int:
                                      if fnmatch.fnmatchcase(s, args.filter) and int(s.split("/")[6][2:]) <= arch)
             progress.advance(task)
     dt = time.perf_counter() - t0
+    if reports:
+        _print_resources(reg, reports, args.filter)
     for a in archs:
         console.print(f"sm_{a}: {done[a]} units, {kernels[a]} kernels compiled")
     for unit, arch, err in failures:
@@ -148,6 +156,22 @@ def cmd_compile(args) -> int:
         path = record_compile(reg.manifest, results, args.record or None)
         console.print(f"recorded {len(results)} unit compiles in {path}")
     return 1 if failures else 0
+
+
+def _print_resources(reg, reports, pattern) -> None:
+    """ptxas's report for the selected kernels: registers per thread, spill bytes, static smem."""
+    symbols = {e.symbol: str(s) for s, e in reg.entries.items() if fnmatch.fnmatchcase(str(s), pattern)}
+    table = Table(title="ptxas resources (per thread / per block)")
+    table.add_column("kernel", overflow="fold")
+    for col in ("arch", "registers", "spill st/ld (B)", "smem (B)"):
+        table.add_column(col)
+    for unit, arch, report in sorted(reports):
+        for sym, r in sorted(report.items()):
+            if sym in symbols:
+                spill = f"{r['spill_stores']}/{r['spill_loads']}"
+                table.add_row(sym, f"sm_{arch}", str(r["registers"]),
+                              f"[red]{spill}[/red]" if r["spill_stores"] else spill, str(r["smem"]))
+    console.print(table)
 
 
 def cmd_status(args) -> int:
@@ -203,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--record", nargs="?", const="", default=None, metavar="FILE",
                     help="record per unit and arch ok/failed with the sha256s, for `audit` "
                          "(default FILE: audit/compiled.json)")
+    sp.add_argument("--resources", action="store_true",
+                    help="print ptxas's registers, spills and shared memory per selected kernel")
     sp = sub.add_parser("status", help="generator, manifest, NVRTC and compile-cache status")
     sp.add_argument("--clear-cache", action="store_true", help="empty the cache of the current NVRTC version")
     for name, mod in (("audit", "audit"), ("verify", "verify"), ("bench", "bench")):

@@ -120,6 +120,22 @@ STATIC_DEQUANTIZE = Family(
 )
 
 
+# Team kernels of the fused per-token / per-group pass (dynamic_common.cu.j2 `team`): one entry point
+# `<symbol>_t<P>` per chunk budget P (16-byte chunks of x per thread, held in registers), each capped
+# at the register count (__maxnreg__) ptxas meets without spills, for sm_80 and sm_90 (`_t4` needs 48
+# for the heavier element code of asymmetric and of software fp8). Not for f64 inputs (math in
+# double does not fit these caps): they take the block kernel.
+TEAM_CHUNKS = (16, 8, 4)
+TEAM_REGISTERS = (96, 64, 40)
+
+
+def _team_context(sku) -> dict:
+    if sku.element == "f64":
+        return {"team_chunks": [], "team_registers": []}
+    heavy = sku.mode == "asymmetric" or (sku.aux_element in ("fp8_e4m3", "fp8_e5m2") and sku.arch == "sm80")
+    return {"team_chunks": list(TEAM_CHUNKS), "team_registers": list(TEAM_REGISTERS[:2]) + [48 if heavy else 40]}
+
+
 def _dynamic_context(cell, ctx):
     """dynamic_quantize (issue 3): token/group are one fused pass (launch kind ``dynamic_fused``),
     tensor/channel a two-phase deterministic reduction + the static quantize kernel
@@ -131,8 +147,10 @@ def _dynamic_context(cell, ctx):
         ch_vec = [c for c in (1, 2, 4, 8) if c <= ch_max]
         ch_scalar = [c for c in (1, 4, 8) if c * SIZE[el] <= 64]
         min_blocks = 2 if cell.sku.mode == "symmetric" and SIZE[el] <= 4 else 1
-        return {"ch_vec": ch_vec, "ch_scalar": ch_scalar, "min_blocks": min_blocks,
-                "launch": {"kind": "dynamic_fused", "max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar}}
+        team = _team_context(cell.sku)
+        return {"ch_vec": ch_vec, "ch_scalar": ch_scalar, "min_blocks": min_blocks, **team,
+                "launch": {"kind": "dynamic_fused", "max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar,
+                           "team_chunks": team["team_chunks"]}}
     return {"rvec": 16 // SIZE[el], "launch": {"kind": "dynamic_reduce", "rvec": 16 // SIZE[el]}}
 
 
@@ -165,17 +183,56 @@ MOE_ROUTE = ("offsets_i32", "offsets_i64", "count", "scan", "scatter")
 
 
 def _moe_context(cell, ctx):
-    """Tile shape, storage types and the routing entry points (``<symbol>_route_*``)."""
+    """Tile shape, storage types, the routing entry points (``<symbol>_route_*``) and, for mma,
+    the tile configurations compiled into the SKU's text (``launch["variants"]``): the default
+    is the SKU's symbol, the others ``<symbol>__v<name>``, chosen at launch (runtime/moe.py,
+    ``SKUFORGE_MOE_CONFIG``) without recompiling."""
     sku = cell.sku
-    tile = dict(MOE_TILES[sku.backend])
+    # name: (BM, BN, BK, STAGES, PIPE). Warps of 64 x 64 outputs: THREADS = 32 * BM * BN / 4096.
+    # PIPE (templates/moe/_mma.cu.j2 mainloop): 0 copies of the next slice before the mma,
+    # 1 ("i") interleaved with the mma, 2 ("p") interleaved and fragments double-buffered.
+    mma_variants = {
+        "128x128x32s5": (128, 128, 32, 5, 0),    # the configuration measured on 2026-11-29
+        "128x128x32s5i": (128, 128, 32, 5, 1),
+        "128x128x32s5p": (128, 128, 32, 5, 2),
+        "128x256x32s4": (128, 256, 32, 4, 0),
+        "128x256x32s4i": (128, 256, 32, 4, 1),
+        "128x256x32s4p": (128, 256, 32, 4, 2),
+        "128x256x32s6p": (128, 256, 32, 6, 2),
+        "128x256x64s3p": (128, 256, 64, 3, 2),
+        "256x128x32s4p": (256, 128, 32, 4, 2),
+    }
+    mma_default = {"fwd": "128x256x32s4p", "dgrad": "128x256x32s4p", "wgrad": "128x256x32s4p"}
+    # backward-weight reduces over the rows of one expert: with few rows per expert a tile is a
+    # few slices long, and two resident blocks per SM (128 x 128) hide each tile's pipeline fill.
+    mma_short = {"wgrad": ("128x128x32s5p", 1024)}   # (configuration, below this many rows per expert)
+    opkind = MOE_OPKIND[sku.op]
     out_kind = sku.aux_element or sku.element
-    smem = tile["STAGES"] * (tile["BM"] + tile["BN"]) * tile["BK"] * SIZE[sku.element] if sku.backend == "mma" else 0
+    size = SIZE[sku.element]
+    if sku.backend == "mma":
+        default = mma_default[opkind]
+        variants = []
+        for name in [default] + [n for n in mma_variants if n != default]:
+            bm, bn, bk, stages, pipe = mma_variants[name]
+            tile = {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "THREADS": 32 * bm * bn // 4096,
+                    "MIN_BLOCKS": 0, "PIPE": pipe}
+            variants.append({"name": name, "symbol": sku.symbol if name == default else f"{sku.symbol}__v{name}",
+                             "tile": tile, "dynamic_smem": stages * (bm + bn) * bk * size})
+    else:
+        tile = dict(MOE_TILES[sku.backend])
+        variants = [{"name": "default", "symbol": sku.symbol, "tile": tile, "dynamic_smem": 0}]
+    tile, smem = variants[0]["tile"], variants[0]["dynamic_smem"]
+    launch = {"kind": "moe_gemm", "block_threads": tile["THREADS"], "tile": tile, "dynamic_smem": smem,
+              "out": out_kind, "route_threads": 1024,
+              "route": {r: f"{sku.symbol}_route_{r}" for r in MOE_ROUTE}}
+    if sku.backend == "mma":
+        launch["default_variant"] = variants[0]["name"]
+        if opkind in mma_short:
+            launch["short_variant"], launch["short_rows"] = mma_short[opkind]
+        launch["variants"] = {v["name"]: {k: v[k] for k in ("symbol", "tile", "dynamic_smem")} for v in variants}
     return {
         "ns": sku.symbol + "_ns", "T": CTYPE[sku.element], "OUT": CTYPE[out_kind], "out_kind": out_kind,
-        "opkind": MOE_OPKIND[sku.op], "tile": tile, "route_threads": 1024,
-        "launch": {"kind": "moe_gemm", "block_threads": tile["THREADS"], "tile": tile, "dynamic_smem": smem,
-                   "out": out_kind, "route_threads": 1024,
-                   "route": {r: f"{sku.symbol}_route_{r}" for r in MOE_ROUTE}},
+        "opkind": opkind, "tile": tile, "variants": variants, "route_threads": 1024, "launch": launch,
     }
 
 
@@ -286,7 +343,7 @@ TRAINING_LSQ = Family(
 # low-bit cell is excluded with LOWBIT_STAGED_REASON (nothing unverified is generated or shipped,
 # and the runtime refuses these kinds naming issue 5). The next session with a GPU sets it to
 # False, runs `python -m codegen` and the checklist in docs/lowbit.md.
-LOWBIT_STAGED = True
+LOWBIT_STAGED = False
 LOWBIT_STAGED_REASON = "implemented; awaiting GPU verification (issue 5) — see docs/lowbit.md"
 FP8 = ("fp8_e4m3", "fp8_e5m2")
 INT4 = ("s4", "u4")
@@ -357,10 +414,11 @@ def _lowbit_dynamic_context(cell, ctx):
     ch_max = max(1, 64 // (ctx["vec"] * SIZE[el]))
     ch_vec = [c for c in (1, 2, 4, 8) if c <= ch_max]
     ch_scalar = [c for c in (1, 4, 8) if c * pack * SIZE[el] <= 64]
+    team = _team_context(sku)
     out.update({"ch_vec": ch_vec, "ch_scalar": ch_scalar,
-                "min_blocks": 2 if sku.mode == "symmetric" and SIZE[el] <= 4 else 1,
+                "min_blocks": 2 if sku.mode == "symmetric" and SIZE[el] <= 4 else 1, **team,
                 "launch": {"kind": "lowbit_dynamic_fused", "max_threads": 512, "ch_vec": ch_vec,
-                           "ch_scalar": ch_scalar, "pack": pack, "mx": out["mx"]}})
+                           "ch_scalar": ch_scalar, "pack": pack, "mx": out["mx"], "team_chunks": team["team_chunks"]}})
     return out
 
 

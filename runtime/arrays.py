@@ -8,8 +8,8 @@ the caller's current stream (PyTorch's for tensors).
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -157,7 +157,18 @@ def _device_of_pointer(ptr: int) -> int:
 
 
 def empty(like: ArrayRef, shape, kind: str):
-    """A new array in the framework and on the device of ``like``."""
+    """A new array in the framework and on the device of ``like`` (``kind="bool"``: a bool mask).
+
+    While a functional call records its allocations (:func:`recording_allocations`, the
+    repeated-call fast path), each one is logged with what :func:`allocator` needs to repeat it."""
+    obj = _new(like, shape, kind)
+    log = getattr(_alloc_log, "log", None)
+    if log is not None:
+        log.append((obj, _data_ptr(obj, like.framework), like, tuple(shape), kind))
+    return obj
+
+
+def _new(like: ArrayRef, shape, kind: str):
     if like.framework == "torch":
         torch = _torch()
         return torch.empty(shape, dtype=torch_dtype(kind), device=like.obj.device)
@@ -166,7 +177,77 @@ def empty(like: ArrayRef, shape, kind: str):
         return cp.empty(shape, dtype=numpy_dtype(kind))
 
 
+def _data_ptr(obj, framework: str) -> int:
+    return obj.data_ptr() if framework == "torch" else obj.data.ptr
+
+
+_alloc_log = threading.local()
+
+
+class recording_allocations:
+    """``with recording_allocations() as log:`` collects ``(obj, ptr, like, shape, kind)`` for every
+    :func:`empty` of this thread inside the block (a nested block collects its own)."""
+
+    __slots__ = ("log", "prev")
+
+    def __enter__(self) -> list:
+        self.prev = getattr(_alloc_log, "log", None)
+        self.log = _alloc_log.log = []
+        return self.log
+
+    def __exit__(self, *exc):
+        _alloc_log.log = self.prev
+        return False
+
+
+def allocator(like: ArrayRef, shape, kind: str):
+    """A zero-argument callable returning ``(obj, data pointer)`` of a new array, exactly as
+    ``empty(like, shape, kind)`` would allocate it, with the dtype and device resolved once."""
+    shape = tuple(shape)
+    if like.framework == "torch":
+        torch = _torch()
+        new, dt, dev = torch.empty, torch_dtype(kind), like.obj.device
+
+        def alloc():
+            a = new(shape, dtype=dt, device=dev)
+            return a, a.data_ptr()
+        return alloc
+    import cupy as cp
+    nd, dt, dev, current = cp.ndarray, numpy_dtype(kind), like.device, cp.cuda.runtime.getDevice
+    device = cp.cuda.Device
+
+    def alloc():
+        if current() == dev:
+            a = nd(shape, dt)
+        else:
+            with device(dev):
+                a = nd(shape, dt)
+        return a, a.data.ptr
+    return alloc
+
+
+def stream_getter(ref: ArrayRef):
+    """A zero-argument callable returning what ``stream_handle(ref)`` returns at the time of the call."""
+    dev = ref.device
+    if ref.framework == "torch":
+        get = _torch()._C._cuda_getCurrentRawStream
+        return lambda: get(dev)
+    import cupy as cp
+    get = cp.cuda.get_current_stream
+    return lambda: get(dev).ptr
+
+
 def numpy_dtype(kind: str):
+    dt = _NUMPY_DTYPES.get(kind)
+    if dt is None:
+        dt = _NUMPY_DTYPES[kind] = _numpy_dtype(kind)
+    return dt
+
+
+_NUMPY_DTYPES: dict = {"bool": np.dtype(np.bool_)}
+
+
+def _numpy_dtype(kind: str):
     name = NUMPY_OF_KIND.get(kind)
     if name is None:
         raise InvalidProblemError(f"dtype {kind!r} has no NumPy equivalent")
@@ -176,12 +257,13 @@ def numpy_dtype(kind: str):
     return np.dtype(name)
 
 
+_TORCH_NAMES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "s8": "int8",
+                "u8": "uint8", "i32": "int32", "u32": "uint32", "i64": "int64", "fp8_e4m3": "float8_e4m3fn",
+                "fp8_e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu", "bool": "bool"}
+
+
 def torch_dtype(kind: str):
-    torch = _torch()
-    name = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "s8": "int8",
-            "u8": "uint8", "i32": "int32", "u32": "uint32", "i64": "int64", "fp8_e4m3": "float8_e4m3fn",
-            "fp8_e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu"}[kind]
-    return getattr(torch, name)
+    return getattr(_torch(), _TORCH_NAMES[kind])
 
 
 def stream_handle(ref: ArrayRef) -> int:

@@ -94,6 +94,34 @@ def nvrtc_compile(source: str, name: str, arch: int, options=()) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+def resource_report(source: str, name: str, arch: int, options=()) -> dict:
+    """ptxas's resource usage per kernel symbol (registers, spill bytes, shared memory), from an
+    uncached compile with ``--ptxas-options=-v``: the first thing to read about a kernel's speed."""
+    nvrtc = _nvrtc()
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    try:
+        opts = [f"--gpu-architecture=sm_{arch}".encode(), b"--ptxas-options=-v"] + \
+               [o.encode() for o in (*BASE_OPTIONS, *options)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        log = _log(prog)
+        if int(err) != 0:
+            raise CompileError(f"NVRTC failed on {name} for sm_{arch}: {err}\n{log}")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    out, current = {}, None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            current = out.setdefault(m.group(1), {"registers": 0, "spill_stores": 0, "spill_loads": 0, "smem": 0})
+        elif current is not None:
+            for key, pat in (("registers", r"Used (\d+) registers"), ("smem", r"(\d+) bytes smem"),
+                             ("spill_stores", r"(\d+) bytes spill stores"), ("spill_loads", r"(\d+) bytes spill loads")):
+                m = re.search(pat, line)
+                if m:
+                    current[key] = int(m.group(1))
+    return out
+
+
 def cache_key(source: str, arch: int, options=()) -> str:
     h = hashlib.sha256()
     for part in (source, "\0".join((*BASE_OPTIONS, *options)), "%d.%d" % nvrtc_version(),

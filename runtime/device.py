@@ -57,6 +57,20 @@ def load_function(registry, unit: str, symbol: str, device: int = None):
     return fn
 
 
+_resident: dict = {}
+
+
+def resident_blocks(fn, threads: int) -> int:
+    """Blocks of ``threads`` threads of kernel ``fn`` resident on one SM (occupancy API)."""
+    key = (fn.ptr, threads)
+    n = _resident.get(key)
+    if n is None:
+        from cuda.bindings import driver
+        err, n = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(driver.CUfunction(fn.ptr), threads, 0)
+        n = _resident[key] = max(1, int(n)) if int(err) == 0 else 1
+    return n
+
+
 # -- fast launches ---------------------------------------------------------------------------
 # CuPy's Function.__call__ converts every scalar argument to a NumPy scalar (about 1 µs each on
 # a server CPU); a kernel with 20 parameters then costs more to launch than to run at small

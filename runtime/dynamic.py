@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
 
 from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
-from .device import launch, param_format, properties
+from .device import launch, load_function, param_format, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .quantization import FLOAT_KINDS, INT_KINDS, _channel_params, _math_kind, _same_device
+from .quantization import (FLOAT_KINDS, INT_KINDS, _channel_params, _FastCall, _MISS, _math_kind, _replay, _same_device,
+                           launcher_runner)
 from .reference import dynamic_qparams, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 
@@ -84,9 +87,10 @@ def _scalar(kind: str, value):
 
 
 # parameter layouts of the two kernels (templates/quantization/dynamic_{fused,reduce}.cu.j2)
-def _fused_format(f64: bool) -> str:
+def _fused_format(f64: bool, team: bool = False) -> str:
+    """Block kernel: ... zp_value, vec_ok; team kernels: ... zp_value, tx, ch, dense."""
     return param_format(("ptr", "i64", "ptr", "i64", "ptr", "ptr", "i64", "i64", "i64", "f64" if f64 else "f32",
-                         "i32", "i32", "i32", "i32"))
+                         "i32", "i32", "i32") + (("i32",) * 3 if team else ("i32",)))
 
 
 def _reduce_format(f64: bool) -> str:
@@ -94,30 +98,166 @@ def _reduce_format(f64: bool) -> str:
                          "i32", "f64" if f64 else "f32", "i32", "i32", "i32", "i32", "i32", "i32"))
 
 
-_resident: dict = {}
+from .device import resident_blocks  # noqa: E402,F401  (re-exported: runtime.lowbit imports it from here)
 
 
-def resident_blocks(fn, threads: int) -> int:
-    """Blocks of ``threads`` threads of kernel ``fn`` resident on one SM (occupancy API)."""
-    key = (fn.ptr, threads)
-    n = _resident.get(key)
-    if n is None:
-        from cuda.bindings import driver
-        err, n = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(driver.CUfunction(fn.ptr), threads, 0)
-        n = _resident[key] = max(1, int(n)) if int(err) == 0 else 1
-    return n
+# -- the fused per-token / per-group launch (dynamic_fused, lowbit_dynamic_fused) -----------------
+@dataclass(frozen=True)
+class FusedConfig:
+    """How the fused per-token / per-group kernels are launched, chosen at run time among kernels
+    compiled into the same SKU: text like ``"auto"``, ``"t16"``, ``"t8,ch=4,threads=256,grid=full"``,
+    ``"block"``. Kernels: ``block`` (TX threads per row group up to 512, 64 bytes of x per thread,
+    block-wide barriers when TX > 32), ``t16`` / ``t8`` / ``t4`` (team kernels: P chunks of 16 bytes
+    per thread in registers, no block barrier), ``auto`` (a team kernel chosen by row-group length and
+    problem size, see :func:`team_launch`).
+    ``ch``: chunks per thread and row group of a team kernel (P or P / 2; default by row-group
+    length); ``threads``: per block of a team kernel (default 128); ``grid``: ``persistent`` (as
+    many blocks as are resident) or ``full`` (one block per unit of work); ``index``: ``div``
+    forbids the team kernels' division-free indexing of contiguous rows (to measure it)."""
+
+    kernel: str = "auto"
+    ch: Optional[int] = None
+    threads: Optional[int] = None
+    persistent: bool = True
+    index: str = "auto"
+
+    @staticmethod
+    @lru_cache(maxsize=64)
+    def parse(text: str) -> "FusedConfig":
+        words = [w.strip() for w in (text or "").split(",") if w.strip()]
+        fields: dict = {}
+        if words and "=" not in words[0]:
+            fields["kernel"] = words.pop(0)
+        for w in words:
+            key, _, value = w.partition("=")
+            if key in ("ch", "threads"):
+                fields[key] = int(value)
+            elif key == "grid" and value in ("persistent", "full"):
+                fields["persistent"] = value == "persistent"
+            elif key == "index" and value in ("auto", "div"):
+                fields["index"] = value
+            else:
+                raise UnsupportedError(f"SKUFORGE_DYNAMIC_CONFIG={text!r}: {w!r} is not ch=N, threads=N, "
+                                       "grid=persistent|full or index=auto|div")
+        cfg = FusedConfig(**fields)
+        k = cfg.kernel
+        if not (k in ("auto", "block") or (k[:1] == "t" and k[1:] in ("16", "8", "4"))):
+            raise UnsupportedError(f"SKUFORGE_DYNAMIC_CONFIG={text!r}: kernel {k!r}; one of auto, block, t16, t8, t4")
+        if cfg.ch is not None and (k[:1] != "t" or cfg.ch not in (int(k[1:]), int(k[1:]) // 2)):
+            raise UnsupportedError(f"SKUFORGE_DYNAMIC_CONFIG={text!r}: ch={cfg.ch}; a team kernel tP takes ch=P or P/2")
+        if cfg.threads is not None and not (32 <= cfg.threads <= 512 and cfg.threads % 32 == 0):
+            raise UnsupportedError(f"SKUFORGE_DYNAMIC_CONFIG={text!r}: threads={cfg.threads}; a multiple of 32, <= 512")
+        return cfg
+
+
+@dataclass(frozen=True)
+class TeamLaunch:
+    """A resolved launch of a team kernel (dynamic_common.cu.j2 ``team``)."""
+
+    chunks: int            # P: the entry point <symbol>_t<P>
+    tx: int                # threads per row group (a power of two <= 512)
+    ch: int                # chunks per thread and row group
+    threads: int           # per block
+    per_block: int         # row groups a block takes per step
+    dense: bool            # contiguous rows: row-group offsets without division
+
+    @property
+    def rg(self) -> int:   # row groups one after the other in a thread
+        return self.chunks // self.ch
+
+
+def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Optional[TeamLaunch]:
+    """The team kernel launch for this problem, or None when the block kernel takes it: config
+    ``block``, no team kernel in the SKU (f64), the scalar path, row groups longer than 512 x P
+    chunks, or strided rows that the layout cannot index (several row groups per thread, or 2^31
+    row groups and more). ``auto`` takes the most chunks per thread (16 for row groups of >= 256
+    chunks, else 8) that still gives the problem two warps per SM, else the one with the most warps."""
+    chunks = plan.launch.get("team_chunks") or []
+    if cfg.kernel == "block" or not chunks or not vec_ok:
+        return None
+    cols = args.xv.cols
+    gs = args.group_size if args.scope == "group" else cols
+    u = gs // plan.launch["vec"]                       # 16-byte chunks per row group
+    vrows = args.xv.rows * (cols // gs)
+    dense = cfg.index != "div" and (args.xv.rows == 1 or (args.xv.row_stride == cols
+                                                           and args.qv.row_stride * pack == cols))
+    if cfg.kernel != "auto":
+        return _team(int(cfg.kernel[1:]), cfg.ch, cfg.threads, u, vrows, dense, chunks)
+    enough, best = 2 * properties(args.x.device)["sms"], None
+    for p in (16, 8, 4) if u >= 256 else (8, 4):
+        best = _team(p, None, cfg.threads, u, vrows, dense, chunks) or best
+        if best is not None and -(-vrows // best.per_block) * best.threads // 32 >= enough:
+            break
+    return best
+
+
+def _team(p, ch, threads, u, vrows, dense, chunks) -> Optional[TeamLaunch]:
+    if p not in chunks:
+        return None
+    ch = ch or (p if u >= 8 * p else p // 2)
+    tx = next_pow2(-(-u // ch))
+    if tx > 512 or (not dense and (p // ch > 1 or vrows >= 1 << 31)):
+        return None
+    threads = max(threads or 128, tx)
+    threads -= threads % max(32, tx)
+    per_block = threads // max(32, tx) * (32 // tx if tx < 32 else 1) * (p // ch)
+    return TeamLaunch(p, tx, ch, threads, per_block, dense)
+
+
+def fused_config() -> FusedConfig:
+    return FusedConfig.parse(DynamicFusedLauncher.config_text)
+
+
+def fused_grid(fn, work: int, per_block: int, threads: int, device: int, persistent: bool) -> int:
+    """One block per ``per_block`` units of ``work``, or (persistent) at most the resident blocks
+    (the block kernel measured 2-5 % faster so on H200)."""
+    grid = row_grid(work, per_block, threads, device)
+    return min(grid, properties(device)["sms"] * resident_blocks(fn, threads)) if persistent else grid
+
+
+_LAUNCHES: dict = {}
+
+
+def fused_launch(launcher, plan, args, pack: int, formats):
+    """(function, grid, block, parameter format, trailing parameters) of a fused launch: a team
+    kernel (tx, ch, dense) or the block kernel (vec_ok). Cached per plan, configuration text and
+    everything the choice depends on (sizes, strides, alignment, device): the host cost of a call."""
+    text = DynamicFusedLauncher.config_text
+    key = (plan, text, args.xv.rows, args.xv.cols, args.group_size, args.xv.row_stride, args.qv.row_stride,
+           args.x.ptr % 16, args.q.ptr % 16, args.x.device)
+    hit = _LAUNCHES.get(key)
+    if hit is None:
+        cfg, dev, f64 = FusedConfig.parse(text), args.x.device, plan.sku.precision.math == "f64"
+        vec_ok, tx, ty, _ = launcher.config(plan, args)
+        work = args.xv.rows * (args.xv.cols // (args.group_size if args.scope == "group" else args.xv.cols))
+        team = team_launch(plan, args, cfg, vec_ok, pack)
+        if team is not None:
+            fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_t{team.chunks}", dev)
+            hit = (fn, fused_grid(fn, work, team.per_block, team.threads, dev, cfg.persistent), (team.threads,),
+                   formats(f64, team=True), (team.tx, team.ch, int(team.dense)))
+        else:
+            fn = plan.registry.kernel(plan.sku, dev)
+            hit = (fn, fused_grid(fn, work, ty, tx * ty, dev, cfg.persistent), (tx, ty), formats(f64),
+                   (int(vec_ok),))
+        if len(_LAUNCHES) > 4096:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = hit
+    return hit
 
 
 @launcher("dynamic_fused")
 class DynamicFusedLauncher(Launcher):
-    """Per-token / per-group: one launch of the fused kernel (dynamic_fused.cu.j2)."""
+    """Per-token / per-group: one launch of a fused kernel (dynamic_fused.cu.j2), as ``config_text``
+    says (a :class:`FusedConfig`; the low-bit fused launcher follows it too)."""
+
+    config_text = os.environ.get("SKUFORGE_DYNAMIC_CONFIG", "auto")
 
     def check(self, plan, args: DynamicArgs):
         _check_kinds(plan, args)
 
     def config(self, plan, args: DynamicArgs):
-        """(vec_ok, TX, TY, grid): TX threads per row group, chosen so that each thread holds at
-        most the largest register chunk count; wider rows for small problems (more parallelism)."""
+        """The block kernel's (vec_ok, TX, TY, grid): TX threads per row group, chosen so that each
+        thread holds at most the largest register chunk count; wider rows for small problems."""
         cols = args.xv.cols
         gs = args.group_size if args.scope == "group" else cols
         vec = plan.launch["vec"]
@@ -136,23 +276,15 @@ class DynamicFusedLauncher(Launcher):
         grid = row_grid(vrows, ty, threads, args.x.device)
         return vec_ok, tx, ty, grid
 
-    # Persistent grid: as many blocks as are resident at once, each walking many row groups
-    # (measured 2-5% faster on H200 than one block per TY row groups, False).
-    persistent = True
-
     def run(self, plan, args: DynamicArgs, stream=None):
         rows, cols = args.xv.rows, args.xv.cols
         if rows == 0 or cols == 0:
             return
-        vec_ok, tx, ty, grid = self.config(plan, args)
-        gs = args.group_size if args.scope == "group" else cols
-        fn = plan.registry.kernel(plan.sku, args.x.device)
-        if self.persistent:
-            grid = min(grid, properties(args.x.device)["sms"] * resident_blocks(fn, tx * ty))
+        fn, grid, block, fmt, tail = fused_launch(self, plan, args, 1, _fused_format)
         values = (args.x.ptr, args.xv.row_stride, args.q.ptr, args.qv.row_stride, args.scale.ptr,
-                  ptr(args.zero_point), rows, cols, gs, float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax, args.zp_value, int(vec_ok))
-        launch(fn, (grid,), (tx, ty), _fused_format(plan.sku.precision.math == "f64"), values,
-               stream if stream is not None else stream_handle(args.x))
+                  ptr(args.zero_point), rows, cols, args.group_size if args.scope == "group" else cols,
+                  float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax, args.zp_value)
+        launch(fn, (grid,), block, fmt, values + tail, stream if stream is not None else stream_handle(args.x))
 
 
 @dataclass(frozen=True)
@@ -328,6 +460,15 @@ def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, 
     ``mx = max(max x, 0)``, ``zp = clamp(qmin - rne(mn / scale), qmin, qmax)``; full range.
     NaN is ignored by the reductions. ``q == quantize(x, scale, zp, qmin=qmin, qmax=qmax)``.
     """
+    static, args = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype), (x,)
+    r = _replay("dynamic_quantize", static, args)
+    if r is not _MISS:
+        return r
+    with _FastCall("dynamic_quantize", static, args) as fast:
+        return _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype)
+
+
+def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype):
     xr = as_array(x, "x")
     if xr.kind not in FLOAT_KINDS:
         raise UnsupportedError(f"x has dtype {xr.kind}; dynamic_quantize takes {', '.join(FLOAT_KINDS)}")
@@ -368,4 +509,8 @@ def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, 
     if nbytes:
         args.workspace = as_array(empty(xr, (nbytes,), "u8"), "workspace")
     plan.run(args)
-    return qa, sref.obj, None if zref is None else zref.obj
+    result = qa, sref.obj, None if zref is None else zref.obj
+    # a repeated call re-allocates and re-runs the launcher on the new arrays, without the checks
+    fast.set_runner(launcher_runner(plan, args, ("x", "q", "scale", "zero_point", "workspace")), xr)
+    fast.remember(result)
+    return result

@@ -1,14 +1,14 @@
 """Launchers: how each launch kind turns plan arguments into a grid and kernel parameters."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Union
 
-import numpy as np
 
 from .arrays import ArrayRef, stream_handle
-from .device import launch, param_format, properties
+from .device import launch, param_format, properties, resident_blocks
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
 
@@ -22,6 +22,23 @@ def ptr(a) -> int:
 
 
 MAX_GRID_X = 2**31 - 1
+# Verification hook: when set, elementwise grids are capped at this many blocks, so that small
+# test shapes exercise the kernels' grid-stride loops (codegen/checks.py sets it with grid_cap()).
+GRID_CAP = [None]
+
+
+@contextmanager
+def grid_cap(blocks: int):
+    """Cap elementwise grids at ``blocks`` inside the block (prepared fast-path launches are
+    forgotten on entry and exit, so none crosses the boundary)."""
+    from .quantization import _FAST
+    _FAST.clear()
+    GRID_CAP[0] = blocks
+    try:
+        yield
+    finally:
+        GRID_CAP[0] = None
+        _FAST.clear()
 
 
 def row_grid(rows: int, ty: int, threads: int = 256, device: int = 0) -> int:
@@ -81,13 +98,26 @@ class ElementwiseLauncher(Launcher):
         re-filled for a repeated call on same-shaped arrays (the functional fast path)."""
         first = args.ins[0][0]
         fn = plan.registry.kernel(plan.sku, first.device)
+        vec, unroll = plan.launch["vec"], plan.launch.get("unroll", 1)
         vec_ok = self.vec_ok(plan, args)
-        # columns per thread-iteration: U vectors (vector path) or one element (scalar path)
-        units = -(-args.cols // (plan.launch["vec"] * plan.launch.get("unroll", 1))) if vec_ok else args.cols
         threads = plan.launch["block_threads"]
-        tx = min(threads, next_pow2(units))
-        ty = threads // tx
-        grid = row_grid(args.rows, ty, threads, first.device)
+        if plan.sku.scope in ("channel", "group") and vec_ok:
+            # a thread owns a column vector and walks rows, U at a time, on a persistent grid
+            # (templates/quantization/_elementwise.cu.j2); vec_ok = 2: no group boundary inside a vector
+            if plan.sku.scope == "group" and args.group_size % vec == 0:
+                vec_ok = 2
+            tx = min(threads, next_pow2(-(-args.cols // vec)))
+            ty = threads // tx
+            grid = max(1, min(-(-args.rows // (ty * unroll)), MAX_GRID_X,
+                              properties(first.device)["sms"] * resident_blocks(fn, threads)))
+        else:
+            # columns per thread-iteration: U vectors (vector path) or one element (scalar path)
+            units = -(-args.cols // (vec * unroll)) if vec_ok else args.cols
+            tx = min(threads, next_pow2(units))
+            ty = threads // tx
+            grid = row_grid(args.rows, ty, threads, first.device)
+        if GRID_CAP[0]:
+            grid = min(grid, GRID_CAP[0])
         f64 = plan.sku.precision.math == "f64"
         values = []
         for a, view in args.ins + args.outs:

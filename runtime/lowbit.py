@@ -253,9 +253,10 @@ def _elementwise_format(f64: bool) -> str:
 
 
 @lru_cache(maxsize=None)
-def _fused_format(f64: bool) -> str:
+def _fused_format(f64: bool, team: bool = False) -> str:
+    """Block kernel: ... zp_value, vec_ok; team kernels: ... zp_value, tx, ch, dense."""
     return param_format(("ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "i64", "i64", "i64",
-                         "f64" if f64 else "f32", "i32", "i32", "i32", "i32"))
+                         "f64" if f64 else "f32", "i32", "i32", "i32") + (("i32",) * 3 if team else ("i32",)))
 
 
 @launcher("lowbit_dynamic_fused")
@@ -296,21 +297,17 @@ class LowBitFusedLauncher(Launcher):
         return vec_ok, tx, ty, row_grid(vrows, ty, threads, args.x.device)
 
     def run(self, plan, args, stream=None):
-        from .dynamic import _scalar, resident_blocks
+        from .dynamic import _scalar, fused_launch
         rows, cols = args.xv.rows, args.xv.cols
         if rows == 0 or cols == 0:
             return
-        vec_ok, tx, ty, grid = self.config(plan, args)
-        gs = args.group_size if args.scope == "group" else cols
-        fn = plan.registry.kernel(plan.sku, args.x.device)
-        grid = min(grid, properties(args.x.device)["sms"] * resident_blocks(fn, tx * ty))   # persistent
+        fn, grid, block, fmt, tail = fused_launch(self, plan, args, plan.launch["pack"], _fused_format)
         mx = args.scale.kind == E8M0
-        m = plan.sku.precision.math
         values = (args.x.ptr, args.xv.row_stride, args.q.ptr, args.qv.row_stride, 0 if mx else args.scale.ptr,
-                  args.scale.ptr if mx else 0, ptr(args.zero_point), rows, cols, gs, float(_scalar(m, args.eps)),
-                  args.qmin, args.qmax, args.zp_value, int(vec_ok))
-        launch(fn, (grid,), (tx, ty), _fused_format(m == "f64"), values,
-               stream if stream is not None else stream_handle(args.x))
+                  args.scale.ptr if mx else 0, ptr(args.zero_point), rows, cols,
+                  args.group_size if args.scope == "group" else cols, float(_scalar(plan.sku.precision.math, args.eps)),
+                  args.qmin, args.qmax, args.zp_value)
+        launch(fn, (grid,), block, fmt, values + tail, stream if stream is not None else stream_handle(args.x))
 
 
 # -- the functional API (called by runtime.quantize / dequantize / dynamic_quantize) -------------

@@ -19,9 +19,18 @@ Strategies are SKU backends: ``simt`` (every dtype, any shape) and ``mma`` (tens
 f16/bf16, sm_80+; needs N and K multiples of 8 and 16-byte aligned operands). ``auto`` picks
 ``mma`` whenever it can implement the problem and ``simt`` otherwise; failures are never hidden.
 Every reduction runs in a fixed order (no float atomics): the same inputs give the same bits.
+
+Tile configurations: each mma SKU carries several (``launch["variants"]``, compiled into the
+same unit; names like ``128x256x32s4p`` = BM x BN x BK, stages, producer/fragment pipelining).
+The launcher runs the default unless ``CONFIG`` or the ``SKUFORGE_MOE_CONFIG`` environment
+variable names another, per pass or for all: ``"128x128x32s5"`` or
+``"fwd=128x256x32s4p,dgrad=128x128x32s5p,wgrad=default"`` (passes ``fwd``, ``dgrad``, ``wgrad``;
+``CONFIG`` wins over the environment; ``use_config(...)`` sets it for a ``with`` block).
 """
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,6 +50,10 @@ MAX_ROWS = 2**31            # row indices are stored as int32 in the routing per
 ROUTE_WARPS = 8             # warps per block of the count / scatter kernels (one chunk each)
 HIST_BUDGET = 65536         # (E + 1) x chunks histogram entries, at most (about)
 OPS = ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
+PASS_OF = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad", "grouped_matmul_backward_weight": "wgrad"}
+CONFIG_ENV = "SKUFORGE_MOE_CONFIG"
+CONFIG: dict = {}           # pass ("fwd" / "dgrad" / "wgrad" / "*") -> variant name; wins over CONFIG_ENV
+MAX_MMA_EXTENT = 2**31 - 256   # the mma kernels index the reduction / columns with 32-bit integers
 COUNTER_SLOT = {"grouped_matmul": 0, "grouped_matmul_backward_input": 1, "grouped_matmul_backward_weight": 2}
 
 
@@ -188,6 +201,8 @@ def mma_blockers(args: MoeArgs) -> list:
         out.append(f"K = {args.K} is not a multiple of 8")
     if args.N % 8:
         out.append(f"N = {args.N} is not a multiple of 8")
+    if max(args.N, args.K) > MAX_MMA_EXTENT:
+        out.append(f"N = {args.N}, K = {args.K}: the tensor-core kernels take N and K up to 2**31 - 256")
     used = {"grouped_matmul": ("x", "w"), "grouped_matmul_backward_input": ("dy", "w"),
             "grouped_matmul_backward_weight": ("dy", "x")}[args.op]
     for name in used:
@@ -199,6 +214,102 @@ def mma_blockers(args: MoeArgs) -> list:
         if any(s % 8 for s in ref.strides[:-1]):
             out.append(f"{name} has strides {ref.strides}: row strides must be multiples of 8 elements")
     return out
+
+
+# -- tile configurations (variants) -----------------------------------------------------------
+_parsed: dict = {}
+
+
+def parse_config(text: str) -> dict:
+    """``"name"`` -> {"*": name}; ``"fwd=a,dgrad=b"`` -> {"fwd": "a", "dgrad": "b"}."""
+    text = (text or "").strip()
+    got = _parsed.get(text)
+    if got is not None:
+        return got
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" in part:
+            key, _, name = (x.strip() for x in part.partition("="))
+            if key not in ("fwd", "dgrad", "wgrad", "*"):
+                raise InvalidProblemError(f"{CONFIG_ENV}: pass {key!r} in {text!r}; use fwd, dgrad, wgrad or *")
+            out[key] = name
+        else:
+            out["*"] = part
+    _parsed[text] = out
+    return out
+
+
+@contextmanager
+def use_config(spec=None, **passes):
+    """``with use_config("128x128x32s5"):`` or ``use_config(fwd=..., wgrad=...)``: the variants the
+    launcher runs inside the block (restores ``CONFIG`` after)."""
+    saved = dict(CONFIG)
+    if isinstance(spec, str):
+        CONFIG.update(parse_config(spec))
+    elif spec:
+        CONFIG.update(spec)
+    CONFIG.update(passes)
+    try:
+        yield
+    finally:
+        CONFIG.clear()
+        CONFIG.update(saved)
+
+
+def variant_names(plan) -> list:
+    """The tile configurations of a plan's SKU, default first (["default"] for simt)."""
+    v = plan.launch.get("variants")
+    if not v:
+        return ["default"]
+    default = plan.launch["default_variant"]
+    return [default] + sorted(n for n in v if n != default)
+
+
+_smem_limit: dict = {}
+
+
+def _smem_optin(dev: int) -> int:
+    n = _smem_limit.get(dev)
+    if n is None:
+        from .device import cupy
+        n = _smem_limit[dev] = int(cupy().cuda.runtime.getDeviceProperties(dev)["sharedMemPerBlockOptin"])
+    return n
+
+
+def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optional[float] = None) -> tuple:
+    """(name, {"symbol", "tile", "dynamic_smem"}) of the tile configuration that runs ``op``:
+    ``CONFIG``, else ``SKUFORGE_MOE_CONFIG``, else the SKU's default (backward-weight: its
+    ``short_variant`` when the experts average fewer than ``short_rows`` rows). With ``dev``, a
+    default that does not fit the device's shared memory falls back to the first configuration
+    that does; an asked-for one that does not fit is an error."""
+    variants = plan.launch.get("variants")
+    if not variants:
+        return "default", {"symbol": plan.entry.symbol, "tile": plan.launch["tile"],
+                           "dynamic_smem": plan.launch["dynamic_smem"]}
+    default = plan.launch["default_variant"]
+    short = plan.launch.get("short_variant")
+    if short in variants and rows_per_expert is not None and rows_per_expert < plan.launch["short_rows"]:
+        default = short
+    key = PASS_OF[op]
+    want = None
+    for src in (CONFIG, parse_config(os.environ.get(CONFIG_ENV, ""))):
+        want = src.get(key) or src.get("*")
+        if want:
+            break
+    name = default if want in (None, "", "default") else want
+    if name not in variants:
+        raise InvalidProblemError(f"tile configuration {name!r} ({CONFIG_ENV} / runtime.moe.CONFIG) is not one of "
+                                  f"{plan.sku}'s: {', '.join(variants)}")
+    meta = variants[name]
+    if dev is not None:
+        limit = _smem_optin(dev) - 4096   # static shared memory: row table and tile slot
+        if meta["dynamic_smem"] > limit:
+            if name != default:
+                raise InvalidProblemError(f"tile configuration {name!r} needs {meta['dynamic_smem']} bytes of shared "
+                                          f"memory; this device allows {limit + 4096} per block")
+            name = next((n for n in variant_names(plan) if variants[n]["dynamic_smem"] <= limit), name)
+            meta = variants[name]
+    return name, meta
 
 
 # -- the launcher ------------------------------------------------------------------------------
@@ -250,8 +361,8 @@ class MoeLauncher(Launcher):
     def workspace_size(self, plan, args: MoeArgs) -> int:
         return workspace_layout(args.M, args.E, args.routing.mode)["total"]
 
-    def route(self, plan, args: MoeArgs, ws: ArrayRef, stream: int) -> None:
-        """Rows -> experts into the workspace (no host sync)."""
+    def route(self, plan, args: MoeArgs, ws: ArrayRef, stream: int, bm: Optional[int] = None) -> None:
+        """Rows -> experts into the workspace (no host sync); m-tiles of ``bm`` rows."""
         from .device import load_function
         r, lay, dev = args.routing, workspace_layout(args.M, args.E, args.routing.mode), args.out.device
         names = plan.launch["route"]
@@ -260,7 +371,7 @@ class MoeLauncher(Launcher):
             return load_function(plan.registry, plan.entry.unit, names[name], dev)
 
         at = {k: ws.ptr + v for k, v in lay.items() if k != "total"}
-        bm = plan.launch["tile"]["BM"]
+        bm = bm or plan.launch["tile"]["BM"]
         threads = plan.launch["route_threads"]
         E, M = args.E, args.M
         if r.mode == "offsets":
@@ -291,13 +402,15 @@ class MoeLauncher(Launcher):
             ws = as_array(empty(args.out, (self.workspace_size(plan, args),), "u8"), "workspace")
         elif ws.size < self.workspace_size(plan, args):
             raise InvalidProblemError(f"workspace has {ws.size} bytes; {self.workspace_size(plan, args)} needed")
-        if not args.routed:
-            self.route(plan, args, ws, stream)
-        lay = workspace_layout(args.M, args.E, args.routing.mode)
         dev = args.out.device
-        fn = plan.registry.kernel(plan.sku, dev)
-        tile = plan.launch["tile"]
-        threads, smem = tile["THREADS"], plan.launch["dynamic_smem"]
+        _, meta = variant_for(plan, args.op, dev, args.M / max(args.E, 1))
+        tile = meta["tile"]
+        if not args.routed:
+            self.route(plan, args, ws, stream, tile["BM"])
+        lay = workspace_layout(args.M, args.E, args.routing.mode)
+        from .device import load_function
+        fn = load_function(plan.registry, plan.entry.unit, meta["symbol"], dev)
+        threads, smem = tile["THREADS"], meta["dynamic_smem"]
         if args.op == "grouped_matmul_backward_weight":
             upper = args.E * -(-args.N // tile["BM"]) * -(-args.K // tile["BN"])
         else:
@@ -427,9 +540,40 @@ def grouped_matmul_backward(x, w, dy, *, row_experts=None, offsets=None, strateg
         plan0, a0 = jobs[0]
         ws = as_array(empty(xr, (plan0.workspace_size(a0),), "u8"), "workspace")
         for i, (plan, a) in enumerate(jobs):
-            a.workspace, a.routed = ws, i > 0   # route once (with the first kernel's m-tile size)
+            # route once, with the first kernel's m-tile size (backward-weight does not use m-tiles)
+            a.workspace, a.routed = ws, i > 0
             plan.run(a)
     return (None if dx is None else dx.obj), (None if dw is None else dw.obj)
+
+
+def run_into(op: str, out, x, w, dy=None, *, row_experts=None, offsets=None, strategy="auto",
+             trusted_offsets=False):
+    """Run one pass into a caller-provided, contiguous ``out`` (y [M, N], dx [M, K] or dw [E, N, K],
+    dw float32 or the input dtype) and return the plan. For checks that poison the output first
+    (every element must be written); the functional API allocates its outputs."""
+    if op not in OPS:
+        raise InvalidProblemError(f"op={op!r}; supported: {', '.join(OPS)}")
+    xr, wr, dyr, routing, dims = _prepare(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy)
+    M, N, K, E = dims
+    shape = {"grouped_matmul": (M, N), "grouped_matmul_backward_input": (M, K),
+             "grouped_matmul_backward_weight": (E, N, K)}[op]
+    o = as_array(out, "out")
+    _out_kind(op, xr.kind, o.kind)
+    if tuple(o.shape) != shape:
+        raise InvalidProblemError(f"out must have shape {shape}; got {tuple(o.shape)}")
+    if o.kind != xr.kind and op != "grouped_matmul_backward_weight":
+        raise InvalidProblemError(f"out has dtype {_dtype_name(o.kind)}; {op} writes {_dtype_name(xr.kind)}")
+    want, acc = [], 1
+    for n in reversed(shape):
+        want.append(acc)
+        acc *= n
+    if o.size and any(st != w_ for st, w_, n in zip(o.strides, reversed(want), shape) if n > 1):
+        raise InvalidProblemError(f"out must be contiguous; got strides {o.strides}")
+    args = _args(op, xr, wr, dyr, o, routing, dims)
+    plan = plan_for(args, strategy, _arch(xr))
+    if o.size:
+        plan.run(args)
+    return plan
 
 
 def validate_offsets(offsets, M: int, E: Optional[int] = None) -> None:

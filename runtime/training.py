@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
-from .device import launch, load_function, param_format, properties
+from .device import load_function, param_format, properties
 from .errors import InvalidProblemError, UnsupportedError
-from .launch import ElementwiseArgs
+from .launch import PreparedLaunch
 from .plans import Descriptor, Launcher, cached_plan, launcher
-from .quantization import (FLOAT_KINDS, INT_KINDS, _channel_params, _math_kind, _out_arg, _same_device,
-                           _scale_arg, _zero_point_arg)
+from .quantization import (FLOAT_KINDS, INT_KINDS, _MISS, _channel_params, _FastCall, _math_kind, _out_arg, _replay,
+                           _same_device, _scale_arg, _zero_point_arg, launch_elementwise)
 from .reference import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
 from .scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
 
@@ -125,19 +125,11 @@ def _null_stream(like: ArrayRef, kind: str):
     return ArrayRef(None, 0, tuple(like.shape), (), kind, like.device, like.framework), RowsView(rows, cols, max(cols, 1))
 
 
-def _launch_elementwise(op, p: _Params, ins, outs, shape, scope, group_size, element, qmin, qmax):
-    """ins / outs: [(argname, ArrayRef) or (ArrayRef, RowsView)] in the kernel's stream order."""
-    def view(item):
-        return item if isinstance(item[1], RowsView) else (item[1], rows_view(item[1], item[0]))
-    vin, vout = [view(i) for i in ins], [view(o) for o in outs]
-    inner, count, last = _channel_params(shape, scope, p.axis)
-    if math.prod(shape) == 0:
-        return
-    args = ElementwiseArgs(ins=vin, outs=vout, scale=p.scale, zero_point=p.zp_array, zp_value=p.zp_value,
-                           rows=vin[0][1].rows, cols=vin[0][1].cols, group_size=group_size or 1,
-                           chan_inner=inner, chan_count=count, chan_last=last, qmin=qmin, qmax=qmax)
+def _elementwise(fast, op, p: _Params, ins, outs, shape, scope, group_size, element, qmin, qmax):
+    """ins / outs: (ArrayRef, RowsView) in the kernel's stream order; every check has passed."""
     mode = None if op == "dequantize_backward" else p.mode
-    cached_plan(Descriptor(op, scope, mode, element, element)).run(args)
+    launch_elementwise(op, mode, element, element, ins, outs, p.scale, p.zp_array, p.zp_value, shape, scope, p.axis,
+                       group_size, qmin, qmax, fast)
 
 
 # -- straight-through backward passes ------------------------------------------------------------
@@ -146,46 +138,55 @@ def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_
     """Straight-through gradient of :func:`runtime.quantize`: ``dx = dy * (qmin <= v <= qmax)``,
     ``v = rne(x / scale) + zero_point`` before the clamp. Takes quantize's own arguments
     (``out_dtype`` is quantize's output kind: it sets the default range and the implied zero point)."""
-    xr = _float_array(x, "x", "quantize_backward")
-    dyr = _grad_array(dy, xr)
-    qk = kind_of(out_dtype, "out_dtype")
-    if qk not in INT_KINDS:
-        raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize_backward follows quantize to "
-                               f"{', '.join(INT_KINDS)}")
-    check_scope(xr.shape, scope, axis, group_size)
-    qmin, qmax = check_range(qk, qmin, qmax)
-    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, implied_zero_point(qk))
-    ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
-    outr = _out_arg(out, xr, xr.shape, xr.kind)
-    _same_device([dyr, xr, p.scale, p.zp, outr])
-    _launch_elementwise("quantize_backward", p, ins, [("out", outr)], xr.shape, scope, group_size, xr.kind,
-                        qmin, qmax)
-    return outr.obj
+    static, args = (scope, axis, group_size, out_dtype, qmin, qmax), (dy, x, scale, zero_point, out)
+    r = _replay("quantize_backward", static, args)
+    if r is not _MISS:
+        return r
+    with _FastCall("quantize_backward", static, args, scale_at=2) as fast:
+        xr = _float_array(x, "x", "quantize_backward")
+        dyr = _grad_array(dy, xr)
+        qk = kind_of(out_dtype, "out_dtype")
+        if qk not in INT_KINDS:
+            raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize_backward follows quantize to "
+                                   f"{', '.join(INT_KINDS)}")
+        check_scope(xr.shape, scope, axis, group_size)
+        qmin, qmax = check_range(qk, qmin, qmax)
+        p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, implied_zero_point(qk))
+        ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
+        outr = _out_arg(out, xr, xr.shape, xr.kind)
+        _same_device([dyr, xr, p.scale, p.zp, outr])
+        _elementwise(fast, "quantize_backward", p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope,
+                     group_size, xr.kind, qmin, qmax)
+        fast.remember(outr.obj, (qmin, qmax))
+        return outr.obj
 
 
 def dequantize_backward(dy, scale, *, scope, axis=None, group_size=None, out=None):
     """Straight-through gradient of :func:`runtime.dequantize` with respect to q:
     ``dq = dy * scale``, rounded once to dy's dtype (scale: float32, float64 for float64 dy)."""
-    dyr = _float_array(dy, "dy", "dequantize_backward")
-    p = _params(dyr, scale, None, scope, axis, group_size, 0, 0, 0)
-    ins = [(dyr, rows_view(dyr, "dy"))]
-    outr = _out_arg(out, dyr, dyr.shape, dyr.kind)
-    _same_device([dyr, p.scale, outr])
-    _launch_elementwise("dequantize_backward", p, ins, [("out", outr)], dyr.shape, scope, group_size, dyr.kind,
-                        0, 0)
-    return outr.obj
+    static, args = (scope, axis, group_size), (dy, scale, None, out)
+    r = _replay("dequantize_backward", static, args)
+    if r is not _MISS:
+        return r
+    with _FastCall("dequantize_backward", static, args, scale_at=1) as fast:
+        dyr = _float_array(dy, "dy", "dequantize_backward")
+        p = _params(dyr, scale, None, scope, axis, group_size, 0, 0, 0)
+        ins = [(dyr, rows_view(dyr, "dy"))]
+        outr = _out_arg(out, dyr, dyr.shape, dyr.kind)
+        _same_device([dyr, p.scale, outr])
+        _elementwise(fast, "dequantize_backward", p, ins, [(outr, rows_view(outr, "out"))], dyr.shape, scope,
+                     group_size, dyr.kind, 0, 0)
+        fast.remember(outr.obj)
+        return outr.obj
 
 
 # -- fake quantization ---------------------------------------------------------------------------
 def _bool_mask(like: ArrayRef, shape):
     """A bool array in the caller's framework and its uint8 view (what the kernel writes)."""
+    m = empty(like, shape, "bool")
     if like.framework == "torch":
-        torch = sys.modules["torch"]
-        m = torch.empty(shape, dtype=torch.bool, device=like.obj.device)
-        return m, as_array(m.view(torch.uint8), "mask")
+        return m, as_array(m.view(sys.modules["torch"].uint8), "mask")
     import cupy as cp
-    with cp.cuda.Device(like.device):
-        m = cp.empty(shape, dtype=cp.bool_)
     return m, as_array(m.view(cp.uint8), "mask")
 
 
@@ -194,36 +195,49 @@ def fake_quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=Non
     """``y = (clamp(rne(x / scale) + zp, qmin, qmax) - zp) * scale`` in x's dtype (PyTorch's
     ``fake_quantize_per_*_affine``). With ``return_mask=True`` returns ``(y, mask)``, mask a bool
     array ``qmin <= rne(x / scale) + zp <= qmax``, written by the same kernel."""
-    xr = _float_array(x, "x", "fake_quantize")
-    qmin, qmax = fake_quant_range(qmin, qmax)
-    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
-    ins = [(xr, rows_view(xr, "x"))]
-    outr = _out_arg(out, xr, xr.shape, xr.kind)
-    mask = None
-    if return_mask:
-        mask, mref = _bool_mask(xr, tuple(xr.shape))
-        mstream = (mref, rows_view(mref, "mask"))
-    else:
-        mstream = _null_stream(xr, "u8")
-    _same_device([xr, p.scale, p.zp, outr])
-    _launch_elementwise("fake_quantize", p, ins, [("out", outr), mstream], xr.shape, scope, group_size, xr.kind,
-                        qmin, qmax)
-    return (outr.obj, mask) if return_mask else outr.obj
+    static, args = (scope, axis, group_size, qmin, qmax, return_mask), (x, scale, zero_point, out)
+    r = _replay("fake_quantize", static, args)
+    if r is not _MISS:
+        return r
+    with _FastCall("fake_quantize", static, args, scale_at=1) as fast:
+        xr = _float_array(x, "x", "fake_quantize")
+        qmin, qmax = fake_quant_range(qmin, qmax)
+        p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
+        ins = [(xr, rows_view(xr, "x"))]
+        outr = _out_arg(out, xr, xr.shape, xr.kind)
+        mask = None
+        if return_mask:
+            mask, mref = _bool_mask(xr, tuple(xr.shape))
+            mstream = (mref, rows_view(mref, "mask"))
+        else:
+            mstream = _null_stream(xr, "u8")
+        _same_device([xr, p.scale, p.zp, outr])
+        _elementwise(fast, "fake_quantize", p, ins, [(outr, rows_view(outr, "out")), mstream], xr.shape, scope,
+                     group_size, xr.kind, qmin, qmax)
+        result = (outr.obj, mask) if return_mask else outr.obj
+        fast.remember(result, (qmin, qmax))
+        return result
 
 
 def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None,
                            qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX, out=None):
     """``dx = dy * mask`` with fake_quantize's mask, recomputed from x (a product, as PyTorch's)."""
-    xr = _float_array(x, "x", "fake_quantize_backward")
-    dyr = _grad_array(dy, xr)
-    qmin, qmax = fake_quant_range(qmin, qmax)
-    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
-    ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
-    outr = _out_arg(out, xr, xr.shape, xr.kind)
-    _same_device([dyr, xr, p.scale, p.zp, outr])
-    _launch_elementwise("fake_quantize_backward", p, ins, [("out", outr)], xr.shape, scope, group_size, xr.kind,
-                        qmin, qmax)
-    return outr.obj
+    static, args = (scope, axis, group_size, qmin, qmax), (dy, x, scale, zero_point, out)
+    r = _replay("fake_quantize_backward", static, args)
+    if r is not _MISS:
+        return r
+    with _FastCall("fake_quantize_backward", static, args, scale_at=2) as fast:
+        xr = _float_array(x, "x", "fake_quantize_backward")
+        dyr = _grad_array(dy, xr)
+        qmin, qmax = fake_quant_range(qmin, qmax)
+        p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
+        ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
+        outr = _out_arg(out, xr, xr.shape, xr.kind)
+        _same_device([dyr, xr, p.scale, p.zp, outr])
+        _elementwise(fast, "fake_quantize_backward", p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope,
+                     group_size, xr.kind, qmin, qmax)
+        fast.remember(outr.obj, (qmin, qmax))
+        return outr.obj
 
 
 # -- LSQ -----------------------------------------------------------------------------------------
@@ -302,12 +316,11 @@ class LsqLauncher(Launcher):
                 return False
         return True
 
-    def run(self, plan, args: LsqArgs, stream=None):
-        if args.rows == 0 or args.cols == 0:
-            return
+    def prepare(self, plan, args: LsqArgs) -> list:
+        """The launches, as :class:`PreparedLaunch`: the segment (or tile) pass, then for tensor and
+        channel scopes the finish pass. ``run`` launches them in order on one stream."""
         dy = args.dy[0]
         dev = dy.device
-        stream = stream if stream is not None else stream_handle(dy)
         props = properties(dev)
         threads = plan.launch["block_threads"]
         cap = args.max_blocks or props["sms"] * max(1, props["max_threads_per_sm"] // threads)
@@ -329,9 +342,9 @@ class LsqLauncher(Launcher):
                    args.chan_inner, args.chan_count, int(args.chan_last), team, LSQ_TILE_ROWS, args.qmin,
                    args.qmax, args.grad_factor, int(self.vec_ok(plan, args)))
         fn = plan.registry.kernel(plan.sku, dev)
-        launch(fn, (max(1, grid),), (threads,), _lsq_format(f64), values, stream)
+        out = [PreparedLaunch(fn, (max(1, grid),), (threads,), _lsq_format(f64), values)]
         if not plan.launch.get("finish"):
-            return
+            return out
         if args.chan_last:
             count, inner, n_items = args.cols, 1, -(-args.rows // LSQ_TILE_ROWS)
         elif plan.sku.scope == "tensor":
@@ -341,9 +354,20 @@ class LsqLauncher(Launcher):
         team2 = lsq_team(n_items)
         grid2 = min(-(-count // (threads // team2)), cap)
         fin = load_function(plan.registry, plan.entry.unit, plan.entry.symbol + "_finish", dev)
-        launch(fin, (max(1, grid2),), (threads,), _FINISH_FORMAT,
-               (_ptr(args.ds_part), _ptr(args.dz_part), _ptr(args.ds), _ptr(args.dz), count, inner, n_items, team2),
-               stream)
+        out.append(PreparedLaunch(fin, (max(1, grid2),), (threads,), _FINISH_FORMAT,
+                                  [_ptr(args.ds_part), _ptr(args.dz_part), _ptr(args.ds), _ptr(args.dz), count,
+                                   inner, n_items, team2]))
+        return out
+
+    # value slots of a Python scalar scale and zero point in the segment pass (after dy, x, dx)
+    PARAM_SLOTS = (7, 9)
+
+    def run(self, plan, args: LsqArgs, stream=None):
+        if args.rows == 0 or args.cols == 0:
+            return
+        stream = stream if stream is not None else stream_handle(args.dy[0])
+        for prep in self.prepare(plan, args):
+            prep.launch(stream)
 
 
 def _lsq_format(f64: bool) -> str:
@@ -371,6 +395,15 @@ def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ax
     (``None`` when ``zero_point`` is None). The sums per scale element use one fixed order (no
     atomics): the same inputs give the same bits on every run, whatever the launch configuration.
     """
+    static, args = (scope, axis, group_size, qmin, qmax, grad_factor, _max_blocks), (dy, x, scale, zero_point, out)
+    r = _replay("fake_quantize_learnable_backward", static, args)
+    if r is not _MISS:
+        return r
+    with _FastCall("fake_quantize_learnable_backward", static, args, scale_at=2) as fast:
+        return _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor, out, _max_blocks)
+
+
+def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor, out, max_blocks):
     xr = _float_array(x, "x", "fake_quantize_learnable_backward")
     dyr = _grad_array(dy, xr)
     qmin, qmax = fake_quant_range(qmin, qmax, learnable=True)
@@ -398,6 +431,13 @@ def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ax
                    zp_value=p.zp_value, ds=ds, dz=dz, rows=xv.rows, cols=xv.cols,
                    seg_len=group_size if scope == "group" else xv.cols, chan_inner=inner, chan_count=count,
                    chan_last=last, qmin=qmin, qmax=qmax, grad_factor=g, ds_part=ds_part, dz_part=dz_part,
-                   max_blocks=_max_blocks)
-    cached_plan(Descriptor("fake_quantize_learnable_backward", scope, p.mode, xr.kind, xr.kind)).run(args)
-    return outr.obj, ds.obj, None if dz is None else dz.obj
+                   max_blocks=max_blocks)
+    plan = cached_plan(Descriptor("fake_quantize_learnable_backward", scope, p.mode, xr.kind, xr.kind))
+    plan.launcher.check(plan, args)
+    stream = stream_handle(dyr)
+    for k, prep in enumerate(plan.launcher.prepare(plan, args)):
+        prep.launch(stream)
+        fast.add_launch(prep, dyr, params=LsqLauncher.PARAM_SLOTS if k == 0 else None)
+    result = (outr.obj, ds.obj, None if dz is None else dz.obj)
+    fast.remember(result, (qmin, qmax))
+    return result

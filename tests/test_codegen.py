@@ -16,14 +16,15 @@ def test_generator_versions_agree():
 def test_matrix_covers_static_family_and_names_exclusions():
     cells = matrix.cells()
     gen = [c for c in cells if c.generated]
-    static = [c for c in gen if c.sku.op in ("quantize", "dequantize")]
+    static = [c for c in gen if c.sku.op in ("quantize", "dequantize")
+              and {c.sku.element, c.sku.aux_element} & {"s8", "u8"}]
     # 2 ops x 4 scopes x 2 modes x 4 floats x 2 ints
     assert len(static) == 128
     for c in cells:
         if not c.generated:
             assert c.reason and len(c.reason) > 10
-    lowbit = [c for c in cells if c.sku.aux_element == "s4" and c.sku.op == "quantize"]
-    assert lowbit and all("issue 5" in c.reason for c in lowbit)
+    fp8_asym = [c for c in cells if c.sku.aux_element == "fp8_e4m3" and c.sku.mode == "asymmetric"]
+    assert fp8_asym and all("no zero point" in c.reason for c in fp8_asym)
 
 
 def test_excluding_by_predicate_and_adding_a_dtype_is_declarative():
@@ -85,8 +86,8 @@ def test_cli_check_list_show():
     out = _cli("list", "--filter", "quantization/quantize/token/symmetric/bf16/s8*")
     assert out.returncode == 0
     assert out.stdout.split() == ["quantization/quantize/token/symmetric/bf16/s8/sm80/simt/f32.acc-f32.det.stable"]
-    js = json.loads(_cli("list", "--json", "--filter", "*dequantize/group*").stdout)
-    assert len(js["kernels"]) == 16 and all(k["symbol"].startswith("sf_dequantize_group") for k in js["kernels"])
+    js = json.loads(_cli("list", "--json", "--filter", "*dequantize/group/*/s8/*").stdout)
+    assert len(js["kernels"]) == 8 and all(k["symbol"].startswith("sf_dequantize_group") for k in js["kernels"])
     show = _cli("show", "quantization/quantize/token/symmetric/bf16/s8/sm80/simt/f32.acc-f32.det.stable")
     assert "sf_quantize_token_symmetric_bf16_s8_sm80_simt(" in show.stdout
     assert "sf_quantize_token_asymmetric" not in show.stdout   # only its own kernel
@@ -94,9 +95,9 @@ def test_cli_check_list_show():
 
 
 def test_cli_show_unknown_sku_is_a_clear_error():
-    out = _cli("show", "quantization/quantize/token/symmetric/bf16/s4/sm80/simt/f32.acc-f32.det.stable")
+    out = _cli("show", "quantization/quantize/token/asymmetric/bf16/fp8_e4m3/sm80/simt/f32.acc-f32.det.stable")
     assert out.returncode != 0
-    assert "issue 5" in out.stderr
+    assert "no zero point" in out.stderr
 
 
 def test_cli_compile_one_unit():

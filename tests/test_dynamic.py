@@ -111,7 +111,8 @@ X = D((8, 64), "float32")
 
 def test_bad_dtypes():
     err(lambda: sf.dynamic_quantize(D((8, 64), "int32"), scope="token"), UnsupportedError, "x", "i32", "bf16")
-    err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="int4"), UnsupportedError, "issue 5")
+    err(lambda: sf.dynamic_quantize(D((8, 63), "float32"), scope="token", out_dtype="int4"), InvalidProblemError,
+        "D=63", "even")
     err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="float32"), UnsupportedError, "out_dtype", "s8, u8")
     err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="int16"), InvalidProblemError, "out_dtype")
     err(lambda: sf.dynamic_quantize(np.zeros((2, 2), f32), scope="token"), InvalidProblemError, "host array")
@@ -266,3 +267,136 @@ def test_fused_config(monkeypatch, shape, scope, gs):
     if -(-g // v) <= 512 * chs[-1]:
         assert per <= chs[-1]                     # the row group stays in registers
     assert grid * ty >= min(args.xv.rows * (shape[-1] // g), 1) and grid < 2**31
+
+
+# -- the team kernels of the fused launch (runtime.dynamic.team_launch) -----------------------------
+def _team_plan(scope, element="bf16", chunks=(16, 8, 4)):
+    plan = _Plan(scope, element=element)
+    plan.launch["team_chunks"] = list(chunks)
+    return plan
+
+
+def _team_args(shape, scope, element="bf16", gs=None, strides=None):
+    from runtime.arrays import as_array
+    from runtime.scopes import rows_view
+    x = as_array(D(shape, {"bf16": "float16", "f32": "float32"}[element], strides=strides), "x")   # (only the size counts)
+    q = as_array(D(shape, "int8"), "q")
+    s = as_array(D(dyn.param_shape(shape, scope, None, gs), "float32"), "scale")
+    return dyn.DynamicArgs(x, rows_view(x, "x"), q, rows_view(q, "q"), s, None, scope, "symmetric", -127, 127, 0,
+                           1e-8, group_size=gs)
+
+
+def test_fused_config_text():
+    P = dyn.FusedConfig.parse
+    assert P("auto") == dyn.FusedConfig() == P("")
+    assert P("t8,ch=4,threads=256,grid=full,index=div") == dyn.FusedConfig("t8", 4, 256, False, "div")
+    assert P("block,grid=persistent") == dyn.FusedConfig("block")
+    for bad in ("t32", "t16,ch=4", "block,ch=8", "t8,threads=48", "t8,threads=1024", "t8,grid=half", "t8,foo=1"):
+        err(lambda: P(bad), UnsupportedError, "SKUFORGE_DYNAMIC_CONFIG")
+
+
+@pytest.mark.parametrize("shape,scope,gs,element,text,want", [
+    ((65536, 4096), "token", None, "bf16", "auto", (16, 32, 16, 128)),   # one warp per row, 256 B a thread
+    ((8192, 8192), "token", None, "bf16", "auto", (16, 64, 16, 128)),    # two warps per row
+    ((8192, 8192), "token", None, "f32", "auto", (16, 128, 16, 128)),
+    ((8192, 8192), "token", None, "bf16", "t8", (8, 128, 8, 128)),
+    ((8192, 8192), "token", None, "bf16", "t16,ch=8,threads=64", (16, 128, 8, 128)),   # threads >= TX
+    ((65536, 4096), "group", 128, "bf16", "auto", (8, 4, 4, 128)),       # 4 threads x 4 chunks x 2 groups
+    ((65536, 4096), "group", 128, "f32", "auto", (8, 8, 4, 128)),
+    ((65536, 4096), "group", 128, "bf16", "t4,threads=256", (4, 8, 2, 256)),
+    ((65536, 4096), "group", 128, "bf16", "t16", (16, 2, 8, 128)),
+    ((16, 4096), "token", None, "bf16", "t4", (4, 128, 4, 128)),
+    ((16, 4096), "token", None, "bf16", "auto", (4, 128, 4, 128)),     # small problems: more warps
+    ((16, 4096), "group", 128, "bf16", "auto", (4, 8, 2, 128)),
+    ((16, 65536), "token", None, "bf16", "auto", (16, 512, 16, 512)),   # t8, t4 would need 1024 threads
+])
+def test_team_launch_choice(monkeypatch, shape, scope, gs, element, text, want):
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+    t = dyn.team_launch(_team_plan(scope, element), _team_args(shape, scope, element, gs), dyn.FusedConfig.parse(text),
+                        vec_ok=True)
+    assert (t.chunks, t.tx, t.ch, t.threads) == want and t.dense
+    assert t.per_block == t.threads // max(32, t.tx) * max(1, 32 // t.tx) * t.rg
+
+
+def test_team_launch_falls_back_to_the_block_kernel(monkeypatch):
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+    cfg = dyn.FusedConfig()
+    a = _team_args((64, 4096), "token")
+    assert dyn.team_launch(_team_plan("token"), a, dyn.FusedConfig.parse("block"), True) is None
+    assert dyn.team_launch(_team_plan("token", chunks=()), a, cfg, True) is None          # f64: no team kernels
+    assert dyn.team_launch(_team_plan("token"), a, cfg, vec_ok=False) is None             # scalar path
+    assert dyn.team_launch(_team_plan("token"), a, dyn.FusedConfig.parse("t4"), True) is not None
+    long = _team_args((4, 512 * 16 * 8 * 2), "token")                                    # > 512 x 16 chunks
+    assert dyn.team_launch(_team_plan("token"), long, cfg, True) is None
+    # strided rows: division indexing, one row group per thread at a time (rg == 1) only
+    strided = _team_args((64, 1024), "group", gs=128, strides=(2048, 1))
+    t = dyn.team_launch(_team_plan("group"), strided, dyn.FusedConfig.parse("t8,ch=8"), True)
+    assert t is not None and not t.dense and t.rg == 1
+    assert dyn.team_launch(_team_plan("group"), strided, dyn.FusedConfig.parse("t8,ch=4"), True) is None
+    dense = _team_args((64, 1024), "group", gs=128)
+    assert not dyn.team_launch(_team_plan("group"), dense, dyn.FusedConfig.parse("t8,ch=4,index=div"), True)
+
+
+def _emulate_team(t, vrows, gs, vec, grid):
+    """Python model of team_row_groups' mapping: how often each (row group, element) is visited, and
+    whether the lead thread of each row group is its tx == 0."""
+    hits = np.zeros((vrows, gs), np.int64)
+    leads = np.zeros(vrows, np.int64)
+    lt = t.tx.bit_length() - 1
+    lspan = 5 if t.tx < 32 else lt
+    S = 32 >> lt if t.tx < 32 else 1
+    per = S * t.rg
+    stride = grid * (t.threads >> lspan) * per
+    step = t.tx * vec
+    for b in range(grid):
+        for th in range(t.threads):
+            tx = th & (t.tx - 1)
+            slice_ = (th & 31) >> lt if t.tx < 32 else 0
+            nch = min(t.ch, (gs - tx * vec + step - 1) // step)
+            first = (b * (t.threads >> lspan) + (th >> lspan)) * per + slice_
+            while first - slice_ < vrows:
+                for r in range(t.rg):
+                    vr = first + r * S
+                    if vr < vrows:
+                        leads[vr] += tx == 0
+                        for j in range(nch):
+                            c = (j * t.tx + tx) * vec
+                            hits[vr, c:c + vec] += 1
+                first += stride
+    return hits, leads
+
+
+@pytest.mark.parametrize("shape,scope,gs,text,grid", [
+    ((37, 512), "token", None, "t16", 2), ((37, 512), "token", None, "t16", 100),
+    ((9, 1024), "token", None, "t8,threads=256", 1), ((5, 3000), "token", None, "t16", 3),
+    ((29, 512), "group", 128, "auto", 2), ((29, 512), "group", 128, "t16", 7), ((13, 384), "group", 96, "t4", 1),
+    ((7, 256), "group", 32, "t8,ch=8,threads=64", 5), ((3, 1600), "token", None, "t4,threads=32", 2)])
+def test_team_partition_covers_every_element_once(monkeypatch, shape, scope, gs, text, grid):
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+    plan = _team_plan(scope)
+    args = _team_args(shape, scope, gs=gs)
+    t = dyn.team_launch(plan, args, dyn.FusedConfig.parse(text), vec_ok=True)
+    g = gs or shape[-1]
+    vrows = shape[0] * (shape[-1] // g)
+    hits, leads = _emulate_team(t, vrows, g, plan.launch["vec"], grid)
+    assert (hits == 1).all() and (leads == 1).all()
+    assert dyn.row_grid(vrows, t.per_block, t.threads) * t.per_block >= vrows     # grid=full covers it in one step
+
+
+def test_fused_launch_follows_the_config_text(monkeypatch):
+    """The launcher's choice (cached per problem and configuration) changes with config_text."""
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
+    monkeypatch.setattr(dyn, "load_function", lambda reg, unit, symbol, device: symbol)
+    plan = _team_plan("token")
+    plan.entry = type("Entry", (), {"unit": "u", "symbol": "k"})()
+    plan.registry.kernel = lambda sku, device: "k"
+    args = _team_args((65536, 4096), "token")
+    got = {}
+    for text in ("auto", "t8,grid=full", "block"):
+        monkeypatch.setattr(dyn.DynamicFusedLauncher, "config_text", text)
+        got[text] = dyn.fused_launch(dyn.DynamicFusedLauncher(), plan, args, 1, dyn._fused_format)
+    assert got["auto"] == ("k_t16", 132 * 4, (128,), dyn._fused_format(False, team=True), (32, 16, 1))
+    assert got["t8,grid=full"] == ("k_t8", 65536 // 2, (128,), dyn._fused_format(False, team=True), (64, 8, 1))
+    fn, grid, block, fmt, tail = got["block"]
+    assert fn == "k" and block == (128, 2) and grid == 132 * 4 and tail == (1,) and fmt == dyn._fused_format(False)

@@ -1,99 +1,368 @@
-"""The repeated-call fast path's bookkeeping (CPU): which parameter slot each argument refills.
+"""The repeated-call fast path, on the CPU: fake device arrays, launches recorded instead of run.
 
-A wrong slot launches a kernel on stale pointers (a bug of this kind was caught on the GPU);
-these tests pin the slot logic without a device by describing fake arrays and recording the
-values a prepared launch would receive.
+A wrong slot launches a kernel on stale pointers (a bug of this kind was caught on the GPU: a
+pointer written into the scalar-scale slot). These tests run every functional API twice on
+same-layout arrays at new addresses and check that the replayed call (fast path) launches
+exactly what the slow path launches for the same arrays: the same kernels, grids, blocks and
+every parameter value, with the same results returned.
 """
+import itertools
+import math
+
 import numpy as np
 import pytest
 
 import runtime as sf
+from runtime import arrays
+from runtime import dynamic as dyn
+from runtime import launch as launch_mod
 from runtime import quantization as qz
-from runtime.launch import PreparedLaunch
-from tests.fakes import FakeDeviceArray as D
+from runtime import training
+from tests.fakes import FakeDeviceArray, err
+
+H200 = {"sms": 132, "max_threads_per_sm": 2048, "cc": 90, "name": "fake"}
 
 
-class Recorder(PreparedLaunch):
-    def launch(self, stream, values=None):
-        self.calls.append(list(self.values if values is None else values))
+class D(FakeDeviceArray):
+    """A fake device array that can be viewed as another dtype (the fake-quant mask)."""
+
+    def __init__(self, shape, dtype="float32", strides=None, ptr=0x7F0000000000):
+        super().__init__(shape, dtype, strides, ptr)
+        self.ptr = ptr
+
+    def view(self, dtype):
+        return D(self.shape, np.dtype(dtype), ptr=self.ptr)
+
+    def fill(self, value):
+        pass
+
+
+class Device:
+    """Addresses (inputs and allocations from one counter), launches and fast-path hits."""
+
+    def __init__(self):
+        self.next = 0
+        self.launches = []
+        self.hits = 0
+
+    def at(self, base):
+        self.next = base
+        return self
+
+    def ptr(self, nbytes=0, offset=0):
+        p = self.next + offset
+        self.next += max(256, -(-nbytes // 256) * 256) + 256
+        return p
+
+    def a(self, shape, dtype="float32", offset=0, strides=None):
+        """A new input array (``offset`` bytes past a 256-byte boundary)."""
+        n = math.prod(shape) * np.dtype(dtype).itemsize
+        return D(shape, dtype, strides, ptr=self.ptr(n, offset))
+
+    def new(self, shape, kind):
+        dt = "bool" if kind == "bool" else (arrays.NUMPY_OF_KIND[kind] if kind != "bf16" else "float16")
+        return D(shape, dt, ptr=self.ptr(math.prod(shape) * np.dtype(dt).itemsize))
+
+    def launch(self, fn, grid, block, fmt, values, stream, shared_mem=0):
+        import struct
+        struct.pack("@" + fmt, *values)           # the values fit the kernel's format
+        self.launches.append((fn, tuple(grid), tuple(block), fmt, tuple(values)))
+
+
+def _describe(obj):
+    """The real _describe for torch / CuPy arrays, here for fake arrays (same fields)."""
+    if isinstance(obj, D):
+        cai = obj.__cuda_array_interface__
+        p = cai["data"][0]
+        return (D, cai["shape"], cai["strides"], cai["typestr"], 0, p & 15), p
+    return qz_describe(obj)
+
+
+qz_describe = qz._describe
 
 
 @pytest.fixture
-def fake_describe(monkeypatch):
-    def describe(obj):
-        if obj is None:
-            return ("none",), 0
-        if type(obj) in (float, int):
-            return (type(obj),), obj
-        cai = getattr(obj, "__cuda_array_interface__", None)
-        if cai is None:
-            return None, None        # as the real one does for types it does not know
-        p = cai["data"][0]
-        return (D, cai["shape"], cai["strides"], cai["typestr"], 0, p & 15), p
-    monkeypatch.setattr(qz, "_describe", describe)
-    monkeypatch.setattr(qz, "x_stream", lambda sig, ptr: 0)
+def dev(monkeypatch):
+    d = Device()
+    monkeypatch.setattr(qz, "_describe", _describe)
+    monkeypatch.setattr(arrays, "_new", lambda like, shape, kind: d.new(shape, kind))
+    monkeypatch.setattr(arrays, "_data_ptr", lambda obj, framework: obj.ptr)
+    monkeypatch.setattr(arrays, "_device_of_pointer", lambda p: 0)
+
+    def allocator(like, shape, kind):
+        shape = tuple(shape)
+
+        def alloc():
+            a = d.new(shape, kind)
+            return a, a.ptr
+        return alloc
+    monkeypatch.setattr(qz, "allocator", allocator)
+    monkeypatch.setattr(qz, "stream_getter", lambda ref: (lambda: 7))
+    for mod in (qz, training, dyn, launch_mod):
+        monkeypatch.setattr(mod, "stream_handle", lambda ref: 7)
+    for mod in (launch_mod, dyn):
+        monkeypatch.setattr(mod, "launch", d.launch)
+        monkeypatch.setattr(mod, "properties", lambda device: H200)
+    monkeypatch.setattr(training, "properties", lambda device: H200)
+    monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
+    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
+    for mod in (training, dyn):
+        monkeypatch.setattr(mod, "load_function", lambda reg, unit, symbol, device=None: symbol, raising=False)
+    monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).symbol)
+    real_run = qz._Entry.run
+
+    def counted(self, args, vals):
+        r = real_run(self, args, vals)
+        d.hits += r is not qz._MISS
+        return r
+    monkeypatch.setattr(qz._Entry, "run", counted)
     qz._FAST.clear()
-    yield
+    yield d
     qz._FAST.clear()
 
 
-def remembered(op, x, scale, zp, out, static=("token", None, None, "int8", None, None)):
-    call = qz._FastCall(op, x, scale, zp, out, static)
-    assert call.key is not None and not call.hit()
-    rec = Recorder(fn=None, grid=(1,), block=(1,), fmt="", values=list(range(100, 121)))
-    rec.calls = []
-    call.remember(rec, sf.arrays.as_array(x, "x"), "s8", -128, 127)
-    return rec
+def _ptrs(result):
+    if isinstance(result, tuple):
+        return tuple(None if r is None else r.ptr for r in result)
+    return result.ptr
 
 
-def test_device_scale_refills_the_pointer_slot(fake_describe):
-    x, s, out = D((8, 64), ptr=0x1000), D((8,), ptr=0x2000), D((8, 64), "int8", ptr=0x3000)
-    rec = remembered("quantize", x, s, None, out)
+def _run(dev, call, base, trusted):
+    dev.at(base).launches = []
+    if trusted:
+        with sf.trusted():
+            result = call(dev)
+    else:
+        result = call(dev)
+    return dev.launches, _ptrs(result)
+
+
+def replay_matches_slow_path(dev, call, trusted=False):
+    """Run ``call`` (miss), again at new addresses (hit), then without the cache at those same
+    addresses (slow path): the hit launches exactly what the slow path launches."""
+    first = _run(dev, call, 0x7F0000000000, trusted)
+    assert dev.hits == 0 and first[0], "the first call launches through the slow path"
+    assert len(qz._FAST) == 1, "the call was remembered"
+    fast = _run(dev, call, 0x7F4000000000, trusted)
+    assert dev.hits == 1, "the repeated call took the fast path"
+    qz._FAST.clear()
+    slow = _run(dev, call, 0x7F4000000000, trusted)
+    assert dev.hits == 1
+    assert fast == slow
+    assert fast != first          # new addresses were launched, not the remembered ones
+    return fast
+
+
+# every functional API, with device and Python-scalar parameters, returned and given outputs
+S, Z = "float32", "int32"
+CALLS = {
+    "quantize token": (lambda d: sf.quantize(d.a((8, 64), "float16"), d.a((8,)), scope="token"), True),
+    "quantize token, zero point": (lambda d: sf.quantize(d.a((8, 64)), d.a((8,)), d.a((8,), Z), scope="token",
+                                                         out_dtype="uint8", qmin=0, qmax=255), True),
+    "quantize tensor, scalars": (lambda d: sf.quantize(d.a((8, 64)), 0.25, 3, scope="tensor"), False),
+    "quantize tensor, int scale": (lambda d: sf.quantize(d.a((8, 64)), 2, scope="tensor"), False),
+    "quantize channel last, out=": (lambda d: sf.quantize(d.a((8, 64), "float16"), d.a((64,)), scope="channel",
+                                                          axis=1, out=d.a((8, 64), "int8")), True),
+    "quantize group, strided rows": (lambda d: sf.quantize(d.a((8, 64), strides=(128, 1)), d.a((8, 4)),
+                                                           scope="group", group_size=16), True),
+    "quantize, misaligned x (scalar path)": (lambda d: sf.quantize(d.a((8, 64), offset=4), d.a((8,)),
+                                                                   scope="token"), True),
+    "dequantize group": (lambda d: sf.dequantize(d.a((8, 64), "int8"), d.a((8, 4)), d.a((8, 4), Z), scope="group",
+                                                 group_size=16, out_dtype="float16"), True),
+    "dequantize tensor, scalars": (lambda d: sf.dequantize(d.a((8, 64), "uint8"), 0.5, 100, scope="tensor"), False),
+    "quantize_backward channel": (lambda d: sf.quantize_backward(d.a((8, 64)), d.a((8, 64)), d.a((8,)), d.a((8,), Z),
+                                                                 scope="channel", axis=0), True),
+    "quantize_backward tensor, scalars": (lambda d: sf.quantize_backward(d.a((8, 64)), d.a((8, 64)), 0.1, -2,
+                                                                         scope="tensor"), False),
+    "dequantize_backward token": (lambda d: sf.dequantize_backward(d.a((8, 64), "float64"), d.a((8,), "float64"),
+                                                                   scope="token"), True),
+    "dequantize_backward tensor, scalar": (lambda d: sf.dequantize_backward(d.a((8, 64)), 0.5, scope="tensor"),
+                                           False),
+    "fake_quantize channel": (lambda d: sf.fake_quantize(d.a((8, 64)), d.a((64,)), scope="channel", axis=1), True),
+    "fake_quantize channel, mask": (lambda d: sf.fake_quantize(d.a((8, 64)), d.a((64,)), d.a((64,), Z),
+                                                               scope="channel", axis=1, return_mask=True), True),
+    "fake_quantize tensor, scalars, mask": (lambda d: sf.fake_quantize(d.a((8, 64)), 0.1, 5, scope="tensor",
+                                                                       qmin=0, qmax=255, return_mask=True), False),
+    "fake_quantize_backward group": (lambda d: sf.fake_quantize_backward(d.a((8, 64)), d.a((8, 64)), d.a((8, 4)),
+                                                                         scope="group", group_size=16), True),
+    "lsq tensor, scalars": (lambda d: sf.fake_quantize_learnable_backward(d.a((70, 33)), d.a((70, 33)), 0.1, 3,
+                                                                          scope="tensor"), False),
+    "lsq channel": (lambda d: sf.fake_quantize_learnable_backward(d.a((9, 48)), d.a((9, 48)), d.a((48,)),
+                                                                  d.a((48,), Z), scope="channel", axis=1), True),
+    "lsq token": (lambda d: sf.fake_quantize_learnable_backward(d.a((6, 64), "float64"), d.a((6, 64), "float64"),
+                                                                d.a((6,), "float64"), scope="token"), True),
+    "lsq group, out=": (lambda d: sf.fake_quantize_learnable_backward(d.a((6, 64)), d.a((6, 64)), d.a((6, 4)),
+                                                                      scope="group", group_size=16,
+                                                                      out=d.a((6, 64))), True),
+    "dynamic_quantize token": (lambda d: sf.dynamic_quantize(d.a((16, 4096), "float16"), scope="token"), False),
+    "dynamic_quantize group asymmetric": (lambda d: sf.dynamic_quantize(d.a((16, 512)), scope="group",
+                                                                        group_size=128, mode="asymmetric"), False),
+    "dynamic_quantize tensor": (lambda d: sf.dynamic_quantize(d.a((64, 256)), scope="tensor"), False),
+    "dynamic_quantize channel asymmetric": (lambda d: sf.dynamic_quantize(d.a((64, 256)), scope="channel", axis=1,
+                                                                          mode="asymmetric", out_dtype="uint8"),
+                                            False),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_replay_launches_what_the_slow_path_launches(dev, name):
+    call, device_params = CALLS[name]
+    replay_matches_slow_path(dev, call, trusted=device_params)
+
+
+@pytest.mark.parametrize("name", [n for n, (_, device_params) in CALLS.items() if device_params])
+def test_device_parameters_need_trusted_mode(dev, unchecked, name):
+    call, _ = CALLS[name]
+    _run(dev, call, 0x7F0000000000, trusted=False)      # remembered (the value checks ran: fakes pass them)
+    assert len(qz._FAST) == 1
+    _run(dev, call, 0x7F4000000000, trusted=False)
+    assert dev.hits == 0, "device values must be checked again"
+    _run(dev, call, 0x7F4000000000, trusted=True)
+    assert dev.hits == 1
+
+
+@pytest.fixture
+def unchecked(monkeypatch):
+    """Device value checks cannot run on fake arrays."""
+    monkeypatch.setattr(qz, "_device_check", lambda *a, **k: None)
+
+
+def test_scalar_scale_and_zero_point_are_refilled_into_their_value_slots(dev):
+    x, out = D((8, 64)), D((8, 64), "int8", ptr=0x7F0000100000)
+    sf.quantize(x, 0.5, 3, scope="tensor", out=out)
+    dev.launches = []
+    sf.quantize(x, 0.25, -7, scope="tensor", out=out)
+    assert dev.hits == 1
+    v = dev.launches[-1][4]
+    # (x ptr, stride, out ptr, stride, scale ptr, scale value, zp ptr, zp value, ...)
+    assert (v[0], v[2], v[4], v[5], v[6], v[7]) == (x.ptr, out.ptr, 0, 0.25, 0, -7)
+
+
+def test_device_scale_is_refilled_into_its_pointer_slot(dev, unchecked):
+    x, s, out = D((8, 64), ptr=0x7F0000000000), D((8,), ptr=0x7F0000100000), D((8, 64), "int8", ptr=0x7F0000200000)
+    sf.quantize(x, s, scope="token", out=out)
+    x2, s2, out2 = D((8, 64), ptr=0x7F0000300000), D((8,), ptr=0x7F0000400000), D((8, 64), "int8", ptr=0x7F0000500000)
     with sf.trusted():
-        call = qz._FastCall("quantize", D((8, 64), ptr=0x5000), D((8,), ptr=0x6000), None,
-                            D((8, 64), "int8", ptr=0x7000), ("token", None, None, "int8", None, None))
-        assert call.hit()
-    v = rec.calls[-1]
-    assert (v[0], v[2], v[4]) == (0x5000, 0x7000, 0x6000)
-    assert v[5] == 105 and v[6] == 106 and v[7] == 107      # scalar scale / zp slots untouched
+        assert sf.quantize(x2, s2, scope="token", out=out2) is out2
+    assert dev.hits == 1
+    v = dev.launches[-1][4]
+    assert (v[0], v[2], v[4], v[5], v[6]) == (x2.ptr, out2.ptr, s2.ptr, 0.0, 0)
 
 
-def test_scalar_scale_and_zero_point_refill_value_slots(fake_describe):
-    static = ("tensor", None, None, "int8", None, None)
-    x, out = D((8, 64), ptr=0x1000), D((8, 64), "int8", ptr=0x3000)
-    rec = remembered("quantize", x, 0.5, 3, out, static)
-    call = qz._FastCall("quantize", x, 0.25, -7, out, static)
-    assert call.hit()
-    v = rec.calls[-1]
-    assert (v[4], v[5], v[6], v[7]) == (104, 0.25, 106, -7)
-    # bad scalars never take the fast path (the slow path raises the typed error)
-    assert not qz._FastCall("quantize", x, -1.0, 3, out, static).hit()
-    assert not qz._FastCall("quantize", x, float("inf"), 3, out, static).hit()
-    assert not qz._FastCall("quantize", x, 0.5, 300, out, static).hit()
+def test_bad_scalars_take_the_slow_path_and_its_errors(dev):
+    x = D((8, 64))
+    sf.quantize(x, 0.5, 3, scope="tensor")
+    for scale, zp, words in ((-1.0, 3, ("scale",)), (float("inf"), 3, ("scale",)), (float("nan"), 3, ("scale",)),
+                             (0.5, 300, ("zero_point", "300"))):
+        err(lambda: sf.quantize(x, scale, zp, scope="tensor"), sf.InvalidProblemError, *words)
+    sf.fake_quantize(x, 0.5, 3, scope="tensor", qmin=0, qmax=15)
+    err(lambda: sf.fake_quantize(x, 0.5, 16, scope="tensor", qmin=0, qmax=15), sf.InvalidProblemError, "zero_point")
+    assert dev.hits == 0
 
 
-def test_device_zero_point_refills_its_pointer_slot(fake_describe):
-    x, s, z, out = D((8, 64), ptr=0x1000), D((8,), ptr=0x2000), D((8,), "int32", ptr=0x2800), D((8, 64), "int8", ptr=0x3000)
-    rec = remembered("quantize", x, s, z, out)
+def test_keyword_arguments_of_another_type_are_validated(dev):
+    x, s = D((8, 64)), D((8, 4))
     with sf.trusted():
-        assert qz._FastCall("quantize", x, s, D((8,), "int32", ptr=0x9000), out,
-                            ("token", None, None, "int8", None, None)).hit()
-    assert rec.calls[-1][6] == 0x9000 and rec.calls[-1][7] == 107
+        sf.quantize(x, s, scope="group", group_size=16)
+        for bad in (16.0, np.int64(16)):
+            err(lambda: sf.quantize(x, s, scope="group", group_size=bad), sf.InvalidProblemError, "group_size")
+        sf.quantize(x, 0.5, scope="tensor", qmin=-100)
+        err(lambda: sf.quantize(x, 0.5, scope="tensor", qmin=-100.0), sf.InvalidProblemError, "qmin")
+        err(lambda: sf.quantize(x, s, scope="group", group_size=[16]), sf.InvalidProblemError, "group_size")
+    assert dev.hits == 0
 
 
-def test_device_parameters_need_trusted_mode(fake_describe):
-    x, s, out = D((8, 64), ptr=0x1000), D((8,), ptr=0x2000), D((8, 64), "int8", ptr=0x3000)
-    remembered("quantize", x, s, None, out)
-    assert not qz._FastCall("quantize", x, s, None, out, ("token", None, None, "int8", None, None)).hit()
-
-
-def test_any_difference_in_layout_misses(fake_describe):
-    x, s, out = D((8, 64), ptr=0x1000), D((8,), ptr=0x2000), D((8, 64), "int8", ptr=0x3000)
-    remembered("quantize", x, s, None, out)
-    static = ("token", None, None, "int8", None, None)
+def test_any_difference_in_layout_misses(dev, unchecked):
+    x, s = D((8, 64)), D((8,), ptr=0x7F0000100000)
     with sf.trusted():
-        assert not qz._FastCall("quantize", D((8, 64), ptr=0x1004), s, None, out, static).hit()   # alignment
-        assert not qz._FastCall("quantize", D((8, 32)), D((8,)), None, D((8, 32), "int8"), static).hit()
-        assert not qz._FastCall("quantize", x, s, None, out, ("token", None, None, "uint8", None, None)).hit()
-        assert not qz._FastCall("dequantize", x, s, None, out, static).hit()
-        assert not qz._FastCall("quantize", np.zeros((8, 64), np.float32), s, None, out, static).hit()
+        sf.quantize(x, s, scope="token")
+        for other in (D((8, 64), ptr=0x7F0000200004),                    # alignment: the vector path
+                      D((8, 64), strides=(128, 1), ptr=0x7F0000200000),  # row stride
+                      D((8, 64), "float16", ptr=0x7F0000200000)):
+            sf.quantize(other, s, scope="token")
+        sf.quantize(x, s, scope="token", out_dtype="uint8")
+        sf.dequantize(D((8, 64), "int8"), s, scope="token")
+    assert dev.hits == 0
+
+
+def test_alignment_decides_the_vector_path_of_a_replay(dev, unchecked):
+    """A misaligned x is another key: its launch (scalar path) is never replayed for an aligned x."""
+    def call(off):
+        return lambda d: sf.quantize(d.a((8, 64), offset=off), d.a((8,)), scope="token")
+    aligned = replay_matches_slow_path(dev, call(0), trusted=True)
+    qz._FAST.clear()
+    dev.hits = 0
+    misaligned = replay_matches_slow_path(dev, call(4), trusted=True)
+    assert aligned[0][0][4][-1] != misaligned[0][0][4][-1]          # the vec_ok parameter
+
+
+def test_in_place_calls_are_not_replayed_but_run(dev, unchecked):
+    x, s = D((8, 64)), D((8,), ptr=0x7F0000100000)
+    with sf.trusted():
+        for _ in range(2):
+            assert sf.fake_quantize(x, s, scope="token", out=x) is x
+    assert dev.hits == 0 and len(dev.launches) == 2 and not qz._FAST
+
+
+def test_empty_inputs_are_not_remembered(dev):
+    for _ in range(2):
+        sf.quantize(D((0, 64)), 0.5, scope="tensor")
+        sf.dynamic_quantize(D((0, 64)), scope="token")
+    assert not dev.launches and not qz._FAST and dev.hits == 0
+
+
+def test_a_pointer_slot_that_matches_nothing_is_not_remembered(dev):
+    """A launch parameter that is neither an argument nor an allocation (here, an offset pointer)
+    would be replayed stale: the call is not remembered."""
+    call = qz._FastCall("quantize", ("tensor",), (D((8, 64)), 0.5, None, None), scale_at=1)
+    with call:
+        prep = launch_mod.PreparedLaunch("k", (1,), (1,), "QqQqQfQi", [D((8, 64)).ptr + 64, 64, 0, 64, 0, 0.5, 0, 0])
+        call.add_launch(prep, arrays.as_array(D((8, 64)), "x"), params=(5, 7))
+        call.remember(None)
+    assert not qz._FAST
+
+
+def test_a_misnamed_scalar_slot_is_not_remembered(dev):
+    x = D((8, 64))
+    call = qz._FastCall("quantize", ("tensor",), (x, 0.5, None, None), scale_at=1)
+    with call:
+        out = arrays.empty(arrays.as_array(x, "x"), (8, 64), "s8")
+        prep = launch_mod.PreparedLaunch("k", (1,), (1,), "QqQqQfQi", [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
+        call.add_launch(prep, arrays.as_array(x, "x"), params=(4, 7))     # 4 is the scale *pointer* slot
+        call.remember(out)
+    assert not qz._FAST
+    with call:
+        out = arrays.empty(arrays.as_array(x, "x"), (8, 64), "s8")
+        prep = launch_mod.PreparedLaunch("k", (1,), (1,), "QqQqQfQi", [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
+        call.add_launch(prep, arrays.as_array(x, "x"), params=(5, 7))
+        call.remember(out)
+    assert len(qz._FAST) == 1
+
+
+def test_unknown_array_types_have_no_fast_path():
+    assert qz._describe(np.zeros(4)) == (None, None)
+    assert qz._describe(FakeDeviceArray((4,))) == (None, None)     # __cuda_array_interface__: the slow path
+    assert qz._describe(True) == (None, None)
+    assert qz._FastCall("quantize", ("tensor",), (np.zeros(4), 0.5, None, None), scale_at=1).key is None
+
+
+def test_trusted_nests_and_decorates():
+    from runtime import config
+    assert config.values_checked()
+    with sf.trusted():
+        with sf.trusted():
+            assert not config.values_checked()
+        assert not config.values_checked()
+    assert config.values_checked()
+
+    @sf.trusted()
+    def f():
+        return config.values_checked()
+    assert f() is False and config.values_checked()
+
+
+def test_pointer_counter_is_unique():
+    d = Device().at(0x1000)
+    ptrs = [d.a((n,)).ptr for n in (1, 100, 1000)] + [d.new((5,), "f32").ptr]
+    assert len(set(ptrs)) == len(ptrs) and all(p % 256 == 0 for p in ptrs)
+    assert itertools is not None

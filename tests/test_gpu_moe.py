@@ -19,6 +19,43 @@ def test_moe_sku(sku, rng):
     assert res.passed, f"{res.detail}: {res.failures[:6]}"
 
 
+@pytest.mark.parametrize("op", ["grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight"])
+def test_every_tile_configuration_poisoned(op, rng):
+    """Each mma configuration writes every element (NaN-poisoned outputs), matches torch.mm per
+    expert, and gives the same bits twice; partial tiles, padding ids, K and N tails."""
+    torch = pytest.importorskip("torch")
+    E, M, N, K = 6, 700, 264, 392
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    ids = torch.tensor(rng.integers(-1, E + 1, M).astype(np.int32), device="cuda")
+    sku = REG.select(category="moe", op=op, element="bf16", backend="mma",
+                     aux_element="f32" if op.endswith("weight") else None)
+    shape = {"grouped_matmul": (M, N), "grouped_matmul_backward_input": (M, K),
+             "grouped_matmul_backward_weight": (E, N, K)}[op]
+    dt = torch.float32 if op.endswith("weight") else torch.bfloat16
+    want = torch.zeros(shape, dtype=torch.float32, device="cuda")
+    for e in range(E):
+        r = ids == e
+        if op == "grouped_matmul":
+            want[r] = x[r].float() @ w[e].float().t()
+        elif op == "grouped_matmul_backward_input":
+            want[r] = dy[r].float() @ w[e].float()
+        else:
+            want[e] = dy[r].float().t() @ x[r].float()
+    for name in checks_moe.variants_of(sku):
+        outs = []
+        with sf.moe.use_config(**{sf.moe.PASS_OF[op]: name}):
+            for _ in range(2):
+                o = torch.full(shape, float("nan"), dtype=dt, device="cuda")
+                sf.moe.run_into(op, o, x, w, None if op == "grouped_matmul" else dy, row_experts=ids, strategy="mma")
+                outs.append(o)
+        assert torch.isfinite(outs[0]).all(), name
+        err = ((outs[0].float() - want).norm() / want.norm()).item()
+        assert err < 1e-2, (name, err)
+        assert torch.equal(outs[0], outs[1]), name
+
+
 def _torch_problem(rng, E, M, N, K, dtype, sorted_rows=True, empty=()):
     import torch
     counts = rng.multinomial(M, np.ones(E) / E)

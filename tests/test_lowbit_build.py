@@ -1,8 +1,9 @@
-"""The staged low-bit kernels (issue 5), rendered and compiled on the CPU as the flip will ship them.
+"""The low-bit kernels (issue 5), rendered and compiled on the CPU.
 
-``codegen.matrix.lowbit_families(staged=False)`` is what ``LOWBIT_STAGED = False`` generates.
-These tests render it next to the shipped families into a temporary generated/, check that every
-existing file and kernel hash stays byte for byte the same, check the low-bit units (helpers,
+``codegen.matrix.LOWBIT_STAGED`` was the switch that kept them out of the manifest until they were
+verified on a GPU; it is now False (shipped). These tests render the staged matrix next to the
+shipped one, check that staging changes nothing but the low-bit cells (every other file and kernel
+hash stays byte for byte the same), check the low-bit units (helpers,
 sm89 units, manifest metadata, ``Registry.source``), and NVRTC-compile low-bit units for sm_80,
 sm_89 and sm_90: a subset covering every template branch by default, every unit on every arch
 with ``SKUFORGE_FULL_COMPILE=1`` (184 compiles, about 2-3 minutes on 2 cores).
@@ -20,6 +21,7 @@ from runtime.sku import KernelSku
 LOW = set(matrix.LOW_BIT)
 UNSTAGED = matrix.lowbit_families(staged=False)
 FLIPPED = tuple(f for f in matrix.FAMILIES if not isinstance(f, matrix.LowBitFamily)) + UNSTAGED
+STAGED = tuple(f for f in matrix.FAMILIES if not isinstance(f, matrix.LowBitFamily)) + matrix.lowbit_families(staged=True)
 
 
 def _is_low(sku) -> bool:
@@ -32,12 +34,13 @@ def flipped_files():
 
 
 @pytest.fixture(scope="module")
-def shipped_files():
-    return manifest.expected_files()
+def staged_files():
+    return manifest.expected_files(STAGED)
 
 
 def test_staged_switch_and_counts():
-    assert matrix.LOWBIT_STAGED is True
+    assert matrix.LOWBIT_STAGED is False
+    assert manifest.expected_files() == manifest.expected_files(FLIPPED)   # what ships
     cells = matrix.cells(UNSTAGED)
     gen = [c for c in cells if c.generated]
     count = {op: sum(c.sku.op == op for c in gen) for op in ("quantize", "dequantize", "dynamic_quantize")}
@@ -59,11 +62,11 @@ def test_staged_switch_and_counts():
     assert sum(c.reason == matrix.LOWBIT_STAGED_REASON for c in staged) == 368
 
 
-def test_flip_keeps_every_existing_file_and_hash(flipped_files, shipped_files):
-    for path, text in shipped_files.items():
+def test_staging_changes_only_lowbit_cells(flipped_files, staged_files):
+    for path, text in staged_files.items():
         if path != manifest.MANIFEST:
             assert flipped_files[path] == text, path
-    old = json.loads(shipped_files[manifest.MANIFEST])
+    old = json.loads(staged_files[manifest.MANIFEST])
     new = json.loads(flipped_files[manifest.MANIFEST])
     for sku, entry in old["kernels"].items():
         assert new["kernels"][sku] == entry

@@ -96,7 +96,7 @@ def device(monkeypatch):
 def test_dispatch_keeps_the_s8_u8_checkers():
     for op in checks_lowbit.OPS:
         assert getattr(checks.CHECKERS[op], "lowbit_dispatch", False)
-    s8 = next(s for s in sf.default_registry().skus() if s.op == "quantize")
+    s8 = next(s for s in sf.default_registry().skus() if s.op == "quantize" and s.aux_element == "s8")
     assert not checks_lowbit.is_lowbit(s8)
     assert all(checks_lowbit.is_lowbit(s) for s in UNSTAGED)
 

@@ -69,21 +69,16 @@ def test_manifest_launch_metadata_and_sources():
 
 @pytest.mark.parametrize("arch", [80, 90])
 def test_nvrtc_builds_mma_without_spills(arch):
-    """The bf16 forward unit compiles for sm_80 / sm_90; ptxas reports no spills on the mma kernel."""
-    from cuda.bindings import nvrtc
-    src = REG.unit_source("moe/grouped_matmul_bf16.cu")
-    err, prog = nvrtc.nvrtcCreateProgram(src.encode(), b"moe.cu", 0, [], [])
-    opts = [f"--gpu-architecture=sm_{arch}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
-    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    _, n = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * n
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    nvrtc.nvrtcDestroyProgram(prog)
-    log = log.decode(errors="replace")
-    assert int(err) == 0, log
-    mma = log[log.index("Compiling entry function 'sf_grouped_matmul_bf16_sm80_mma'"):]
-    mma = mma[: mma.find("Compiling entry function", 10) if "Compiling entry function" in mma[10:] else None]
-    assert "0 bytes spill stores" in mma, mma
+    """The bf16 forward unit compiles for sm_80 / sm_90; ptxas reports no spills on any tile
+    configuration of the mma kernel."""
+    from runtime.compiler import resource_report
+    unit = "moe/grouped_matmul_bf16.cu"
+    rep = resource_report(REG.unit_source(unit), unit, arch, tuple(REG.units[unit]["nvrtc_options"]))
+    e = REG.lookup("moe/grouped_matmul/-/-/bf16/-/sm80/mma/bf16.acc-f32.det")
+    for name, meta in e.launch["variants"].items():
+        r = rep[meta["symbol"]]
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+        assert r["registers"] <= 255
 
 
 # -- typed errors before any launch ------------------------------------------------------------
@@ -226,3 +221,91 @@ def test_rel_error():
     b = a.copy()
     b[1, 1] = np.nan
     assert ref.rel_error(b, a) == float("inf")
+
+
+# -- tile configurations (variants) ----------------------------------------------------------------
+def test_variants_in_manifest_and_sources():
+    for s in MOE:
+        e = REG.lookup(s)
+        if s.backend != "mma":
+            assert "variants" not in e.launch
+            continue
+        v = e.launch["variants"]
+        assert "128x128x32s5" in v, "the 2026-11-29 configuration stays selectable"
+        default = e.launch["default_variant"]
+        assert v[default]["symbol"] == e.symbol
+        assert e.launch["tile"] == v[default]["tile"] and e.launch["dynamic_smem"] == v[default]["dynamic_smem"]
+        src = REG.source(s)
+        for name, meta in v.items():
+            t = meta["tile"]
+            assert f" {meta['symbol']}(" in src
+            assert meta["symbol"] == e.symbol or meta["symbol"] == f"{e.symbol}__v{name}"
+            assert t["THREADS"] == 32 * t["BM"] * t["BN"] // 4096 and t["PIPE"] in (0, 1, 2)
+            assert meta["dynamic_smem"] == t["STAGES"] * (t["BM"] + t["BN"]) * t["BK"] * 2 <= 160 * 1024
+
+
+def test_variant_selection(monkeypatch):
+    op = "grouped_matmul_backward_input"
+    plan = plan_for(_args(op, 64, 64, 64, 4, "bf16"), "mma", 90)
+    names = sf.moe.variant_names(plan)
+    default = plan.launch["default_variant"]
+    other = next(n for n in names if n != default)
+    monkeypatch.delenv(sf.moe.CONFIG_ENV, raising=False)
+    assert sf.moe.variant_for(plan, op)[0] == default
+    monkeypatch.setenv(sf.moe.CONFIG_ENV, other)
+    assert sf.moe.variant_for(plan, op)[0] == other
+    monkeypatch.setenv(sf.moe.CONFIG_ENV, f"fwd={default}, dgrad={other}")
+    assert sf.moe.variant_for(plan, op)[0] == other
+    monkeypatch.setenv(sf.moe.CONFIG_ENV, f"wgrad={other}")
+    assert sf.moe.variant_for(plan, op)[0] == default
+    with sf.moe.use_config(dgrad="128x128x32s5"):     # CONFIG wins over the environment
+        assert sf.moe.variant_for(plan, op)[0] == "128x128x32s5"
+        assert sf.moe.variant_for(plan, op)[1]["tile"]["BM"] == 128
+    assert sf.moe.CONFIG == {}
+    monkeypatch.setenv(sf.moe.CONFIG_ENV, "nope")
+    err(lambda: sf.moe.variant_for(plan, op), InvalidProblemError, "'nope'", "128x128x32s5")
+    monkeypatch.setenv(sf.moe.CONFIG_ENV, "bwd=x")
+    err(lambda: sf.moe.variant_for(plan, op), InvalidProblemError, "'bwd'", "fwd, dgrad, wgrad")
+    monkeypatch.setenv(sf.moe.CONFIG_ENV, "default")
+    assert sf.moe.variant_for(plan, op)[0] == default
+    wg = "grouped_matmul_backward_weight"
+    wplan = plan_for(_args(wg, 64, 64, 64, 4, "bf16", out_kind="f32"), "mma", 90)
+    monkeypatch.delenv(sf.moe.CONFIG_ENV, raising=False)
+    short, rows = wplan.launch["short_variant"], wplan.launch["short_rows"]
+    assert sf.moe.variant_for(wplan, wg, rows_per_expert=rows - 1)[0] == short
+    assert sf.moe.variant_for(wplan, wg, rows_per_expert=rows)[0] == wplan.launch["default_variant"]
+    with sf.moe.use_config(wgrad="128x256x32s4"):
+        assert sf.moe.variant_for(wplan, wg, rows_per_expert=1)[0] == "128x256x32s4"
+    simt = plan_for(_args(op, 64, 64, 64, 4, "f32"), "simt", 90)
+    assert sf.moe.variant_names(simt) == ["default"]
+    assert sf.moe.variant_for(simt, op)[1]["symbol"] == simt.entry.symbol
+
+
+def test_variant_fallback_on_small_shared_memory(monkeypatch):
+    op = "grouped_matmul"
+    plan = plan_for(_args(op, 64, 64, 64, 4, "bf16"), "mma", 90)
+    monkeypatch.delenv(sf.moe.CONFIG_ENV, raising=False)
+    monkeypatch.setitem(sf.moe._smem_limit, 7, 100 * 1024)      # e.g. sm_86 / sm_89: 99-100 KB per block
+    name, meta = sf.moe.variant_for(plan, op, 7)
+    assert meta["dynamic_smem"] <= 96 * 1024
+    big = max(plan.launch["variants"], key=lambda n: plan.launch["variants"][n]["dynamic_smem"])
+    with sf.moe.use_config(big):
+        err(lambda: sf.moe.variant_for(plan, op, 7), InvalidProblemError, big, "shared memory")
+
+
+def test_run_into_checks_the_output():
+    x, w, dy = D((32, 64), "float16"), D((4, 48, 64), "float16"), D((32, 48), "float16")
+    off = D((5,), "int32")
+    ri = sf.moe.run_into
+    err(lambda: ri("grouped_matmul", D((32, 47), "float16"), x, w, offsets=off), InvalidProblemError, "(32, 48)")
+    err(lambda: ri("grouped_matmul", D((32, 48), "float32"), x, w, offsets=off), InvalidProblemError, "float32")
+    err(lambda: ri("grouped_matmul_backward_weight", D((4, 48, 64), "int8"), x, w, dy, offsets=off),
+        UnsupportedError, "dw_dtype")
+    err(lambda: ri("grouped_matmul", D((32, 48), "float16", strides=(96, 1)), x, w, offsets=off),
+        InvalidProblemError, "contiguous")
+    err(lambda: ri("matmul", D((32, 48), "float16"), x, w, offsets=off), InvalidProblemError, "op=")
+
+
+def test_mma_blockers_large_extents():
+    a = _args("grouped_matmul", 16, 64, 2**31, 2, "bf16")
+    assert any("2**31" in r for r in mma_blockers(a))

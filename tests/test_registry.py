@@ -23,9 +23,9 @@ def test_select_picks_matching_cell():
 
 
 def test_select_errors_name_reasons():
-    with pytest.raises(UnsupportedError, match="issue 5"):
-        reg().select(category="quantization", op="quantize", scope="token", mode="symmetric",
-                     element="bf16", aux_element="s4")
+    with pytest.raises(UnsupportedError, match="no zero point"):
+        reg().select(category="quantization", op="quantize", scope="token", mode="asymmetric",
+                     element="bf16", aux_element="fp8_e4m3")
     with pytest.raises(UnsupportedError, match="mma"):
         reg().select(category="quantization", op="quantize", scope="token", mode="symmetric",
                      element="bf16", aux_element="s8", backend="mma")
@@ -36,7 +36,7 @@ def test_select_errors_name_reasons():
 
 def test_lookup_excluded_and_unknown():
     with pytest.raises(UnsupportedError, match="not generated"):
-        reg().lookup("quantization/quantize/token/symmetric/bf16/s4/sm80/simt/f32.acc-f32.det.stable")
+        reg().lookup("quantization/quantize/token/asymmetric/bf16/fp8_e4m3/sm80/simt/f32.acc-f32.det.stable")
     with pytest.raises(UnsupportedError, match="not in the matrix"):
         reg().lookup("quantization/quantize/token/symmetric/bf16/s8/sm90/simt/f32.acc-f32.det.stable")
 

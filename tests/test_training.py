@@ -328,19 +328,21 @@ def _kernel_params(sku, symbol_suffix=""):
 @pytest.fixture
 def fake_gpu(monkeypatch):
     from runtime import launch as launch_mod
-    from runtime import training
+    from runtime import quantization, training
     rec = _Launches()
 
     def fake_empty(like, shape, kind):
         from runtime.arrays import NUMPY_OF_KIND
         return D(shape, NUMPY_OF_KIND[kind] if kind not in ("bf16",) else "float16", ptr=0x7F0000100000)
 
-    monkeypatch.setattr(training, "launch", rec.launch)
     monkeypatch.setattr(launch_mod, "launch", rec.launch)
     monkeypatch.setattr(training, "empty", fake_empty)
     monkeypatch.setattr(training, "load_function", lambda reg, unit, symbol, dev: symbol)
     monkeypatch.setattr(training, "properties", lambda dev: {"sms": 132, "max_threads_per_sm": 2048})
+    monkeypatch.setattr(launch_mod, "properties", lambda dev: {"sms": 132, "max_threads_per_sm": 2048})
+    monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
     monkeypatch.setattr(training, "stream_handle", lambda ref: 0)
+    monkeypatch.setattr(quantization, "stream_handle", lambda ref: 0)
     monkeypatch.setattr(launch_mod, "stream_handle", lambda ref: 0)
     monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).symbol)
     monkeypatch.setattr(training, "_bool_mask", lambda like, shape: (D(shape, "uint8"), sf.arrays.as_array(

@@ -24,7 +24,8 @@ def test_wrong_input_dtype():
 
 def test_wrong_output_dtype():
     err(lambda: sf.quantize(X, 0.1, scope="tensor", out_dtype="int16"), InvalidProblemError, "out_dtype")
-    err(lambda: sf.quantize(X, 0.1, scope="tensor", out_dtype="int4"), UnsupportedError, "issue 5")
+    err(lambda: sf.quantize(D((8, 63), "float32"), 0.1, scope="tensor", out_dtype="int4"), InvalidProblemError,
+        "D=63", "even")
     err(lambda: sf.dequantize(D((8, 64), "int8"), 0.1, scope="tensor", out_dtype="int8"), UnsupportedError,
         "out_dtype")
 

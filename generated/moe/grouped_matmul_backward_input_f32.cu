@@ -44,6 +44,13 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- index arithmetic ---------------------------------------------------------------------------
+// (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
+// caller says every operand fits (several times cheaper than 64-bit).
+__device__ __forceinline__ i64_t channel_of(i64_t row, i64_t inner, i64_t count, bool narrow) {
+    return narrow ? (i64_t)((u32_t)row / (u32_t)inner % (u32_t)count) : (row / inner) % count;
+}
+
 // -- vector memory access: N elements per thread, moved as 16/8/4-byte words ------------------
 template <typename T, int N> struct __align__(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) Vec { T v[N]; };
 
@@ -423,9 +430,7 @@ extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_in
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_input_f32_sm80_simt_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
     sf_grouped_matmul_backward_input_f32_sm80_simt_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
-}
-
-extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_input_f32_sm80_simt(
+}extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_input_f32_sm80_simt(
     const float* __restrict__ x, i64_t ldx,
     const float* __restrict__ w, i64_t w_se, i64_t w_sn,
     const float* __restrict__ dy, i64_t lddy,

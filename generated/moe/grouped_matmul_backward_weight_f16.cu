@@ -44,6 +44,13 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- index arithmetic ---------------------------------------------------------------------------
+// (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
+// caller says every operand fits (several times cheaper than 64-bit).
+__device__ __forceinline__ i64_t channel_of(i64_t row, i64_t inner, i64_t count, bool narrow) {
+    return narrow ? (i64_t)((u32_t)row / (u32_t)inner % (u32_t)count) : (row / inner) % count;
+}
+
 // -- vector memory access: N elements per thread, moved as 16/8/4-byte words ------------------
 template <typename T, int N> struct __align__(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) Vec { T v[N]; };
 
@@ -329,30 +336,50 @@ __device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t 
     }
 }
 
-constexpr int BM = 128, BN = 128, BK = 32, STAGES = 5, THREADS = 128;
-static_assert(BM == 128 && BN == 128 && (BK == 32 || BK == 64) && THREADS == 128, "tile shape the fragment maps assume");
-constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK, STAGE_ELEMS = A_ELEMS + B_ELEMS;
-constexpr int KCH = BK / 8;                  // 16-byte chunks per K-major row
-constexpr int KCOLS = KCH / 4;               // K-major producer: chunks per row and thread (4 threads a row)
-constexpr int MPASS = BK / 8;                // MN-major producer: chunks per thread (16 per row)
-
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ int kmaj_off(int r, int c) { return r * BK + ((c ^ (BK == 64 ? (r & 7) : ((r >> 1) & 3))) << 3); }
-__device__ __forceinline__ int mnmaj_off(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 3); }
 
-__device__ __forceinline__ void cp_async16(T* dst, const T* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+template <int BM_, int BN_, int BK_, int STAGES_, int PIPE_>
+struct Tile {
+    static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_;
+    static constexpr int PIPE = PIPE_;
+    static constexpr int WARPS_N = BN / 64, THREADS = 32 * (BM / 64) * (BN / 64);
+    static constexpr int KSTEPS = BK / 16;
+    static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK, STAGE_ELEMS = A_ELEMS + B_ELEMS;
+    static constexpr unsigned STAGE_BYTES = STAGE_ELEMS * sizeof(T), A_BYTES = A_ELEMS * sizeof(T);
+    static_assert(BM % 64 == 0 && BN % 64 == 0 && (BK == 32 || BK == 64) && STAGES >= 2 && PIPE >= 0 && PIPE <= 2,
+                  "tile shape");
+    static_assert(THREADS >= 128 && THREADS <= 256, "4 or 8 warps");
+};
+
+// Swizzled element offsets (see above).
+template <int BK> __device__ __forceinline__ int kmaj_swz(int r) { return BK == 64 ? (r & 7) : ((r >> 1) & 3); }
+template <int BK> __device__ __forceinline__ int kmaj_off(int r, int c) { return r * BK + ((c ^ kmaj_swz<BK>(r)) << 3); }
+template <int W> __device__ __forceinline__ int mnmaj_off(int r, int c) { return r * W + ((c ^ (r & 7)) << 3); }
+
+// Producer maps. K-major [ROWS][BK]: 4 threads a row, BK / 32 chunks each (c = kc + 4 j),
+// rows kr0 + RPP i. MN-major [BK][W]: W / 8 threads a row, one chunk each (column cc), rows rr0 + RPP i.
+template <int ROWS, int BK, int THREADS> struct KMap {
+    static constexpr int KCOLS = BK / 32, RPP = THREADS / 4, PASSES = ROWS / RPP;
+    static_assert(ROWS % RPP == 0 && RPP % 8 == 0, "K-major producer map");
+};
+template <int W, int BK, int THREADS> struct MNMap {
+    static constexpr int WCH = W / 8, RPP = THREADS / WCH, PASSES = BK / RPP;
+    static_assert(THREADS % WCH == 0 && BK % RPP == 0 && RPP % 8 == 0, "MN-major producer map");
+};
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const T* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const T* p) {
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const T* p) {
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -368,67 +395,168 @@ __device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
     *reinterpret_cast<unsigned*>(p) = v;
 }
 
-// One BK slice of the stage: 2 x k16 steps of 4 (m16) x 8 (n8) mma per warp.
-__device__ __forceinline__ void compute_stage(float (&acc)[4][8][4], const T* sA, const T* sB, int m_w, int n_w, int lane) {
-    const int li = lane & 7, lj = lane >> 3;
+// Per-lane byte offsets of the warp's ldmatrix reads inside a stage (stage-independent).
+// K-major operand: one offset per k16 step (row, plus the chunk: its swizzle depends on the lane
+// only; row block i adds 16 i rows). MN-major: one per 16-wide column block (step ks adds 16 ks rows).
+template <class C>
+struct Frag {
+    unsigned a_off[4], b_off[4];
+    __device__ __forceinline__ Frag(int m_w, int n_w, int lane) {
+        constexpr int BK = C::BK;
+        const int li = lane & 7, lj = lane >> 3;
+        {   // A (.trans): rows 16 ks + li + 8 (lj >> 1), chunk (m_w + 16 mi) / 8 + (lj & 1)
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-        unsigned a[4][4], b[4][4];
+            for (int mi = 0; mi < 4; ++mi)
+                a_off[mi] = (unsigned)(mnmaj_off<C::BM>(li + ((lj >> 1) << 3), ((m_w + 16 * mi) >> 3) + (lj & 1)) * sizeof(T));
+        }
+        {   // B (.trans): rows 16 ks + li + 8 (lj & 1), chunk (n_w + 16 np) / 8 + (lj >> 1)
+#pragma unroll
+            for (int np = 0; np < 4; ++np)
+                b_off[np] = (unsigned)(mnmaj_off<C::BN>(li + ((lj & 1) << 3), ((n_w + 16 * np) >> 3) + (lj >> 1)) * sizeof(T));
+        }
+        (void)li; (void)lj; (void)BK; (void)m_w; (void)n_w;
+    }
+
+    // Fragments of k16 step ks of the stage at shared address sA (B follows A in the stage).
+    __device__ __forceinline__ void load(unsigned (&a)[4][4], unsigned (&b)[4][4], unsigned sA, int ks) const {
+        const unsigned sB = sA + C::A_BYTES;
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi) {
-            const int r = kk + li + ((lj >> 1) << 3);
-            ldsm_x4_t(a[mi], sA + mnmaj_off(r, ((m_w + 16 * mi) >> 3) + (lj & 1)));
+            ldsm_x4_t(a[mi], sA + a_off[mi] + ks * 16 * C::BM * (unsigned)sizeof(T));
         }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
-            const int r = kk + li + ((lj & 1) << 3);
-            ldsm_x4_t(b[np], sB + mnmaj_off(r, ((n_w + 16 * np) >> 3) + (lj >> 1)));
+            ldsm_x4_t(b[np], sB + b_off[np] + ks * 16 * C::BN * (unsigned)sizeof(T));
         }
+    }
+};
+
+// One k16 step of the warp tile: 4 x 8 mma. hook(mi) runs after row mi: the producer's copies
+// of the next slice are issued between the tensor-core instructions instead of before them.
+template <class Hook>
+__device__ __forceinline__ void mma_step(float (&acc)[4][8][4], const unsigned (&a)[4][4], const unsigned (&b)[4][4],
+                                         Hook& hook) {
 #pragma unroll
-        for (int mi = 0; mi < 4; ++mi)
+    for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
-            for (int nj = 0; nj < 8; ++nj)
-                mma16816(acc[mi][nj], a[mi], b[nj >> 1][(nj & 1) * 2], b[nj >> 1][(nj & 1) * 2 + 1]);
+        for (int nj = 0; nj < 8; ++nj)
+            mma16816(acc[mi][nj], a[mi], b[nj >> 1][(nj & 1) * 2], b[nj >> 1][(nj & 1) * 2 + 1]);
+        hook(mi);
     }
 }
 
+// The pipelined reduction over KT slices. load(stage_byte_offset, slice, piece): piece -1
+// prepares a slice (per-slice scalars), pieces 0..3 issue its cp.async copies; slices 0, 1, 2, ...
+// are loaded in that order, each exactly once (running pointers advance in piece 3).
+//   PIPE 0: wait, barrier, the whole next slice, then fragments and mma of this slice.
+//   PIPE 1: the same, but the copies of the next slice are interleaved with the mma of the
+//           first k16 step (the tensor cores are not idle while the producer issues).
+//   PIPE 2: as 1, and the fragments are double-buffered across k16 steps and slices: the
+//           barrier precedes the last k16 step of a slice, whose mma then hide the ldmatrix
+//           latency of the next slice's first step.
+template <class C, class Load>
+__device__ __forceinline__ void mainloop(float (&acc)[4][8][4], const Frag<C>& fr, unsigned s_base, int KT, Load& load) {
+    constexpr unsigned RING = C::STAGES * C::STAGE_BYTES;
+    auto none = [](int) {};
+#pragma unroll
+    for (int s = 0; s < C::STAGES - 1; ++s) {
+        if (s < KT) {
+#pragma unroll
+            for (int q = -1; q < 4; ++q) load(s * C::STAGE_BYTES, s, q);
+        }
+        cp_async_commit();
+    }
+    unsigned rd = 0, wr = (C::STAGES - 1) * C::STAGE_BYTES;   // byte offsets of the slots read / written next
+    if constexpr (C::PIPE == 2) {
+        unsigned a[2][4][4], b[2][4][4];
+        cp_async_wait<C::STAGES - 2>();
+        __syncthreads();
+        if (KT > 0) fr.load(a[0], b[0], s_base + rd, 0);
+        for (int kt = 0; kt < KT; ++kt) {
+            const int nk = kt + C::STAGES - 1;
+            const bool issue = nk < KT;
+#pragma unroll
+            for (int ks = 0; ks < C::KSTEPS; ++ks) {
+                if (ks == C::KSTEPS - 1) {
+                    // slice kt + 1 is visible to all; every warp has read its last fragments of slot rd
+                    cp_async_wait<C::STAGES - 2>();
+                    __syncthreads();
+                    rd = rd + C::STAGE_BYTES == RING ? 0 : rd + C::STAGE_BYTES;
+                    if (kt + 1 < KT) fr.load(a[(ks + 1) & 1], b[(ks + 1) & 1], s_base + rd, 0);
+                } else {
+                    fr.load(a[(ks + 1) & 1], b[(ks + 1) & 1], s_base + rd, ks + 1);
+                }
+                if (ks == 0) {   // the slot of slice kt - 1 is free (barrier of the previous slice)
+                    if (issue) load(wr, nk, -1);
+                    auto copy = [&](int q) { if (issue) load(wr, nk, q); };
+                    mma_step(acc, a[ks & 1], b[ks & 1], copy);
+                    cp_async_commit();
+                    wr = wr + C::STAGE_BYTES == RING ? 0 : wr + C::STAGE_BYTES;
+                } else {
+                    mma_step(acc, a[ks & 1], b[ks & 1], none);
+                }
+            }
+        }
+    } else {
+        for (int kt = 0; kt < KT; ++kt) {
+            cp_async_wait<C::STAGES - 2>();
+            __syncthreads();   // slice kt is visible to all; slice kt - 1 is no longer read
+            const int nk = kt + C::STAGES - 1;
+            const bool issue = nk < KT;
+            if (C::PIPE == 0 && issue) {
+#pragma unroll
+                for (int q = -1; q < 4; ++q) load(wr, nk, q);
+            }
+            if (C::PIPE == 1 && issue) load(wr, nk, -1);
+#pragma unroll
+            for (int ks = 0; ks < C::KSTEPS; ++ks) {
+                unsigned a[4][4], b[4][4];
+                fr.load(a, b, s_base + rd, ks);
+                if (C::PIPE == 1 && ks == 0) {
+                    auto copy = [&](int q) { if (issue) load(wr, nk, q); };
+                    mma_step(acc, a, b, copy);
+                } else {
+                    mma_step(acc, a, b, none);
+                }
+            }
+            cp_async_commit();
+            wr = wr + C::STAGE_BYTES == RING ? 0 : wr + C::STAGE_BYTES;
+            rd = rd + C::STAGE_BYTES == RING ? 0 : rd + C::STAGE_BYTES;
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// Copy q of NC per thread and slice belongs to piece (4 q) / NC.
+template <int NC> __device__ __forceinline__ constexpr bool in_piece(int q, int piece) { return (q * 4) / NC == piece; }
+__device__ __forceinline__ int clamp_int(i64_t v) { return v < 0 ? 0 : (v > 0x7fffffff ? 0x7fffffff : (int)v); }
+
+template <class C>
 __device__ void run(const Problem& p) {
+    constexpr int BM = C::BM, BN = C::BN, BK = C::BK, THREADS = C::THREADS;
+    constexpr unsigned TS = sizeof(T);
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    T* smem = reinterpret_cast<T*>(smem_raw);
+    const unsigned s_base = smem_addr(smem_raw);
     __shared__ i64_t rows_s[BM];   // fwd / bwd-input: the tile's output rows (-1: none)
     __shared__ i64_t slot;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int m_w = (warp >> 1) * 64, n_w = (warp & 1) * 64;
-    const int cc = tid & 15, rr0 = tid >> 4;        // MN-major producer: chunk column, rows rr0 + 8 i
-    const int kc = tid & 3, kr0 = tid >> 2;         // K-major producer: chunks kc + 4 j, rows kr0 + 32 i
+    const int m_w = (warp / C::WARPS_N) * 64, n_w = (warp % C::WARPS_N) * 64;
+    const Frag<C> fr(m_w, n_w, lane);
     // dw[e, n, k]: tiles (e, n-tile, k-tile); the reduction walks the rows of expert e in order.
+    // Both operands MN-major: A = dy [BK rows][BM columns n], B = x [BK rows][BN columns k].
+    using MA = MNMap<BM, BK, THREADS>;
+    using MB = MNMap<BN, BK, THREADS>;
+    constexpr int NC = MA::PASSES + MB::PASSES;
+    const int acc_ = tid % MA::WCH, ar0 = tid / MA::WCH;
+    const int bcc = tid % MB::WCH, br0 = tid / MB::WCH;
+    const unsigned a_dst = (unsigned)mnmaj_off<BM>(ar0, acc_) * TS;
+    const unsigned b_dst = C::A_BYTES + (unsigned)mnmaj_off<BN>(br0, bcc) * TS;
     const i64_t tiles_n = (p.N + BM - 1) / BM, tiles_k = (p.K + BN - 1) / BN;
     const i64_t per_expert = tiles_n * tiles_k, total = (i64_t)p.E * per_expert;
-    (void)rows_s; (void)kc; (void)kr0;
+    (void)rows_s;
     for (;;) {
         const i64_t t = next_tile(p.counter, &slot);
         if (t >= total) break;
-        const int e = (int)(t / per_expert);
-        const i64_t row0 = (t % per_expert) / tiles_k * BM, col0 = (t % per_expert) % tiles_k * BN;
-        const i64_t p0 = p.row_start[e], p1 = p.row_start[e + 1];
-        const i64_t R = p1 - p0;
-        // Producer: both operands are MN-major [BK rows of expert e][128 columns]; the same
-        // rows (rr0 + 8 i) and chunk column cc for A (dy, columns n) and B (x, columns k).
-        const bool a_col_ok = row0 + cc * 8 < p.N, b_col_ok = col0 + cc * 8 < p.K;
-        auto load_stage = [&](int stage, int kt) {
-            T* sA = smem + stage * STAGE_ELEMS;
-            T* sB = sA + A_ELEMS;
-#pragma unroll
-            for (int i = 0; i < MPASS; ++i) {
-                const int r = rr0 + 8 * i;
-                const i64_t pos = p0 + (i64_t)kt * BK + r;
-                const bool ok = pos < p1;
-                const i64_t row = ok ? row_of(p, pos) : 0;
-                const bool a_ok = ok && a_col_ok, b_ok = ok && b_col_ok;
-                cp_async16(sA + mnmaj_off(r, cc), a_ok ? p.dy + row * p.lddy + row0 + cc * 8 : p.dy, a_ok);
-                cp_async16(sB + mnmaj_off(r, cc), b_ok ? p.x + row * p.ldx + col0 + cc * 8 : p.x, b_ok);
-            }
-        };
         float acc[4][8][4];
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
@@ -436,24 +564,79 @@ __device__ void run(const Problem& p) {
             for (int nj = 0; nj < 8; ++nj)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) acc[mi][nj][q] = 0.0f;
-
-        // Main loop: STAGES - 1 slices in flight while one is multiplied.
+        const int e = (int)(t / per_expert);
+        const i64_t row0 = (t % per_expert) / tiles_k * BM, col0 = (t % per_expert) % tiles_k * BN;
+        const i64_t p0 = p.row_start[e], p1 = p.row_start[e + 1];
+        const i64_t R = p1 - p0;
+        const bool a_col_ok = row0 + acc_ * 8 < p.N, b_col_ok = col0 + bcc * 8 < p.K;
         const int KT = (int)((R + BK - 1) / BK);
+        i64_t left = R;   // rows of the expert from the next slice on
+        if (p.perm == nullptr) {
+            // Offsets routing: the rows of expert e are consecutive; running pointers at rows
+            // p0 + ar0 / br0 of the next slice.
+            const T* a_next = p.dy + (p0 + ar0) * p.lddy + row0 + acc_ * 8;
+            const T* b_next = p.x + (p0 + br0) * p.ldx + col0 + bcc * 8;
+            const i64_t a_step = (i64_t)MA::RPP * p.lddy, b_step = (i64_t)MB::RPP * p.ldx;
+            int a_left = 0, b_left = 0;   // per slice: rows left (0 past the columns of the operand)
+            auto load = [&](unsigned stage, int kt, int piece) {
+                (void)kt;
+                if (piece < 0) {
+                    const int l = clamp_int(left);
+                    a_left = a_col_ok ? l : 0;
+                    b_left = b_col_ok ? l : 0;
+                    return;
+                }
+                const unsigned sA = s_base + stage;
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < KT) load_stage(s, s);
-            cp_async_commit();
+                for (int q = 0; q < NC; ++q) {
+                    if (!in_piece<NC>(q, piece)) continue;
+                    if (q < MA::PASSES) {
+                        const int i = q;
+                        cp_async16(sA + a_dst + i * MA::RPP * BM * TS, a_next + i * a_step, ar0 + MA::RPP * i < a_left);
+                    } else {
+                        const int i = q - MA::PASSES;
+                        cp_async16(sA + b_dst + i * MB::RPP * BN * TS, b_next + i * b_step, br0 + MB::RPP * i < b_left);
+                    }
+                }
+                if (piece == 3) {
+                    a_next += BK * p.lddy;
+                    b_next += BK * p.ldx;
+                    left -= BK;
+                }
+            };
+            mainloop<C>(acc, fr, s_base, KT, load);
+        } else {
+            // Row permutation (row_experts routing): rows through perm, read per slice.
+            int a_left = 0, b_left = 0;
+            i64_t pos0 = p0;
+            auto load = [&](unsigned stage, int kt, int piece) {
+                if (piece < 0) {
+                    const int l = clamp_int(left);
+                    a_left = a_col_ok ? l : 0;
+                    b_left = b_col_ok ? l : 0;
+                    pos0 = p0 + (i64_t)kt * BK;
+                    return;
+                }
+                const unsigned sA = s_base + stage;
+#pragma unroll
+                for (int q = 0; q < NC; ++q) {
+                    if (!in_piece<NC>(q, piece)) continue;
+                    if (q < MA::PASSES) {
+                        const int r = ar0 + MA::RPP * q;
+                        const bool ok = r < a_left;
+                        const T* src = ok ? p.dy + (i64_t)p.perm[pos0 + r] * p.lddy + row0 + acc_ * 8 : p.dy;
+                        cp_async16(sA + a_dst + q * MA::RPP * BM * TS, src, ok);
+                    } else {
+                        const int i = q - MA::PASSES, r = br0 + MB::RPP * i;
+                        const bool ok = r < b_left;
+                        const T* src = ok ? p.x + (i64_t)p.perm[pos0 + r] * p.ldx + col0 + bcc * 8 : p.x;
+                        cp_async16(sA + b_dst + i * MB::RPP * BN * TS, src, ok);
+                    }
+                }
+                if (piece == 3) left -= BK;
+            };
+            mainloop<C>(acc, fr, s_base, KT, load);
         }
-        for (int kt = 0; kt < KT; ++kt) {
-            cp_async_wait<STAGES - 2>();
-            __syncthreads();   // slice kt is visible to all; slice kt - 1 is no longer read
-            const int nk = kt + STAGES - 1;
-            if (nk < KT) load_stage(nk % STAGES, nk);
-            cp_async_commit();
-            const T* sA = smem + (kt % STAGES) * STAGE_ELEMS;
-            compute_stage(acc, sA, sA + A_ELEMS, m_w, n_w, lane);
-        }
-        cp_async_wait<0>();
 
         // Epilogue: accumulator (row lane / 4 (+8), columns 2 (lane % 4) + {0, 1}) -> output pairs.
 #pragma unroll
@@ -498,9 +681,7 @@ extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_we
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
     sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
-}
-
-extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma(
+}extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma(
     const f16_t* __restrict__ x, i64_t ldx,
     const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy,
@@ -513,7 +694,127 @@ extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_wei
         sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run(p);
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 2>>(p);
+}
+extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x128x32s5(
+    const f16_t* __restrict__ x, i64_t ldx,
+    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy,
+    f16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 128, 32, 5, 0>>(p);
+}
+extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x128x32s5i(
+    const f16_t* __restrict__ x, i64_t ldx,
+    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy,
+    f16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 128, 32, 5, 1>>(p);
+}
+extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x128x32s5p(
+    const f16_t* __restrict__ x, i64_t ldx,
+    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy,
+    f16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 128, 32, 5, 2>>(p);
+}
+extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x32s4(
+    const f16_t* __restrict__ x, i64_t ldx,
+    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy,
+    f16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 0>>(p);
+}
+extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x32s4i(
+    const f16_t* __restrict__ x, i64_t ldx,
+    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy,
+    f16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 1>>(p);
+}
+extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x32s6p(
+    const f16_t* __restrict__ x, i64_t ldx,
+    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy,
+    f16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 6, 2>>(p);
+}
+extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x64s3p(
+    const f16_t* __restrict__ x, i64_t ldx,
+    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy,
+    f16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 64, 3, 2>>(p);
+}
+extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v256x128x32s4p(
+    const f16_t* __restrict__ x, i64_t ldx,
+    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy,
+    f16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<256, 128, 32, 4, 2>>(p);
 }
 
 // SKU: moe/grouped_matmul_backward_weight/-/-/f16/-/sm80/simt/f32.acc-f32.det
@@ -826,9 +1127,7 @@ extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_we
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_simt_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
     sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
-}
-
-extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_simt(
+}extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_simt(
     const f16_t* __restrict__ x, i64_t ldx,
     const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy,

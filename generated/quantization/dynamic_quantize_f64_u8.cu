@@ -44,6 +44,13 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- index arithmetic ---------------------------------------------------------------------------
+// (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
+// caller says every operand fits (several times cheaper than 64-bit).
+__device__ __forceinline__ i64_t channel_of(i64_t row, i64_t inner, i64_t count, bool narrow) {
+    return narrow ? (i64_t)((u32_t)row / (u32_t)inner % (u32_t)count) : (row / inner) % count;
+}
+
 // -- vector memory access: N elements per thread, moved as 16/8/4-byte words ------------------
 template <typename T, int N> struct __align__(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) Vec { T v[N]; };
 
@@ -110,6 +117,11 @@ typedef double M;   // math precision
 constexpr bool ASYM = true;
 
 __device__ __forceinline__ M up(T v) { return to_f64(v); }
+// Element i of a chunk in the math precision.
+template <int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    return up(b.v[i]);
+}
 // IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
@@ -141,11 +153,12 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
+// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
 __device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
     const M t = xv * inv;
     const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -312,6 +325,11 @@ typedef double M;   // math precision
 constexpr bool ASYM = false;
 
 __device__ __forceinline__ M up(T v) { return to_f64(v); }
+// Element i of a chunk in the math precision.
+template <int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    return up(b.v[i]);
+}
 // IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
@@ -343,11 +361,12 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
+// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
 __device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
     const M t = xv * inv;
     const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -514,6 +533,11 @@ typedef double M;   // math precision
 constexpr bool ASYM = true;
 
 __device__ __forceinline__ M up(T v) { return to_f64(v); }
+// Element i of a chunk in the math precision.
+template <int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    return up(b.v[i]);
+}
 // IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
@@ -545,11 +569,12 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
+// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
 __device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
     const M t = xv * inv;
     const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -647,6 +672,143 @@ __device__ __forceinline__ void row_groups(
         }
     }
 }
+
+// -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
+constexpr int PACK = 1;                    // elements per Q
+// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+struct Sink {
+    M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
+        M s;
+        finish(a, eps, qmin, qmax, zp_value, s, zp);
+        if (lead) {
+            scale[vr] = s;
+            if (ASYM) zero_point[vr] = zp;
+        }
+        return s;
+    }
+};
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, zp, qlo, qhi);
+    store_vec<Q, V>(p, o);
+}
+// Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
+__device__ __forceinline__ void team_barrier(int id, int threads) {
+    asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
+// Reduces `a` over the TX threads of a row group; every one of them gets the result. TX <= 32:
+// shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
+// TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
+// slots, so one barrier per exchange is enough.
+__device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
+    const int width = TX < 32 ? TX : 32;
+    for (int o = width >> 1; o > 0; o >>= 1) {
+        if (ASYM) a.lo = vmin(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
+        a.hi = vmax(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
+    }
+    if (TX > 32) {
+        const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
+        if ((threadIdx.x & 31) == 0) {
+            xch[parity][0][threadIdx.x >> 5] = a.lo;
+            xch[parity][1][threadIdx.x >> 5] = a.hi;
+        }
+        team_barrier(1 + team, TX);
+        for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
+            if (ASYM) a.lo = vmin(a.lo, xch[parity][0][first + i]);
+            a.hi = vmax(a.hi, xch[parity][1][first + i]);
+        }
+        parity ^= 1;
+    }
+}
+
+// Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
+// rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
+// one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
+// registers even when it is not taken).
+__device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t g, i64_t rs, bool dense) {
+    if (dense) return vr * g;
+    const u32_t row = (u32_t)vr / (u32_t)ngroups;
+    return (i64_t)row * rs + (vr - (i64_t)row * ngroups) * g;
+}
+
+// A unit (one warp when TX <= 32, else one team of TX / 32 warps) takes S * RG consecutive row
+// groups per step: S = 32 / TX side by side in the warp (TX <= 32), RG one after the other in each
+// thread (RG > 1: dense rows only). A thread holds CH chunks of V elements of each of its RG row
+// groups in registers (CH * RG = P chunks, all loaded before any is used), so x is read once;
+// chunk j of a row group starts at element (j * TX + tx) * V. No block barrier; the grid strides
+// over units. Addresses and row-group indices advance by steps and chunks are guarded by j < nch,
+// a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
+// subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
+// which change no reduction (it starts from 0), so the reduction needs no guard.
+template <int V, int CH, int RG>
+__device__ __forceinline__ void team_row_groups(
+    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
+    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+{
+    static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
+    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
+    const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
+    const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
+    const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
+    const int step = TX * V;                                 // elements between a thread's chunks
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    const i64_t gsq = gs / PACK;                             // a row group's length in q
+    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
+    int parity = 0;
+#pragma unroll 1
+    for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
+         first - slice < vrows; first += stride) {
+        Vec<T, V> buf[RG][CH];
+        {
+            const T* xr = x + row_group_offset(first, ngroups, gs, x_rs, dense) + tx * V;
+            i64_t vr = first;
+#pragma unroll
+            for (int r = 0; r < RG; ++r, vr += S, xr += S * gs) {
+                if (vr < vrows) {
+                    const T* p = xr;
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step) {   // zeros past the row group
+                        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+                        if (j < nch) w = __ldg(reinterpret_cast<const uint4*>(p));
+                        buf[r][j] = *reinterpret_cast<const Vec<T, V>*>(&w);
+                    }
+                }
+            }
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+        i64_t vr = first;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
+            const bool live = vr < vrows;
+            Acc a = {(M)0, (M)0};
+            if (live) {
+#pragma unroll
+                for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                    for (int i = 0; i < V; ++i) accumulate(a, elem(buf[r][j], i));
+                }
+            }
+            team_reduce(a, TX, xch, parity);
+            int zp;
+            const M s = sink.params(a, vr, live && tx == 0, zp);
+            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            if (live) {
+                Q* p = qr;
+#pragma unroll
+                for (int j = 0; j < CH; ++j, p += step / PACK) {
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                }
+            }
+        }
+    }
+}
+
 }  // namespace sf_dynamic_quantize_group_asymmetric_f64_u8_sm80_simt_impl
 
 // x: rows x cols (row stride x_rs, last axis contiguous); q: rows x cols; scale / zero_point:
@@ -686,6 +848,11 @@ typedef double M;   // math precision
 constexpr bool ASYM = false;
 
 __device__ __forceinline__ M up(T v) { return to_f64(v); }
+// Element i of a chunk in the math precision.
+template <int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    return up(b.v[i]);
+}
 // IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
@@ -717,11 +884,12 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
+// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
 __device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
     const M t = xv * inv;
     const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -819,6 +987,143 @@ __device__ __forceinline__ void row_groups(
         }
     }
 }
+
+// -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
+constexpr int PACK = 1;                    // elements per Q
+// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+struct Sink {
+    M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
+        M s;
+        finish(a, eps, qmin, qmax, zp_value, s, zp);
+        if (lead) {
+            scale[vr] = s;
+            if (ASYM) zero_point[vr] = zp;
+        }
+        return s;
+    }
+};
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, zp, qlo, qhi);
+    store_vec<Q, V>(p, o);
+}
+// Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
+__device__ __forceinline__ void team_barrier(int id, int threads) {
+    asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
+// Reduces `a` over the TX threads of a row group; every one of them gets the result. TX <= 32:
+// shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
+// TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
+// slots, so one barrier per exchange is enough.
+__device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
+    const int width = TX < 32 ? TX : 32;
+    for (int o = width >> 1; o > 0; o >>= 1) {
+        if (ASYM) a.lo = vmin(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
+        a.hi = vmax(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
+    }
+    if (TX > 32) {
+        const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
+        if ((threadIdx.x & 31) == 0) {
+            xch[parity][0][threadIdx.x >> 5] = a.lo;
+            xch[parity][1][threadIdx.x >> 5] = a.hi;
+        }
+        team_barrier(1 + team, TX);
+        for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
+            if (ASYM) a.lo = vmin(a.lo, xch[parity][0][first + i]);
+            a.hi = vmax(a.hi, xch[parity][1][first + i]);
+        }
+        parity ^= 1;
+    }
+}
+
+// Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
+// rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
+// one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
+// registers even when it is not taken).
+__device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t g, i64_t rs, bool dense) {
+    if (dense) return vr * g;
+    const u32_t row = (u32_t)vr / (u32_t)ngroups;
+    return (i64_t)row * rs + (vr - (i64_t)row * ngroups) * g;
+}
+
+// A unit (one warp when TX <= 32, else one team of TX / 32 warps) takes S * RG consecutive row
+// groups per step: S = 32 / TX side by side in the warp (TX <= 32), RG one after the other in each
+// thread (RG > 1: dense rows only). A thread holds CH chunks of V elements of each of its RG row
+// groups in registers (CH * RG = P chunks, all loaded before any is used), so x is read once;
+// chunk j of a row group starts at element (j * TX + tx) * V. No block barrier; the grid strides
+// over units. Addresses and row-group indices advance by steps and chunks are guarded by j < nch,
+// a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
+// subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
+// which change no reduction (it starts from 0), so the reduction needs no guard.
+template <int V, int CH, int RG>
+__device__ __forceinline__ void team_row_groups(
+    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
+    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+{
+    static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
+    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
+    const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
+    const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
+    const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
+    const int step = TX * V;                                 // elements between a thread's chunks
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    const i64_t gsq = gs / PACK;                             // a row group's length in q
+    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
+    int parity = 0;
+#pragma unroll 1
+    for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
+         first - slice < vrows; first += stride) {
+        Vec<T, V> buf[RG][CH];
+        {
+            const T* xr = x + row_group_offset(first, ngroups, gs, x_rs, dense) + tx * V;
+            i64_t vr = first;
+#pragma unroll
+            for (int r = 0; r < RG; ++r, vr += S, xr += S * gs) {
+                if (vr < vrows) {
+                    const T* p = xr;
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step) {   // zeros past the row group
+                        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+                        if (j < nch) w = __ldg(reinterpret_cast<const uint4*>(p));
+                        buf[r][j] = *reinterpret_cast<const Vec<T, V>*>(&w);
+                    }
+                }
+            }
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+        i64_t vr = first;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
+            const bool live = vr < vrows;
+            Acc a = {(M)0, (M)0};
+            if (live) {
+#pragma unroll
+                for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                    for (int i = 0; i < V; ++i) accumulate(a, elem(buf[r][j], i));
+                }
+            }
+            team_reduce(a, TX, xch, parity);
+            int zp;
+            const M s = sink.params(a, vr, live && tx == 0, zp);
+            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            if (live) {
+                Q* p = qr;
+#pragma unroll
+                for (int j = 0; j < CH; ++j, p += step / PACK) {
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                }
+            }
+        }
+    }
+}
+
 }  // namespace sf_dynamic_quantize_group_symmetric_f64_u8_sm80_simt_impl
 
 // x: rows x cols (row stride x_rs, last axis contiguous); q: rows x cols; scale / zero_point:
@@ -858,6 +1163,11 @@ typedef double M;   // math precision
 constexpr bool ASYM = true;
 
 __device__ __forceinline__ M up(T v) { return to_f64(v); }
+// Element i of a chunk in the math precision.
+template <int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    return up(b.v[i]);
+}
 // IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
@@ -889,11 +1199,12 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
+// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
 __device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
     const M t = xv * inv;
     const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -1060,6 +1371,11 @@ typedef double M;   // math precision
 constexpr bool ASYM = false;
 
 __device__ __forceinline__ M up(T v) { return to_f64(v); }
+// Element i of a chunk in the math precision.
+template <int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    return up(b.v[i]);
+}
 // IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
@@ -1091,11 +1407,12 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
+// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
 __device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
     const M t = xv * inv;
     const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -1262,6 +1579,11 @@ typedef double M;   // math precision
 constexpr bool ASYM = true;
 
 __device__ __forceinline__ M up(T v) { return to_f64(v); }
+// Element i of a chunk in the math precision.
+template <int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    return up(b.v[i]);
+}
 // IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
@@ -1293,11 +1615,12 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
+// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
 __device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
     const M t = xv * inv;
     const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1395,6 +1718,143 @@ __device__ __forceinline__ void row_groups(
         }
     }
 }
+
+// -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
+constexpr int PACK = 1;                    // elements per Q
+// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+struct Sink {
+    M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
+        M s;
+        finish(a, eps, qmin, qmax, zp_value, s, zp);
+        if (lead) {
+            scale[vr] = s;
+            if (ASYM) zero_point[vr] = zp;
+        }
+        return s;
+    }
+};
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, zp, qlo, qhi);
+    store_vec<Q, V>(p, o);
+}
+// Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
+__device__ __forceinline__ void team_barrier(int id, int threads) {
+    asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
+// Reduces `a` over the TX threads of a row group; every one of them gets the result. TX <= 32:
+// shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
+// TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
+// slots, so one barrier per exchange is enough.
+__device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
+    const int width = TX < 32 ? TX : 32;
+    for (int o = width >> 1; o > 0; o >>= 1) {
+        if (ASYM) a.lo = vmin(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
+        a.hi = vmax(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
+    }
+    if (TX > 32) {
+        const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
+        if ((threadIdx.x & 31) == 0) {
+            xch[parity][0][threadIdx.x >> 5] = a.lo;
+            xch[parity][1][threadIdx.x >> 5] = a.hi;
+        }
+        team_barrier(1 + team, TX);
+        for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
+            if (ASYM) a.lo = vmin(a.lo, xch[parity][0][first + i]);
+            a.hi = vmax(a.hi, xch[parity][1][first + i]);
+        }
+        parity ^= 1;
+    }
+}
+
+// Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
+// rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
+// one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
+// registers even when it is not taken).
+__device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t g, i64_t rs, bool dense) {
+    if (dense) return vr * g;
+    const u32_t row = (u32_t)vr / (u32_t)ngroups;
+    return (i64_t)row * rs + (vr - (i64_t)row * ngroups) * g;
+}
+
+// A unit (one warp when TX <= 32, else one team of TX / 32 warps) takes S * RG consecutive row
+// groups per step: S = 32 / TX side by side in the warp (TX <= 32), RG one after the other in each
+// thread (RG > 1: dense rows only). A thread holds CH chunks of V elements of each of its RG row
+// groups in registers (CH * RG = P chunks, all loaded before any is used), so x is read once;
+// chunk j of a row group starts at element (j * TX + tx) * V. No block barrier; the grid strides
+// over units. Addresses and row-group indices advance by steps and chunks are guarded by j < nch,
+// a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
+// subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
+// which change no reduction (it starts from 0), so the reduction needs no guard.
+template <int V, int CH, int RG>
+__device__ __forceinline__ void team_row_groups(
+    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
+    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+{
+    static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
+    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
+    const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
+    const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
+    const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
+    const int step = TX * V;                                 // elements between a thread's chunks
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    const i64_t gsq = gs / PACK;                             // a row group's length in q
+    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
+    int parity = 0;
+#pragma unroll 1
+    for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
+         first - slice < vrows; first += stride) {
+        Vec<T, V> buf[RG][CH];
+        {
+            const T* xr = x + row_group_offset(first, ngroups, gs, x_rs, dense) + tx * V;
+            i64_t vr = first;
+#pragma unroll
+            for (int r = 0; r < RG; ++r, vr += S, xr += S * gs) {
+                if (vr < vrows) {
+                    const T* p = xr;
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step) {   // zeros past the row group
+                        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+                        if (j < nch) w = __ldg(reinterpret_cast<const uint4*>(p));
+                        buf[r][j] = *reinterpret_cast<const Vec<T, V>*>(&w);
+                    }
+                }
+            }
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+        i64_t vr = first;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
+            const bool live = vr < vrows;
+            Acc a = {(M)0, (M)0};
+            if (live) {
+#pragma unroll
+                for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                    for (int i = 0; i < V; ++i) accumulate(a, elem(buf[r][j], i));
+                }
+            }
+            team_reduce(a, TX, xch, parity);
+            int zp;
+            const M s = sink.params(a, vr, live && tx == 0, zp);
+            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            if (live) {
+                Q* p = qr;
+#pragma unroll
+                for (int j = 0; j < CH; ++j, p += step / PACK) {
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                }
+            }
+        }
+    }
+}
+
 }  // namespace sf_dynamic_quantize_token_asymmetric_f64_u8_sm80_simt_impl
 
 // x: rows x cols (row stride x_rs, last axis contiguous); q: rows x cols; scale / zero_point:
@@ -1434,6 +1894,11 @@ typedef double M;   // math precision
 constexpr bool ASYM = false;
 
 __device__ __forceinline__ M up(T v) { return to_f64(v); }
+// Element i of a chunk in the math precision.
+template <int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    return up(b.v[i]);
+}
 // IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
@@ -1465,11 +1930,12 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
+// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
 __device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
     const M t = xv * inv;
     const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1567,6 +2033,143 @@ __device__ __forceinline__ void row_groups(
         }
     }
 }
+
+// -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
+constexpr int PACK = 1;                    // elements per Q
+// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+struct Sink {
+    M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
+        M s;
+        finish(a, eps, qmin, qmax, zp_value, s, zp);
+        if (lead) {
+            scale[vr] = s;
+            if (ASYM) zero_point[vr] = zp;
+        }
+        return s;
+    }
+};
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, zp, qlo, qhi);
+    store_vec<Q, V>(p, o);
+}
+// Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
+__device__ __forceinline__ void team_barrier(int id, int threads) {
+    asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
+// Reduces `a` over the TX threads of a row group; every one of them gets the result. TX <= 32:
+// shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
+// TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
+// slots, so one barrier per exchange is enough.
+__device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
+    const int width = TX < 32 ? TX : 32;
+    for (int o = width >> 1; o > 0; o >>= 1) {
+        if (ASYM) a.lo = vmin(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
+        a.hi = vmax(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
+    }
+    if (TX > 32) {
+        const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
+        if ((threadIdx.x & 31) == 0) {
+            xch[parity][0][threadIdx.x >> 5] = a.lo;
+            xch[parity][1][threadIdx.x >> 5] = a.hi;
+        }
+        team_barrier(1 + team, TX);
+        for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
+            if (ASYM) a.lo = vmin(a.lo, xch[parity][0][first + i]);
+            a.hi = vmax(a.hi, xch[parity][1][first + i]);
+        }
+        parity ^= 1;
+    }
+}
+
+// Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
+// rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
+// one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
+// registers even when it is not taken).
+__device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t g, i64_t rs, bool dense) {
+    if (dense) return vr * g;
+    const u32_t row = (u32_t)vr / (u32_t)ngroups;
+    return (i64_t)row * rs + (vr - (i64_t)row * ngroups) * g;
+}
+
+// A unit (one warp when TX <= 32, else one team of TX / 32 warps) takes S * RG consecutive row
+// groups per step: S = 32 / TX side by side in the warp (TX <= 32), RG one after the other in each
+// thread (RG > 1: dense rows only). A thread holds CH chunks of V elements of each of its RG row
+// groups in registers (CH * RG = P chunks, all loaded before any is used), so x is read once;
+// chunk j of a row group starts at element (j * TX + tx) * V. No block barrier; the grid strides
+// over units. Addresses and row-group indices advance by steps and chunks are guarded by j < nch,
+// a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
+// subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
+// which change no reduction (it starts from 0), so the reduction needs no guard.
+template <int V, int CH, int RG>
+__device__ __forceinline__ void team_row_groups(
+    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
+    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+{
+    static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
+    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
+    const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
+    const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
+    const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
+    const int step = TX * V;                                 // elements between a thread's chunks
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    const i64_t gsq = gs / PACK;                             // a row group's length in q
+    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
+    int parity = 0;
+#pragma unroll 1
+    for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
+         first - slice < vrows; first += stride) {
+        Vec<T, V> buf[RG][CH];
+        {
+            const T* xr = x + row_group_offset(first, ngroups, gs, x_rs, dense) + tx * V;
+            i64_t vr = first;
+#pragma unroll
+            for (int r = 0; r < RG; ++r, vr += S, xr += S * gs) {
+                if (vr < vrows) {
+                    const T* p = xr;
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step) {   // zeros past the row group
+                        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+                        if (j < nch) w = __ldg(reinterpret_cast<const uint4*>(p));
+                        buf[r][j] = *reinterpret_cast<const Vec<T, V>*>(&w);
+                    }
+                }
+            }
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+        i64_t vr = first;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
+            const bool live = vr < vrows;
+            Acc a = {(M)0, (M)0};
+            if (live) {
+#pragma unroll
+                for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                    for (int i = 0; i < V; ++i) accumulate(a, elem(buf[r][j], i));
+                }
+            }
+            team_reduce(a, TX, xch, parity);
+            int zp;
+            const M s = sink.params(a, vr, live && tx == 0, zp);
+            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            if (live) {
+                Q* p = qr;
+#pragma unroll
+                for (int j = 0; j < CH; ++j, p += step / PACK) {
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                }
+            }
+        }
+    }
+}
+
 }  // namespace sf_dynamic_quantize_token_symmetric_f64_u8_sm80_simt_impl
 
 // x: rows x cols (row stride x_rs, last axis contiguous); q: rows x cols; scale / zero_point:

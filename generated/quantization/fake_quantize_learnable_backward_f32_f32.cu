@@ -44,6 +44,13 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- index arithmetic ---------------------------------------------------------------------------
+// (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
+// caller says every operand fits (several times cheaper than 64-bit).
+__device__ __forceinline__ i64_t channel_of(i64_t row, i64_t inner, i64_t count, bool narrow) {
+    return narrow ? (i64_t)((u32_t)row / (u32_t)inner % (u32_t)count) : (row / inner) % count;
+}
+
 // -- vector memory access: N elements per thread, moved as 16/8/4-byte words ------------------
 template <typename T, int N> struct __align__(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) Vec { T v[N]; };
 

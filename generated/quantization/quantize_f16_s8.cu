@@ -44,6 +44,13 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- index arithmetic ---------------------------------------------------------------------------
+// (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
+// caller says every operand fits (several times cheaper than 64-bit).
+__device__ __forceinline__ i64_t channel_of(i64_t row, i64_t inner, i64_t count, bool narrow) {
+    return narrow ? (i64_t)((u32_t)row / (u32_t)inner % (u32_t)count) : (row / inner) % count;
+}
+
 // -- vector memory access: N elements per thread, moved as 16/8/4-byte words ------------------
 template <typename T, int N> struct __align__(sizeof(T) * N >= 16 ? 16 : sizeof(T) * N) Vec { T v[N]; };
 
@@ -112,52 +119,59 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
     int qmin, int qmax, int vec_ok)
 {
     constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
-    (void)narrow_index;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
-        const f16_t* x_row = x + row * x_rs;
-        s8_t* q_row = q + row * q_rs;
-        const i64_t srow = chan_last ? 0 : (row / chan_inner) % chan_count;
-
-        if (vec_ok) {
-            // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
-            constexpr int U = 4;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+        // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
+        // bytes in flight). What depends only on the column is computed once per column vector,
+        // not once per row; the launcher's grid is persistent, so each thread sees many rows.
+        for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
+            // axis = last: this vector's VEC per-column parameters, loaded once as vectors (the
+            // launcher checks their alignment); other axes: one parameter per row.
+            float s_c[VEC], inv_c[VEC];
+            int zp_c[VEC];
+            if (chan_last) {
+                const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
+                const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) {
+                    s_c[i] = sv.v[i];
+                    inv_c[i] = recip(sv.v[i]);
+                    zp_c[i] = zv.v[i];
+                }
+            }
+            for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
                 Vec<f16_t, VEC> x_v[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    const i64_t row = r0 + u * row_step;
+                    if (row < rows) {
+                        x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<s8_t, VEC> q_o;
-                    // axis = last: VEC consecutive per-column parameters, moved as vectors (the
-                    // launcher checks their alignment); other axes: one parameter per row.
-                    Vec<float, VEC> s_col;
-                    Vec<i32_t, VEC> zp_col;
-                    if (chan_last) {
-                        s_col = load_vec<float, VEC>(scale + c);
-                        zp_col = load_vec<i32_t, VEC>(zero_point + c);
+                    const i64_t row = r0 + u * row_step;
+                    if (row >= rows) break;
+                    float s_r = 0, inv_r = 0;
+                    int zp_r = zp_value;
+                    if (!chan_last) {
+                        const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+                        s_r = scale ? scale[srow] : scale_value;
+                        inv_r = recip(s_r);
+                        zp_r = zero_point ? zero_point[srow] : zp_value;
                     }
-                    const float s_r = (!chan_last) && scale ? scale[srow] : scale_value;
-                    const float inv_r = recip(s_r);
-                    const int zp_r = (!chan_last) && zero_point ? zero_point[srow] : zp_value;
-                    (void)s_r; (void)inv_r; (void)zp_r;
-
+                    Vec<s8_t, VEC> q_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        const float s = chan_last ? s_col.v[i] : s_r;
-                        const float inv = chan_last ? recip(s) : inv_r;
-                        const int zp = chan_last ? zp_col.v[i] : zp_r;
+                        const float s = chan_last ? s_c[i] : s_r;
+                        const float inv = chan_last ? inv_c[i] : inv_r;
+                        const int zp = chan_last ? zp_c[i] : zp_r;
                         (void)s; (void)inv; (void)zp;
                         const f16_t x_e = x_v[u].v[i];
                         s8_t& q_e = q_o.v[i];
@@ -165,18 +179,22 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                         const float v = rne(t) + (float)zp;
                         q_e = to_q<s8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
                     }
-                    store_vec<s8_t, VEC>(q_row + c, q_o);
+                    store_vec<s8_t, VEC>(q + row * q_rs + c, q_o);
                 }
             }
-        } else {
-            // Scalar path: any cols, any alignment.
+        }
+    } else {
+        // Scalar path: any cols, any alignment.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = chan_last ? c : srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 (void)s; (void)inv; (void)zp;
-
                 const f16_t x_e = x_row[c];
                 s8_t q_e;
                 const float t = to_f32(x_e) * inv;
@@ -198,50 +216,57 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
     int qmin, int qmax, int vec_ok)
 {
     constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
-    (void)narrow_index;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
-        const f16_t* x_row = x + row * x_rs;
-        s8_t* q_row = q + row * q_rs;
-        const i64_t srow = chan_last ? 0 : (row / chan_inner) % chan_count;
-
-        if (vec_ok) {
-            // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
-            constexpr int U = 4;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+        // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
+        // bytes in flight). What depends only on the column is computed once per column vector,
+        // not once per row; the launcher's grid is persistent, so each thread sees many rows.
+        for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
+            // axis = last: this vector's VEC per-column parameters, loaded once as vectors (the
+            // launcher checks their alignment); other axes: one parameter per row.
+            float s_c[VEC], inv_c[VEC];
+            int zp_c[VEC];
+            if (chan_last) {
+                const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) {
+                    s_c[i] = sv.v[i];
+                    inv_c[i] = recip(sv.v[i]);
+                    zp_c[i] = zp_value;
+                }
+            }
+            for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
                 Vec<f16_t, VEC> x_v[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    const i64_t row = r0 + u * row_step;
+                    if (row < rows) {
+                        x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<s8_t, VEC> q_o;
-                    // axis = last: VEC consecutive per-column parameters, moved as vectors (the
-                    // launcher checks their alignment); other axes: one parameter per row.
-                    Vec<float, VEC> s_col;
-                    if (chan_last) {
-                        s_col = load_vec<float, VEC>(scale + c);
+                    const i64_t row = r0 + u * row_step;
+                    if (row >= rows) break;
+                    float s_r = 0, inv_r = 0;
+                    int zp_r = zp_value;
+                    if (!chan_last) {
+                        const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+                        s_r = scale ? scale[srow] : scale_value;
+                        inv_r = recip(s_r);
                     }
-                    const float s_r = (!chan_last) && scale ? scale[srow] : scale_value;
-                    const float inv_r = recip(s_r);
-                    const int zp_r = zp_value;  // symmetric: the implied zero point
-                    (void)s_r; (void)inv_r; (void)zp_r;
-
+                    Vec<s8_t, VEC> q_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        const float s = chan_last ? s_col.v[i] : s_r;
-                        const float inv = chan_last ? recip(s) : inv_r;
-                        const int zp = zp_r;
+                        const float s = chan_last ? s_c[i] : s_r;
+                        const float inv = chan_last ? inv_c[i] : inv_r;
+                        const int zp = chan_last ? zp_c[i] : zp_r;
                         (void)s; (void)inv; (void)zp;
                         const f16_t x_e = x_v[u].v[i];
                         s8_t& q_e = q_o.v[i];
@@ -249,18 +274,22 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                         const float v = rne(t) + (float)zp;
                         q_e = to_q<s8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
                     }
-                    store_vec<s8_t, VEC>(q_row + c, q_o);
+                    store_vec<s8_t, VEC>(q + row * q_rs + c, q_o);
                 }
             }
-        } else {
-            // Scalar path: any cols, any alignment.
+        }
+    } else {
+        // Scalar path: any cols, any alignment.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = chan_last ? c : srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 (void)s; (void)inv; (void)zp;
-
                 const f16_t x_e = x_row[c];
                 s8_t q_e;
                 const float t = to_f32(x_e) * inv;
@@ -282,55 +311,46 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
     int qmin, int qmax, int vec_ok)
 {
     constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
-    (void)narrow_index;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
-        const f16_t* x_row = x + row * x_rs;
-        s8_t* q_row = q + row * q_rs;
-        const i64_t srow = row * (cols / group_size);
-
-        if (vec_ok) {
-            // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
-            constexpr int U = 4;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+        // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
+        // bytes in flight). What depends only on the column is computed once per column vector,
+        // not once per row; the launcher's grid is persistent, so each thread sees many rows.
+        for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
+            // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
+            // (unusual group sizes) each element finds its own group.
+            const bool aligned = vec_ok == 2;
+            const i64_t g = c / group_size;
+            for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
                 Vec<f16_t, VEC> x_v[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    const i64_t row = r0 + u * row_step;
+                    if (row < rows) {
+                        x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
+                    const i64_t row = r0 + u * row_step;
+                    if (row >= rows) break;
+                    const i64_t srow = row * (cols / group_size);
+                    const float s_g = scale ? scale[srow + g] : scale_value;
+                    const float inv_g = recip(s_g);
+                    const int zp_g = zero_point ? zero_point[srow + g] : zp_value;
+                    (void)s_g; (void)inv_g; (void)zp_g;
                     Vec<s8_t, VEC> q_o;
-                    // When group_size >= VEC at most two groups meet inside a vector: elements
-                    // before `split` use group g0, the rest g0 + 1 (two scale loads, not VEC).
-                    const i64_t g0 = narrow_index ? (i64_t)((u32_t)c / (u32_t)group_size) : c / group_size;
-                    const bool wide = group_size >= VEC;
-                    const int split = wide ? (int)min((i64_t)VEC, (g0 + 1) * group_size - c) : 0;
-                    const float s_a = scale ? scale[srow + g0] : scale_value;
-                    const float inv_a = recip(s_a);
-                    const int zp_a = zero_point ? zero_point[srow + g0] : zp_value;
-                    (void)s_a; (void)inv_a; (void)zp_a;
-
-                    const float s_b = (wide) && scale ? scale[srow + g0 + (split < VEC ? 1 : 0)] : scale_value;
-                    const float inv_b = recip(s_b);
-                    const int zp_b = (wide) && zero_point ? zero_point[srow + g0 + (split < VEC ? 1 : 0)] : zp_value;
-                    (void)s_b; (void)inv_b; (void)zp_b;
-
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        float s, inv; int zp;
-                        if (wide) {
-                            s = i < split ? s_a : s_b; inv = i < split ? inv_a : inv_b; zp = i < split ? zp_a : zp_b;
-                        } else {  // groups narrower than a vector
+                        float s = s_g, inv = inv_g;
+                        int zp = zp_g;
+                        if (!aligned) {
                             const i64_t sidx = srow + (c + i) / group_size;
                             s = scale ? scale[sidx] : scale_value;
                             inv = recip(s);
@@ -343,18 +363,22 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
                         const float v = rne(t) + (float)zp;
                         q_e = to_q<s8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
                     }
-                    store_vec<s8_t, VEC>(q_row + c, q_o);
+                    store_vec<s8_t, VEC>(q + row * q_rs + c, q_o);
                 }
             }
-        } else {
-            // Scalar path: any cols, any alignment.
+        }
+    } else {
+        // Scalar path: any cols, any alignment.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = row * (cols / group_size);
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow + c / group_size;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 (void)s; (void)inv; (void)zp;
-
                 const f16_t x_e = x_row[c];
                 s8_t q_e;
                 const float t = to_f32(x_e) * inv;
@@ -376,55 +400,46 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f1
     int qmin, int qmax, int vec_ok)
 {
     constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
-    (void)narrow_index;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
-        const f16_t* x_row = x + row * x_rs;
-        s8_t* q_row = q + row * q_rs;
-        const i64_t srow = row * (cols / group_size);
-
-        if (vec_ok) {
-            // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
-            constexpr int U = 4;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+        // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
+        // bytes in flight). What depends only on the column is computed once per column vector,
+        // not once per row; the launcher's grid is persistent, so each thread sees many rows.
+        for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
+            // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
+            // (unusual group sizes) each element finds its own group.
+            const bool aligned = vec_ok == 2;
+            const i64_t g = c / group_size;
+            for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
                 Vec<f16_t, VEC> x_v[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    const i64_t row = r0 + u * row_step;
+                    if (row < rows) {
+                        x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
+                    const i64_t row = r0 + u * row_step;
+                    if (row >= rows) break;
+                    const i64_t srow = row * (cols / group_size);
+                    const float s_g = scale ? scale[srow + g] : scale_value;
+                    const float inv_g = recip(s_g);
+                    const int zp_g = zp_value;  // symmetric: the implied zero point
+                    (void)s_g; (void)inv_g; (void)zp_g;
                     Vec<s8_t, VEC> q_o;
-                    // When group_size >= VEC at most two groups meet inside a vector: elements
-                    // before `split` use group g0, the rest g0 + 1 (two scale loads, not VEC).
-                    const i64_t g0 = narrow_index ? (i64_t)((u32_t)c / (u32_t)group_size) : c / group_size;
-                    const bool wide = group_size >= VEC;
-                    const int split = wide ? (int)min((i64_t)VEC, (g0 + 1) * group_size - c) : 0;
-                    const float s_a = scale ? scale[srow + g0] : scale_value;
-                    const float inv_a = recip(s_a);
-                    const int zp_a = zp_value;  // symmetric: the implied zero point
-                    (void)s_a; (void)inv_a; (void)zp_a;
-
-                    const float s_b = (wide) && scale ? scale[srow + g0 + (split < VEC ? 1 : 0)] : scale_value;
-                    const float inv_b = recip(s_b);
-                    const int zp_b = zp_value;  // symmetric: the implied zero point
-                    (void)s_b; (void)inv_b; (void)zp_b;
-
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        float s, inv; int zp;
-                        if (wide) {
-                            s = i < split ? s_a : s_b; inv = i < split ? inv_a : inv_b; zp = i < split ? zp_a : zp_b;
-                        } else {  // groups narrower than a vector
+                        float s = s_g, inv = inv_g;
+                        int zp = zp_g;
+                        if (!aligned) {
                             const i64_t sidx = srow + (c + i) / group_size;
                             s = scale ? scale[sidx] : scale_value;
                             inv = recip(s);
@@ -437,18 +452,22 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f1
                         const float v = rne(t) + (float)zp;
                         q_e = to_q<s8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
                     }
-                    store_vec<s8_t, VEC>(q_row + c, q_o);
+                    store_vec<s8_t, VEC>(q + row * q_rs + c, q_o);
                 }
             }
-        } else {
-            // Scalar path: any cols, any alignment.
+        }
+    } else {
+        // Scalar path: any cols, any alignment.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = row * (cols / group_size);
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow + c / group_size;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 (void)s; (void)inv; (void)zp;
-
                 const f16_t x_e = x_row[c];
                 s8_t q_e;
                 const float t = to_f32(x_e) * inv;
@@ -470,20 +489,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
     int qmin, int qmax, int vec_ok)
 {
     constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
-    (void)narrow_index;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
-        const f16_t* x_row = x + row * x_rs;
-        s8_t* q_row = q + row * q_rs;
-        const i64_t srow = 0;
-
-        if (vec_ok) {
-            // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
-            constexpr int U = 4;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = 0;
+            const float s = scale ? scale[srow] : scale_value;
+            const float inv = recip(s);
+            const int zp = zero_point ? zero_point[srow] : zp_value;
+            (void)s; (void)inv; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> x_v[U];
 #pragma unroll
@@ -498,11 +521,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     Vec<s8_t, VEC> q_o;
-                    const float s = scale ? scale[srow] : scale_value;
-                    const float inv = recip(s);
-                    const int zp = zero_point ? zero_point[srow] : zp_value;
-                    (void)s; (void)inv; (void)zp;
-
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const f16_t x_e = x_v[u].v[i];
@@ -514,15 +532,19 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
-        } else {
-            // Scalar path: any cols, any alignment.
+        }
+    } else {
+        // Scalar path: any cols, any alignment.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = 0;
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 (void)s; (void)inv; (void)zp;
-
                 const f16_t x_e = x_row[c];
                 s8_t q_e;
                 const float t = to_f32(x_e) * inv;
@@ -544,20 +566,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
     int qmin, int qmax, int vec_ok)
 {
     constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
-    (void)narrow_index;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
-        const f16_t* x_row = x + row * x_rs;
-        s8_t* q_row = q + row * q_rs;
-        const i64_t srow = 0;
-
-        if (vec_ok) {
-            // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
-            constexpr int U = 4;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = 0;
+            const float s = scale ? scale[srow] : scale_value;
+            const float inv = recip(s);
+            const int zp = zp_value;  // symmetric: the implied zero point
+            (void)s; (void)inv; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> x_v[U];
 #pragma unroll
@@ -572,11 +598,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     Vec<s8_t, VEC> q_o;
-                    const float s = scale ? scale[srow] : scale_value;
-                    const float inv = recip(s);
-                    const int zp = zp_value;  // symmetric: the implied zero point
-                    (void)s; (void)inv; (void)zp;
-
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const f16_t x_e = x_v[u].v[i];
@@ -588,15 +609,19 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
-        } else {
-            // Scalar path: any cols, any alignment.
+        }
+    } else {
+        // Scalar path: any cols, any alignment.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = 0;
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 (void)s; (void)inv; (void)zp;
-
                 const f16_t x_e = x_row[c];
                 s8_t q_e;
                 const float t = to_f32(x_e) * inv;
@@ -618,20 +643,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
     int qmin, int qmax, int vec_ok)
 {
     constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
-    (void)narrow_index;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
-        const f16_t* x_row = x + row * x_rs;
-        s8_t* q_row = q + row * q_rs;
-        const i64_t srow = row;
-
-        if (vec_ok) {
-            // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
-            constexpr int U = 4;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = row;
+            const float s = scale ? scale[srow] : scale_value;
+            const float inv = recip(s);
+            const int zp = zero_point ? zero_point[srow] : zp_value;
+            (void)s; (void)inv; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> x_v[U];
 #pragma unroll
@@ -646,11 +675,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     Vec<s8_t, VEC> q_o;
-                    const float s = scale ? scale[srow] : scale_value;
-                    const float inv = recip(s);
-                    const int zp = zero_point ? zero_point[srow] : zp_value;
-                    (void)s; (void)inv; (void)zp;
-
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const f16_t x_e = x_v[u].v[i];
@@ -662,15 +686,19 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
-        } else {
-            // Scalar path: any cols, any alignment.
+        }
+    } else {
+        // Scalar path: any cols, any alignment.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = row;
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 (void)s; (void)inv; (void)zp;
-
                 const f16_t x_e = x_row[c];
                 s8_t q_e;
                 const float t = to_f32(x_e) * inv;
@@ -692,20 +720,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
     int qmin, int qmax, int vec_ok)
 {
     constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_index = cols <= 0xFFFFFFFFll;  // column arithmetic fits 32 bits (cheaper division)
-    (void)narrow_index;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
-        const f16_t* x_row = x + row * x_rs;
-        s8_t* q_row = q + row * q_rs;
-        const i64_t srow = row;
-
-        if (vec_ok) {
-            // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-            // Each thread first loads U vectors (U x 16 bytes in flight), then computes and stores.
-            constexpr int U = 4;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = row;
+            const float s = scale ? scale[srow] : scale_value;
+            const float inv = recip(s);
+            const int zp = zp_value;  // symmetric: the implied zero point
+            (void)s; (void)inv; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> x_v[U];
 #pragma unroll
@@ -720,11 +752,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     Vec<s8_t, VEC> q_o;
-                    const float s = scale ? scale[srow] : scale_value;
-                    const float inv = recip(s);
-                    const int zp = zp_value;  // symmetric: the implied zero point
-                    (void)s; (void)inv; (void)zp;
-
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const f16_t x_e = x_v[u].v[i];
@@ -736,15 +763,19 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
-        } else {
-            // Scalar path: any cols, any alignment.
+        }
+    } else {
+        // Scalar path: any cols, any alignment.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = row;
             for (i64_t c = threadIdx.x; c < cols; c += TX) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 (void)s; (void)inv; (void)zp;
-
                 const f16_t x_e = x_row[c];
                 s8_t q_e;
                 const float t = to_f32(x_e) * inv;

@@ -1,0 +1,92 @@
+"""GPU: a replayed call (the repeated-call fast path) gives the same bits as the slow path.
+
+Every functional API with a fast path runs on fresh arrays of a layout it has seen (the
+replay), then again on the same arrays with the cache cleared (the slow path); the results
+must be identical, for CuPy and torch, aligned and misaligned (scalar path) inputs, device and
+Python-scalar parameters. CPU tests of the slot bookkeeping: tests/test_fast_path.py.
+"""
+import numpy as np
+import pytest
+
+import runtime as sf
+from codegen import checks
+from runtime import quantization as qz
+
+pytestmark = pytest.mark.gpu
+
+
+def _host(r):
+    return tuple(None if a is None else checks.to_host(a) for a in r) if isinstance(r, tuple) else checks.to_host(r)
+
+
+def _data(rng, fw, shape, offset):
+    """A float32 array of ``shape`` starting ``offset`` elements into a larger buffer."""
+    n = int(np.prod(shape))
+    base = checks.to_device((rng.standard_normal(n + offset) * 4).astype(np.float32), fw)
+    return base[offset:offset + n].reshape(shape)
+
+
+def _p(rng, fw, shape, lo=0.05):
+    return checks.to_device((rng.random(shape) + lo).astype(np.float32), fw)
+
+
+CASES = {
+    "quantize token": lambda r, fw, x: sf.quantize(x, _p(r, fw, (x.shape[0],)), scope="token"),
+    "quantize tensor scalar": lambda r, fw, x: sf.quantize(x, float(r.random() + 0.1), int(r.integers(-5, 5)),
+                                                           scope="tensor"),
+    "dequantize channel": lambda r, fw, x: sf.dequantize(
+        sf.quantize(x, 0.1, scope="tensor"), _p(r, fw, (x.shape[1],)), scope="channel", axis=1,
+        out_dtype="float32"),
+    "quantize_backward group": lambda r, fw, x: sf.quantize_backward(
+        x * 2, x, _p(r, fw, (x.shape[0], x.shape[1] // 64), 0.01), scope="group", group_size=64),
+    "dequantize_backward token": lambda r, fw, x: sf.dequantize_backward(x, _p(r, fw, (x.shape[0],)),
+                                                                         scope="token"),
+    "fake_quantize channel mask": lambda r, fw, x: sf.fake_quantize(x, _p(r, fw, (x.shape[0],), 0.01), scope="channel",
+                                                                    axis=0, return_mask=True),
+    "fake_quantize tensor scalar": lambda r, fw, x: sf.fake_quantize(x, float(r.random() + 0.01), 3, scope="tensor",
+                                                                     qmin=0, qmax=255),
+    "fake_quantize_backward token": lambda r, fw, x: sf.fake_quantize_backward(x + 1, x, _p(r, fw, (x.shape[0],), 0.01),
+                                                                               scope="token"),
+    "lsq channel": lambda r, fw, x: sf.fake_quantize_learnable_backward(
+        x + 1, x, _p(r, fw, (x.shape[1],), 0.01), checks.to_device(np.zeros(x.shape[1], np.int32), fw),
+        scope="channel", axis=1),
+    "lsq tensor scalar": lambda r, fw, x: sf.fake_quantize_learnable_backward(x + 1, x, 0.05, scope="tensor"),
+    "dynamic token": lambda r, fw, x: sf.dynamic_quantize(x, scope="token"),
+    "dynamic group asymmetric": lambda r, fw, x: sf.dynamic_quantize(x, scope="group", group_size=128,
+                                                                     mode="asymmetric", out_dtype="uint8"),
+    "dynamic tensor": lambda r, fw, x: sf.dynamic_quantize(x, scope="tensor"),
+    "dynamic channel": lambda r, fw, x: sf.dynamic_quantize(x, scope="channel", axis=1),
+}
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("fw", ["cupy", "torch"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_replay_gives_the_slow_path_bits(name, fw, offset, rng, monkeypatch):
+    if fw == "torch":
+        pytest.importorskip("torch")
+    hits = []
+    real = qz._Entry.run
+
+    def counted(self, args, vals):
+        r = real(self, args, vals)
+        hits.append(r is not qz._MISS)
+        return r
+    monkeypatch.setattr(qz._Entry, "run", counted)
+    call, shape = CASES[name], (48, 512)
+    seed = int(rng.integers(2**31))
+    qz._FAST.clear()
+    with sf.trusted():
+        call(np.random.default_rng(seed), fw, _data(rng, fw, shape, offset))     # remembered
+        assert qz._FAST and not hits
+        x = _data(rng, fw, shape, offset)
+        fast = _host(call(np.random.default_rng(seed + 1), fw, x))               # replayed
+        assert any(hits), "the repeated call took the fast path"
+        qz._FAST.clear()
+        slow = _host(call(np.random.default_rng(seed + 1), fw, x))               # slow path
+    fast, slow = (fast, slow) if isinstance(fast, tuple) else ((fast,), (slow,))
+    assert len(fast) == len(slow)
+    for f, s in zip(fast, slow):
+        assert (f is None) == (s is None)
+        if f is not None:
+            np.testing.assert_array_equal(f.view(np.uint8), s.view(np.uint8))

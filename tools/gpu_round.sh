@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One batched GPU round on the device machine (see docs/audit.md "GPU rounds").
+# Usage: tools/gpu_round.sh STAGE...   stages: verify tests probes bench
+# Everything lands flat under $OUT (logs, probe JSON, audit records as audit.tar).
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+export SKUFORGE_COMMIT=${SKUFORGE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/smi.txt" 2>&1
+t0=$(date +%s)
+for stage in "$@"; do
+  echo "== $stage ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/round.log"
+  case $stage in
+    verify) timeout -s INT 300 python3 -m codegen verify --seed ${SEED:-1} --filter "${VERIFY_FILTER:-*}" 2>&1 | tail -40 >> "$OUT/round.log" ;;
+    tests)  timeout -s INT 240 python3 -m pytest -q -x -p no:cacheprovider -m gpu ${TESTS:-tests/test_gpu_lowbit.py tests/test_gpu_static.py} -k "not bit_exact" 2>&1 | tail -30 >> "$OUT/round.log" ;;
+    probe_*) timeout -s INT 240 python3 tools/$stage.py --out "$OUT/$stage.json" > "$OUT/$stage.txt" 2>&1; tail -45 "$OUT/$stage.txt" >> "$OUT/round.log" ;;
+    bench)  timeout -s INT 420 python3 -m codegen bench ${BENCH_ARGS:-} 2>&1 | tail -60 >> "$OUT/round.log" ;;
+  esac
+done
+tar cf "$OUT/audit.tar" audit/verified audit/bench 2>/dev/null
+echo "== done ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/round.log"
+tail -c 11000 "$OUT/round.log"

@@ -1,0 +1,162 @@
+"""Host overhead of repeated functional-API calls (issue 7: <= 15 µs per call), on a GPU machine.
+
+    PYTHONPATH=. python3 tools/probe_host.py --out probe_host.json
+
+Per call, in µs: the median of 5 x 2000 calls of the same call on the same (16, 4096) arrays,
+synchronizing before the host clock is read (codegen/bench.py's host-overhead timing, whose
+``api_host_calls`` lists the calls): quantize, dequantize, fake_quantize (channel),
+dynamic_quantize (token), with CuPy arrays and torch tensors, with the default device value
+checks and under ``runtime.trusted()``; and the floor, a bare CuPy RawKernel launch.
+
+``components`` splits a trusted quantize call into its parts, to tell what is left to cut: the
+prepared launch alone (runtime.device.launch), the output allocation, the stream query, the
+cache key (attribute reads), the replay without launch or allocation. Runs in well under a
+minute (kernels are compiled in parallel first; the NVRTC disk cache makes reruns faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+
+def _median_us(call, synchronize, n_calls: int, repeats: int) -> dict:
+    from codegen.bench import time_host_calls
+    r = time_host_calls([{"label": "", "call": call, "target": False}], synchronize, n_calls, repeats)[0]
+    return {k: r.get(k) for k in ("us", "min_us", "error") if k in r}
+
+
+def _trusted_block():
+    import runtime as sf
+    with sf.trusted():
+        pass
+
+
+def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
+    """The parts of a trusted quantize token bf16->s8 call on (16, 4096), per framework."""
+    import cupy as cp
+    import ml_dtypes
+
+    import runtime as sf
+    from runtime import arrays
+    from runtime import quantization as qz
+    out = {}
+    fws = {"cupy": lambda: ((cp.random.standard_normal((16, 4096), dtype=cp.float32)).astype(ml_dtypes.bfloat16),
+                            cp.random.random(16, dtype=cp.float32) + 0.5)}
+    try:
+        import torch
+        if torch.cuda.is_available():
+            fws["torch"] = lambda: (torch.randn(16, 4096, device=f"cuda:{device}", dtype=torch.bfloat16),
+                                    torch.rand(16, device=f"cuda:{device}") + 0.5)
+    except ImportError:
+        pass
+    static = ("token", None, None, "int8", None, None, None)
+    for fw, make in fws.items():
+        x, s = make()
+        args = (x, s, None, None)
+        with sf.trusted():
+            qz._FAST.clear()      # the remembered launch then points at x and q0, both alive below
+            q0 = sf.quantize(x, s, scope="token", out_dtype="int8")
+            key, vals = qz._key("quantize", static, args)
+            entry = qz._FAST.get(key)
+            if entry is None or not entry.launches:
+                out[fw] = {"error": "the call was not remembered (no fast path)"}
+                continue
+            prep, template, _ = entry.launches[0]
+            alloc = entry.allocs[0][0]
+            stream = entry.stream()
+            xr = arrays.as_array(x, "x")
+            res = {
+                "call (trusted)": _median_us(lambda: sf.quantize(x, s, scope="token", out_dtype="int8"),
+                                             synchronize, n_calls, repeats),
+                "runtime.device.launch of the prepared kernel": _median_us(lambda: prep.launch(stream, template),
+                                                                           synchronize, n_calls, repeats),
+                "output allocation (fast path's allocator)": _median_us(alloc, synchronize, n_calls, repeats),
+                "output allocation (runtime.arrays.empty)": _median_us(lambda: arrays.empty(xr, (16, 4096), "s8"),
+                                                                       synchronize, n_calls, repeats),
+                "stream query": _median_us(entry.stream, synchronize, n_calls, repeats),
+                "cache key (_key: attribute reads of 4 arguments)": _median_us(
+                    lambda: qz._key("quantize", static, args), synchronize, n_calls, repeats),
+                "with runtime.trusted(): (enter + exit)": _median_us(_trusted_block, synchronize, n_calls, repeats),
+            }
+            if fw == "torch":
+                dt, dev = torch.int8, x.device
+                res["torch.empty(shape, dtype=, device=)"] = _median_us(
+                    lambda: torch.empty((16, 4096), dtype=dt, device=dev), synchronize, n_calls, repeats)
+                res["x.new_empty(shape, dtype=)"] = _median_us(lambda: x.new_empty((16, 4096), dtype=dt),
+                                                              synchronize, n_calls, repeats)
+            else:
+                res["cupy.empty(shape, dtype)"] = _median_us(lambda: cp.empty((16, 4096), cp.int8), synchronize,
+                                                             n_calls, repeats)
+        out[fw] = res
+        del q0
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="probe_host.json", help="JSON record to write")
+    ap.add_argument("--calls", type=int, default=2000, help="calls per timed repeat (default 2000)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported (default 5)")
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--no-components", action="store_true", help="skip the per-part breakdown")
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    import cupy as cp
+    try:
+        import torch
+        torch.cuda.set_device(args.device)
+        torch.cuda.init()
+    except ImportError:
+        torch = None
+
+    from codegen import bench
+    from codegen.audit import git_info, now
+    from codegen.manifest import GENERATED
+    from codegen.verify import _precompile, environment
+    from runtime.registry import Registry
+
+    cp.cuda.Device(args.device).use()
+    env = environment(args.device)
+    reg = Registry.load(GENERATED)
+    used = {("quantize", "bf16", "s8"), ("dequantize", "s8", "bf16"), ("fake_quantize", "bf16", "bf16"),
+            ("dynamic_quantize", "bf16", "s8")}           # what api_host_calls runs: compile only those units
+    want = [s for s in reg.skus() if (s.op, s.element, s.aux_element) in used]
+    t0 = time.perf_counter()
+    _precompile(reg, want, int(env["gpu"]["cc"].replace(".", "")), os.cpu_count() or 1)
+    compile_s = time.perf_counter() - t0
+    if torch is not None:     # one stream for both frameworks: a synchronize covers every launch
+        stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream, args.device)
+    else:
+        stream = cp.cuda.get_current_stream()
+    with stream:
+        timer = bench.Timer(stream, 1, 0.1)
+        items, errors = bench.host_items(timer, [], api=True, device=args.device)
+        host = errors + bench.time_host_calls(items, stream.synchronize, args.calls, args.repeats)
+        comps = {} if args.no_components else components(stream.synchronize, args.calls, args.repeats, args.device)
+    rec = {"schema": 1, "what": "host overhead per repeated functional call (issue 7)", "date": now(), **git_info(),
+           **env, "python": platform.python_version(), "calls": args.calls, "repeats": args.repeats,
+           "target_us": bench.TARGET_HOST_US, "compile_s": round(compile_s, 1),
+           "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "components": comps}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rec, indent=1, default=str) + "\n")
+    width = max(len(h["label"]) for h in host)
+    print(f"{env['gpu']['name']}: µs per call (median of {args.repeats} x {args.calls})")
+    for h in host:
+        mark = "" if h.get("target_us") is None or h.get("us") is None else (
+            "  ok" if h["us"] <= h["target_us"] else "  MISS")
+        print(f"  {h['label']:<{width}}  " + (f"{h['us']:7.1f}{mark}" if h.get("us") is not None else h.get("error")))
+    for fw, parts in comps.items():
+        print(f"components of a trusted quantize call, {fw}:")
+        for k, v in (parts.items() if "error" not in parts else [("error", {"error": parts["error"]})]):
+            print(f"  {k:<52} " + (f"{v['us']:7.2f}" if v.get("us") is not None else str(v.get("error"))))
+    print(f"wrote {args.out} in {rec['seconds']} s (compile {rec['compile_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
