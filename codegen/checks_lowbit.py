@@ -61,9 +61,11 @@ def runs_this_sku(sku, device: int = 0):
     """None when the functional API, under ``prefer_arch(sku)``, selects ``sku`` on this device;
     else the reason it cannot (an sm89 SKU on an sm_80 GPU)."""
     from runtime.plans import Descriptor, Plan
-    pref = lowbit.preference(device)
-    if pref.arch < sku.arch_number:
-        return f"the device is sm_{pref.arch}; {sku.arch} kernels need sm_{sku.arch_number}+"
+    cc = lowbit.preference(device).arch
+    if cc < sku.arch_number:
+        return f"the device is sm_{cc}; {sku.arch} kernels need sm_{sku.arch_number}+"
+    with lowbit.prefer_arch(sku.arch_number):
+        pref = lowbit.preference(device)
     got = Plan.select(Descriptor(sku.op, sku.scope, sku.mode, sku.element, sku.aux_element), pref).sku
     return None if got == sku else f"the runtime selects {got}"
 
