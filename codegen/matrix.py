@@ -122,18 +122,18 @@ STATIC_DEQUANTIZE = Family(
 
 # Team kernels of the fused per-token / per-group pass (dynamic_common.cu.j2 `team`): one entry point
 # `<symbol>_t<P>` per chunk budget P (16-byte chunks of x per thread, held in registers), each capped
-# at the register count (__maxnreg__) ptxas meets without spills, for sm_80 and sm_90 (`_t4` needs 48
-# for the heavier element code of asymmetric and of software fp8). Not for f64 inputs (math in
-# double does not fit these caps): they take the block kernel.
+# at the register count (__maxnreg__) ptxas meets without spills on sm_80 and sm_90; the heavier
+# element code of asymmetric and of software fp8 (sm80 SKUs) needs more. Not for f64 inputs (math
+# in double does not fit these caps): they take the block kernel.
 TEAM_CHUNKS = (16, 8, 4)
-TEAM_REGISTERS = (96, 64, 40)
+TEAM_REGISTERS = {"light": (96, 56, 40), "heavy": (96, 64, 48)}
 
 
 def _team_context(sku) -> dict:
     if sku.element == "f64":
         return {"team_chunks": [], "team_registers": []}
     heavy = sku.mode == "asymmetric" or (sku.aux_element in ("fp8_e4m3", "fp8_e5m2") and sku.arch == "sm80")
-    return {"team_chunks": list(TEAM_CHUNKS), "team_registers": list(TEAM_REGISTERS[:2]) + [48 if heavy else 40]}
+    return {"team_chunks": list(TEAM_CHUNKS), "team_registers": list(TEAM_REGISTERS["heavy" if heavy else "light"])}
 
 
 def _dynamic_context(cell, ctx):
@@ -202,10 +202,13 @@ def _moe_context(cell, ctx):
         "128x256x64s3p": (128, 256, 64, 3, 2),
         "256x128x32s4p": (256, 128, 32, 4, 2),
     }
-    mma_default = {"fwd": "128x256x32s4p", "dgrad": "128x256x32s4p", "wgrad": "128x256x32s4p"}
-    # backward-weight reduces over the rows of one expert: with few rows per expert a tile is a
-    # few slices long, and two resident blocks per SM (128 x 128) hide each tile's pipeline fill.
-    mma_short = {"wgrad": ("128x128x32s5p", 1024)}   # (configuration, below this many rows per expert)
+    # Defaults: the best minimum over the six benchmark shapes of tools/probe_moe.py on an H200
+    # (2026-11-29, docs/moe.md): fwd and dgrad 128x256x64s3p (57.8% / 55.0% of torch._grouped_mm),
+    # wgrad 128x128x32s5 (51.0%).
+    mma_default = {"fwd": "128x256x64s3p", "dgrad": "128x256x64s3p", "wgrad": "128x128x32s5"}
+    # An optional per-pass switch for experts with few rows: {pass: (configuration, below this many
+    # rows per expert)}. Empty: 128x128x32s5p for short wgrad tiles measured slower than the default.
+    mma_short: dict = {}
     opkind = MOE_OPKIND[sku.op]
     out_kind = sku.aux_element or sku.element
     size = SIZE[sku.element]

@@ -271,6 +271,9 @@ def test_variant_selection(monkeypatch):
     wg = "grouped_matmul_backward_weight"
     wplan = plan_for(_args(wg, 64, 64, 64, 4, "bf16", out_kind="f32"), "mma", 90)
     monkeypatch.delenv(sf.moe.CONFIG_ENV, raising=False)
+    assert "short_variant" not in wplan.launch          # the switch is off in the shipped matrix
+    monkeypatch.setitem(wplan.launch, "short_variant", "128x128x32s5p")
+    monkeypatch.setitem(wplan.launch, "short_rows", 1024)
     short, rows = wplan.launch["short_variant"], wplan.launch["short_rows"]
     assert sf.moe.variant_for(wplan, wg, rows_per_expert=rows - 1)[0] == short
     assert sf.moe.variant_for(wplan, wg, rows_per_expert=rows)[0] == wplan.launch["default_variant"]

@@ -679,7 +679,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_inp
         sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::run<sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::Tile<128, 256, 32, 4, 2>>(p);
+    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::run<sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::Tile<128, 256, 64, 3, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_input_bf16_sm80_mma__v128x128x32s5(
     const bf16_t* __restrict__ x, i64_t ldx,
@@ -756,6 +756,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_inp
     }
     sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::run<sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::Tile<128, 256, 32, 4, 1>>(p);
 }
+extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_input_bf16_sm80_mma__v128x256x32s4p(
+    const bf16_t* __restrict__ x, i64_t ldx,
+    const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const bf16_t* __restrict__ dy, i64_t lddy,
+    bf16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::run<sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::Tile<128, 256, 32, 4, 2>>(p);
+}
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_input_bf16_sm80_mma__v128x256x32s6p(
     const bf16_t* __restrict__ x, i64_t ldx,
     const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -770,21 +785,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_inp
         return;
     }
     sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::run<sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::Tile<128, 256, 32, 6, 2>>(p);
-}
-extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_input_bf16_sm80_mma__v128x256x64s3p(
-    const bf16_t* __restrict__ x, i64_t ldx,
-    const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const bf16_t* __restrict__ dy, i64_t lddy,
-    bf16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
-    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::poison(p);
-        return;
-    }
-    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::run<sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::Tile<128, 256, 64, 3, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_input_bf16_sm80_mma__v256x128x32s4p(
     const bf16_t* __restrict__ x, i64_t ldx,

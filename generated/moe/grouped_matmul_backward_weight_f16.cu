@@ -681,22 +681,7 @@ extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_we
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
     sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
-}extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
-        return;
-    }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 2>>(p);
-}
-extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x128x32s5(
+}extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma(
     const f16_t* __restrict__ x, i64_t ldx,
     const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy,
@@ -770,6 +755,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_wei
         return;
     }
     sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 1>>(p);
+}
+extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x32s4p(
+    const f16_t* __restrict__ x, i64_t ldx,
+    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy,
+    f16_t* __restrict__ out,
+    i64_t M, i64_t N, i64_t K, int E,
+    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        return;
+    }
+    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x32s6p(
     const f16_t* __restrict__ x, i64_t ldx,

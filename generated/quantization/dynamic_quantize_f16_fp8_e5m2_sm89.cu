@@ -875,8 +875,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
     }
 }
 
-// Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
-extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm89_simt_t8(
+// Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
+extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm89_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
@@ -1496,8 +1496,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
     }
 }
 
-// Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
-extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm89_simt_t8(
+// Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
+extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm89_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)

@@ -146,26 +146,31 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
+                // The U rows' data and their per-row parameters are loaded together, before any
+                // is used, so one memory latency covers all of them.
                 Vec<f16_t, VEC> x_v[U];
+                float s_u[U];
+                int zp_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
+                    s_u[u] = scale_value;
+                    zp_u[u] = zp_value;
                     if (row < rows) {
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
+                        if (!chan_last) {
+                            const i64_t srow = channel_of(row, chan_inner, chan_count, narrow_rows);
+                            if (scale) s_u[u] = scale[srow];
+                            if (zero_point) zp_u[u] = zero_point[srow];
+                        }
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    float s_r = 0, inv_r = 0;
-                    int zp_r = zp_value;
-                    if (!chan_last) {
-                        const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-                        s_r = scale ? scale[srow] : scale_value;
-                        inv_r = recip(s_r);
-                        zp_r = zero_point ? zero_point[srow] : zp_value;
-                    }
+                    const float s_r = s_u[u], inv_r = chan_last ? (float)0 : recip(s_r);
+                    const int zp_r = zp_u[u];
                     Vec<s8_t, VEC> q_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
@@ -242,25 +247,30 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
+                // The U rows' data and their per-row parameters are loaded together, before any
+                // is used, so one memory latency covers all of them.
                 Vec<f16_t, VEC> x_v[U];
+                float s_u[U];
+                int zp_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
+                    s_u[u] = scale_value;
+                    zp_u[u] = zp_value;
                     if (row < rows) {
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
+                        if (!chan_last) {
+                            const i64_t srow = channel_of(row, chan_inner, chan_count, narrow_rows);
+                            if (scale) s_u[u] = scale[srow];
+                        }
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    float s_r = 0, inv_r = 0;
-                    int zp_r = zp_value;
-                    if (!chan_last) {
-                        const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-                        s_r = scale ? scale[srow] : scale_value;
-                        inv_r = recip(s_r);
-                    }
+                    const float s_r = s_u[u], inv_r = chan_last ? (float)0 : recip(s_r);
+                    const int zp_r = zp_u[u];
                     Vec<s8_t, VEC> q_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
@@ -326,25 +336,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
             // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
             // (unusual group sizes) each element finds its own group.
             const bool aligned = vec_ok == 2;
-            const i64_t g = c / group_size;
+            const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
+                // The U rows' data and their per-row parameters are loaded together, before any
+                // is used, so one memory latency covers all of them.
                 Vec<f16_t, VEC> x_v[U];
+                float s_u[U];
+                int zp_u[U];
+                i64_t srow_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
+                    s_u[u] = scale_value;
+                    zp_u[u] = zp_value;
                     if (row < rows) {
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
+                        srow_u[u] = row * ngroups;
+                        if (scale) s_u[u] = scale[srow_u[u] + g];
+                        if (zero_point) zp_u[u] = zero_point[srow_u[u] + g];
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const i64_t srow = row * (cols / group_size);
-                    const float s_g = scale ? scale[srow + g] : scale_value;
-                    const float inv_g = recip(s_g);
-                    const int zp_g = zero_point ? zero_point[srow + g] : zp_value;
-                    (void)s_g; (void)inv_g; (void)zp_g;
+                    const i64_t srow = srow_u[u];
+                    const float s_g = s_u[u], inv_g = recip(s_g);
+                    const int zp_g = zp_u[u];
                     Vec<s8_t, VEC> q_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
@@ -415,25 +433,32 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f1
             // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
             // (unusual group sizes) each element finds its own group.
             const bool aligned = vec_ok == 2;
-            const i64_t g = c / group_size;
+            const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
+                // The U rows' data and their per-row parameters are loaded together, before any
+                // is used, so one memory latency covers all of them.
                 Vec<f16_t, VEC> x_v[U];
+                float s_u[U];
+                int zp_u[U];
+                i64_t srow_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
+                    s_u[u] = scale_value;
+                    zp_u[u] = zp_value;
                     if (row < rows) {
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
+                        srow_u[u] = row * ngroups;
+                        if (scale) s_u[u] = scale[srow_u[u] + g];
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const i64_t srow = row * (cols / group_size);
-                    const float s_g = scale ? scale[srow + g] : scale_value;
-                    const float inv_g = recip(s_g);
-                    const int zp_g = zp_value;  // symmetric: the implied zero point
-                    (void)s_g; (void)inv_g; (void)zp_g;
+                    const i64_t srow = srow_u[u];
+                    const float s_g = s_u[u], inv_g = recip(s_g);
+                    const int zp_g = zp_u[u];
                     Vec<s8_t, VEC> q_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
