@@ -118,7 +118,7 @@ class FusedConfig:
     kernel: str = "auto"
     ch: Optional[int] = None
     threads: Optional[int] = None
-    persistent: bool = True
+    persistent: Optional[bool] = None     # None: full grid for t16, persistent otherwise (measured)
     index: str = "auto"
 
     @staticmethod
@@ -183,9 +183,14 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
                                                            and args.qv.row_stride * pack == cols))
     if cfg.kernel != "auto":
         return _team(int(cfg.kernel[1:]), cfg.ch, cfg.threads, u, vrows, dense, chunks)
+    # auto, from tools/probe_dynamic.py on an H200 (2026-11-29, docs/dynamic.md): rows of >= 256
+    # chunks take t16 (on a full grid, see fused_launch); shorter row groups (group 128) take t8 in
+    # 256-thread blocks (128 for fp8, whose measured best that was); problems too small for two
+    # warps per SM step down to the kernel with the most warps.
+    group_threads = 128 if plan.sku.aux_element in ("fp8_e4m3", "fp8_e5m2") else 256
     enough, best = 2 * properties(args.x.device)["sms"], None
     for p in (16, 8, 4) if u >= 256 else (8, 4):
-        best = _team(p, None, cfg.threads, u, vrows, dense, chunks) or best
+        best = _team(p, None, cfg.threads or (None if u >= 256 else group_threads), u, vrows, dense, chunks) or best
         if best is not None and -(-vrows // best.per_block) * best.threads // 32 >= enough:
             break
     return best
@@ -233,11 +238,12 @@ def fused_launch(launcher, plan, args, pack: int, formats):
         team = team_launch(plan, args, cfg, vec_ok, pack)
         if team is not None:
             fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_t{team.chunks}", dev)
-            hit = (fn, fused_grid(fn, work, team.per_block, team.threads, dev, cfg.persistent), (team.threads,),
+            persistent = cfg.persistent if cfg.persistent is not None else team.chunks != 16
+            hit = (fn, fused_grid(fn, work, team.per_block, team.threads, dev, persistent), (team.threads,),
                    formats(f64, team=True), (team.tx, team.ch, int(team.dense)))
         else:
             fn = plan.registry.kernel(plan.sku, dev)
-            hit = (fn, fused_grid(fn, work, ty, tx * ty, dev, cfg.persistent), (tx, ty), formats(f64),
+            hit = (fn, fused_grid(fn, work, ty, tx * ty, dev, cfg.persistent is not False), (tx, ty), formats(f64),
                    (int(vec_ok),))
         if len(_LAUNCHES) > 4096:
             _LAUNCHES.clear()

@@ -12,11 +12,11 @@ for stage in "$@"; do
   echo "== $stage ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/round.log"
   case $stage in
     verify) timeout -s INT 300 python3 -m codegen verify --seed ${SEED:-1} --filter "${VERIFY_FILTER:-*}" 2>&1 | tail -40 >> "$OUT/round.log" ;;
-    tests)  timeout -s INT 240 python3 -m pytest -q -x -p no:cacheprovider -m gpu ${TESTS:-tests/test_gpu_lowbit.py tests/test_gpu_static.py} -k "not bit_exact" 2>&1 | tail -30 >> "$OUT/round.log" ;;
+    tests)  timeout -s INT ${TESTS_LIMIT:-240} python3 -m pytest -q -x -p no:cacheprovider -m gpu ${TESTS:-tests/test_gpu_lowbit.py tests/test_gpu_static.py} -k "not bit_exact" 2>&1 | tail -30 >> "$OUT/round.log" ;;
     probe_*) timeout -s INT 240 python3 tools/$stage.py --out "$OUT/$stage.json" > "$OUT/$stage.txt" 2>&1; tail -45 "$OUT/$stage.txt" >> "$OUT/round.log" ;;
-    bench)  timeout -s INT 420 python3 -m codegen bench ${BENCH_ARGS:-} 2>&1 | tail -60 >> "$OUT/round.log" ;;
+    bench)  timeout -s INT ${BENCH_LIMIT:-420} python3 -m codegen bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; tail -40 "$OUT/bench.txt" >> "$OUT/round.log" ;;
   esac
+  tar cf "$OUT/audit.tar" audit/verified audit/bench 2>/dev/null   # after every stage: a cut-off round keeps its records
 done
-tar cf "$OUT/audit.tar" audit/verified audit/bench 2>/dev/null
 echo "== done ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/round.log"
 tail -c 11000 "$OUT/round.log"
