@@ -83,6 +83,8 @@ class ElementwiseLauncher(Launcher):
         vec = plan.launch["vec"]
         if args.cols % vec:
             return False
+        if plan.sku.scope == "group" and args.group_size % vec:
+            return False            # the columns layout needs whole vectors inside one group
         for a, view in args.ins + args.outs:
             align = min(16, vec * a.itemsize)
             if a.ptr % align or (view.row_stride * a.itemsize) % align:
@@ -101,11 +103,9 @@ class ElementwiseLauncher(Launcher):
         vec, unroll = plan.launch["vec"], plan.launch.get("unroll", 1)
         vec_ok = self.vec_ok(plan, args)
         threads = plan.launch["block_threads"]
-        if plan.sku.scope in ("channel", "group") and vec_ok:
-            # a thread owns a column vector and walks rows, U at a time, on a persistent grid
-            # (templates/quantization/_elementwise.cu.j2); vec_ok = 2: no group boundary inside a vector
-            if plan.sku.scope == "group" and args.group_size % vec == 0:
-                vec_ok = 2
+        if vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last)):
+            # columns layout: a thread owns a column vector and walks rows, U at a time, on a
+            # persistent grid (templates/quantization/_elementwise.cu.j2)
             tx = min(threads, next_pow2(-(-args.cols // vec)))
             ty = threads // tx
             grid = max(1, min(-(-args.rows // (ty * unroll)), MAX_GRID_X,

@@ -127,15 +127,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // axis = last: this vector's VEC per-column parameters, loaded once as vectors (the
-            // launcher checks their alignment); other axes: one parameter per row.
+            // this vector's VEC per-column parameters, loaded once as vectors (the launcher
+            // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            if (chan_last) {
+            {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
                 const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
 #pragma unroll
@@ -146,37 +147,23 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<s8_t, VEC> q_v[U];
-                float s_u[U];
-                int zp_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
-                    s_u[u] = scale_value;
-                    zp_u[u] = zp_value;
                     if (row < rows) {
                         q_v[u] = load_vec<s8_t, VEC>(q + row * q_rs + c);
-                        if (!chan_last) {
-                            const i64_t srow = channel_of(row, chan_inner, chan_count, narrow_rows);
-                            if (scale) s_u[u] = scale[srow];
-                            if (zero_point) zp_u[u] = zero_point[srow];
-                        }
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const float s_r = s_u[u], inv_r = chan_last ? (float)0 : recip(s_r);
-                    const int zp_r = zp_u[u];
                     Vec<bf16_t, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        const float s = chan_last ? s_c[i] : s_r;
-                        const float inv = chan_last ? inv_c[i] : inv_r;
-                        const int zp = chan_last ? zp_c[i] : zp_r;
+                        const float s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
                         (void)s; (void)inv; (void)zp;
                         const s8_t q_e = q_v[u].v[i];
                         bf16_t& y_e = y_o.v[i];
@@ -186,8 +173,44 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 }
             }
         }
+      } else {
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them; the row's scale is loaded once.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const s8_t* q_row = q + row * q_rs;
+            bf16_t* y_row = y + row * y_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const float s = scale ? scale[srow] : scale_value;
+            const float inv = recip(s);
+            const int zp = zero_point ? zero_point[srow] : zp_value;
+            (void)s; (void)inv; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<s8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<s8_t, VEC>(q_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<bf16_t, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const s8_t q_e = q_v[u].v[i];
+                        bf16_t& y_e = y_o.v[i];
+                        y_e = from_f32<bf16_t>((float)(q_to_int(q_e) - zp) * s);
+                    }
+                    store_vec<bf16_t, VEC>(y_row + c, y_o);
+                }
+            }
+        }
+      }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -225,15 +248,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // axis = last: this vector's VEC per-column parameters, loaded once as vectors (the
-            // launcher checks their alignment); other axes: one parameter per row.
+            // this vector's VEC per-column parameters, loaded once as vectors (the launcher
+            // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            if (chan_last) {
+            {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) {
@@ -243,36 +267,23 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<s8_t, VEC> q_v[U];
-                float s_u[U];
-                int zp_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
-                    s_u[u] = scale_value;
-                    zp_u[u] = zp_value;
                     if (row < rows) {
                         q_v[u] = load_vec<s8_t, VEC>(q + row * q_rs + c);
-                        if (!chan_last) {
-                            const i64_t srow = channel_of(row, chan_inner, chan_count, narrow_rows);
-                            if (scale) s_u[u] = scale[srow];
-                        }
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const float s_r = s_u[u], inv_r = chan_last ? (float)0 : recip(s_r);
-                    const int zp_r = zp_u[u];
                     Vec<bf16_t, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        const float s = chan_last ? s_c[i] : s_r;
-                        const float inv = chan_last ? inv_c[i] : inv_r;
-                        const int zp = chan_last ? zp_c[i] : zp_r;
+                        const float s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
                         (void)s; (void)inv; (void)zp;
                         const s8_t q_e = q_v[u].v[i];
                         bf16_t& y_e = y_o.v[i];
@@ -282,8 +293,44 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 }
             }
         }
+      } else {
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them; the row's scale is loaded once.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const s8_t* q_row = q + row * q_rs;
+            bf16_t* y_row = y + row * y_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const float s = scale ? scale[srow] : scale_value;
+            const float inv = recip(s);
+            const int zp = zp_value;  // symmetric: the implied zero point
+            (void)s; (void)inv; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<s8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<s8_t, VEC>(q_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<bf16_t, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const s8_t q_e = q_v[u].v[i];
+                        bf16_t& y_e = y_o.v[i];
+                        y_e = from_f32<bf16_t>((float)(q_to_int(q_e) - zp) * s);
+                    }
+                    store_vec<bf16_t, VEC>(y_row + c, y_o);
+                }
+            }
+        }
+      }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -325,17 +372,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
-            // (unusual group sizes) each element finds its own group.
-            const bool aligned = vec_ok == 2;
+            // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
             const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<s8_t, VEC> q_v[U];
+                // the U rows' group scales are loaded with their data: one latency covers both
                 float s_u[U];
                 int zp_u[U];
-                i64_t srow_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
@@ -343,29 +386,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                     zp_u[u] = zp_value;
                     if (row < rows) {
                         q_v[u] = load_vec<s8_t, VEC>(q + row * q_rs + c);
-                        srow_u[u] = row * ngroups;
-                        if (scale) s_u[u] = scale[srow_u[u] + g];
-                        if (zero_point) zp_u[u] = zero_point[srow_u[u] + g];
+                        if (scale) s_u[u] = scale[row * ngroups + g];
+                        if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const i64_t srow = srow_u[u];
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     Vec<bf16_t, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        float s = s_g, inv = inv_g;
-                        int zp = zp_g;
-                        if (!aligned) {
-                            const i64_t sidx = srow + (c + i) / group_size;
-                            s = scale ? scale[sidx] : scale_value;
-                            inv = recip(s);
-                            zp = zero_point ? zero_point[sidx] : zp_value;
-                        }
+                        const float s = s_g, inv = inv_g;
+                        const int zp = zp_g;
                         (void)s; (void)inv; (void)zp;
                         const s8_t q_e = q_v[u].v[i];
                         bf16_t& y_e = y_o.v[i];
@@ -376,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -418,17 +453,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
-            // (unusual group sizes) each element finds its own group.
-            const bool aligned = vec_ok == 2;
+            // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
             const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<s8_t, VEC> q_v[U];
+                // the U rows' group scales are loaded with their data: one latency covers both
                 float s_u[U];
                 int zp_u[U];
-                i64_t srow_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
@@ -436,28 +467,20 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                     zp_u[u] = zp_value;
                     if (row < rows) {
                         q_v[u] = load_vec<s8_t, VEC>(q + row * q_rs + c);
-                        srow_u[u] = row * ngroups;
-                        if (scale) s_u[u] = scale[srow_u[u] + g];
+                        if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const i64_t srow = srow_u[u];
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     Vec<bf16_t, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        float s = s_g, inv = inv_g;
-                        int zp = zp_g;
-                        if (!aligned) {
-                            const i64_t sidx = srow + (c + i) / group_size;
-                            s = scale ? scale[sidx] : scale_value;
-                            inv = recip(s);
-                            zp = zp_value;
-                        }
+                        const float s = s_g, inv = inv_g;
+                        const int zp = zp_g;
                         (void)s; (void)inv; (void)zp;
                         const s8_t q_e = q_v[u].v[i];
                         bf16_t& y_e = y_o.v[i];
@@ -468,7 +491,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -507,7 +530,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -541,7 +564,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -580,7 +603,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -614,7 +637,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -653,7 +676,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -687,7 +710,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -726,7 +749,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
@@ -760,7 +783,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;

@@ -128,15 +128,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // axis = last: this vector's VEC per-column parameters, loaded once as vectors (the
-            // launcher checks their alignment); other axes: one parameter per row.
+            // this vector's VEC per-column parameters, loaded once as vectors (the launcher
+            // checks their alignment)
             double s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            if (chan_last) {
+            {
                 const Vec<double, VEC> sv = load_vec<double, VEC>(scale + c);
                 const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
 #pragma unroll
@@ -147,38 +148,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<double, VEC> x_v[U];
-                double s_u[U];
-                int zp_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
-                    s_u[u] = scale_value;
-                    zp_u[u] = zp_value;
                     if (row < rows) {
                         x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
-                        if (!chan_last) {
-                            const i64_t srow = channel_of(row, chan_inner, chan_count, narrow_rows);
-                            if (scale) s_u[u] = scale[srow];
-                            if (zero_point) zp_u[u] = zero_point[srow];
-                        }
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const double s_r = s_u[u], inv_r = chan_last ? (double)0 : recip(s_r);
-                    const int zp_r = zp_u[u];
                     Vec<double, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        const double s = chan_last ? s_c[i] : s_r;
-                        const double inv = chan_last ? inv_c[i] : inv_r;
-                        const int zp = chan_last ? zp_c[i] : zp_r;
+                        const double s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
                         (void)s; (void)inv; (void)zp;
                         const double x_e = x_v[u].v[i];
                         double& y_e = y_o.v[i];
@@ -192,8 +179,50 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 }
             }
         }
+      } else {
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them; the row's scale is loaded once.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const double* x_row = x + row * x_rs;
+            double* y_row = y + row * y_rs;
+            u8_t* mask_row = mask + row * mask_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const double s = scale ? scale[srow] : scale_value;
+            const double inv = recip(s);
+            const int zp = zero_point ? zero_point[srow] : zp_value;
+            (void)s; (void)inv; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne(to_f64(x_e) * inv) + (double)zp;
+                        y_e = from_f64<double>((clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                }
+            }
+        }
+      }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -237,15 +266,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // axis = last: this vector's VEC per-column parameters, loaded once as vectors (the
-            // launcher checks their alignment); other axes: one parameter per row.
+            // this vector's VEC per-column parameters, loaded once as vectors (the launcher
+            // checks their alignment)
             double s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            if (chan_last) {
+            {
                 const Vec<double, VEC> sv = load_vec<double, VEC>(scale + c);
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) {
@@ -255,37 +285,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<double, VEC> x_v[U];
-                double s_u[U];
-                int zp_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
-                    s_u[u] = scale_value;
-                    zp_u[u] = zp_value;
                     if (row < rows) {
                         x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
-                        if (!chan_last) {
-                            const i64_t srow = channel_of(row, chan_inner, chan_count, narrow_rows);
-                            if (scale) s_u[u] = scale[srow];
-                        }
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const double s_r = s_u[u], inv_r = chan_last ? (double)0 : recip(s_r);
-                    const int zp_r = zp_u[u];
                     Vec<double, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        const double s = chan_last ? s_c[i] : s_r;
-                        const double inv = chan_last ? inv_c[i] : inv_r;
-                        const int zp = chan_last ? zp_c[i] : zp_r;
+                        const double s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
                         (void)s; (void)inv; (void)zp;
                         const double x_e = x_v[u].v[i];
                         double& y_e = y_o.v[i];
@@ -299,8 +316,50 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 }
             }
         }
+      } else {
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them; the row's scale is loaded once.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const double* x_row = x + row * x_rs;
+            double* y_row = y + row * y_rs;
+            u8_t* mask_row = mask + row * mask_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const double s = scale ? scale[srow] : scale_value;
+            const double inv = recip(s);
+            const int zp = zp_value;  // symmetric: the implied zero point
+            (void)s; (void)inv; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne(to_f64(x_e) * inv) + (double)zp;
+                        y_e = from_f64<double>((clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                }
+            }
+        }
+      }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -348,17 +407,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
-            // (unusual group sizes) each element finds its own group.
-            const bool aligned = vec_ok == 2;
+            // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
             const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<double, VEC> x_v[U];
+                // the U rows' group scales are loaded with their data: one latency covers both
                 double s_u[U];
                 int zp_u[U];
-                i64_t srow_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
@@ -366,30 +421,22 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                     zp_u[u] = zp_value;
                     if (row < rows) {
                         x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
-                        srow_u[u] = row * ngroups;
-                        if (scale) s_u[u] = scale[srow_u[u] + g];
-                        if (zero_point) zp_u[u] = zero_point[srow_u[u] + g];
+                        if (scale) s_u[u] = scale[row * ngroups + g];
+                        if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const i64_t srow = srow_u[u];
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     Vec<double, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        double s = s_g, inv = inv_g;
-                        int zp = zp_g;
-                        if (!aligned) {
-                            const i64_t sidx = srow + (c + i) / group_size;
-                            s = scale ? scale[sidx] : scale_value;
-                            inv = recip(s);
-                            zp = zero_point ? zero_point[sidx] : zp_value;
-                        }
+                        const double s = s_g, inv = inv_g;
+                        const int zp = zp_g;
                         (void)s; (void)inv; (void)zp;
                         const double x_e = x_v[u].v[i];
                         double& y_e = y_o.v[i];
@@ -404,7 +451,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -452,17 +499,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
-            // (unusual group sizes) each element finds its own group.
-            const bool aligned = vec_ok == 2;
+            // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
             const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<double, VEC> x_v[U];
+                // the U rows' group scales are loaded with their data: one latency covers both
                 double s_u[U];
                 int zp_u[U];
-                i64_t srow_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
@@ -470,29 +513,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                     zp_u[u] = zp_value;
                     if (row < rows) {
                         x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
-                        srow_u[u] = row * ngroups;
-                        if (scale) s_u[u] = scale[srow_u[u] + g];
+                        if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const i64_t srow = srow_u[u];
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     Vec<double, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        double s = s_g, inv = inv_g;
-                        int zp = zp_g;
-                        if (!aligned) {
-                            const i64_t sidx = srow + (c + i) / group_size;
-                            s = scale ? scale[sidx] : scale_value;
-                            inv = recip(s);
-                            zp = zp_value;
-                        }
+                        const double s = s_g, inv = inv_g;
+                        const int zp = zp_g;
                         (void)s; (void)inv; (void)zp;
                         const double x_e = x_v[u].v[i];
                         double& y_e = y_o.v[i];
@@ -507,7 +542,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -552,7 +587,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -592,7 +627,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -637,7 +672,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -677,7 +712,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -722,7 +757,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -762,7 +797,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -807,7 +842,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
@@ -847,7 +882,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;

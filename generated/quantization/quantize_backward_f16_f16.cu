@@ -128,15 +128,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_a
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // axis = last: this vector's VEC per-column parameters, loaded once as vectors (the
-            // launcher checks their alignment); other axes: one parameter per row.
+            // this vector's VEC per-column parameters, loaded once as vectors (the launcher
+            // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            if (chan_last) {
+            {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
                 const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
 #pragma unroll
@@ -147,39 +148,25 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_a
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
-                float s_u[U];
-                int zp_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
-                    s_u[u] = scale_value;
-                    zp_u[u] = zp_value;
                     if (row < rows) {
                         dy_v[u] = load_vec<f16_t, VEC>(dy + row * dy_rs + c);
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
-                        if (!chan_last) {
-                            const i64_t srow = channel_of(row, chan_inner, chan_count, narrow_rows);
-                            if (scale) s_u[u] = scale[srow];
-                            if (zero_point) zp_u[u] = zero_point[srow];
-                        }
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const float s_r = s_u[u], inv_r = chan_last ? (float)0 : recip(s_r);
-                    const int zp_r = zp_u[u];
                     Vec<f16_t, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        const float s = chan_last ? s_c[i] : s_r;
-                        const float inv = chan_last ? inv_c[i] : inv_r;
-                        const int zp = chan_last ? zp_c[i] : zp_r;
+                        const float s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
                         (void)s; (void)inv; (void)zp;
                         const f16_t dy_e = dy_v[u].v[i];
                         const f16_t x_e = x_v[u].v[i];
@@ -191,8 +178,49 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_a
                 }
             }
         }
+      } else {
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them; the row's scale is loaded once.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* dy_row = dy + row * dy_rs;
+            const f16_t* x_row = x + row * x_rs;
+            f16_t* dx_row = dx + row * dx_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const float s = scale ? scale[srow] : scale_value;
+            const float inv = recip(s);
+            const int zp = zero_point ? zero_point[srow] : zp_value;
+            (void)s; (void)inv; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne(to_f32(x_e) * inv) + (float)zp;
+                        dx_e = from_f32<f16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                    }
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                }
+            }
+        }
+      }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -234,15 +262,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_s
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // axis = last: this vector's VEC per-column parameters, loaded once as vectors (the
-            // launcher checks their alignment); other axes: one parameter per row.
+            // this vector's VEC per-column parameters, loaded once as vectors (the launcher
+            // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            if (chan_last) {
+            {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) {
@@ -252,38 +281,25 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_s
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
-                float s_u[U];
-                int zp_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
-                    s_u[u] = scale_value;
-                    zp_u[u] = zp_value;
                     if (row < rows) {
                         dy_v[u] = load_vec<f16_t, VEC>(dy + row * dy_rs + c);
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
-                        if (!chan_last) {
-                            const i64_t srow = channel_of(row, chan_inner, chan_count, narrow_rows);
-                            if (scale) s_u[u] = scale[srow];
-                        }
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const float s_r = s_u[u], inv_r = chan_last ? (float)0 : recip(s_r);
-                    const int zp_r = zp_u[u];
                     Vec<f16_t, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        const float s = chan_last ? s_c[i] : s_r;
-                        const float inv = chan_last ? inv_c[i] : inv_r;
-                        const int zp = chan_last ? zp_c[i] : zp_r;
+                        const float s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
                         (void)s; (void)inv; (void)zp;
                         const f16_t dy_e = dy_v[u].v[i];
                         const f16_t x_e = x_v[u].v[i];
@@ -295,8 +311,49 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_s
                 }
             }
         }
+      } else {
+        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
+        // and stores them; the row's scale is loaded once.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* dy_row = dy + row * dy_rs;
+            const f16_t* x_row = x + row * x_rs;
+            f16_t* dx_row = dx + row * dx_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const float s = scale ? scale[srow] : scale_value;
+            const float inv = recip(s);
+            const int zp = zp_value;  // symmetric: the implied zero point
+            (void)s; (void)inv; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne(to_f32(x_e) * inv) + (float)zp;
+                        dx_e = from_f32<f16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                    }
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                }
+            }
+        }
+      }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -342,18 +399,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_group_asy
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
-            // (unusual group sizes) each element finds its own group.
-            const bool aligned = vec_ok == 2;
+            // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
             const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
+                // the U rows' group scales are loaded with their data: one latency covers both
                 float s_u[U];
                 int zp_u[U];
-                i64_t srow_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
@@ -362,29 +415,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_group_asy
                     if (row < rows) {
                         dy_v[u] = load_vec<f16_t, VEC>(dy + row * dy_rs + c);
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
-                        srow_u[u] = row * ngroups;
-                        if (scale) s_u[u] = scale[srow_u[u] + g];
-                        if (zero_point) zp_u[u] = zero_point[srow_u[u] + g];
+                        if (scale) s_u[u] = scale[row * ngroups + g];
+                        if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const i64_t srow = srow_u[u];
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     Vec<f16_t, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        float s = s_g, inv = inv_g;
-                        int zp = zp_g;
-                        if (!aligned) {
-                            const i64_t sidx = srow + (c + i) / group_size;
-                            s = scale ? scale[sidx] : scale_value;
-                            inv = recip(s);
-                            zp = zero_point ? zero_point[sidx] : zp_value;
-                        }
+                        const float s = s_g, inv = inv_g;
+                        const int zp = zp_g;
                         (void)s; (void)inv; (void)zp;
                         const f16_t dy_e = dy_v[u].v[i];
                         const f16_t x_e = x_v[u].v[i];
@@ -397,7 +442,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_group_asy
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -443,18 +488,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_group_sym
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
         for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
-            // vec_ok == 2: group_size % VEC == 0, so the whole vector lies in group g; otherwise
-            // (unusual group sizes) each element finds its own group.
-            const bool aligned = vec_ok == 2;
+            // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
             const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                // The U rows' data and their per-row parameters are loaded together, before any
-                // is used, so one memory latency covers all of them.
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
+                // the U rows' group scales are loaded with their data: one latency covers both
                 float s_u[U];
                 int zp_u[U];
-                i64_t srow_u[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
@@ -463,28 +504,20 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_group_sym
                     if (row < rows) {
                         dy_v[u] = load_vec<f16_t, VEC>(dy + row * dy_rs + c);
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
-                        srow_u[u] = row * ngroups;
-                        if (scale) s_u[u] = scale[srow_u[u] + g];
+                        if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const i64_t srow = srow_u[u];
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     Vec<f16_t, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        float s = s_g, inv = inv_g;
-                        int zp = zp_g;
-                        if (!aligned) {
-                            const i64_t sidx = srow + (c + i) / group_size;
-                            s = scale ? scale[sidx] : scale_value;
-                            inv = recip(s);
-                            zp = zp_value;
-                        }
+                        const float s = s_g, inv = inv_g;
+                        const int zp = zp_g;
                         (void)s; (void)inv; (void)zp;
                         const f16_t dy_e = dy_v[u].v[i];
                         const f16_t x_e = x_v[u].v[i];
@@ -497,7 +530,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_group_sym
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -540,7 +573,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_as
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -579,7 +612,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_as
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -622,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_sy
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -661,7 +694,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_sy
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -704,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_asy
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -743,7 +776,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_asy
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -786,7 +819,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_sym
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them.
+        // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
@@ -825,7 +858,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_sym
             }
         }
     } else {
-        // Scalar path: any cols, any alignment.
+        // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
