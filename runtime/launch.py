@@ -8,7 +8,7 @@ from typing import Union
 
 
 from .arrays import ArrayRef, stream_handle
-from .device import launch, param_format, properties, resident_blocks
+from .device import launch, load_function, param_format, properties, resident_blocks
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
 
@@ -99,9 +99,13 @@ class ElementwiseLauncher(Launcher):
         """Grid, block and packed parameters; ``run`` launches them. Pointer slots can be
         re-filled for a repeated call on same-shaped arrays (the functional fast path)."""
         first = args.ins[0][0]
-        fn = plan.registry.kernel(plan.sku, first.device)
         vec, unroll = plan.launch["vec"], plan.launch.get("unroll", 1)
         vec_ok = self.vec_ok(plan, args)
+        if plan.sku.scope == "channel" and vec_ok and not args.chan_last:
+            # per-row parameters: the SKU's second entry point, the rows layout (like token)
+            fn = load_function(plan.registry, plan.entry.unit, plan.entry.symbol + "_rows", first.device)
+        else:
+            fn = plan.registry.kernel(plan.sku, first.device)
         threads = plan.launch["block_threads"]
         if vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last)):
             # columns layout: a thread owns a column vector and walks rows, U at a time, on a

@@ -459,6 +459,17 @@ def plan_for(args: MoeArgs, strategy: str = "auto", arch: Optional[int] = None):
     return plan
 
 
+def _prepare_op(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy):
+    """``_prepare`` for one op, plus the shape of its output."""
+    if op not in OPS:
+        raise InvalidProblemError(f"op={op!r}; supported: {', '.join(OPS)}")
+    xr, wr, dyr, routing, dims = _prepare(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy)
+    M, N, K, E = dims
+    shape = {"grouped_matmul": (M, N), "grouped_matmul_backward_input": (M, K),
+             "grouped_matmul_backward_weight": (E, N, K)}[op]
+    return xr, wr, dyr, routing, dims, shape
+
+
 def _prepare(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy):
     if strategy not in STRATEGIES:
         raise InvalidProblemError(f"strategy={strategy!r}; supported: {', '.join(STRATEGIES)}")
@@ -493,12 +504,7 @@ def _placeholder(like: ArrayRef, shape, kind) -> ArrayRef:
 def select_plan(op: str, x, w, dy=None, *, row_experts=None, offsets=None, strategy="auto",
                 dw_dtype="float32", trusted_offsets=False):
     """The plan (``plan.sku``: the chosen kernel) that ``grouped_matmul`` / ``_backward`` use."""
-    if op not in OPS:
-        raise InvalidProblemError(f"op={op!r}; supported: {', '.join(OPS)}")
-    xr, wr, dyr, routing, dims = _prepare(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy)
-    M, N, K, E = dims
-    shape = {"grouped_matmul": (M, N), "grouped_matmul_backward_input": (M, K),
-             "grouped_matmul_backward_weight": (E, N, K)}[op]
+    xr, wr, dyr, routing, dims, shape = _prepare_op(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy)
     out = _placeholder(xr, shape, _out_kind(op, xr.kind, dw_dtype))
     return plan_for(_args(op, xr, wr, dyr, out, routing, dims), strategy, _arch(xr))
 
@@ -551,12 +557,7 @@ def run_into(op: str, out, x, w, dy=None, *, row_experts=None, offsets=None, str
     """Run one pass into a caller-provided, contiguous ``out`` (y [M, N], dx [M, K] or dw [E, N, K],
     dw float32 or the input dtype) and return the plan. For checks that poison the output first
     (every element must be written); the functional API allocates its outputs."""
-    if op not in OPS:
-        raise InvalidProblemError(f"op={op!r}; supported: {', '.join(OPS)}")
-    xr, wr, dyr, routing, dims = _prepare(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy)
-    M, N, K, E = dims
-    shape = {"grouped_matmul": (M, N), "grouped_matmul_backward_input": (M, K),
-             "grouped_matmul_backward_weight": (E, N, K)}[op]
+    xr, wr, dyr, routing, dims, shape = _prepare_op(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy)
     o = as_array(out, "out")
     _out_kind(op, xr.kind, o.kind)
     if tuple(o.shape) != shape:

@@ -132,6 +132,17 @@ def _elementwise(fast, op, p: _Params, ins, outs, shape, scope, group_size, elem
                        group_size, qmin, qmax, fast)
 
 
+def _straight_through(fast, op, dyr, xr, p, out, scope, group_size, qmin, qmax):
+    """Launch a straight-through backward (dy, x -> dx) and remember the call for the fast path."""
+    ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
+    outr = _out_arg(out, xr, xr.shape, xr.kind)
+    _same_device([dyr, xr, p.scale, p.zp, outr])
+    _elementwise(fast, op, p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope, group_size, xr.kind,
+                 qmin, qmax)
+    fast.remember(outr.obj, (qmin, qmax))
+    return outr.obj
+
+
 # -- straight-through backward passes ------------------------------------------------------------
 def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",
                       qmin=None, qmax=None, out=None):
@@ -152,13 +163,7 @@ def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_
         check_scope(xr.shape, scope, axis, group_size)
         qmin, qmax = check_range(qk, qmin, qmax)
         p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, implied_zero_point(qk))
-        ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
-        outr = _out_arg(out, xr, xr.shape, xr.kind)
-        _same_device([dyr, xr, p.scale, p.zp, outr])
-        _elementwise(fast, "quantize_backward", p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope,
-                     group_size, xr.kind, qmin, qmax)
-        fast.remember(outr.obj, (qmin, qmax))
-        return outr.obj
+        return _straight_through(fast, "quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
 
 
 def dequantize_backward(dy, scale, *, scope, axis=None, group_size=None, out=None):
@@ -231,13 +236,7 @@ def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, g
         dyr = _grad_array(dy, xr)
         qmin, qmax = fake_quant_range(qmin, qmax)
         p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
-        ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
-        outr = _out_arg(out, xr, xr.shape, xr.kind)
-        _same_device([dyr, xr, p.scale, p.zp, outr])
-        _elementwise(fast, "fake_quantize_backward", p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope,
-                     group_size, xr.kind, qmin, qmax)
-        fast.remember(outr.obj, (qmin, qmax))
-        return outr.obj
+        return _straight_through(fast, "fake_quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
 
 
 # -- LSQ -----------------------------------------------------------------------------------------

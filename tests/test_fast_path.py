@@ -106,7 +106,7 @@ def dev(monkeypatch):
     monkeypatch.setattr(training, "properties", lambda device: H200)
     monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
     monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
-    for mod in (training, dyn):
+    for mod in (training, dyn, launch_mod):
         monkeypatch.setattr(mod, "load_function", lambda reg, unit, symbol, device=None: symbol, raising=False)
     monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).symbol)
     real_run = qz._Entry.run

@@ -338,6 +338,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(launch_mod, "launch", rec.launch)
     monkeypatch.setattr(training, "empty", fake_empty)
     monkeypatch.setattr(training, "load_function", lambda reg, unit, symbol, dev: symbol)
+    monkeypatch.setattr(launch_mod, "load_function", lambda reg, unit, symbol, dev: symbol)
     monkeypatch.setattr(training, "properties", lambda dev: {"sms": 132, "max_threads_per_sm": 2048})
     monkeypatch.setattr(launch_mod, "properties", lambda dev: {"sms": 132, "max_threads_per_sm": 2048})
     monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
@@ -397,8 +398,10 @@ def test_elementwise_launches_match_the_kernels(fake_gpu, op, scope):
     mode = None if op == "dequantize_backward" else "asymmetric"
     sku = sf.default_registry().select(category="quantization", op=op, scope=scope, mode=mode, element="f32",
                                        aux_element="f32")
+    # channel on axis 0 (one parameter per row) launches the SKU's rows-layout entry point
+    suffix = "_rows" if scope == "channel" else ""
     for fn, grid, block, fmt, values in fake_gpu.calls:
-        assert fn == sku.symbol and fmt == _kernel_params(sku)
+        assert fn == sku.symbol + suffix and fmt == _kernel_params(sku, suffix)
     if op == "fake_quantize":
         mask_ptr = fake_gpu.calls[0][4][4]
         assert mask_ptr == 0 and fake_gpu.calls[1][4][4] != 0     # no mask: a null pointer

@@ -110,6 +110,8 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // ---- end of helpers ---------------------------------------------------------------------------
 
 // SKU: quantization/fake_quantize_backward/channel/asymmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
+// Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
+// columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_asymmetric_f64_f64_sm80_simt(
     const double* __restrict__ dy, i64_t dy_rs,
     const double* __restrict__ x, i64_t x_rs,
@@ -126,9 +128,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     const double qlo = (double)qmin, qhi = (double)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
+    if (vec_ok && chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
@@ -178,7 +179,47 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 }
             }
         }
-      } else {
+    } else {
+        // Scalar path: any cols, any alignment, any group size.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const double* dy_row = dy + row * dy_rs;
+            const double* x_row = x + row * x_rs;
+            double* dx_row = dx + row * dx_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+                const i64_t sidx = chan_last ? c : srow;
+                const double s = scale ? scale[sidx] : scale_value;
+                const double inv = recip(s);
+                const int zp = zero_point ? zero_point[sidx] : zp_value;
+                (void)s; (void)inv; (void)zp;
+                const double dy_e = dy_row[c];
+                const double x_e = x_row[c];
+                double dx_e;
+                const double v = rne(to_f64(x_e) * inv) + (double)zp;
+                dx_e = from_f64<double>(to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));
+                dx_row[c] = dx_e;
+            }
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_asymmetric_f64_f64_sm80_simt_rows(
+    const double* __restrict__ dy, i64_t dy_rs,
+    const double* __restrict__ x, i64_t x_rs,
+    double* __restrict__ dx, i64_t dx_rs,
+    const double* __restrict__ scale, double scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value,
+    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
+    int qmin, int qmax, int vec_ok)
+{
+    constexpr int VEC = 2;
+    constexpr int U = 4;   // vectors in flight per thread
+    const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
+    const double qlo = (double)qmin, qhi = (double)qmax;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok && !chan_last) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -218,7 +259,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 }
             }
         }
-      }
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -244,6 +284,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
 }
 
 // SKU: quantization/fake_quantize_backward/channel/symmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
+// Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
+// columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_symmetric_f64_f64_sm80_simt(
     const double* __restrict__ dy, i64_t dy_rs,
     const double* __restrict__ x, i64_t x_rs,
@@ -260,9 +302,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     const double qlo = (double)qmin, qhi = (double)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
+    if (vec_ok && chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
@@ -311,7 +352,47 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 }
             }
         }
-      } else {
+    } else {
+        // Scalar path: any cols, any alignment, any group size.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const double* dy_row = dy + row * dy_rs;
+            const double* x_row = x + row * x_rs;
+            double* dx_row = dx + row * dx_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+                const i64_t sidx = chan_last ? c : srow;
+                const double s = scale ? scale[sidx] : scale_value;
+                const double inv = recip(s);
+                const int zp = zp_value;  // symmetric: the implied zero point
+                (void)s; (void)inv; (void)zp;
+                const double dy_e = dy_row[c];
+                const double x_e = x_row[c];
+                double dx_e;
+                const double v = rne(to_f64(x_e) * inv) + (double)zp;
+                dx_e = from_f64<double>(to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));
+                dx_row[c] = dx_e;
+            }
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_symmetric_f64_f64_sm80_simt_rows(
+    const double* __restrict__ dy, i64_t dy_rs,
+    const double* __restrict__ x, i64_t x_rs,
+    double* __restrict__ dx, i64_t dx_rs,
+    const double* __restrict__ scale, double scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value,
+    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
+    int qmin, int qmax, int vec_ok)
+{
+    constexpr int VEC = 2;
+    constexpr int U = 4;   // vectors in flight per thread
+    const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
+    const double qlo = (double)qmin, qhi = (double)qmax;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok && !chan_last) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -351,7 +432,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 }
             }
         }
-      }
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {

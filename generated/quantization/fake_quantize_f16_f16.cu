@@ -110,6 +110,8 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // ---- end of helpers ---------------------------------------------------------------------------
 
 // SKU: quantization/fake_quantize/channel/asymmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
+// Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
+// columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymmetric_f16_f16_sm80_simt(
     const f16_t* __restrict__ x, i64_t x_rs,
     f16_t* __restrict__ y, i64_t y_rs,
@@ -126,9 +128,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
+    if (vec_ok && chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
@@ -179,7 +180,49 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 }
             }
         }
-      } else {
+    } else {
+        // Scalar path: any cols, any alignment, any group size.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            f16_t* y_row = y + row * y_rs;
+            u8_t* mask_row = mask + row * mask_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+                const i64_t sidx = chan_last ? c : srow;
+                const float s = scale ? scale[sidx] : scale_value;
+                const float inv = recip(s);
+                const int zp = zero_point ? zero_point[sidx] : zp_value;
+                (void)s; (void)inv; (void)zp;
+                const f16_t x_e = x_row[c];
+                f16_t y_e;
+                u8_t mask_e;
+                const float v = rne(to_f32(x_e) * inv) + (float)zp;
+                y_e = from_f32<f16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_row[c] = y_e;
+                if (mask) mask_row[c] = mask_e;
+            }
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymmetric_f16_f16_sm80_simt_rows(
+    const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs,
+    const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value,
+    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
+    int qmin, int qmax, int vec_ok)
+{
+    constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
+    const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
+    const float qlo = (float)qmin, qhi = (float)qmax;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok && !chan_last) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -220,7 +263,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 }
             }
         }
-      }
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -248,6 +290,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
 }
 
 // SKU: quantization/fake_quantize/channel/symmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
+// Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
+// columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symmetric_f16_f16_sm80_simt(
     const f16_t* __restrict__ x, i64_t x_rs,
     f16_t* __restrict__ y, i64_t y_rs,
@@ -264,9 +308,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
+    if (vec_ok && chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
@@ -316,7 +359,49 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 }
             }
         }
-      } else {
+    } else {
+        // Scalar path: any cols, any alignment, any group size.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const f16_t* x_row = x + row * x_rs;
+            f16_t* y_row = y + row * y_rs;
+            u8_t* mask_row = mask + row * mask_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+                const i64_t sidx = chan_last ? c : srow;
+                const float s = scale ? scale[sidx] : scale_value;
+                const float inv = recip(s);
+                const int zp = zp_value;  // symmetric: the implied zero point
+                (void)s; (void)inv; (void)zp;
+                const f16_t x_e = x_row[c];
+                f16_t y_e;
+                u8_t mask_e;
+                const float v = rne(to_f32(x_e) * inv) + (float)zp;
+                y_e = from_f32<f16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_row[c] = y_e;
+                if (mask) mask_row[c] = mask_e;
+            }
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symmetric_f16_f16_sm80_simt_rows(
+    const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs,
+    const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value,
+    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
+    int qmin, int qmax, int vec_ok)
+{
+    constexpr int VEC = 8;
+    constexpr int U = 4;   // vectors in flight per thread
+    const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
+    const float qlo = (float)qmin, qhi = (float)qmax;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok && !chan_last) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -357,7 +442,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 }
             }
         }
-      }
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {

@@ -110,6 +110,8 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // ---- end of helpers ---------------------------------------------------------------------------
 
 // SKU: quantization/quantize/channel/asymmetric/f32/s8/sm80/simt/f32.acc-f32.det.stable
+// Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
+// columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric_f32_s8_sm80_simt(
     const float* __restrict__ x, i64_t x_rs,
     s8_t* __restrict__ q, i64_t q_rs,
@@ -125,9 +127,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
+    if (vec_ok && chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
@@ -175,7 +176,45 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                 }
             }
         }
-      } else {
+    } else {
+        // Scalar path: any cols, any alignment, any group size.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const float* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+                const i64_t sidx = chan_last ? c : srow;
+                const float s = scale ? scale[sidx] : scale_value;
+                const float inv = recip(s);
+                const int zp = zero_point ? zero_point[sidx] : zp_value;
+                (void)s; (void)inv; (void)zp;
+                const float x_e = x_row[c];
+                s8_t q_e;
+                const float t = to_f32(x_e) * inv;
+                const float v = rne(t) + (float)zp;
+                q_e = to_q<s8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_row[c] = q_e;
+            }
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric_f32_s8_sm80_simt_rows(
+    const float* __restrict__ x, i64_t x_rs,
+    s8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value,
+    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
+    int qmin, int qmax, int vec_ok)
+{
+    constexpr int VEC = 4;
+    constexpr int U = 4;   // vectors in flight per thread
+    const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
+    const float qlo = (float)qmin, qhi = (float)qmax;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok && !chan_last) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -212,7 +251,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                 }
             }
         }
-      }
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -237,6 +275,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
 }
 
 // SKU: quantization/quantize/channel/symmetric/f32/s8/sm80/simt/f32.acc-f32.det.stable
+// Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
+// columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_f32_s8_sm80_simt(
     const float* __restrict__ x, i64_t x_rs,
     s8_t* __restrict__ q, i64_t q_rs,
@@ -252,9 +292,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
+    if (vec_ok && chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-      if (chan_last) {
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
@@ -301,7 +340,45 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                 }
             }
         }
-      } else {
+    } else {
+        // Scalar path: any cols, any alignment, any group size.
+        for (i64_t row = row0; row < rows; row += row_step) {
+            const float* x_row = x + row * x_rs;
+            s8_t* q_row = q + row * q_rs;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+                const i64_t sidx = chan_last ? c : srow;
+                const float s = scale ? scale[sidx] : scale_value;
+                const float inv = recip(s);
+                const int zp = zp_value;  // symmetric: the implied zero point
+                (void)s; (void)inv; (void)zp;
+                const float x_e = x_row[c];
+                s8_t q_e;
+                const float t = to_f32(x_e) * inv;
+                const float v = rne(t) + (float)zp;
+                q_e = to_q<s8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_row[c] = q_e;
+            }
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_f32_s8_sm80_simt_rows(
+    const float* __restrict__ x, i64_t x_rs,
+    s8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value,
+    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
+    int qmin, int qmax, int vec_ok)
+{
+    constexpr int VEC = 4;
+    constexpr int U = 4;   // vectors in flight per thread
+    const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
+    const float qlo = (float)qmin, qhi = (float)qmax;
+    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    if (vec_ok && !chan_last) {
+        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -338,7 +415,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                 }
             }
         }
-      }
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
