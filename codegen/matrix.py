@@ -341,11 +341,10 @@ TRAINING_LSQ = Family(
 )
 
 # -- low-bit formats (issue 5): fp8 e4m3fn / e5m2, packed s4 / u4, e8m0 (MX) block scales ----------
-# STAGED: implemented and tested on the CPU (rendering, NVRTC for sm_80/89/90, the conversion code
-# proven against ml_dtypes as host C++), not yet run on a GPU. While LOWBIT_STAGED is True every
-# low-bit cell is excluded with LOWBIT_STAGED_REASON (nothing unverified is generated or shipped,
-# and the runtime refuses these kinds naming issue 5). The next session with a GPU sets it to
-# False, runs `python -m codegen` and the checklist in docs/lowbit.md.
+# Staging switch. The low-bit kernels shipped after their GPU verification (session 2, docs/lowbit.md).
+# While LOWBIT_STAGED is True every low-bit cell is excluded with LOWBIT_STAGED_REASON (nothing
+# unverified is generated or shipped, and the runtime refuses these kinds naming issue 5): the way to
+# land a family that is built and CPU-tested but not yet run on a GPU.
 LOWBIT_STAGED = False
 LOWBIT_STAGED_REASON = "implemented; awaiting GPU verification (issue 5) — see docs/lowbit.md"
 FP8 = ("fp8_e4m3", "fp8_e5m2")

@@ -15,7 +15,7 @@ from . import launch  # noqa: F401  static elementwise ("elementwise")
 from . import dynamic  # noqa: F401  issue 3 ("dynamic_fused", "dynamic_reduce")
 from . import training  # noqa: F401  issue 4 ("lsq")
 from . import moe  # noqa: F401  issue 6 ("moe_gemm")
-from . import lowbit  # noqa: F401  issue 5 ("lowbit_*"; staged, docs/lowbit.md)
+from . import lowbit  # noqa: F401  issue 5 ("lowbit_*", docs/lowbit.md)
 from .config import trusted
 from .dynamic import dynamic_quantize
 from .errors import DeviceRequiredError, InvalidProblemError, SkuforgeError, UnsupportedError

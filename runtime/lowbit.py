@@ -15,9 +15,9 @@ for torch inputs and a uint8 array of codes for CuPy (which has no fp8 dtype). `
 the kind from a torch fp8 dtype, or from ``in_dtype=`` for uint8 containers. e8m0 scales are uint8
 arrays (``torch.float8_e8m0fnu`` tensors are accepted too) with ``scale_dtype="e8m0"``.
 
-While the low-bit kernels are staged (``codegen.matrix.LOWBIT_STAGED``: implemented, awaiting GPU
-verification) the manifest holds none of them and every entry point raises ``UnsupportedError``
-naming issue 5. See docs/lowbit.md.
+The kernels ship (verified on an H200, docs/lowbit.md). Were they staged again
+(``codegen.matrix.LOWBIT_STAGED = True``), the manifest would hold none of them and every entry point
+would raise an ``UnsupportedError`` naming issue 5.
 """
 from __future__ import annotations
 
