@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
-from .device import launch, load_function, param_format, properties
+from .device import launch, load_function, param_format, properties, resident_blocks
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
@@ -98,7 +98,6 @@ def _reduce_format(f64: bool) -> str:
                          "i32", "f64" if f64 else "f32", "i32", "i32", "i32", "i32", "i32", "i32"))
 
 
-from .device import resident_blocks  # noqa: E402,F401  (re-exported: runtime.lowbit imports it from here)
 
 
 # -- the fused per-token / per-group launch (dynamic_fused, lowbit_dynamic_fused) -----------------
@@ -220,6 +219,25 @@ def fused_grid(fn, work: int, per_block: int, threads: int, device: int, persist
     return min(grid, properties(device)["sms"] * resident_blocks(fn, threads)) if persistent else grid
 
 
+def block_config(plan, args, vec_ok: bool, unit: int) -> tuple:
+    """(TX, TY, grid) of a block kernel (dynamic_fused / lowbit_dynamic_fused): TX threads per row
+    group, each moving ``unit`` elements per access and holding at most the largest register chunk
+    count; wider rows for small problems (more parallelism)."""
+    cols = args.xv.cols
+    gs = args.group_size if args.scope == "group" else cols
+    chs = plan.launch["ch_vec"] if vec_ok else plan.launch["ch_scalar"]
+    max_tx = plan.launch["max_threads"]
+    units = -(-gs // unit)
+    tx = min(max_tx, next_pow2(-(-units // chs[-1])))
+    vrows = args.xv.rows * (cols // gs)
+    props = properties(args.x.device)
+    while tx < max_tx and tx < next_pow2(units) and vrows * tx < props["sms"] * props["max_threads_per_sm"]:
+        tx *= 2
+    threads = max(256, tx)
+    ty = threads // tx
+    return tx, ty, row_grid(vrows, ty, threads, args.x.device)
+
+
 _LAUNCHES: dict = {}
 
 
@@ -268,19 +286,7 @@ class DynamicFusedLauncher(Launcher):
         gs = args.group_size if args.scope == "group" else cols
         vec = plan.launch["vec"]
         vec_ok = gs % vec == 0 and _vec_ok(vec, [(args.x, args.xv), (args.q, args.qv)], cols)
-        v = vec if vec_ok else 1
-        chs = plan.launch["ch_vec"] if vec_ok else plan.launch["ch_scalar"]
-        max_tx = plan.launch["max_threads"]
-        units = -(-gs // v)
-        tx = min(max_tx, next_pow2(-(-units // chs[-1])))
-        vrows = args.xv.rows * (cols // gs)
-        props = properties(args.x.device)
-        while tx < max_tx and tx < next_pow2(units) and vrows * tx < props["sms"] * props["max_threads_per_sm"]:
-            tx *= 2
-        threads = max(256, tx)
-        ty = threads // tx
-        grid = row_grid(vrows, ty, threads, args.x.device)
-        return vec_ok, tx, ty, grid
+        return (vec_ok, *block_config(plan, args, vec_ok, vec if vec_ok else 1))
 
     def run(self, plan, args: DynamicArgs, stream=None):
         rows, cols = args.xv.rows, args.xv.cols
@@ -343,7 +349,7 @@ class DynamicReduceLauncher(Launcher):
             return ReduceConfig(vec_ok, False, tx, row_parts, cols, cols, row_parts,
                                 max(1, min(row_parts * tiles, props["sms"] * per_sm)), self._grid1(cols, props))
         if args.scope == "tensor":
-            inner, count = 1, 1
+            count = 1
             if vec_ok and (rows == 1 or args.xv.row_stride == cols):
                 fn = plan.registry.kernel(plan.sku, args.x.device)     # one resident wave of blocks
                 blocks = max(1, min(props["sms"] * resident_blocks(fn, self.BLOCK),
@@ -382,7 +388,7 @@ class DynamicReduceLauncher(Launcher):
         cfg = self.config(plan, args)
         inner, count, last = _channel_params(args.x.shape, args.scope, args.axis)
         if args.scope == "tensor":
-            inner, count = 1, 1
+            count = 1
         fn = plan.registry.kernel(plan.sku, args.x.device)
         fmt = _reduce_format(plan.sku.precision.math == "f64")
         head = (args.x.ptr, args.xv.row_stride, args.workspace.ptr, args.scale.ptr, ptr(args.zero_point), rows, cols,

@@ -278,23 +278,12 @@ class LowBitFusedLauncher(Launcher):
 
     def config(self, plan, args):
         """(vec_ok, TX, TY, grid), as DynamicFusedLauncher.config; the scalar path moves PACK elements."""
-        cols = args.xv.cols
-        gs = args.group_size if args.scope == "group" else cols
+        from .dynamic import block_config
+        gs = args.group_size if args.scope == "group" else args.xv.cols
         vec, pack = plan.launch["vec"], plan.launch["pack"]
         vec_ok = (gs % vec == 0 and _aligned(args.x, args.xv, vec * args.x.itemsize)
                   and _aligned(args.q, args.qv, vec // pack))
-        v = vec if vec_ok else pack
-        chs = plan.launch["ch_vec"] if vec_ok else plan.launch["ch_scalar"]
-        max_tx = plan.launch["max_threads"]
-        units = -(-gs // v)
-        tx = min(max_tx, next_pow2(-(-units // chs[-1])))
-        vrows = args.xv.rows * (cols // gs)
-        props = properties(args.x.device)
-        while tx < max_tx and tx < next_pow2(units) and vrows * tx < props["sms"] * props["max_threads_per_sm"]:
-            tx *= 2
-        threads = max(256, tx)
-        ty = threads // tx
-        return vec_ok, tx, ty, row_grid(vrows, ty, threads, args.x.device)
+        return (vec_ok, *block_config(plan, args, vec_ok, vec if vec_ok else pack))
 
     def run(self, plan, args, stream=None):
         from .dynamic import _scalar, fused_launch

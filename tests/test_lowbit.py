@@ -369,9 +369,11 @@ H200 = {"name": "fake", "cc": 90, "sms": 132, "max_threads_per_sm": 2048}
                                                     ((9, 48), 3, "fp8_e5m2", False), ((5, 70002), None, "u4", False), ((5, 70000), None, "u4", True)])
 def test_fused_config(monkeypatch, shape, gs, kind, vec_want):
     from runtime.arrays import as_array
+    from runtime import dynamic
     from runtime.dynamic import DynamicArgs
     from runtime.scopes import rows_view
     monkeypatch.setattr(lowbit, "properties", lambda device: H200)
+    monkeypatch.setattr(dynamic, "properties", lambda device: H200)     # block_config's device query
     pack = 2 if kind in ("s4", "u4") else 1
     p = _plan(8, pack, max_threads=512, ch_vec=[1, 2, 4], ch_scalar=[1, 4, 8])
     x = as_array(D(shape, "float16"), "x")
