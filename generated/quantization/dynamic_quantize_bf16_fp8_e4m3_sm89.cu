@@ -38,6 +38,44 @@ __device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
+// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
+__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
+__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
+__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
+__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
+__device__ __forceinline__ double vabs(double a) { return fabs(a); }
+
+// -- rounding to integers without a conversion instruction ------------------------------------
+// cvt (F2I, I2F, FRND) runs at a quarter of the FP32 rate on sm_80 / sm_90, and an element of a
+// 16-bit tensor leaves time for about 20 instructions at full memory bandwidth: one or two cvts per
+// element made those kernels issue-bound (docs/perf-notes.md, session 3). Adding MAGIC = 1.5 * 2^p
+// (p: stored mantissa bits) to |v| <= 2^(p-1) rounds once, to nearest even, to an integer that sits
+// in the low mantissa bits; MAGIC's low p - 1 bits are zero, so those bits are the integer's own.
+constexpr float  RNE_MAGIC_F32 = 12582912.0f;          // 1.5 * 2^23: integers of |v| <= 2^22
+constexpr double RNE_MAGIC_F64 = 6755399441055744.0;   // 1.5 * 2^52: integers of |v| <= 2^51
+__device__ __forceinline__ float  rne_magic(float)  { return RNE_MAGIC_F32; }
+__device__ __forceinline__ double rne_magic(double) { return RNE_MAGIC_F64; }
+__device__ __forceinline__ int magic_low_bits(float v)  { return __float_as_int(v); }
+__device__ __forceinline__ int magic_low_bits(double v) { return __double2loint(v); }
+// rne(v) with two adds, exact for |v| <= 2^22 (2^51 for double). A larger |v| gives a value of v's
+// sign and magnitude >= 2^22, not rne(v): enough for a clamp to, or a test against, a quantized
+// range (|qmin|, |qmax| < 2^22). NaN stays NaN, +-inf stay.
+template <typename M> __device__ __forceinline__ M rne_bounded(M v) { return (v + rne_magic(v)) - rne_magic(v); }
+
+// The integer range of t = x * inv before the zero point is added: [qmin - zp, qmax - zp].
+template <typename M> struct QuantBounds { M lo, hi; int zp; };
+template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int zp, int qmin, int qmax) {
+    return QuantBounds<M>{(M)(qmin - zp), (M)(qmax - zp), zp};
+}
+// q = clamp(rne(t) + zp, qmin, qmax), NaN -> zp, as an int whose low 8 bits are the code's byte (its
+// low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
+// before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
+// small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
+template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
+    return is_nan(t) ? b.zp : bits;                                                     // selected away
+}
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
 template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
@@ -287,13 +325,6 @@ __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
     return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -318,12 +349,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -497,13 +525,6 @@ __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
     return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -528,12 +549,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -542,13 +560,13 @@ constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
 typedef Fp8E4M3 F;   // fp8_e4m3
 
 // One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    (void)zp; (void)qlo; (void)qhi;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    (void)qb;
     return fp8x2_encode_hw<F>(t, 0.0f) & 0xFFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
     if constexpr (V % 2 == 0) {
 #pragma unroll
         for (int i = 0; i < V; i += 2) {    // one cvt.rn.satfinite.e4m3x2.f32 per pair
@@ -558,7 +576,7 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], 
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], zp[i], qlo, qhi);
+        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], qb[i]);
     }
 }
 
@@ -600,7 +618,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     (void)scale_e8m0;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
@@ -652,9 +669,9 @@ __device__ __forceinline__ void row_groups(
                 else scale[vr] = s;
                 if (ASYM) zero_point[vr] = zp;
             }
-            int zv[V];
+            QuantBounds<M> qv[V];
 #pragma unroll
-            for (int i = 0; i < V; ++i) zv[i] = zp;
+            for (int i = 0; i < V; ++i) qv[i] = quant_bounds<M>(zp, qmin, qmax);
             if constexpr (CH > 0) {
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
@@ -664,7 +681,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                         for (int i = 0; i < V; ++i) t[i] = up(buf[j].v[i]) * inv;
                         Vec<u8_t, V / PACK> o;
-                        encode_vec<V>(t, zv, qlo, qhi, o);
+                        encode_vec<V>(t, qv, o);
                         store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                     }
                 }
@@ -675,7 +692,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                     for (int i = 0; i < V; ++i) t[i] = up(v.v[i]) * inv;
                     Vec<u8_t, V / PACK> o;
-                    encode_vec<V>(t, zv, qlo, qhi, o);
+                    encode_vec<V>(t, qv, o);
                     store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                 }
             }
@@ -706,16 +723,16 @@ struct Sink {
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
 template <int V>
-__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
-    int zv[V];
+    QuantBounds<M> qv[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
         t[i] = elem(b, i) * inv;
-        zv[i] = zp;
+        qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, zv, qlo, qhi, o);
+    encode_vec<V>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -781,7 +798,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -820,11 +836,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }
@@ -925,13 +942,6 @@ __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
     return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -956,12 +966,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -1135,13 +1142,6 @@ __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
     return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -1166,12 +1166,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -1180,13 +1177,13 @@ constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
 typedef Fp8E4M3 F;   // fp8_e4m3
 
 // One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    (void)zp; (void)qlo; (void)qhi;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    (void)qb;
     return fp8x2_encode_hw<F>(t, 0.0f) & 0xFFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
     if constexpr (V % 2 == 0) {
 #pragma unroll
         for (int i = 0; i < V; i += 2) {    // one cvt.rn.satfinite.e4m3x2.f32 per pair
@@ -1196,7 +1193,7 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], 
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], zp[i], qlo, qhi);
+        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], qb[i]);
     }
 }
 
@@ -1238,7 +1235,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     (void)scale_e8m0;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
@@ -1282,9 +1278,9 @@ __device__ __forceinline__ void row_groups(
                 scale[vr] = s;
                 if (ASYM) zero_point[vr] = zp;
             }
-            int zv[V];
+            QuantBounds<M> qv[V];
 #pragma unroll
-            for (int i = 0; i < V; ++i) zv[i] = zp;
+            for (int i = 0; i < V; ++i) qv[i] = quant_bounds<M>(zp, qmin, qmax);
             if constexpr (CH > 0) {
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
@@ -1294,7 +1290,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                         for (int i = 0; i < V; ++i) t[i] = up(buf[j].v[i]) * inv;
                         Vec<u8_t, V / PACK> o;
-                        encode_vec<V>(t, zv, qlo, qhi, o);
+                        encode_vec<V>(t, qv, o);
                         store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                     }
                 }
@@ -1305,7 +1301,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                     for (int i = 0; i < V; ++i) t[i] = up(v.v[i]) * inv;
                     Vec<u8_t, V / PACK> o;
-                    encode_vec<V>(t, zv, qlo, qhi, o);
+                    encode_vec<V>(t, qv, o);
                     store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                 }
             }
@@ -1329,16 +1325,16 @@ struct Sink {
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
 template <int V>
-__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
-    int zv[V];
+    QuantBounds<M> qv[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
         t[i] = elem(b, i) * inv;
-        zv[i] = zp;
+        qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, zv, qlo, qhi, o);
+    encode_vec<V>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -1404,7 +1400,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -1443,11 +1438,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }

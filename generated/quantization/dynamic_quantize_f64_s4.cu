@@ -38,6 +38,44 @@ __device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
+// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
+__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
+__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
+__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
+__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
+__device__ __forceinline__ double vabs(double a) { return fabs(a); }
+
+// -- rounding to integers without a conversion instruction ------------------------------------
+// cvt (F2I, I2F, FRND) runs at a quarter of the FP32 rate on sm_80 / sm_90, and an element of a
+// 16-bit tensor leaves time for about 20 instructions at full memory bandwidth: one or two cvts per
+// element made those kernels issue-bound (docs/perf-notes.md, session 3). Adding MAGIC = 1.5 * 2^p
+// (p: stored mantissa bits) to |v| <= 2^(p-1) rounds once, to nearest even, to an integer that sits
+// in the low mantissa bits; MAGIC's low p - 1 bits are zero, so those bits are the integer's own.
+constexpr float  RNE_MAGIC_F32 = 12582912.0f;          // 1.5 * 2^23: integers of |v| <= 2^22
+constexpr double RNE_MAGIC_F64 = 6755399441055744.0;   // 1.5 * 2^52: integers of |v| <= 2^51
+__device__ __forceinline__ float  rne_magic(float)  { return RNE_MAGIC_F32; }
+__device__ __forceinline__ double rne_magic(double) { return RNE_MAGIC_F64; }
+__device__ __forceinline__ int magic_low_bits(float v)  { return __float_as_int(v); }
+__device__ __forceinline__ int magic_low_bits(double v) { return __double2loint(v); }
+// rne(v) with two adds, exact for |v| <= 2^22 (2^51 for double). A larger |v| gives a value of v's
+// sign and magnitude >= 2^22, not rne(v): enough for a clamp to, or a test against, a quantized
+// range (|qmin|, |qmax| < 2^22). NaN stays NaN, +-inf stay.
+template <typename M> __device__ __forceinline__ M rne_bounded(M v) { return (v + rne_magic(v)) - rne_magic(v); }
+
+// The integer range of t = x * inv before the zero point is added: [qmin - zp, qmax - zp].
+template <typename M> struct QuantBounds { M lo, hi; int zp; };
+template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int zp, int qmin, int qmax) {
+    return QuantBounds<M>{(M)(qmin - zp), (M)(qmax - zp), zp};
+}
+// q = clamp(rne(t) + zp, qmin, qmax), NaN -> zp, as an int whose low 8 bits are the code's byte (its
+// low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
+// before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
+// small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
+template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
+    return is_nan(t) ? b.zp : bits;                                                     // selected away
+}
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
 template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
@@ -286,13 +324,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -317,12 +348,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -495,13 +523,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -526,12 +547,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -704,13 +722,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -735,12 +746,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -748,15 +756,14 @@ constexpr int VEC = 2;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -797,7 +804,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     (void)scale_e8m0;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
@@ -841,9 +847,9 @@ __device__ __forceinline__ void row_groups(
                 scale[vr] = s;
                 if (ASYM) zero_point[vr] = zp;
             }
-            int zv[V];
+            QuantBounds<M> qv[V];
 #pragma unroll
-            for (int i = 0; i < V; ++i) zv[i] = zp;
+            for (int i = 0; i < V; ++i) qv[i] = quant_bounds<M>(zp, qmin, qmax);
             if constexpr (CH > 0) {
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
@@ -853,7 +859,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                         for (int i = 0; i < V; ++i) t[i] = up(buf[j].v[i]) * inv;
                         Vec<u8_t, V / PACK> o;
-                        encode_vec<V>(t, zv, qlo, qhi, o);
+                        encode_vec<V>(t, qv, o);
                         store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                     }
                 }
@@ -864,7 +870,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                     for (int i = 0; i < V; ++i) t[i] = up(v.v[i]) * inv;
                     Vec<u8_t, V / PACK> o;
-                    encode_vec<V>(t, zv, qlo, qhi, o);
+                    encode_vec<V>(t, qv, o);
                     store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                 }
             }
@@ -888,16 +894,16 @@ struct Sink {
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
 template <int V>
-__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
-    int zv[V];
+    QuantBounds<M> qv[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
         t[i] = elem(b, i) * inv;
-        zv[i] = zp;
+        qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, zv, qlo, qhi, o);
+    encode_vec<V>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -963,7 +969,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -1002,11 +1007,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }
@@ -1054,13 +1060,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -1085,12 +1084,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -1098,15 +1094,14 @@ constexpr int VEC = 2;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1147,7 +1142,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     (void)scale_e8m0;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
@@ -1191,9 +1185,9 @@ __device__ __forceinline__ void row_groups(
                 scale[vr] = s;
                 if (ASYM) zero_point[vr] = zp;
             }
-            int zv[V];
+            QuantBounds<M> qv[V];
 #pragma unroll
-            for (int i = 0; i < V; ++i) zv[i] = zp;
+            for (int i = 0; i < V; ++i) qv[i] = quant_bounds<M>(zp, qmin, qmax);
             if constexpr (CH > 0) {
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
@@ -1203,7 +1197,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                         for (int i = 0; i < V; ++i) t[i] = up(buf[j].v[i]) * inv;
                         Vec<u8_t, V / PACK> o;
-                        encode_vec<V>(t, zv, qlo, qhi, o);
+                        encode_vec<V>(t, qv, o);
                         store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                     }
                 }
@@ -1214,7 +1208,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                     for (int i = 0; i < V; ++i) t[i] = up(v.v[i]) * inv;
                     Vec<u8_t, V / PACK> o;
-                    encode_vec<V>(t, zv, qlo, qhi, o);
+                    encode_vec<V>(t, qv, o);
                     store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                 }
             }
@@ -1238,16 +1232,16 @@ struct Sink {
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
 template <int V>
-__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
-    int zv[V];
+    QuantBounds<M> qv[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
         t[i] = elem(b, i) * inv;
-        zv[i] = zp;
+        qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, zv, qlo, qhi, o);
+    encode_vec<V>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -1313,7 +1307,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -1352,11 +1345,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }
@@ -1404,13 +1398,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -1435,12 +1422,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -1613,13 +1597,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -1644,12 +1621,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -1822,13 +1796,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -1853,12 +1820,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -1866,15 +1830,14 @@ constexpr int VEC = 2;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1915,7 +1878,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     (void)scale_e8m0;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
@@ -1959,9 +1921,9 @@ __device__ __forceinline__ void row_groups(
                 scale[vr] = s;
                 if (ASYM) zero_point[vr] = zp;
             }
-            int zv[V];
+            QuantBounds<M> qv[V];
 #pragma unroll
-            for (int i = 0; i < V; ++i) zv[i] = zp;
+            for (int i = 0; i < V; ++i) qv[i] = quant_bounds<M>(zp, qmin, qmax);
             if constexpr (CH > 0) {
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
@@ -1971,7 +1933,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                         for (int i = 0; i < V; ++i) t[i] = up(buf[j].v[i]) * inv;
                         Vec<u8_t, V / PACK> o;
-                        encode_vec<V>(t, zv, qlo, qhi, o);
+                        encode_vec<V>(t, qv, o);
                         store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                     }
                 }
@@ -1982,7 +1944,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                     for (int i = 0; i < V; ++i) t[i] = up(v.v[i]) * inv;
                     Vec<u8_t, V / PACK> o;
-                    encode_vec<V>(t, zv, qlo, qhi, o);
+                    encode_vec<V>(t, qv, o);
                     store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                 }
             }
@@ -2006,16 +1968,16 @@ struct Sink {
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
 template <int V>
-__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
-    int zv[V];
+    QuantBounds<M> qv[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
         t[i] = elem(b, i) * inv;
-        zv[i] = zp;
+        qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, zv, qlo, qhi, o);
+    encode_vec<V>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -2081,7 +2043,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -2120,11 +2081,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }
@@ -2172,13 +2134,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -2203,12 +2158,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -2216,15 +2168,14 @@ constexpr int VEC = 2;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -2265,7 +2216,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     (void)scale_e8m0;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
@@ -2309,9 +2259,9 @@ __device__ __forceinline__ void row_groups(
                 scale[vr] = s;
                 if (ASYM) zero_point[vr] = zp;
             }
-            int zv[V];
+            QuantBounds<M> qv[V];
 #pragma unroll
-            for (int i = 0; i < V; ++i) zv[i] = zp;
+            for (int i = 0; i < V; ++i) qv[i] = quant_bounds<M>(zp, qmin, qmax);
             if constexpr (CH > 0) {
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
@@ -2321,7 +2271,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                         for (int i = 0; i < V; ++i) t[i] = up(buf[j].v[i]) * inv;
                         Vec<u8_t, V / PACK> o;
-                        encode_vec<V>(t, zv, qlo, qhi, o);
+                        encode_vec<V>(t, qv, o);
                         store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                     }
                 }
@@ -2332,7 +2282,7 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                     for (int i = 0; i < V; ++i) t[i] = up(v.v[i]) * inv;
                     Vec<u8_t, V / PACK> o;
-                    encode_vec<V>(t, zv, qlo, qhi, o);
+                    encode_vec<V>(t, qv, o);
                     store_vec<u8_t, V / PACK>(qr + c / PACK, o);
                 }
             }
@@ -2356,16 +2306,16 @@ struct Sink {
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
 template <int V>
-__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
+__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
-    int zv[V];
+    QuantBounds<M> qv[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
         t[i] = elem(b, i) * inv;
-        zv[i] = zp;
+        qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, zv, qlo, qhi, o);
+    encode_vec<V>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -2431,7 +2381,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -2470,11 +2419,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }

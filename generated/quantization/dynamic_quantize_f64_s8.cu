@@ -38,6 +38,44 @@ __device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
+// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
+__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
+__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
+__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
+__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
+__device__ __forceinline__ double vabs(double a) { return fabs(a); }
+
+// -- rounding to integers without a conversion instruction ------------------------------------
+// cvt (F2I, I2F, FRND) runs at a quarter of the FP32 rate on sm_80 / sm_90, and an element of a
+// 16-bit tensor leaves time for about 20 instructions at full memory bandwidth: one or two cvts per
+// element made those kernels issue-bound (docs/perf-notes.md, session 3). Adding MAGIC = 1.5 * 2^p
+// (p: stored mantissa bits) to |v| <= 2^(p-1) rounds once, to nearest even, to an integer that sits
+// in the low mantissa bits; MAGIC's low p - 1 bits are zero, so those bits are the integer's own.
+constexpr float  RNE_MAGIC_F32 = 12582912.0f;          // 1.5 * 2^23: integers of |v| <= 2^22
+constexpr double RNE_MAGIC_F64 = 6755399441055744.0;   // 1.5 * 2^52: integers of |v| <= 2^51
+__device__ __forceinline__ float  rne_magic(float)  { return RNE_MAGIC_F32; }
+__device__ __forceinline__ double rne_magic(double) { return RNE_MAGIC_F64; }
+__device__ __forceinline__ int magic_low_bits(float v)  { return __float_as_int(v); }
+__device__ __forceinline__ int magic_low_bits(double v) { return __double2loint(v); }
+// rne(v) with two adds, exact for |v| <= 2^22 (2^51 for double). A larger |v| gives a value of v's
+// sign and magnitude >= 2^22, not rne(v): enough for a clamp to, or a test against, a quantized
+// range (|qmin|, |qmax| < 2^22). NaN stays NaN, +-inf stay.
+template <typename M> __device__ __forceinline__ M rne_bounded(M v) { return (v + rne_magic(v)) - rne_magic(v); }
+
+// The integer range of t = x * inv before the zero point is added: [qmin - zp, qmax - zp].
+template <typename M> struct QuantBounds { M lo, hi; int zp; };
+template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int zp, int qmin, int qmax) {
+    return QuantBounds<M>{(M)(qmin - zp), (M)(qmax - zp), zp};
+}
+// q = clamp(rne(t) + zp, qmin, qmax), NaN -> zp, as an int whose low 8 bits are the code's byte (its
+// low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
+// before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
+// small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
+template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
+    return is_nan(t) ? b.zp : bits;                                                     // selected away
+}
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
 template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
@@ -122,13 +160,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -153,12 +184,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -330,13 +358,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -361,12 +382,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -538,13 +556,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -569,12 +580,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -594,6 +602,15 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
     return v;
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
+
 // V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
 // CH > 0: the thread's CH chunks stay in registers (loaded, reduced, then quantized from there);
 // CH == 0: loop over the row group, then read it a second time to quantize.
@@ -606,7 +623,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
         const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
@@ -644,6 +660,7 @@ __device__ __forceinline__ void row_groups(
         int zp;
         finish(a, eps, qmin, qmax, zp_value, s, zp);
         const M inv = (M)1 / s;                // once per scale element, as the static kernel does
+        const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
         if (live) {
             if (tx == 0) {
                 scale[vr] = s;
@@ -653,20 +670,11 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
                     const int c = (j * TX + tx) * V;
-                    if (c < gs) {
-                        Vec<Q, V> o;
-#pragma unroll
-                        for (int i = 0; i < V; ++i) o.v[i] = quant(up(buf[j].v[i]), inv, zp, qlo, qhi);
-                        store_vec<Q, V>(qr + c, o);
-                    }
+                    if (c < gs) quant_store<V>(qr + c, buf[j], inv, qb);
                 }
             } else {
                 for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
-                    const Vec<T, V> v = load_vec<T, V>(xr + c);
-                    Vec<Q, V> o;
-#pragma unroll
-                    for (int i = 0; i < V; ++i) o.v[i] = quant(up(v.v[i]), inv, zp, qlo, qhi);
-                    store_vec<Q, V>(qr + c, o);
+                    quant_store<V>(qr + c, load_vec<T, V>(xr + c), inv, qb);
                 }
             }
         }
@@ -688,14 +696,6 @@ struct Sink {
         return s;
     }
 };
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, zp, qlo, qhi);
-    store_vec<Q, V>(p, o);
-}
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -759,7 +759,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -798,11 +797,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }
@@ -853,13 +853,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -884,12 +877,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -909,6 +899,15 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
     return v;
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
+
 // V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
 // CH > 0: the thread's CH chunks stay in registers (loaded, reduced, then quantized from there);
 // CH == 0: loop over the row group, then read it a second time to quantize.
@@ -921,7 +920,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
         const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
@@ -959,6 +957,7 @@ __device__ __forceinline__ void row_groups(
         int zp;
         finish(a, eps, qmin, qmax, zp_value, s, zp);
         const M inv = (M)1 / s;                // once per scale element, as the static kernel does
+        const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
         if (live) {
             if (tx == 0) {
                 scale[vr] = s;
@@ -968,20 +967,11 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
                     const int c = (j * TX + tx) * V;
-                    if (c < gs) {
-                        Vec<Q, V> o;
-#pragma unroll
-                        for (int i = 0; i < V; ++i) o.v[i] = quant(up(buf[j].v[i]), inv, zp, qlo, qhi);
-                        store_vec<Q, V>(qr + c, o);
-                    }
+                    if (c < gs) quant_store<V>(qr + c, buf[j], inv, qb);
                 }
             } else {
                 for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
-                    const Vec<T, V> v = load_vec<T, V>(xr + c);
-                    Vec<Q, V> o;
-#pragma unroll
-                    for (int i = 0; i < V; ++i) o.v[i] = quant(up(v.v[i]), inv, zp, qlo, qhi);
-                    store_vec<Q, V>(qr + c, o);
+                    quant_store<V>(qr + c, load_vec<T, V>(xr + c), inv, qb);
                 }
             }
         }
@@ -1003,14 +993,6 @@ struct Sink {
         return s;
     }
 };
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, zp, qlo, qhi);
-    store_vec<Q, V>(p, o);
-}
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -1074,7 +1056,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -1113,11 +1094,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }
@@ -1168,13 +1150,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -1199,12 +1174,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -1376,13 +1348,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -1407,12 +1372,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -1584,13 +1546,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -1615,12 +1570,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1640,6 +1592,15 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
     return v;
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
+
 // V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
 // CH > 0: the thread's CH chunks stay in registers (loaded, reduced, then quantized from there);
 // CH == 0: loop over the row group, then read it a second time to quantize.
@@ -1652,7 +1613,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
         const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
@@ -1690,6 +1650,7 @@ __device__ __forceinline__ void row_groups(
         int zp;
         finish(a, eps, qmin, qmax, zp_value, s, zp);
         const M inv = (M)1 / s;                // once per scale element, as the static kernel does
+        const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
         if (live) {
             if (tx == 0) {
                 scale[vr] = s;
@@ -1699,20 +1660,11 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
                     const int c = (j * TX + tx) * V;
-                    if (c < gs) {
-                        Vec<Q, V> o;
-#pragma unroll
-                        for (int i = 0; i < V; ++i) o.v[i] = quant(up(buf[j].v[i]), inv, zp, qlo, qhi);
-                        store_vec<Q, V>(qr + c, o);
-                    }
+                    if (c < gs) quant_store<V>(qr + c, buf[j], inv, qb);
                 }
             } else {
                 for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
-                    const Vec<T, V> v = load_vec<T, V>(xr + c);
-                    Vec<Q, V> o;
-#pragma unroll
-                    for (int i = 0; i < V; ++i) o.v[i] = quant(up(v.v[i]), inv, zp, qlo, qhi);
-                    store_vec<Q, V>(qr + c, o);
+                    quant_store<V>(qr + c, load_vec<T, V>(xr + c), inv, qb);
                 }
             }
         }
@@ -1734,14 +1686,6 @@ struct Sink {
         return s;
     }
 };
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, zp, qlo, qhi);
-    store_vec<Q, V>(p, o);
-}
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -1805,7 +1749,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -1844,11 +1787,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }
@@ -1899,13 +1843,6 @@ template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
     return up(b.v[i]);
 }
-// IEEE maxNum / minNum: a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
-__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
-__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
-__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
-__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
-__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
-__device__ __forceinline__ double vabs(double a) { return fabs(a); }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
@@ -1930,12 +1867,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp. (v is not
-// NaN where it is used, so the min / max clamp equals clamp_q's compare-and-select, in 2 instructions.)
-__device__ __forceinline__ Q quant(M xv, M inv, int zp, M qlo, M qhi) {
-    const M t = xv * inv;
-    const M v = rne(t) + (M)zp;
-    return to_q<Q>(is_nan(t) ? zp : (int)vmax(vmin(v, qhi), qlo));
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits(xv * inv, qb));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1955,6 +1889,15 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
     return v;
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
+
 // V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
 // CH > 0: the thread's CH chunks stay in registers (loaded, reduced, then quantized from there);
 // CH == 0: loop over the row group, then read it a second time to quantize.
@@ -1967,7 +1910,6 @@ __device__ __forceinline__ void row_groups(
     i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
 {
     const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    const M qlo = (M)qmin, qhi = (M)qmax;
     // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
     for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
         const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
@@ -2005,6 +1947,7 @@ __device__ __forceinline__ void row_groups(
         int zp;
         finish(a, eps, qmin, qmax, zp_value, s, zp);
         const M inv = (M)1 / s;                // once per scale element, as the static kernel does
+        const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
         if (live) {
             if (tx == 0) {
                 scale[vr] = s;
@@ -2014,20 +1957,11 @@ __device__ __forceinline__ void row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
                     const int c = (j * TX + tx) * V;
-                    if (c < gs) {
-                        Vec<Q, V> o;
-#pragma unroll
-                        for (int i = 0; i < V; ++i) o.v[i] = quant(up(buf[j].v[i]), inv, zp, qlo, qhi);
-                        store_vec<Q, V>(qr + c, o);
-                    }
+                    if (c < gs) quant_store<V>(qr + c, buf[j], inv, qb);
                 }
             } else {
                 for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
-                    const Vec<T, V> v = load_vec<T, V>(xr + c);
-                    Vec<Q, V> o;
-#pragma unroll
-                    for (int i = 0; i < V; ++i) o.v[i] = quant(up(v.v[i]), inv, zp, qlo, qhi);
-                    store_vec<Q, V>(qr + c, o);
+                    quant_store<V>(qr + c, load_vec<T, V>(xr + c), inv, qb);
                 }
             }
         }
@@ -2049,14 +1983,6 @@ struct Sink {
         return s;
     }
 };
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, int zp, M qlo, M qhi) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, zp, qlo, qhi);
-    store_vec<Q, V>(p, o);
-}
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -2120,7 +2046,6 @@ __device__ __forceinline__ void team_row_groups(
     const int step = TX * V;                                 // elements between a thread's chunks
     const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
     const i64_t gsq = gs / PACK;                             // a row group's length in q
-    const M qlo = (M)sink.qmin, qhi = (M)sink.qmax;
     int parity = 0;
 #pragma unroll 1
     for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
@@ -2159,11 +2084,12 @@ __device__ __forceinline__ void team_row_groups(
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
 #pragma unroll
                 for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, zp, qlo, qhi);
+                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
                 }
             }
         }

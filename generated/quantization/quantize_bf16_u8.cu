@@ -38,6 +38,44 @@ __device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
+// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
+__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
+__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
+__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
+__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
+__device__ __forceinline__ double vabs(double a) { return fabs(a); }
+
+// -- rounding to integers without a conversion instruction ------------------------------------
+// cvt (F2I, I2F, FRND) runs at a quarter of the FP32 rate on sm_80 / sm_90, and an element of a
+// 16-bit tensor leaves time for about 20 instructions at full memory bandwidth: one or two cvts per
+// element made those kernels issue-bound (docs/perf-notes.md, session 3). Adding MAGIC = 1.5 * 2^p
+// (p: stored mantissa bits) to |v| <= 2^(p-1) rounds once, to nearest even, to an integer that sits
+// in the low mantissa bits; MAGIC's low p - 1 bits are zero, so those bits are the integer's own.
+constexpr float  RNE_MAGIC_F32 = 12582912.0f;          // 1.5 * 2^23: integers of |v| <= 2^22
+constexpr double RNE_MAGIC_F64 = 6755399441055744.0;   // 1.5 * 2^52: integers of |v| <= 2^51
+__device__ __forceinline__ float  rne_magic(float)  { return RNE_MAGIC_F32; }
+__device__ __forceinline__ double rne_magic(double) { return RNE_MAGIC_F64; }
+__device__ __forceinline__ int magic_low_bits(float v)  { return __float_as_int(v); }
+__device__ __forceinline__ int magic_low_bits(double v) { return __double2loint(v); }
+// rne(v) with two adds, exact for |v| <= 2^22 (2^51 for double). A larger |v| gives a value of v's
+// sign and magnitude >= 2^22, not rne(v): enough for a clamp to, or a test against, a quantized
+// range (|qmin|, |qmax| < 2^22). NaN stays NaN, +-inf stay.
+template <typename M> __device__ __forceinline__ M rne_bounded(M v) { return (v + rne_magic(v)) - rne_magic(v); }
+
+// The integer range of t = x * inv before the zero point is added: [qmin - zp, qmax - zp].
+template <typename M> struct QuantBounds { M lo, hi; int zp; };
+template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int zp, int qmin, int qmax) {
+    return QuantBounds<M>{(M)(qmin - zp), (M)(qmax - zp), zp};
+}
+// q = clamp(rne(t) + zp, qmin, qmax), NaN -> zp, as an int whose low 8 bits are the code's byte (its
+// low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
+// before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
+// small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
+template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
+    return is_nan(t) ? b.zp : bits;                                                     // selected away
+}
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
 template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
@@ -168,9 +206,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                         (void)s; (void)inv; (void)zp;
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
                 }
@@ -190,9 +226,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }
@@ -243,9 +277,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                     for (int i = 0; i < VEC; ++i) {
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
@@ -265,9 +297,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }
@@ -332,9 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                         (void)s; (void)inv; (void)zp;
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
                 }
@@ -354,9 +382,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }
@@ -407,9 +433,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                     for (int i = 0; i < VEC; ++i) {
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
@@ -429,9 +453,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }
@@ -492,9 +514,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_b
                         (void)s; (void)inv; (void)zp;
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
                 }
@@ -514,9 +534,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_b
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }
@@ -576,9 +594,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_bf
                         (void)s; (void)inv; (void)zp;
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
                 }
@@ -598,9 +614,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_bf
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }
@@ -653,9 +667,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                     for (int i = 0; i < VEC; ++i) {
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
@@ -675,9 +687,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }
@@ -730,9 +740,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_b
                     for (int i = 0; i < VEC; ++i) {
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
@@ -752,9 +760,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_b
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }
@@ -807,9 +813,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_b
                     for (int i = 0; i < VEC; ++i) {
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
@@ -829,9 +833,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_b
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }
@@ -884,9 +886,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf
                     for (int i = 0; i < VEC; ++i) {
                         const bf16_t x_e = x_v[u].v[i];
                         u8_t& q_e = q_o.v[i];
-                        const float t = to_f32(x_e) * inv;
-                        const float v = rne(t) + (float)zp;
-                        q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                        q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
@@ -906,9 +906,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf
                 (void)s; (void)inv; (void)zp;
                 const bf16_t x_e = x_row[c];
                 u8_t q_e;
-                const float t = to_f32(x_e) * inv;
-                const float v = rne(t) + (float)zp;
-                q_e = to_q<u8_t>(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi));
+                q_e = to_q<u8_t>(quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                 q_row[c] = q_e;
             }
         }

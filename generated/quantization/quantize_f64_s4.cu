@@ -38,6 +38,44 @@ __device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
+// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
+__device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
+__device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
+__device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
+__device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
+__device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
+__device__ __forceinline__ double vabs(double a) { return fabs(a); }
+
+// -- rounding to integers without a conversion instruction ------------------------------------
+// cvt (F2I, I2F, FRND) runs at a quarter of the FP32 rate on sm_80 / sm_90, and an element of a
+// 16-bit tensor leaves time for about 20 instructions at full memory bandwidth: one or two cvts per
+// element made those kernels issue-bound (docs/perf-notes.md, session 3). Adding MAGIC = 1.5 * 2^p
+// (p: stored mantissa bits) to |v| <= 2^(p-1) rounds once, to nearest even, to an integer that sits
+// in the low mantissa bits; MAGIC's low p - 1 bits are zero, so those bits are the integer's own.
+constexpr float  RNE_MAGIC_F32 = 12582912.0f;          // 1.5 * 2^23: integers of |v| <= 2^22
+constexpr double RNE_MAGIC_F64 = 6755399441055744.0;   // 1.5 * 2^52: integers of |v| <= 2^51
+__device__ __forceinline__ float  rne_magic(float)  { return RNE_MAGIC_F32; }
+__device__ __forceinline__ double rne_magic(double) { return RNE_MAGIC_F64; }
+__device__ __forceinline__ int magic_low_bits(float v)  { return __float_as_int(v); }
+__device__ __forceinline__ int magic_low_bits(double v) { return __double2loint(v); }
+// rne(v) with two adds, exact for |v| <= 2^22 (2^51 for double). A larger |v| gives a value of v's
+// sign and magnitude >= 2^22, not rne(v): enough for a clamp to, or a test against, a quantized
+// range (|qmin|, |qmax| < 2^22). NaN stays NaN, +-inf stay.
+template <typename M> __device__ __forceinline__ M rne_bounded(M v) { return (v + rne_magic(v)) - rne_magic(v); }
+
+// The integer range of t = x * inv before the zero point is added: [qmin - zp, qmax - zp].
+template <typename M> struct QuantBounds { M lo, hi; int zp; };
+template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int zp, int qmin, int qmax) {
+    return QuantBounds<M>{(M)(qmin - zp), (M)(qmax - zp), zp};
+}
+// q = clamp(rne(t) + zp, qmin, qmax), NaN -> zp, as an int whose low 8 bits are the code's byte (its
+// low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
+// before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
+// small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
+template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
+    return is_nan(t) ? b.zp : bits;                                                     // selected away
+}
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
 template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
@@ -306,15 +344,14 @@ struct Params {
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 }  // namespace sf_quantize_channel_asymmetric_f64_s4_sm80_simt_impl
@@ -330,7 +367,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
 {
     using namespace sf_quantize_channel_asymmetric_f64_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
-    const M qlo = (M)qmin, qhi = (M)qmax;
     const int TX = blockDim.x, TY = blockDim.y;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
         const T* xr = x + row * x_rs;
@@ -352,16 +388,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     M t[VEC];
-                    int zp[VEC];
+                    QuantBounds<M> qb[VEC];
                     Param p = P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
                         t[i] = up(xv[u].v[i]) * p.inv;
-                        zp[i] = p.zp;
+                        qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                     }
                     Vec<u8_t, VEC / PACK> o;
-                    encode_vec<VEC>(t, zp, qlo, qhi, o);
+                    encode_vec<VEC>(t, qb, o);
                     store_vec<u8_t, VEC / PACK>(qr + c / PACK, o);
                 }
             }
@@ -369,15 +405,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
             // Scalar path: PACK elements (one byte of q) per step; any cols (even for int4), any alignment.
             for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
                 M t[PACK];
-                int zp[PACK];
+                QuantBounds<M> qb[PACK];
 #pragma unroll
                 for (int i = 0; i < PACK; ++i) {
                     const Param p = P.at(row, c + i);
                     t[i] = up(xr[c + i]) * p.inv;
-                    zp[i] = p.zp;
+                    qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                 }
                 Vec<u8_t, 1> o;
-                encode_vec<PACK>(t, zp, qlo, qhi, o);
+                encode_vec<PACK>(t, qb, o);
                 qr[c / PACK] = o.v[0];
             }
         }
@@ -417,15 +453,14 @@ struct Params {
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 }  // namespace sf_quantize_channel_symmetric_f64_s4_sm80_simt_impl
@@ -441,7 +476,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
 {
     using namespace sf_quantize_channel_symmetric_f64_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
-    const M qlo = (M)qmin, qhi = (M)qmax;
     const int TX = blockDim.x, TY = blockDim.y;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
         const T* xr = x + row * x_rs;
@@ -463,16 +497,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     M t[VEC];
-                    int zp[VEC];
+                    QuantBounds<M> qb[VEC];
                     Param p = P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
                         t[i] = up(xv[u].v[i]) * p.inv;
-                        zp[i] = p.zp;
+                        qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                     }
                     Vec<u8_t, VEC / PACK> o;
-                    encode_vec<VEC>(t, zp, qlo, qhi, o);
+                    encode_vec<VEC>(t, qb, o);
                     store_vec<u8_t, VEC / PACK>(qr + c / PACK, o);
                 }
             }
@@ -480,15 +514,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
             // Scalar path: PACK elements (one byte of q) per step; any cols (even for int4), any alignment.
             for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
                 M t[PACK];
-                int zp[PACK];
+                QuantBounds<M> qb[PACK];
 #pragma unroll
                 for (int i = 0; i < PACK; ++i) {
                     const Param p = P.at(row, c + i);
                     t[i] = up(xr[c + i]) * p.inv;
-                    zp[i] = p.zp;
+                    qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                 }
                 Vec<u8_t, 1> o;
-                encode_vec<PACK>(t, zp, qlo, qhi, o);
+                encode_vec<PACK>(t, qb, o);
                 qr[c / PACK] = o.v[0];
             }
         }
@@ -528,15 +562,14 @@ struct Params {
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 }  // namespace sf_quantize_group_asymmetric_f64_s4_sm80_simt_impl
@@ -552,7 +585,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
 {
     using namespace sf_quantize_group_asymmetric_f64_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
-    const M qlo = (M)qmin, qhi = (M)qmax;
     const int TX = blockDim.x, TY = blockDim.y;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
         const T* xr = x + row * x_rs;
@@ -574,16 +606,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     M t[VEC];
-                    int zp[VEC];
+                    QuantBounds<M> qb[VEC];
                     Param p = P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
                         t[i] = up(xv[u].v[i]) * p.inv;
-                        zp[i] = p.zp;
+                        qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                     }
                     Vec<u8_t, VEC / PACK> o;
-                    encode_vec<VEC>(t, zp, qlo, qhi, o);
+                    encode_vec<VEC>(t, qb, o);
                     store_vec<u8_t, VEC / PACK>(qr + c / PACK, o);
                 }
             }
@@ -591,15 +623,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
             // Scalar path: PACK elements (one byte of q) per step; any cols (even for int4), any alignment.
             for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
                 M t[PACK];
-                int zp[PACK];
+                QuantBounds<M> qb[PACK];
 #pragma unroll
                 for (int i = 0; i < PACK; ++i) {
                     const Param p = P.at(row, c + i);
                     t[i] = up(xr[c + i]) * p.inv;
-                    zp[i] = p.zp;
+                    qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                 }
                 Vec<u8_t, 1> o;
-                encode_vec<PACK>(t, zp, qlo, qhi, o);
+                encode_vec<PACK>(t, qb, o);
                 qr[c / PACK] = o.v[0];
             }
         }
@@ -639,15 +671,14 @@ struct Params {
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 }  // namespace sf_quantize_group_symmetric_f64_s4_sm80_simt_impl
@@ -663,7 +694,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f6
 {
     using namespace sf_quantize_group_symmetric_f64_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
-    const M qlo = (M)qmin, qhi = (M)qmax;
     const int TX = blockDim.x, TY = blockDim.y;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
         const T* xr = x + row * x_rs;
@@ -685,16 +715,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f6
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     M t[VEC];
-                    int zp[VEC];
+                    QuantBounds<M> qb[VEC];
                     Param p = P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
                         t[i] = up(xv[u].v[i]) * p.inv;
-                        zp[i] = p.zp;
+                        qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                     }
                     Vec<u8_t, VEC / PACK> o;
-                    encode_vec<VEC>(t, zp, qlo, qhi, o);
+                    encode_vec<VEC>(t, qb, o);
                     store_vec<u8_t, VEC / PACK>(qr + c / PACK, o);
                 }
             }
@@ -702,15 +732,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f6
             // Scalar path: PACK elements (one byte of q) per step; any cols (even for int4), any alignment.
             for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
                 M t[PACK];
-                int zp[PACK];
+                QuantBounds<M> qb[PACK];
 #pragma unroll
                 for (int i = 0; i < PACK; ++i) {
                     const Param p = P.at(row, c + i);
                     t[i] = up(xr[c + i]) * p.inv;
-                    zp[i] = p.zp;
+                    qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                 }
                 Vec<u8_t, 1> o;
-                encode_vec<PACK>(t, zp, qlo, qhi, o);
+                encode_vec<PACK>(t, qb, o);
                 qr[c / PACK] = o.v[0];
             }
         }
@@ -750,15 +780,14 @@ struct Params {
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 }  // namespace sf_quantize_tensor_asymmetric_f64_s4_sm80_simt_impl
@@ -774,7 +803,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
 {
     using namespace sf_quantize_tensor_asymmetric_f64_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
-    const M qlo = (M)qmin, qhi = (M)qmax;
     const int TX = blockDim.x, TY = blockDim.y;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
         const T* xr = x + row * x_rs;
@@ -796,16 +824,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     M t[VEC];
-                    int zp[VEC];
+                    QuantBounds<M> qb[VEC];
                     Param p = P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
                         t[i] = up(xv[u].v[i]) * p.inv;
-                        zp[i] = p.zp;
+                        qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                     }
                     Vec<u8_t, VEC / PACK> o;
-                    encode_vec<VEC>(t, zp, qlo, qhi, o);
+                    encode_vec<VEC>(t, qb, o);
                     store_vec<u8_t, VEC / PACK>(qr + c / PACK, o);
                 }
             }
@@ -813,15 +841,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
             // Scalar path: PACK elements (one byte of q) per step; any cols (even for int4), any alignment.
             for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
                 M t[PACK];
-                int zp[PACK];
+                QuantBounds<M> qb[PACK];
 #pragma unroll
                 for (int i = 0; i < PACK; ++i) {
                     const Param p = P.at(row, c + i);
                     t[i] = up(xr[c + i]) * p.inv;
-                    zp[i] = p.zp;
+                    qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                 }
                 Vec<u8_t, 1> o;
-                encode_vec<PACK>(t, zp, qlo, qhi, o);
+                encode_vec<PACK>(t, qb, o);
                 qr[c / PACK] = o.v[0];
             }
         }
@@ -861,15 +889,14 @@ struct Params {
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 }  // namespace sf_quantize_tensor_symmetric_f64_s4_sm80_simt_impl
@@ -885,7 +912,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
 {
     using namespace sf_quantize_tensor_symmetric_f64_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
-    const M qlo = (M)qmin, qhi = (M)qmax;
     const int TX = blockDim.x, TY = blockDim.y;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
         const T* xr = x + row * x_rs;
@@ -907,16 +933,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     M t[VEC];
-                    int zp[VEC];
+                    QuantBounds<M> qb[VEC];
                     Param p = P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
                         t[i] = up(xv[u].v[i]) * p.inv;
-                        zp[i] = p.zp;
+                        qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                     }
                     Vec<u8_t, VEC / PACK> o;
-                    encode_vec<VEC>(t, zp, qlo, qhi, o);
+                    encode_vec<VEC>(t, qb, o);
                     store_vec<u8_t, VEC / PACK>(qr + c / PACK, o);
                 }
             }
@@ -924,15 +950,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
             // Scalar path: PACK elements (one byte of q) per step; any cols (even for int4), any alignment.
             for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
                 M t[PACK];
-                int zp[PACK];
+                QuantBounds<M> qb[PACK];
 #pragma unroll
                 for (int i = 0; i < PACK; ++i) {
                     const Param p = P.at(row, c + i);
                     t[i] = up(xr[c + i]) * p.inv;
-                    zp[i] = p.zp;
+                    qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                 }
                 Vec<u8_t, 1> o;
-                encode_vec<PACK>(t, zp, qlo, qhi, o);
+                encode_vec<PACK>(t, qb, o);
                 qr[c / PACK] = o.v[0];
             }
         }
@@ -972,15 +998,14 @@ struct Params {
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 }  // namespace sf_quantize_token_asymmetric_f64_s4_sm80_simt_impl
@@ -996,7 +1021,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
 {
     using namespace sf_quantize_token_asymmetric_f64_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
-    const M qlo = (M)qmin, qhi = (M)qmax;
     const int TX = blockDim.x, TY = blockDim.y;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
         const T* xr = x + row * x_rs;
@@ -1018,16 +1042,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     M t[VEC];
-                    int zp[VEC];
+                    QuantBounds<M> qb[VEC];
                     Param p = P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
                         t[i] = up(xv[u].v[i]) * p.inv;
-                        zp[i] = p.zp;
+                        qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                     }
                     Vec<u8_t, VEC / PACK> o;
-                    encode_vec<VEC>(t, zp, qlo, qhi, o);
+                    encode_vec<VEC>(t, qb, o);
                     store_vec<u8_t, VEC / PACK>(qr + c / PACK, o);
                 }
             }
@@ -1035,15 +1059,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
             // Scalar path: PACK elements (one byte of q) per step; any cols (even for int4), any alignment.
             for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
                 M t[PACK];
-                int zp[PACK];
+                QuantBounds<M> qb[PACK];
 #pragma unroll
                 for (int i = 0; i < PACK; ++i) {
                     const Param p = P.at(row, c + i);
                     t[i] = up(xr[c + i]) * p.inv;
-                    zp[i] = p.zp;
+                    qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                 }
                 Vec<u8_t, 1> o;
-                encode_vec<PACK>(t, zp, qlo, qhi, o);
+                encode_vec<PACK>(t, qb, o);
                 qr[c / PACK] = o.v[0];
             }
         }
@@ -1083,15 +1107,14 @@ struct Params {
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-__device__ __forceinline__ unsigned encode(M t, int zp, M qlo, M qhi) {
-    const M v = rne(t) + (M)zp;
-    return (unsigned)(is_nan(t) ? zp : (int)clamp_q(v, qlo, qhi)) & 0xFu;
+__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+    return (unsigned)quant_code_bits(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
 template <int V>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const int (&zp)[V], M qlo, M qhi, Vec<u8_t, V / PACK>& out) {
+__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], zp[i], qlo, qhi), (int)encode(t[i + 1], zp[i + 1], qlo, qhi));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
 }
 
 }  // namespace sf_quantize_token_symmetric_f64_s4_sm80_simt_impl
@@ -1107,7 +1130,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f6
 {
     using namespace sf_quantize_token_symmetric_f64_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
-    const M qlo = (M)qmin, qhi = (M)qmax;
     const int TX = blockDim.x, TY = blockDim.y;
     for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
         const T* xr = x + row * x_rs;
@@ -1129,16 +1151,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f6
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
                     if (c >= cols) break;
                     M t[VEC];
-                    int zp[VEC];
+                    QuantBounds<M> qb[VEC];
                     Param p = P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
                         t[i] = up(xv[u].v[i]) * p.inv;
-                        zp[i] = p.zp;
+                        qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                     }
                     Vec<u8_t, VEC / PACK> o;
-                    encode_vec<VEC>(t, zp, qlo, qhi, o);
+                    encode_vec<VEC>(t, qb, o);
                     store_vec<u8_t, VEC / PACK>(qr + c / PACK, o);
                 }
             }
@@ -1146,15 +1168,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f6
             // Scalar path: PACK elements (one byte of q) per step; any cols (even for int4), any alignment.
             for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
                 M t[PACK];
-                int zp[PACK];
+                QuantBounds<M> qb[PACK];
 #pragma unroll
                 for (int i = 0; i < PACK; ++i) {
                     const Param p = P.at(row, c + i);
                     t[i] = up(xr[c + i]) * p.inv;
-                    zp[i] = p.zp;
+                    qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
                 }
                 Vec<u8_t, 1> o;
-                encode_vec<PACK>(t, zp, qlo, qhi, o);
+                encode_vec<PACK>(t, qb, o);
                 qr[c / PACK] = o.v[0];
             }
         }

@@ -1,0 +1,74 @@
+"""Hardware-counter profile of the kernels that miss their bandwidth targets, under Nsight Compute.
+
+On the GPU machine (Firecracker runtime: ncu reads the counters there, docs/audit.md "GPU rounds"):
+
+    PYTHONPATH=. ncu --clock-control none --section SpeedOfLight --section SchedulerStats \\
+        --section WarpStateStats --section Occupancy --section LaunchStats \\
+        python3 tools/probe_ncu.py > $OUT/ncu.txt
+
+Each case runs its op twice (the first call compiles and loads, so ncu profiles both; read the
+second). A device copy of the same bytes runs first for reference. What to read per kernel:
+"DRAM Throughput" (% of peak) against the copy's, "Issue Slots Busy" / "No Eligible" (issue-bound
+or latency-bound), and the warp stall reasons.
+"""
+from __future__ import annotations
+
+import sys
+
+CASES = (  # (name, shape): the misses named in issues 3, 5 and 7
+    ("quantize token bf16->s8", (8192, 8192)),
+    ("quantize group bf16->s8", (8192, 8192)),
+    ("dequantize group s8->bf16", (8192, 8192)),
+    ("dynamic token bf16->s8", (8192, 8192)),
+    ("dynamic group bf16->s8", (8192, 8192)),
+    ("dynamic group bf16->s4", (65536, 4096)),
+    ("fake_quantize_backward channel bf16", (8192, 8192)),
+)
+
+
+def run(name: str, shape, torch, sf) -> None:
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    rows, cols = shape
+    gscale = torch.rand((rows, cols // 128), device="cuda", dtype=torch.float32) + 0.01
+    for _ in range(2):
+        if name.startswith("quantize token"):
+            sf.quantize(x, torch.rand((rows, 1), device="cuda") + 0.01, scope="token")
+        elif name.startswith("quantize group"):
+            sf.quantize(x, gscale, scope="group", group_size=128)
+        elif name.startswith("dequantize group"):
+            q = torch.randint(-128, 127, shape, device="cuda", dtype=torch.int8)
+            sf.dequantize(q, gscale, scope="group", group_size=128, out_dtype="bfloat16")
+        elif name.startswith("dynamic token"):
+            sf.dynamic_quantize(x, scope="token")
+        elif name.startswith("dynamic group bf16->s8"):
+            sf.dynamic_quantize(x, scope="group", group_size=128)
+        elif name.startswith("dynamic group bf16->s4"):
+            sf.dynamic_quantize(x, scope="group", group_size=128, out_dtype="int4")
+        elif name.startswith("fake_quantize_backward"):
+            s = torch.rand((cols,), device="cuda") + 0.01
+            z = torch.zeros((cols,), device="cuda", dtype=torch.int32)
+            sf.fake_quantize_backward(x, x, s, z, scope="channel", axis=1, qmin=-128, qmax=127)
+        torch.cuda.synchronize()
+
+
+def main() -> int:
+    import torch
+
+    import runtime as sf
+    x = torch.randn((8192, 8192), device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    y.copy_(x)                       # the reference: a device copy of 128 MiB each way
+    torch.cuda.synchronize()
+    for name, shape in CASES:
+        if len(sys.argv) > 1 and not any(a in name for a in sys.argv[1:]):
+            continue
+        print(f"== {name} {shape}", flush=True)
+        try:
+            run(name, shape, torch, sf)
+        except Exception as exc:     # a failing case must not hide the others' profiles
+            print(f"   failed: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
