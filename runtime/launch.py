@@ -22,6 +22,7 @@ def ptr(a) -> int:
 
 
 MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
 # Verification hook: when set, elementwise grids are capped at this many blocks, so that small
 # test shapes exercise the kernels' grid-stride loops (codegen/checks.py sets it with grid_cap()).
 GRID_CAP = [None]
@@ -110,18 +111,21 @@ class ElementwiseLauncher(Launcher):
         if vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last)):
             # columns layout: a thread owns a column vector and walks rows, U at a time, on a
             # persistent grid (templates/quantization/_elementwise.cu.j2)
+            # persistent grid of (row blocks, column blocks): a thread owns one column vector, so
+            # its rows form one sequence of U-row steps with a single partial step at its end
             tx = min(threads, next_pow2(-(-args.cols // vec)))
             ty = threads // tx
-            grid = max(1, min(-(-args.rows // (ty * unroll)), MAX_GRID_X,
-                              properties(first.device)["sms"] * resident_blocks(fn, threads)))
+            resident = properties(first.device)["sms"] * resident_blocks(fn, threads)
+            col_blocks = max(1, min(-(-args.cols // (tx * vec)), resident, MAX_GRID_Y))
+            grid = (max(1, min(-(-args.rows // (ty * unroll)), MAX_GRID_X, resident // col_blocks)), col_blocks)
         else:
             # columns per thread-iteration: U vectors (vector path) or one element (scalar path)
             units = -(-args.cols // (vec * unroll)) if vec_ok else args.cols
             tx = min(threads, next_pow2(units))
             ty = threads // tx
-            grid = row_grid(args.rows, ty, threads, first.device)
+            grid = (row_grid(args.rows, ty, threads, first.device),)
         if GRID_CAP[0]:
-            grid = min(grid, GRID_CAP[0])
+            grid = tuple(min(g, GRID_CAP[0]) for g in grid)
         f64 = plan.sku.precision.math == "f64"
         values = []
         for a, view in args.ins + args.outs:
@@ -131,7 +135,7 @@ class ElementwiseLauncher(Launcher):
                    args.group_size, args.chan_inner, args.chan_count, int(args.chan_last), args.qmin, args.qmax,
                    int(vec_ok))
         fmt = _elementwise_format(len(args.ins) + len(args.outs), f64)
-        return PreparedLaunch(fn, (grid,), (tx, ty), fmt, values)
+        return PreparedLaunch(fn, grid, (tx, ty), fmt, values)
 
     def run(self, plan, args: ElementwiseArgs, stream=None):
         if args.rows == 0 or args.cols == 0:

@@ -32,7 +32,7 @@ def run(name: str, shape, torch, sf) -> None:
     gscale = torch.rand((rows, cols // 128), device="cuda", dtype=torch.float32) + 0.01
     for _ in range(2):
         if name.startswith("quantize token"):
-            sf.quantize(x, torch.rand((rows, 1), device="cuda") + 0.01, scope="token")
+            sf.quantize(x, torch.rand((rows,), device="cuda") + 0.01, scope="token")
         elif name.startswith("quantize group"):
             sf.quantize(x, gscale, scope="group", group_size=128)
         elif name.startswith("dequantize group"):

@@ -72,9 +72,17 @@ template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int
 // low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
 // before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
 // small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
-template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
-    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
-    return is_nan(t) ? b.zp : bits;                                                     // selected away
+// CLAMP = false: the caller knows that rne(t) lies in [b.lo, b.hi] or t is NaN (clamp_free).
+template <bool CLAMP = true, typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const M c = CLAMP ? vmin(vmax(t, b.lo), b.hi) : t;                   // NaN: b.lo, selected away
+    const int bits = magic_low_bits(c + rne_magic(t)) + b.zp;
+    return is_nan(t) ? b.zp : bits;
+}
+// Whether every x in [lo, hi] quantizes inside the bounds, so that the clamp can be left out: the
+// dynamic kernels know their slice's range before they quantize it, and x * inv is monotone in x.
+// False for non-finite products (inv = inf after a tiny scale, or an infinite range).
+template <typename M> __device__ __forceinline__ bool clamp_free(M lo, M hi, M inv, const QuantBounds<M>& b) {
+    return rne_bounded(lo * inv) >= b.lo && rne_bounded(hi * inv) <= b.hi;
 }
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
@@ -170,7 +178,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
-        for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
+        // blockIdx.y picks the block's columns, so that a thread owns one column vector of a wide
+        // row rather than looping over several (each loop would end on a partial U-row step).
+        for (i64_t c = ((i64_t)blockIdx.y * TX + threadIdx.x) * VEC; c < cols; c += (i64_t)gridDim.y * TX * VEC) {
             // this vector's VEC per-column parameters, loaded once as vectors (the launcher
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
@@ -327,7 +337,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
-        for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
+        // blockIdx.y picks the block's columns, so that a thread owns one column vector of a wide
+        // row rather than looping over several (each loop would end on a partial U-row step).
+        for (i64_t c = ((i64_t)blockIdx.y * TX + threadIdx.x) * VEC; c < cols; c += (i64_t)gridDim.y * TX * VEC) {
             // this vector's VEC per-column parameters, loaded once as vectors (the launcher
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
@@ -481,7 +493,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
-        for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
+        // blockIdx.y picks the block's columns, so that a thread owns one column vector of a wide
+        // row rather than looping over several (each loop would end on a partial U-row step).
+        for (i64_t c = ((i64_t)blockIdx.y * TX + threadIdx.x) * VEC; c < cols; c += (i64_t)gridDim.y * TX * VEC) {
             // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
             const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -562,7 +576,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
         // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
         // bytes in flight). What depends only on the column is computed once per column vector,
         // not once per row; the launcher's grid is persistent, so each thread sees many rows.
-        for (i64_t c = (i64_t)threadIdx.x * VEC; c < cols; c += (i64_t)TX * VEC) {
+        // blockIdx.y picks the block's columns, so that a thread owns one column vector of a wide
+        // row rather than looping over several (each loop would end on a partial U-row step).
+        for (i64_t c = ((i64_t)blockIdx.y * TX + threadIdx.x) * VEC; c < cols; c += (i64_t)gridDim.y * TX * VEC) {
             // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
             const i64_t ngroups = cols / group_size, g = c / group_size;
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {

@@ -72,9 +72,17 @@ template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int
 // low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
 // before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
 // small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
-template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
-    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
-    return is_nan(t) ? b.zp : bits;                                                     // selected away
+// CLAMP = false: the caller knows that rne(t) lies in [b.lo, b.hi] or t is NaN (clamp_free).
+template <bool CLAMP = true, typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const M c = CLAMP ? vmin(vmax(t, b.lo), b.hi) : t;                   // NaN: b.lo, selected away
+    const int bits = magic_low_bits(c + rne_magic(t)) + b.zp;
+    return is_nan(t) ? b.zp : bits;
+}
+// Whether every x in [lo, hi] quantizes inside the bounds, so that the clamp can be left out: the
+// dynamic kernels know their slice's range before they quantize it, and x * inv is monotone in x.
+// False for non-finite products (inv = inf after a tiny scale, or an infinite range).
+template <typename M> __device__ __forceinline__ bool clamp_free(M lo, M hi, M inv, const QuantBounds<M>& b) {
+    return rne_bounded(lo * inv) >= b.lo && rne_bounded(hi * inv) <= b.hi;
 }
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
@@ -349,8 +357,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -548,8 +557,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -558,15 +568,16 @@ constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
 typedef Fp8E4M3 F;   // fp8_e4m3
 
 // One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
     (void)qb;
     return fp8_encode<F>(t);
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], qb[i]);
+    for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode<CLAMP>(t[i], qb[i]);
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -711,7 +722,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -721,7 +732,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, qv, o);
+    encode_vec<V, CLAMP>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -828,9 +839,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }
@@ -955,8 +975,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -1154,8 +1175,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -1164,15 +1186,16 @@ constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
 typedef Fp8E4M3 F;   // fp8_e4m3
 
 // One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
     (void)qb;
     return fp8_encode<F>(t);
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], qb[i]);
+    for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode<CLAMP>(t[i], qb[i]);
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1302,7 +1325,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -1312,7 +1335,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, qv, o);
+    encode_vec<V, CLAMP>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -1419,9 +1442,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }

@@ -72,9 +72,17 @@ template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int
 // low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
 // before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
 // small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
-template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
-    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
-    return is_nan(t) ? b.zp : bits;                                                     // selected away
+// CLAMP = false: the caller knows that rne(t) lies in [b.lo, b.hi] or t is NaN (clamp_free).
+template <bool CLAMP = true, typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const M c = CLAMP ? vmin(vmax(t, b.lo), b.hi) : t;                   // NaN: b.lo, selected away
+    const int bits = magic_low_bits(c + rne_magic(t)) + b.zp;
+    return is_nan(t) ? b.zp : bits;
+}
+// Whether every x in [lo, hi] quantizes inside the bounds, so that the clamp can be left out: the
+// dynamic kernels know their slice's range before they quantize it, and x * inv is monotone in x.
+// False for non-finite products (inv = inf after a tiny scale, or an infinite range).
+template <typename M> __device__ __forceinline__ bool clamp_free(M lo, M hi, M inv, const QuantBounds<M>& b) {
+    return rne_bounded(lo * inv) >= b.lo && rne_bounded(hi * inv) <= b.hi;
 }
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
@@ -185,8 +193,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -383,8 +392,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -581,8 +591,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -603,11 +614,11 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
 }
 
 // One chunk of V elements quantized and stored (V bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     Vec<Q, V> o;
 #pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, qb);
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CLAMP>(elem(b, i), inv, qb);
     store_vec<Q, V>(p, o);
 }
 
@@ -800,9 +811,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }
@@ -929,8 +949,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -951,11 +972,11 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
 }
 
 // One chunk of V elements quantized and stored (V bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     Vec<Q, V> o;
 #pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, qb);
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CLAMP>(elem(b, i), inv, qb);
     store_vec<Q, V>(p, o);
 }
 
@@ -1148,9 +1169,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }
@@ -1277,8 +1307,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -1475,8 +1506,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
@@ -1673,8 +1705,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1695,11 +1728,11 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
 }
 
 // One chunk of V elements quantized and stored (V bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     Vec<Q, V> o;
 #pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, qb);
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CLAMP>(elem(b, i), inv, qb);
     store_vec<Q, V>(p, o);
 }
 
@@ -1892,9 +1925,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }
@@ -2021,8 +2063,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -2043,11 +2086,11 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
 }
 
 // One chunk of V elements quantized and stored (V bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     Vec<Q, V> o;
 #pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant(elem(b, i), inv, qb);
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CLAMP>(elem(b, i), inv, qb);
     store_vec<Q, V>(p, o);
 }
 
@@ -2240,9 +2283,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }

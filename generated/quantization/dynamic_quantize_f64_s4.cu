@@ -72,9 +72,17 @@ template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int
 // low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
 // before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
 // small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
-template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
-    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
-    return is_nan(t) ? b.zp : bits;                                                     // selected away
+// CLAMP = false: the caller knows that rne(t) lies in [b.lo, b.hi] or t is NaN (clamp_free).
+template <bool CLAMP = true, typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const M c = CLAMP ? vmin(vmax(t, b.lo), b.hi) : t;                   // NaN: b.lo, selected away
+    const int bits = magic_low_bits(c + rne_magic(t)) + b.zp;
+    return is_nan(t) ? b.zp : bits;
+}
+// Whether every x in [lo, hi] quantizes inside the bounds, so that the clamp can be left out: the
+// dynamic kernels know their slice's range before they quantize it, and x * inv is monotone in x.
+// False for non-finite products (inv = inf after a tiny scale, or an infinite range).
+template <typename M> __device__ __forceinline__ bool clamp_free(M lo, M hi, M inv, const QuantBounds<M>& b) {
+    return rne_bounded(lo * inv) >= b.lo && rne_bounded(hi * inv) <= b.hi;
 }
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
@@ -349,8 +357,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -548,8 +557,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -747,8 +757,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -756,14 +767,15 @@ constexpr int VEC = 2;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    return (unsigned)quant_code_bits(t, qb) & 0xFu;
+    return (unsigned)quant_code_bits<CLAMP>(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CLAMP>(t[i], qb[i]), (int)encode<CLAMP>(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -893,7 +905,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -903,7 +915,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, qv, o);
+    encode_vec<V, CLAMP>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -1010,9 +1022,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }
@@ -1085,8 +1106,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -1094,14 +1116,15 @@ constexpr int VEC = 2;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    return (unsigned)quant_code_bits(t, qb) & 0xFu;
+    return (unsigned)quant_code_bits<CLAMP>(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CLAMP>(t[i], qb[i]), (int)encode<CLAMP>(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1231,7 +1254,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -1241,7 +1264,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, qv, o);
+    encode_vec<V, CLAMP>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -1348,9 +1371,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }
@@ -1423,8 +1455,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -1622,8 +1655,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -1821,8 +1855,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -1830,14 +1865,15 @@ constexpr int VEC = 2;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    return (unsigned)quant_code_bits(t, qb) & 0xFu;
+    return (unsigned)quant_code_bits<CLAMP>(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CLAMP>(t[i], qb[i]), (int)encode<CLAMP>(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1967,7 +2003,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -1977,7 +2013,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, qv, o);
+    encode_vec<V, CLAMP>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -2084,9 +2120,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }
@@ -2159,8 +2204,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <bool CLAMP>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -2168,14 +2214,15 @@ constexpr int VEC = 2;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    return (unsigned)quant_code_bits(t, qb) & 0xFu;
+    return (unsigned)quant_code_bits<CLAMP>(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode(t[i], qb[i]), (int)encode(t[i + 1], qb[i + 1]));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CLAMP>(t[i], qb[i]), (int)encode<CLAMP>(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -2305,7 +2352,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -2315,7 +2362,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V>(t, qv, o);
+    encode_vec<V, CLAMP>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -2422,9 +2469,18 @@ __device__ __forceinline__ void team_row_groups(
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
+                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
+                // but for non-finite scales), the per-element clamp is left out
+                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
-                for (int j = 0; j < CH; ++j, p += step / PACK) {
-                    if (j < nch) quant_store<V>(p, buf[r][j], inv, qb);
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j, p += step / PACK) {
+                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
+                    }
                 }
             }
         }

@@ -72,9 +72,17 @@ template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int
 // low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
 // before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
 // small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
-template <typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
-    const int bits = magic_low_bits(vmin(vmax(t, b.lo), b.hi) + rne_magic(t)) + b.zp;   // NaN: b.lo,
-    return is_nan(t) ? b.zp : bits;                                                     // selected away
+// CLAMP = false: the caller knows that rne(t) lies in [b.lo, b.hi] or t is NaN (clamp_free).
+template <bool CLAMP = true, typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const M c = CLAMP ? vmin(vmax(t, b.lo), b.hi) : t;                   // NaN: b.lo, selected away
+    const int bits = magic_low_bits(c + rne_magic(t)) + b.zp;
+    return is_nan(t) ? b.zp : bits;
+}
+// Whether every x in [lo, hi] quantizes inside the bounds, so that the clamp can be left out: the
+// dynamic kernels know their slice's range before they quantize it, and x * inv is monotone in x.
+// False for non-finite products (inv = inf after a tiny scale, or an infinite range).
+template <typename M> __device__ __forceinline__ bool clamp_free(M lo, M hi, M inv, const QuantBounds<M>& b) {
+    return rne_bounded(lo * inv) >= b.lo && rne_bounded(hi * inv) <= b.hi;
 }
 
 // -- integer storage (the value is already clamped to the kind's range) -----------------------
@@ -345,12 +353,13 @@ struct Params {
 };
 
 // One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
     (void)qb;
     return fp8x2_encode_hw<F>(t, 0.0f) & 0xFFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
     if constexpr (V % 2 == 0) {
 #pragma unroll
@@ -361,7 +370,7 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], qb[i]);
+        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode<CLAMP>(t[i], qb[i]);
     }
 }
 
@@ -466,12 +475,13 @@ struct Params {
 };
 
 // One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
     (void)qb;
     return fp8x2_encode_hw<F>(t, 0.0f) & 0xFFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
     if constexpr (V % 2 == 0) {
 #pragma unroll
@@ -482,7 +492,7 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], qb[i]);
+        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode<CLAMP>(t[i], qb[i]);
     }
 }
 
@@ -586,12 +596,13 @@ struct Params {
 };
 
 // One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
     (void)qb;
     return fp8x2_encode_hw<F>(t, 0.0f) & 0xFFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
     if constexpr (V % 2 == 0) {
 #pragma unroll
@@ -602,7 +613,7 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], qb[i]);
+        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode<CLAMP>(t[i], qb[i]);
     }
 }
 
@@ -706,12 +717,13 @@ struct Params {
 };
 
 // One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
+template <bool CLAMP = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
     (void)qb;
     return fp8x2_encode_hw<F>(t, 0.0f) & 0xFFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V>
+template <int V, bool CLAMP = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
     if constexpr (V % 2 == 0) {
 #pragma unroll
@@ -722,7 +734,7 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode(t[i], qb[i]);
+        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode<CLAMP>(t[i], qb[i]);
     }
 }
 
