@@ -430,6 +430,17 @@ def test_bench_targets_declared_by_modules():
     assert bench.target_for(types.SimpleNamespace(TARGET_PCT={"quantize": 95}), sku) == {"target_pct": 95.0}
     assert bench.target_for(types.SimpleNamespace(TARGET_PCT_OF_TORCH=50.0), sku) == {"target_ref": 0.5}
     assert bench.target_for(types.SimpleNamespace(), sku) == {}
+    per_sku = types.SimpleNamespace(TARGET_PCT=lambda s: None if s.scope == "token" else 80.0)
+    assert bench.target_for(per_sku, sku) == {"no_target": True}
+    assert bench.target_for(per_sku, KernelSku.parse(S_GRP)) == {"target_pct": 80.0}
+
+
+def test_bench_targets_skip_results_without_target():
+    base = dict(op="dynamic_quantize", scope="group", element="bf16", aux_element="s8", shape=[8192, 8192])
+    rec = {"results": [dict(base, label="fast", pct_copy=95.0, target_pct=85.0),
+                       dict(base, label="fallback", pct_copy=20.0, no_target=True)]}
+    (what, value, want, ok, note), = [t for t in bench.targets(rec) if "min % of copy" in t[0]]
+    assert (value, want, ok) == (95.0, 85.0, True) and "fast" in note
 
 
 def test_bench_plan_discovers_modules_and_default_subset():

@@ -412,4 +412,7 @@ def test_bench_module_selection_and_bytes():
     n = 65536 * 4096
     assert bench_lowbit.expected_bytes(fp8, (65536, 4096)) == n * 2 + n + n // 128 * 4
     assert bench_lowbit.expected_bytes(s4, (65536, 4096)) == n * 2 + n // 2 + n // 128 * 4
-    assert bench.target_for(bench_lowbit, fp8)["target_pct"] == 85.0
+    fp8s = {s.arch: s for s, _, _ in todo if s.aux_element == "fp8_e4m3"}
+    assert bench.target_for(bench_lowbit, fp8s["sm89"])["target_pct"] == 85.0     # hardware cvt: issue 5's target
+    assert bench.target_for(bench_lowbit, fp8s["sm80"]) == {"no_target": True}     # the software fallback: none
+    assert bench.target_for(bench_lowbit, s4)["target_pct"] == 85.0

@@ -4,7 +4,10 @@
 # Everything lands flat under $OUT (logs, probe JSON, audit records as audit.tar).
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-export SKUFORGE_COMMIT=${SKUFORGE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# The device machine's copy of the tree carries a stale .git (its HEAD is not the commit under
+# test): the records must name the commit from the caller, so it is required.
+: "${SKUFORGE_COMMIT:?set SKUFORGE_COMMIT to the commit under test (git rev-parse --short HEAD, here)}"
+export SKUFORGE_COMMIT
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/smi.txt" 2>&1
 t0=$(date +%s)
