@@ -45,6 +45,11 @@ __device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b);
 __device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
 __device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
 __device__ __forceinline__ double vabs(double a) { return fabs(a); }
+// NaN-propagating max / min (one FMNMX.NAN on sm_80+; f64 has no such instruction).
+__device__ __forceinline__ float vmax_nan(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float vmin_nan(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ double vmax_nan(double a, double b) { return a != a ? a : (b != b ? b : fmax(a, b)); }
+__device__ __forceinline__ double vmin_nan(double a, double b) { return a != a ? a : (b != b ? b : fmin(a, b)); }
 
 // -- rounding to integers without a conversion instruction ------------------------------------
 // cvt (F2I, I2F, FRND) runs at a quarter of the FP32 rate on sm_80 / sm_90, and an element of a
@@ -72,15 +77,16 @@ template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int
 // low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
 // before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
 // small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
-// CLAMP = false: the caller knows that rne(t) lies in [b.lo, b.hi] or t is NaN (clamp_free).
-template <bool CLAMP = true, typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
-    const M c = CLAMP ? vmin(vmax(t, b.lo), b.hi) : t;                   // NaN: b.lo, selected away
+// CHECKED = false: the caller knows that t is not NaN and that rne(t) lies in [b.lo, b.hi]
+// (clamp_free, and a NaN-propagating reduction that found none): 1 FADD and 1 IADD.
+template <bool CHECKED = true, typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const M c = CHECKED ? vmin(vmax(t, b.lo), b.hi) : t;                 // NaN: b.lo, selected away
     const int bits = magic_low_bits(c + rne_magic(t)) + b.zp;
-    return is_nan(t) ? b.zp : bits;
+    return CHECKED && is_nan(t) ? b.zp : bits;
 }
 // Whether every x in [lo, hi] quantizes inside the bounds, so that the clamp can be left out: the
 // dynamic kernels know their slice's range before they quantize it, and x * inv is monotone in x.
-// False for non-finite products (inv = inf after a tiny scale, or an infinite range).
+// False for non-finite products (inv = inf after a tiny scale, an infinite range) and NaN.
 template <typename M> __device__ __forceinline__ bool clamp_free(M lo, M hi, M inv, const QuantBounds<M>& b) {
     return rne_bounded(lo * inv) >= b.lo && rne_bounded(hi * inv) <= b.hi;
 }
@@ -131,6 +137,21 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& r) {
     } else {
 #pragma unroll
         for (int i = 0; i < N; ++i) p[i] = r.v[i];
+    }
+}
+
+// Element i of a vector, read from the 32-bit word that holds it. A vector of 1-byte codes read
+// element by element is split by the compiler into one register per code right at the load
+// (dequantize: 8 registers per 8-byte load, 74 registers per thread, 3 blocks per SM); read through
+// its words, it stays in words until each code is used (40 registers). For 2-byte elements the
+// compiler does well without it (the quantize kernels gained registers through it).
+template <typename T, int N> __device__ __forceinline__ T vec_at(const Vec<T, N>& v, int i) {
+    if constexpr (sizeof(T) >= 4 || sizeof(T) * N % 4 != 0) {
+        return v.v[i];
+    } else {
+        constexpr int PER = 4 / sizeof(T);
+        const u32_t w = reinterpret_cast<const u32_t*>(&v)[i / PER] >> (8 * sizeof(T) * (i % PER));
+        return *reinterpret_cast<const T*>(&w);   // its low bytes (little endian)
     }
 }
 
@@ -338,10 +359,15 @@ struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
 // exact, so any combination order gives the same bits.
+// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
+// shows in the result, and only then is the slice reduced again ignoring NaN).
 struct Acc { M lo, hi; };
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool SEE_NAN = false>
 __device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = vmin(a.lo, v); a.hi = vmax(a.hi, v); }
-    else      { a.hi = vmax(a.hi, vabs(v)); }
+    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
+    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
@@ -357,9 +383,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CLAMP>
+template <bool CHECKED>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -538,10 +564,15 @@ struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
 // exact, so any combination order gives the same bits.
+// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
+// shows in the result, and only then is the slice reduced again ignoring NaN).
 struct Acc { M lo, hi; };
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool SEE_NAN = false>
 __device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = vmin(a.lo, v); a.hi = vmax(a.hi, v); }
-    else      { a.hi = vmax(a.hi, vabs(v)); }
+    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
+    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
@@ -557,9 +588,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CLAMP>
+template <bool CHECKED>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -738,10 +769,15 @@ struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
 // exact, so any combination order gives the same bits.
+// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
+// shows in the result, and only then is the slice reduced again ignoring NaN).
 struct Acc { M lo, hi; };
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool SEE_NAN = false>
 __device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = vmin(a.lo, v); a.hi = vmax(a.hi, v); }
-    else      { a.hi = vmax(a.hi, vabs(v)); }
+    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
+    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
@@ -757,9 +793,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CLAMP>
+template <bool CHECKED>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -767,15 +803,15 @@ constexpr int VEC = 8;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-template <bool CLAMP = true>
+template <bool CHECKED = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    return (unsigned)quant_code_bits<CLAMP>(t, qb) & 0xFu;
+    return (unsigned)quant_code_bits<CHECKED>(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V, bool CLAMP = true>
+template <int V, bool CHECKED = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CLAMP>(t[i], qb[i]), (int)encode<CLAMP>(t[i + 1], qb[i + 1]));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CHECKED>(t[i], qb[i]), (int)encode<CHECKED>(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -905,7 +941,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V, bool CLAMP = true>
+template <int V, bool CHECKED = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -915,7 +951,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V, CLAMP>(t, qv, o);
+    encode_vec<V, CHECKED>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -927,11 +963,12 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
 // shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
 // TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
 // slots, so one barrier per exchange is enough.
+template <bool SEE_NAN>
 __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
     const int width = TX < 32 ? TX : 32;
     for (int o = width >> 1; o > 0; o >>= 1) {
-        if (ASYM) a.lo = vmin(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
-        a.hi = vmax(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
+        if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
+        a.hi = acc_max<SEE_NAN>(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
     }
     if (TX > 32) {
         const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
@@ -941,8 +978,8 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
         }
         team_barrier(1 + team, TX);
         for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
-            if (ASYM) a.lo = vmin(a.lo, xch[parity][0][first + i]);
-            a.hi = vmax(a.hi, xch[parity][1][first + i]);
+            if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, xch[parity][0][first + i]);
+            a.hi = acc_max<SEE_NAN>(a.hi, xch[parity][1][first + i]);
         }
         parity ^= 1;
     }
@@ -1012,19 +1049,34 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
 #pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate(a, elem(buf[r][j], i));
+                    for (int i = 0; i < V; ++i) accumulate<true>(a, elem(buf[r][j], i));
                 }
             }
-            team_reduce(a, TX, xch, parity);
+            team_reduce<true>(a, TX, xch, parity);
+            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
+            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
+            const bool nan_seen = __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
+            if (nan_seen) {
+                a = {(M)0, (M)0};
+                if (live) {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
+                    }
+                }
+                team_reduce<false>(a, TX, xch, parity);
+            }
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
-                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
-                // but for non-finite scales), the per-element clamp is left out
-                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
+                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
+                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
+                // test are left out
+                if (!nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
                     for (int j = 0; j < CH; ++j, p += step / PACK) {
                         if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
@@ -1139,10 +1191,15 @@ struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
 // exact, so any combination order gives the same bits.
+// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
+// shows in the result, and only then is the slice reduced again ignoring NaN).
 struct Acc { M lo, hi; };
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool SEE_NAN = false>
 __device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = vmin(a.lo, v); a.hi = vmax(a.hi, v); }
-    else      { a.hi = vmax(a.hi, vabs(v)); }
+    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
+    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
@@ -1158,9 +1215,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CLAMP>
+template <bool CHECKED>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -1168,15 +1225,15 @@ constexpr int VEC = 8;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-template <bool CLAMP = true>
+template <bool CHECKED = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    return (unsigned)quant_code_bits<CLAMP>(t, qb) & 0xFu;
+    return (unsigned)quant_code_bits<CHECKED>(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V, bool CLAMP = true>
+template <int V, bool CHECKED = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CLAMP>(t[i], qb[i]), (int)encode<CLAMP>(t[i + 1], qb[i + 1]));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CHECKED>(t[i], qb[i]), (int)encode<CHECKED>(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -1306,7 +1363,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V, bool CLAMP = true>
+template <int V, bool CHECKED = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -1316,7 +1373,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V, CLAMP>(t, qv, o);
+    encode_vec<V, CHECKED>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -1328,11 +1385,12 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
 // shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
 // TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
 // slots, so one barrier per exchange is enough.
+template <bool SEE_NAN>
 __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
     const int width = TX < 32 ? TX : 32;
     for (int o = width >> 1; o > 0; o >>= 1) {
-        if (ASYM) a.lo = vmin(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
-        a.hi = vmax(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
+        if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
+        a.hi = acc_max<SEE_NAN>(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
     }
     if (TX > 32) {
         const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
@@ -1342,8 +1400,8 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
         }
         team_barrier(1 + team, TX);
         for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
-            if (ASYM) a.lo = vmin(a.lo, xch[parity][0][first + i]);
-            a.hi = vmax(a.hi, xch[parity][1][first + i]);
+            if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, xch[parity][0][first + i]);
+            a.hi = acc_max<SEE_NAN>(a.hi, xch[parity][1][first + i]);
         }
         parity ^= 1;
     }
@@ -1413,19 +1471,34 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
 #pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate(a, elem(buf[r][j], i));
+                    for (int i = 0; i < V; ++i) accumulate<true>(a, elem(buf[r][j], i));
                 }
             }
-            team_reduce(a, TX, xch, parity);
+            team_reduce<true>(a, TX, xch, parity);
+            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
+            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
+            const bool nan_seen = __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
+            if (nan_seen) {
+                a = {(M)0, (M)0};
+                if (live) {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
+                    }
+                }
+                team_reduce<false>(a, TX, xch, parity);
+            }
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
-                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
-                // but for non-finite scales), the per-element clamp is left out
-                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
+                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
+                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
+                // test are left out
+                if (!nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
                     for (int j = 0; j < CH; ++j, p += step / PACK) {
                         if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
@@ -1540,10 +1613,15 @@ struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
 // exact, so any combination order gives the same bits.
+// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
+// shows in the result, and only then is the slice reduced again ignoring NaN).
 struct Acc { M lo, hi; };
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool SEE_NAN = false>
 __device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = vmin(a.lo, v); a.hi = vmax(a.hi, v); }
-    else      { a.hi = vmax(a.hi, vabs(v)); }
+    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
+    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
@@ -1559,9 +1637,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CLAMP>
+template <bool CHECKED>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -1740,10 +1818,15 @@ struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
 // exact, so any combination order gives the same bits.
+// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
+// shows in the result, and only then is the slice reduced again ignoring NaN).
 struct Acc { M lo, hi; };
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool SEE_NAN = false>
 __device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = vmin(a.lo, v); a.hi = vmax(a.hi, v); }
-    else      { a.hi = vmax(a.hi, vabs(v)); }
+    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
+    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
@@ -1759,9 +1842,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CLAMP>
+template <bool CHECKED>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
 // (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
@@ -1940,10 +2023,15 @@ struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
 // exact, so any combination order gives the same bits.
+// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
+// shows in the result, and only then is the slice reduced again ignoring NaN).
 struct Acc { M lo, hi; };
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool SEE_NAN = false>
 __device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = vmin(a.lo, v); a.hi = vmax(a.hi, v); }
-    else      { a.hi = vmax(a.hi, vabs(v)); }
+    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
+    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
@@ -1959,9 +2047,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CLAMP>
+template <bool CHECKED>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -1969,15 +2057,15 @@ constexpr int VEC = 8;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-template <bool CLAMP = true>
+template <bool CHECKED = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    return (unsigned)quant_code_bits<CLAMP>(t, qb) & 0xFu;
+    return (unsigned)quant_code_bits<CHECKED>(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V, bool CLAMP = true>
+template <int V, bool CHECKED = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CLAMP>(t[i], qb[i]), (int)encode<CLAMP>(t[i + 1], qb[i + 1]));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CHECKED>(t[i], qb[i]), (int)encode<CHECKED>(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -2107,7 +2195,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V, bool CLAMP = true>
+template <int V, bool CHECKED = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -2117,7 +2205,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V, CLAMP>(t, qv, o);
+    encode_vec<V, CHECKED>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -2129,11 +2217,12 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
 // shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
 // TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
 // slots, so one barrier per exchange is enough.
+template <bool SEE_NAN>
 __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
     const int width = TX < 32 ? TX : 32;
     for (int o = width >> 1; o > 0; o >>= 1) {
-        if (ASYM) a.lo = vmin(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
-        a.hi = vmax(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
+        if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
+        a.hi = acc_max<SEE_NAN>(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
     }
     if (TX > 32) {
         const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
@@ -2143,8 +2232,8 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
         }
         team_barrier(1 + team, TX);
         for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
-            if (ASYM) a.lo = vmin(a.lo, xch[parity][0][first + i]);
-            a.hi = vmax(a.hi, xch[parity][1][first + i]);
+            if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, xch[parity][0][first + i]);
+            a.hi = acc_max<SEE_NAN>(a.hi, xch[parity][1][first + i]);
         }
         parity ^= 1;
     }
@@ -2214,19 +2303,34 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
 #pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate(a, elem(buf[r][j], i));
+                    for (int i = 0; i < V; ++i) accumulate<true>(a, elem(buf[r][j], i));
                 }
             }
-            team_reduce(a, TX, xch, parity);
+            team_reduce<true>(a, TX, xch, parity);
+            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
+            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
+            const bool nan_seen = __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
+            if (nan_seen) {
+                a = {(M)0, (M)0};
+                if (live) {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
+                    }
+                }
+                team_reduce<false>(a, TX, xch, parity);
+            }
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
-                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
-                // but for non-finite scales), the per-element clamp is left out
-                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
+                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
+                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
+                // test are left out
+                if (!nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
                     for (int j = 0; j < CH; ++j, p += step / PACK) {
                         if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
@@ -2341,10 +2445,15 @@ struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
 // exact, so any combination order gives the same bits.
+// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
+// shows in the result, and only then is the slice reduced again ignoring NaN).
 struct Acc { M lo, hi; };
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool SEE_NAN = false>
 __device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = vmin(a.lo, v); a.hi = vmax(a.hi, v); }
-    else      { a.hi = vmax(a.hi, vabs(v)); }
+    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
+    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
@@ -2360,9 +2469,9 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
 }
 
 // The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CLAMP>
+template <bool CHECKED>
 __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CLAMP>(xv * inv, qb));
+    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
 // (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
@@ -2370,15 +2479,15 @@ constexpr int VEC = 8;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 2;   // elements per byte of q (two int4 per byte: 2i low nibble, 2i + 1 high)
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
-template <bool CLAMP = true>
+template <bool CHECKED = true>
 __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    return (unsigned)quant_code_bits<CLAMP>(t, qb) & 0xFu;
+    return (unsigned)quant_code_bits<CHECKED>(t, qb) & 0xFu;
 }
 // V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V, bool CLAMP = true>
+template <int V, bool CHECKED = true>
 __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
 #pragma unroll
-    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CLAMP>(t[i], qb[i]), (int)encode<CLAMP>(t[i + 1], qb[i + 1]));
+    for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CHECKED>(t[i], qb[i]), (int)encode<CHECKED>(t[i + 1], qb[i + 1]));
 }
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
@@ -2508,7 +2617,7 @@ struct Sink {
     }
 };
 // One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V, bool CLAMP = true>
+template <int V, bool CHECKED = true>
 __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
     M t[V];
     QuantBounds<M> qv[V];
@@ -2518,7 +2627,7 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
         qv[i] = qb;
     }
     Vec<u8_t, V / PACK> o;
-    encode_vec<V, CLAMP>(t, qv, o);
+    encode_vec<V, CHECKED>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -2530,11 +2639,12 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
 // shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
 // TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
 // slots, so one barrier per exchange is enough.
+template <bool SEE_NAN>
 __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
     const int width = TX < 32 ? TX : 32;
     for (int o = width >> 1; o > 0; o >>= 1) {
-        if (ASYM) a.lo = vmin(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
-        a.hi = vmax(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
+        if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
+        a.hi = acc_max<SEE_NAN>(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
     }
     if (TX > 32) {
         const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
@@ -2544,8 +2654,8 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
         }
         team_barrier(1 + team, TX);
         for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
-            if (ASYM) a.lo = vmin(a.lo, xch[parity][0][first + i]);
-            a.hi = vmax(a.hi, xch[parity][1][first + i]);
+            if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, xch[parity][0][first + i]);
+            a.hi = acc_max<SEE_NAN>(a.hi, xch[parity][1][first + i]);
         }
         parity ^= 1;
     }
@@ -2615,19 +2725,34 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
 #pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate(a, elem(buf[r][j], i));
+                    for (int i = 0; i < V; ++i) accumulate<true>(a, elem(buf[r][j], i));
                 }
             }
-            team_reduce(a, TX, xch, parity);
+            team_reduce<true>(a, TX, xch, parity);
+            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
+            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
+            const bool nan_seen = __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
+            if (nan_seen) {
+                a = {(M)0, (M)0};
+                if (live) {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
+                    }
+                }
+                team_reduce<false>(a, TX, xch, parity);
+            }
             int zp;
             const M s = sink.params(a, vr, live && tx == 0, zp);
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
                 Q* p = qr;
-                // the row group's range [lo, hi] is known: when it maps inside [qmin, qmax] (always,
-                // but for non-finite scales), the per-element clamp is left out
-                if (clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
+                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
+                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
+                // test are left out
+                if (!nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
                     for (int j = 0; j < CH; ++j, p += step / PACK) {
                         if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);

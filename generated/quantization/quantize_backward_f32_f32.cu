@@ -45,6 +45,11 @@ __device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b);
 __device__ __forceinline__ double vmin(double a, double b) { return fmin(a, b); }
 __device__ __forceinline__ float  vabs(float a)  { return fabsf(a); }
 __device__ __forceinline__ double vabs(double a) { return fabs(a); }
+// NaN-propagating max / min (one FMNMX.NAN on sm_80+; f64 has no such instruction).
+__device__ __forceinline__ float vmax_nan(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float vmin_nan(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ double vmax_nan(double a, double b) { return a != a ? a : (b != b ? b : fmax(a, b)); }
+__device__ __forceinline__ double vmin_nan(double a, double b) { return a != a ? a : (b != b ? b : fmin(a, b)); }
 
 // -- rounding to integers without a conversion instruction ------------------------------------
 // cvt (F2I, I2F, FRND) runs at a quarter of the FP32 rate on sm_80 / sm_90, and an element of a
@@ -72,15 +77,16 @@ template <typename M> __device__ __forceinline__ QuantBounds<M> quant_bounds(int
 // low 4 bits the int4 nibble); the upper bits are not the value. Clamping t to the integer bounds
 // before rounding equals clamping after it (rne is monotone and keeps integers), and a clamped t is
 // small enough for the magic add. No cvt: 2 FMNMX, 1 FADD, 1 IADD and a NaN select.
-// CLAMP = false: the caller knows that rne(t) lies in [b.lo, b.hi] or t is NaN (clamp_free).
-template <bool CLAMP = true, typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
-    const M c = CLAMP ? vmin(vmax(t, b.lo), b.hi) : t;                   // NaN: b.lo, selected away
+// CHECKED = false: the caller knows that t is not NaN and that rne(t) lies in [b.lo, b.hi]
+// (clamp_free, and a NaN-propagating reduction that found none): 1 FADD and 1 IADD.
+template <bool CHECKED = true, typename M> __device__ __forceinline__ int quant_code_bits(M t, const QuantBounds<M>& b) {
+    const M c = CHECKED ? vmin(vmax(t, b.lo), b.hi) : t;                 // NaN: b.lo, selected away
     const int bits = magic_low_bits(c + rne_magic(t)) + b.zp;
-    return is_nan(t) ? b.zp : bits;
+    return CHECKED && is_nan(t) ? b.zp : bits;
 }
 // Whether every x in [lo, hi] quantizes inside the bounds, so that the clamp can be left out: the
 // dynamic kernels know their slice's range before they quantize it, and x * inv is monotone in x.
-// False for non-finite products (inv = inf after a tiny scale, or an infinite range).
+// False for non-finite products (inv = inf after a tiny scale, an infinite range) and NaN.
 template <typename M> __device__ __forceinline__ bool clamp_free(M lo, M hi, M inv, const QuantBounds<M>& b) {
     return rne_bounded(lo * inv) >= b.lo && rne_bounded(hi * inv) <= b.hi;
 }
@@ -131,6 +137,21 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& r) {
     } else {
 #pragma unroll
         for (int i = 0; i < N; ++i) p[i] = r.v[i];
+    }
+}
+
+// Element i of a vector, read from the 32-bit word that holds it. A vector of 1-byte codes read
+// element by element is split by the compiler into one register per code right at the load
+// (dequantize: 8 registers per 8-byte load, 74 registers per thread, 3 blocks per SM); read through
+// its words, it stays in words until each code is used (40 registers). For 2-byte elements the
+// compiler does well without it (the quantize kernels gained registers through it).
+template <typename T, int N> __device__ __forceinline__ T vec_at(const Vec<T, N>& v, int i) {
+    if constexpr (sizeof(T) >= 4 || sizeof(T) * N % 4 != 0) {
+        return v.v[i];
+    } else {
+        constexpr int PER = 4 / sizeof(T);
+        const u32_t w = reinterpret_cast<const u32_t*>(&v)[i / PER] >> (8 * sizeof(T) * (i % PER));
+        return *reinterpret_cast<const T*>(&w);   // its low bytes (little endian)
     }
 }
 
