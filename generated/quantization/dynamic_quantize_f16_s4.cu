@@ -954,6 +954,9 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
     encode_vec<V, CHECKED>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
+// Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
+// fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
+constexpr bool UNCHECKED_PATH = true;
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -1049,13 +1052,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
 #pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<true>(a, elem(buf[r][j], i));
+                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
                 }
             }
-            team_reduce<true>(a, TX, xch, parity);
+            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
+            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
                 a = {(M)0, (M)0};
                 if (live) {
@@ -1076,7 +1079,7 @@ __device__ __forceinline__ void team_row_groups(
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (!nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
                     for (int j = 0; j < CH; ++j, p += step / PACK) {
                         if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
@@ -1376,6 +1379,9 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
     encode_vec<V, CHECKED>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
+// Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
+// fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
+constexpr bool UNCHECKED_PATH = true;
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -1471,13 +1477,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
 #pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<true>(a, elem(buf[r][j], i));
+                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
                 }
             }
-            team_reduce<true>(a, TX, xch, parity);
+            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
+            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
                 a = {(M)0, (M)0};
                 if (live) {
@@ -1498,7 +1504,7 @@ __device__ __forceinline__ void team_row_groups(
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (!nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
                     for (int j = 0; j < CH; ++j, p += step / PACK) {
                         if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
@@ -2208,6 +2214,9 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
     encode_vec<V, CHECKED>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
+// Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
+// fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
+constexpr bool UNCHECKED_PATH = true;
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -2303,13 +2312,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
 #pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<true>(a, elem(buf[r][j], i));
+                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
                 }
             }
-            team_reduce<true>(a, TX, xch, parity);
+            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
+            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
                 a = {(M)0, (M)0};
                 if (live) {
@@ -2330,7 +2339,7 @@ __device__ __forceinline__ void team_row_groups(
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (!nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
                     for (int j = 0; j < CH; ++j, p += step / PACK) {
                         if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
@@ -2630,6 +2639,9 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
     encode_vec<V, CHECKED>(t, qv, o);
     store_vec<u8_t, V / PACK>(p, o);
 }
+// Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
+// fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
+constexpr bool UNCHECKED_PATH = true;
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -2725,13 +2737,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
                 for (int j = 0; j < CH; ++j) {
 #pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<true>(a, elem(buf[r][j], i));
+                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
                 }
             }
-            team_reduce<true>(a, TX, xch, parity);
+            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
+            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
                 a = {(M)0, (M)0};
                 if (live) {
@@ -2752,7 +2764,7 @@ __device__ __forceinline__ void team_row_groups(
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (!nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
 #pragma unroll
                     for (int j = 0; j < CH; ++j, p += step / PACK) {
                         if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
