@@ -1,6 +1,7 @@
 """Launchers: how each launch kind turns plan arguments into a grid and kernel parameters."""
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +24,9 @@ def ptr(a) -> int:
 
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
+# Columns layout grid: "2d" (column blocks in y: a thread owns one column vector) or "1d" (a block
+# covers the whole row width, a thread loops over column vectors): a measurement switch (docs/perf-notes.md).
+COLUMNS_GRID = os.environ.get("SKUFORGE_COLUMNS_GRID", "2d")
 # Verification hook: when set, elementwise grids are capped at this many blocks, so that small
 # test shapes exercise the kernels' grid-stride loops (codegen/checks.py sets it with grid_cap()).
 GRID_CAP = [None]
@@ -116,7 +120,7 @@ class ElementwiseLauncher(Launcher):
             tx = min(threads, next_pow2(-(-args.cols // vec)))
             ty = threads // tx
             resident = properties(first.device)["sms"] * resident_blocks(fn, threads)
-            col_blocks = max(1, min(-(-args.cols // (tx * vec)), resident, MAX_GRID_Y))
+            col_blocks = 1 if COLUMNS_GRID == "1d" else max(1, min(-(-args.cols // (tx * vec)), resident, MAX_GRID_Y))
             grid = (max(1, min(-(-args.rows // (ty * unroll)), MAX_GRID_X, resident // col_blocks)), col_blocks)
         else:
             # columns per thread-iteration: U vectors (vector path) or one element (scalar path)
