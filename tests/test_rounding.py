@@ -77,3 +77,40 @@ def test_an_odd_magic_would_break_ties():
     bad = (t + np.float32(12582913.0)).view(np.int32) - 0x4B400001
     assert list(good) == [0, 2, 2, 0]
     assert list(bad) != list(good)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # 1 / a subnormal scale overflows, as intended
+@pytest.mark.parametrize("mode", ["symmetric", "asymmetric"])
+@pytest.mark.parametrize("eps", [1e-8, 1e-45])
+def test_unchecked_path_of_the_dynamic_team_kernels(mode, eps, rng):
+    """dynamic_common.cu.j2: a row group without NaN for which ``clamp_free`` holds is quantized
+    without the clamp (t + MAGIC, low bits + zp). Replayed per token row in float32: wherever the
+    predicate holds, those codes equal the reference's; rows with NaN never take the path, and tiny
+    eps (inv = inf) or infinite values make the predicate false."""
+    from runtime.reference import dynamic_quantize_ref, dynamic_range
+    x = (rng.standard_normal((64, 256)) * rng.uniform(1e-3, 1e3, (64, 1))).astype(np.float32)
+    x[1, 3], x[2, :], x[3, 9], x[4, :], x[5, 7] = np.nan, 0.0, np.inf, 1e-40, -np.inf
+    x[6, :] = 0.5                      # ties after scaling
+    q, scale, zp = dynamic_quantize_ref(x, scope="token", mode=mode, out_dtype="s8", eps=eps)
+    qmin, qmax, zsym = dynamic_range("s8", mode)
+    magic = np.float32(12582912.0)
+    taken = 0
+    for r in range(x.shape[0]):
+        row = x[r]
+        if np.isnan(row).any():
+            continue                   # the NaN-propagating reduction sends it to the checked path
+        z = int(zp[r]) if zp is not None else zsym
+        lo_b, hi_b = np.float32(qmin - z), np.float32(qmax - z)
+        inv = np.float32(1) / np.float32(scale[r])
+        if mode == "symmetric":
+            hi = np.abs(row).max()
+            lo = -hi
+        else:
+            lo, hi = min(row.min(), np.float32(0)), max(row.max(), np.float32(0))
+        free = ((lo * inv + magic) - magic) >= lo_b and ((hi * inv + magic) - magic) <= hi_b
+        if not free:
+            continue
+        codes = ((row * inv) + magic).view(np.int32).astype(np.int64) + z
+        taken += 1
+        assert np.array_equal((codes & 0xFF).astype(np.uint8), q[r].view(np.uint8)), r
+    assert taken >= 55                 # the path is the common case
