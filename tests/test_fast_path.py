@@ -366,3 +366,16 @@ def test_pointer_counter_is_unique():
     ptrs = [d.a((n,)).ptr for n in (1, 100, 1000)] + [d.new((5,), "f32").ptr]
     assert len(set(ptrs)) == len(ptrs) and all(p % 256 == 0 for p in ptrs)
     assert itertools is not None
+
+
+@pytest.mark.parametrize("grid_kind, want", [("2d", (132, 4)), ("1d", (528, 1))])
+def test_columns_layout_grid(dev, monkeypatch, grid_kind, want):
+    """Group scope on (8192, 8192) f16 (VEC 8, 256 threads): the columns layout's persistent grid.
+    2d (default): 8192 / (256 * 8) = 4 column blocks in y, and resident / 4 row blocks in x, so a
+    thread owns one column vector; 1d: one block covers the row, threads loop over columns."""
+    monkeypatch.setattr(launch_mod, "COLUMNS_GRID", grid_kind)
+    dev.at(0x7F0000000000).launches = []
+    with sf.trusted():                             # no device value checks on fake arrays
+        sf.quantize(dev.a((8192, 8192), "float16"), dev.a((8192, 64)), scope="group", group_size=128)
+    (fn, grid, block, fmt, values), = dev.launches
+    assert block == (256, 1) and grid == want      # resident: 132 SMs x 4 blocks (the fixture)
