@@ -113,10 +113,9 @@ class ElementwiseLauncher(Launcher):
             fn = plan.registry.kernel(plan.sku, first.device)
         threads = plan.launch["block_threads"]
         if vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last)):
-            # columns layout: a thread owns a column vector and walks rows, U at a time, on a
-            # persistent grid (templates/quantization/_elementwise.cu.j2)
-            # persistent grid of (row blocks, column blocks): a thread owns one column vector, so
-            # its rows form one sequence of U-row steps with a single partial step at its end
+            # columns layout (templates/quantization/_elementwise.cu.j2): a persistent grid of (row
+            # blocks, column blocks); a thread owns one column vector and walks its rows U at a time,
+            # one run of steps with a single partial step at its end
             tx = min(threads, next_pow2(-(-args.cols // vec)))
             ty = threads // tx
             resident = properties(first.device)["sms"] * resident_blocks(fn, threads)
