@@ -139,7 +139,8 @@ def _team_context(sku) -> dict:
 def _dynamic_context(cell, ctx):
     """dynamic_quantize (issue 3): token/group are one fused pass (launch kind ``dynamic_fused``),
     tensor/channel a two-phase deterministic reduction + the static quantize kernel
-    (``dynamic_reduce``). ``ch_*``: chunks of a row a thread keeps in registers (64 bytes of x);
+    (``dynamic_reduce``); ``coop``: s8/u8 per-tensor SKUs also carry the one-launch cooperative
+    kernel ``<symbol>_coop`` (dynamic_tensor.cu.j2). ``ch_*``: chunks of a row a thread keeps in registers (64 bytes of x);
     ``min_blocks``: 2 (64 registers, 4 resident 256-thread blocks) where ptxas fits it unspilled."""
     el = cell.sku.element
     if cell.sku.scope in ("token", "group"):
@@ -151,7 +152,9 @@ def _dynamic_context(cell, ctx):
         return {"ch_vec": ch_vec, "ch_scalar": ch_scalar, "min_blocks": min_blocks, **team,
                 "launch": {"kind": "dynamic_fused", "max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar,
                            "team_chunks": team["team_chunks"]}}
-    return {"rvec": 16 // SIZE[el], "launch": {"kind": "dynamic_reduce", "rvec": 16 // SIZE[el]}}
+    coop = cell.sku.scope == "tensor" and cell.sku.aux_element in ("s8", "u8")
+    return {"rvec": 16 // SIZE[el], "coop": coop,
+            "launch": {"kind": "dynamic_reduce", "rvec": 16 // SIZE[el], "coop": coop}}
 
 
 DYNAMIC_QUANTIZE = Family(

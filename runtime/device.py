@@ -128,11 +128,7 @@ def _driver_launch():
 _cu_launch = None
 
 
-def launch(fn, grid, block, fmt: str, values, stream: int, shared_mem: int = 0) -> None:
-    """Launch a loaded CuPy function through the driver API with packed parameters."""
-    global _cu_launch
-    if _cu_launch is None:
-        _cu_launch = _driver_launch()
+def _params(fmt: str, values):
     blocks = getattr(_launch_local, "blocks", None)
     if blocks is None:
         blocks = _launch_local.blocks = {}
@@ -140,11 +136,110 @@ def launch(fn, grid, block, fmt: str, values, stream: int, shared_mem: int = 0) 
     if pb is None:
         pb = blocks[fmt] = _ParamBlock(fmt)
     pb.struct.pack_into(pb.buf, 0, *values)
+    return pb
+
+
+def launch(fn, grid, block, fmt: str, values, stream: int, shared_mem: int = 0) -> None:
+    """Launch a loaded CuPy function through the driver API with packed parameters."""
+    global _cu_launch
+    if _cu_launch is None:
+        _cu_launch = _driver_launch()
+    pb = _params(fmt, values)
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     bx, by, bz = (tuple(block) + (1, 1))[:3]
     err = _cu_launch(fn.ptr, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
     if err != 0:
         from .errors import SkuforgeError
         raise SkuforgeError(f"cuLaunchKernel failed: CUresult {err} (grid {grid}, block {block})")
+
+
+# -- cooperative launches (every block resident: grid-wide barriers are safe) -----------------
+# Used by the one-launch per-tensor dynamic quantize (templates/quantization/dynamic_tensor.cu.j2).
+CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95
+
+
+@lru_cache(maxsize=None)
+def device_attribute(device: int, attribute: int) -> int:
+    from cuda.bindings import driver
+    err, dev = driver.cuDeviceGet(device)
+    err2, value = driver.cuDeviceGetAttribute(driver.CUdevice_attribute(attribute), dev)
+    return int(value) if int(err) == 0 and int(err2) == 0 else 0
+
+
+_dyn_smem: dict = {}
+
+
+def cooperative_shape(fn, threads: int, device: int, want_smem: int) -> tuple:
+    """(blocks, dynamic shared memory bytes) of a cooperative launch of ``fn``: the shared memory is
+    ``want_smem`` capped by the device's per-block opt-in limit less ``fn``'s static shared memory
+    (set once as the function's limit), and the blocks are every one that fits on the device at once.
+    (0, 0) where the device cannot launch cooperatively."""
+    key = (fn.ptr, threads, want_smem, device)
+    hit = _dyn_smem.get(key)
+    if hit is None:
+        from cuda.bindings import driver
+        if not device_attribute(device, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH):
+            hit = (0, 0)
+        else:
+            f = driver.CUfunction(fn.ptr)
+            err, static = driver.cuFuncGetAttribute(driver.CUfunction_attribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES), f)
+            cap = device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) - int(static)
+            smem = max(0, min(want_smem, cap)) // 16 * 16
+            (err,) = driver.cuFuncSetAttribute(
+                f, driver.CUfunction_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), smem)
+            err2, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(f, threads, smem)
+            ok = int(err) == 0 and int(err2) == 0 and int(per_sm) > 0
+            hit = (int(per_sm) * properties(device)["sms"], smem) if ok else (0, 0)
+        _dyn_smem[key] = hit
+    return hit
+
+
+@lru_cache(maxsize=None)
+def _libcuda_call(name: str):
+    """``name`` from libcuda through ctypes (about 1 µs a call), or None where libcuda cannot be
+    opened by name (then cuda-python's binding is used: a few µs more)."""
+    try:
+        lib = _ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    fn = getattr(lib, name, None)
+    if fn is not None:
+        fn.restype = _ctypes.c_int
+        fn.argtypes = {"cuLaunchCooperativeKernel": [_ctypes.c_void_p] + [_ctypes.c_uint] * 7 + [_ctypes.c_void_p] * 2,
+                       "cuMemsetD32Async": [_ctypes.c_uint64, _ctypes.c_uint, _ctypes.c_size_t, _ctypes.c_void_p]}[name]
+    return fn
+
+
+def launch_cooperative(fn, grid: int, block: int, fmt: str, values, stream: int, shared_mem: int) -> None:
+    """cuLaunchCooperativeKernel with packed parameters (the driver refuses a grid that is not
+    resident at once: an error, never a hang)."""
+    pb = _params(fmt, values)
+    call = _libcuda_call("cuLaunchCooperativeKernel")
+    if call is not None:
+        err = call(fn.ptr, grid, 1, 1, block, 1, 1, shared_mem, stream or None, pb.ptrs_addr)
+    else:
+        from cuda.bindings import driver
+        (err,) = driver.cuLaunchCooperativeKernel(driver.CUfunction(fn.ptr), grid, 1, 1, block, 1, 1, shared_mem,
+                                                   driver.CUstream(stream or 0), pb.ptrs_addr)
+    if int(err) != 0:
+        from .errors import SkuforgeError
+        raise SkuforgeError(f"cuLaunchCooperativeKernel failed: CUresult {int(err)} (grid {grid}, block {block}, "
+                            f"{shared_mem} bytes of shared memory)")
+
+
+def memset_u32(ptr: int, value: int, count: int, stream: int) -> None:
+    """cuMemsetD32Async: ``count`` 32-bit words at ``ptr`` set to ``value``, in stream order."""
+    call = _libcuda_call("cuMemsetD32Async")
+    if call is not None:
+        err = call(ptr, value, count, stream or None)
+    else:
+        from cuda.bindings import driver
+        (err,) = driver.cuMemsetD32Async(driver.CUdeviceptr(ptr), value, count, driver.CUstream(stream or 0))
+    if int(err) != 0:
+        from .errors import SkuforgeError
+        raise SkuforgeError(f"cuMemsetD32Async failed: CUresult {int(err)}")
 
 

@@ -26,7 +26,8 @@ from typing import Optional
 import numpy as np
 
 from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
-from .device import launch, load_function, param_format, properties, resident_blocks
+from .device import (cooperative_shape, launch, launch_cooperative, load_function, memset_u32, param_format, properties,
+                     resident_blocks)
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
@@ -96,6 +97,11 @@ def _fused_format(f64: bool, team: bool = False) -> str:
 def _reduce_format(f64: bool) -> str:
     return param_format(("ptr", "i64", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i32", "i64", "i64",
                          "i32", "f64" if f64 else "f32", "i32", "i32", "i32", "i32", "i32", "i32"))
+
+
+def _coop_format(f64: bool) -> str:
+    """<symbol>_coop: x, q, partial, count, scale, zero_point, n, keep_cap, eps, qmin, qmax, zp_value."""
+    return param_format(("ptr",) * 6 + ("i64", "i64", "f64" if f64 else "f32", "i32", "i32", "i32"))
 
 
 
@@ -310,6 +316,8 @@ class ReduceConfig:
     parts: int             # partial results per scale element
     grid0: int
     grid1: int
+    coop: bool = False     # the one-launch cooperative kernel <symbol>_coop: grid0 blocks of COOP_THREADS
+    smem: int = 0          # coop: dynamic shared memory per block (bytes), x kept on chip
 
     @property
     def partials(self) -> int:
@@ -322,6 +330,11 @@ class DynamicReduceLauncher(Launcher):
 
     BLOCK = 256
     MIN_ELEMS = 1 << 14    # elements per work item, at least (amortises the block reduction)
+    COOP_THREADS = 1024    # <symbol>_coop: one block per SM, __launch_bounds__(1024, 1)
+    COOP_SMEM = 1 << 30    # as much shared memory as a block can opt into
+    # "auto": per-tensor over a contiguous x takes the cooperative kernel where the SKU has one and
+    # the device launches cooperatively; "two_pass": always the reduce + quantize launches (A/B).
+    tensor_path = os.environ.get("SKUFORGE_DYNAMIC_TENSOR", "auto")
 
     def check(self, plan, args: DynamicArgs):
         _check_kinds(plan, args)
@@ -350,6 +363,9 @@ class DynamicReduceLauncher(Launcher):
                                 max(1, min(row_parts * tiles, props["sms"] * per_sm)), self._grid1(cols, props))
         if args.scope == "tensor":
             count = 1
+            coop = self.coop_config(plan, args)
+            if coop is not None:
+                return coop
             if vec_ok and (rows == 1 or args.xv.row_stride == cols):
                 fn = plan.registry.kernel(plan.sku, args.x.device)     # one resident wave of blocks
                 blocks = max(1, min(props["sms"] * resident_blocks(fn, self.BLOCK),
@@ -373,12 +389,30 @@ class DynamicReduceLauncher(Launcher):
     def _grid1(self, slots, props):
         return max(1, min(-(-slots * 32 // self.BLOCK), props["sms"] * 8))
 
+    def coop_config(self, plan, args: DynamicArgs) -> Optional[ReduceConfig]:
+        """The cooperative per-tensor launch, or None: a two-pass configuration, a SKU without the
+        kernel (low-bit outputs), x or q not contiguous, x not 16-byte aligned, q not aligned to one
+        vector of codes, or a device without cooperative launches."""
+        if self.tensor_path == "two_pass" or not plan.launch.get("coop"):
+            return None
+        rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
+        contiguous = rows == 1 or (args.xv.row_stride == cols and args.qv.row_stride == cols)
+        if not contiguous or args.x.ptr % 16 or args.q.ptr % v:
+            return None
+        fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", args.x.device)
+        blocks, smem = cooperative_shape(fn, self.COOP_THREADS, args.x.device, self.COOP_SMEM)
+        if blocks == 0:
+            return None
+        return ReduceConfig(True, True, self.COOP_THREADS, blocks, cols, 1, blocks, blocks, 0, coop=True, smem=smem)
+
     def workspace_size(self, plan, args=None) -> int:
+        """Bytes of scratch one call needs: the partial results (hi, and lo in asymmetric mode) and,
+        for the cooperative kernel, 16 bytes ahead of them for its barrier counter."""
         if args is None or args.xv.rows == 0 or args.xv.cols == 0:
             return 0
         cfg = self.config(plan, args)
         item = 8 if plan.sku.precision.math == "f64" else 4
-        return cfg.partials * item * (2 if plan.sku.mode == "asymmetric" else 1)
+        return (16 if cfg.coop else 0) + cfg.partials * item * (2 if plan.sku.mode == "asymmetric" else 1)
 
     def run(self, plan, args: DynamicArgs, stream=None):
         rows, cols = args.xv.rows, args.xv.cols
@@ -386,11 +420,21 @@ class DynamicReduceLauncher(Launcher):
             return
         stream = stream if stream is not None else stream_handle(args.x)
         cfg = self.config(plan, args)
+        f64 = plan.sku.precision.math == "f64"
+        if cfg.coop:                          # one launch: reduce, grid barrier, quantize
+            fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", args.x.device)
+            ws = args.workspace.ptr
+            memset_u32(ws, 0, 1, stream)      # the barrier counter
+            values = (args.x.ptr, args.q.ptr, ws + 16, ws, args.scale.ptr, ptr(args.zero_point), rows * cols,
+                      cfg.smem // 16, float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax,
+                      args.zp_value)
+            launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, _coop_format(f64), values, stream, cfg.smem)
+            return
         inner, count, last = _channel_params(args.x.shape, args.scope, args.axis)
         if args.scope == "tensor":
             count = 1
         fn = plan.registry.kernel(plan.sku, args.x.device)
-        fmt = _reduce_format(plan.sku.precision.math == "f64")
+        fmt = _reduce_format(f64)
         head = (args.x.ptr, args.xv.row_stride, args.workspace.ptr, args.scale.ptr, ptr(args.zero_point), rows, cols,
                 inner, count, int(last), cfg.row_parts, cfg.col_chunk, cfg.tx,
                 float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax,

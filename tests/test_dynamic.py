@@ -249,6 +249,87 @@ def test_reduce_partition_covers_every_element_once(monkeypatch, shape, scope, a
     assert 1 <= cfg.tx <= 256 and (cfg.tx & (cfg.tx - 1)) == 0
 
 
+# -- the one-launch per-tensor kernel (<symbol>_coop, dynamic_tensor.cu.j2) ------------------------
+def _coop_plan(element="bf16", mode="symmetric"):
+    plan = _Plan("tensor", mode=mode, element=element)
+    plan.launch["coop"] = True
+    plan.entry = type("Entry", (), {"unit": "u.cu", "symbol": "sf_x"})()
+    return plan
+
+
+def _coop_patch(monkeypatch, blocks=132, smem=227 * 1024 - 256):
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+    monkeypatch.setattr(dyn, "load_function", lambda reg, unit, symbol, device: symbol)
+    monkeypatch.setattr(dyn, "cooperative_shape", lambda fn, threads, device, want: (blocks, smem // 16 * 16))
+
+
+def _emulate_coop(n, v, blocks, keep_cap):
+    """The kernel's split of n elements: block b reduces and quantizes vectors [lo, hi) (the first
+    keep_cap of them kept in shared memory, the rest streamed), the last block the n % v tail."""
+    hits = np.zeros(n, np.int64)
+    kept = 0
+    nvec = n // v
+    for b in range(blocks):
+        lo, hi = nvec * b // blocks, nvec * (b + 1) // blocks
+        mid = lo + min(hi - lo, keep_cap)
+        assert mid - lo <= keep_cap
+        kept += (mid - lo) * v
+        hits[lo * v:mid * v] += 1           # kept
+        hits[mid * v:hi * v] += 1           # streamed
+        if b == blocks - 1:
+            hits[nvec * v:] += 1            # tail
+    return hits, kept
+
+
+@pytest.mark.parametrize("shape,element", [((8192, 8192), "bf16"), ((65536, 4096), "f32"), ((3, 5, 77), "bf16"),
+                                           ((1, 1), "f32"), ((7,), "f64"), ((16, 4096), "bf16"), ((1, 1001), "f16")])
+def test_coop_partition_covers_every_element_once(monkeypatch, shape, element):
+    _coop_patch(monkeypatch)
+    plan = _coop_plan(element)
+    args = _args(shape, "tensor")
+    launcher = dyn.DynamicReduceLauncher()
+    cfg = launcher.config(plan, args)
+    assert cfg.coop and cfg.grid0 == 132 and cfg.parts == cfg.partials == 132 and cfg.smem % 16 == 0
+    n = int(np.prod(shape))
+    hits, kept = _emulate_coop(n, plan.launch["rvec"], cfg.grid0, cfg.smem // 16)
+    assert (hits == 1).all()
+    assert kept <= min(n, 132 * (cfg.smem // 16) * plan.launch["rvec"])
+    item = 8 if element == "f64" else 4
+    assert launcher.workspace_size(plan, args) == 16 + 132 * item      # barrier counter + partials
+    asym = _coop_plan(element, mode="asymmetric")
+    assert launcher.workspace_size(asym, args) == 16 + 2 * 132 * item  # hi and lo
+
+
+def test_coop_on_chip_share_8192_bf16(monkeypatch):
+    """On an H200 (132 SMs, 227 KB a block) a quarter of a (8192, 8192) bf16 tensor stays on chip."""
+    _coop_patch(monkeypatch)
+    cfg = dyn.DynamicReduceLauncher().config(_coop_plan(), _args((8192, 8192), "tensor"))
+    _, kept = _emulate_coop(8192 * 8192, 8, cfg.grid0, cfg.smem // 16)
+    assert 0.2 < kept / (8192 * 8192) < 0.25
+
+
+@pytest.mark.parametrize("case", ["two_pass", "no_kernel", "strided_x", "strided_q", "misaligned", "no_coop_device"])
+def test_coop_falls_back_to_two_passes(monkeypatch, case):
+    _coop_patch(monkeypatch, blocks=0 if case == "no_coop_device" else 132)
+    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 8)
+    plan = _coop_plan()
+    shape = (64, 512)
+    args = _args(shape, "tensor", strides=(1024, 1) if case == "strided_x" else None)
+    if case == "two_pass":
+        monkeypatch.setattr(dyn.DynamicReduceLauncher, "tensor_path", "two_pass")
+    if case == "no_kernel":
+        plan.launch["coop"] = False
+    if case == "strided_q":
+        from runtime.arrays import as_array
+        from runtime.scopes import rows_view
+        args.q = as_array(D(shape, "int8", strides=(1024, 1)), "q")
+        args.qv = rows_view(args.q, "q")
+    if case == "misaligned":
+        args.x.ptr += 8
+    cfg = dyn.DynamicReduceLauncher().config(plan, args)
+    assert not cfg.coop
+
+
 @pytest.mark.parametrize("shape,scope,gs", [((8192, 8192), "token", None), ((65536, 4096), "token", None),
                                             ((16, 4096), "token", None), ((5, 1), "token", None),
                                             ((4, 70000), "token", None), ((7, 96), "group", 32),

@@ -988,6 +988,32 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
     }
 }
 
+// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
+// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
+template <bool SEE_NAN, int V, int CH>
+__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc a = {(M)0, (M)0};
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+        }
+    }
+    return a;
+}
+
+// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
+// CHECKED = false: the unchecked path (quant_code_bits).
+template <bool CHECKED, int V, int CH>
+__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
+                                             const QuantBounds<M>& qb) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j, p += step) {
+        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+    }
+}
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -1047,27 +1073,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
         for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
             const bool live = vr < vrows;
-            Acc a = {(M)0, (M)0};
-            if (live) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
-                }
-            }
+            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
             team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
             const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
-                a = {(M)0, (M)0};
-                if (live) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
-                    }
-                }
+                a = chunks_range<false>(buf[r], live);
                 team_reduce<false>(a, TX, xch, parity);
             }
             int zp;
@@ -1075,21 +1087,13 @@ __device__ __forceinline__ void team_row_groups(
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
-                Q* p = qr;
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
-                    }
-                }
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
+                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
+                else
+                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
             }
         }
     }
@@ -1413,6 +1417,32 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
     }
 }
 
+// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
+// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
+template <bool SEE_NAN, int V, int CH>
+__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc a = {(M)0, (M)0};
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+        }
+    }
+    return a;
+}
+
+// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
+// CHECKED = false: the unchecked path (quant_code_bits).
+template <bool CHECKED, int V, int CH>
+__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
+                                             const QuantBounds<M>& qb) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j, p += step) {
+        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+    }
+}
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -1472,27 +1502,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
         for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
             const bool live = vr < vrows;
-            Acc a = {(M)0, (M)0};
-            if (live) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
-                }
-            }
+            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
             team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
             const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
-                a = {(M)0, (M)0};
-                if (live) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
-                    }
-                }
+                a = chunks_range<false>(buf[r], live);
                 team_reduce<false>(a, TX, xch, parity);
             }
             int zp;
@@ -1500,21 +1516,13 @@ __device__ __forceinline__ void team_row_groups(
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
-                Q* p = qr;
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
-                    }
-                }
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
+                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
+                else
+                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
             }
         }
     }
@@ -2248,6 +2256,32 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
     }
 }
 
+// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
+// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
+template <bool SEE_NAN, int V, int CH>
+__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc a = {(M)0, (M)0};
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+        }
+    }
+    return a;
+}
+
+// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
+// CHECKED = false: the unchecked path (quant_code_bits).
+template <bool CHECKED, int V, int CH>
+__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
+                                             const QuantBounds<M>& qb) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j, p += step) {
+        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+    }
+}
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -2307,27 +2341,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
         for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
             const bool live = vr < vrows;
-            Acc a = {(M)0, (M)0};
-            if (live) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
-                }
-            }
+            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
             team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
             const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
-                a = {(M)0, (M)0};
-                if (live) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
-                    }
-                }
+                a = chunks_range<false>(buf[r], live);
                 team_reduce<false>(a, TX, xch, parity);
             }
             int zp;
@@ -2335,21 +2355,13 @@ __device__ __forceinline__ void team_row_groups(
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
-                Q* p = qr;
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
-                    }
-                }
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
+                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
+                else
+                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
             }
         }
     }
@@ -2673,6 +2685,32 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
     }
 }
 
+// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
+// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
+template <bool SEE_NAN, int V, int CH>
+__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc a = {(M)0, (M)0};
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+        }
+    }
+    return a;
+}
+
+// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
+// CHECKED = false: the unchecked path (quant_code_bits).
+template <bool CHECKED, int V, int CH>
+__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
+                                             const QuantBounds<M>& qb) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j, p += step) {
+        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+    }
+}
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -2732,27 +2770,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
         for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
             const bool live = vr < vrows;
-            Acc a = {(M)0, (M)0};
-            if (live) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
-                }
-            }
+            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
             team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
             const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
-                a = {(M)0, (M)0};
-                if (live) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
-                    }
-                }
+                a = chunks_range<false>(buf[r], live);
                 team_reduce<false>(a, TX, xch, parity);
             }
             int zp;
@@ -2760,21 +2784,13 @@ __device__ __forceinline__ void team_row_groups(
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
-                Q* p = qr;
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
-                    }
-                }
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
+                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
+                else
+                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
             }
         }
     }

@@ -224,6 +224,14 @@ __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
     return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V, bool CHECKED = true>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
 // (tensor: count = inner = 1). A part is a block of sub-rows x a chunk of columns.
 template <int V>
@@ -428,6 +436,14 @@ __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
     return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V, bool CHECKED = true>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
 // (tensor: count = inner = 1). A part is a block of sub-rows x a chunk of columns.
 template <int V>
@@ -632,6 +648,14 @@ __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
     return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V, bool CHECKED = true>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
 // Reduces v over the TX threads of this row group; every one of them gets the result.
 template <typename Op>
 __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
@@ -647,15 +671,6 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
         for (int i = 1; i < per_row; ++i) v = op(v, smem[base + i]);   // fixed order
     }
     return v;
-}
-
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
 }
 
 // V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
@@ -777,6 +792,32 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
     }
 }
 
+// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
+// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
+template <bool SEE_NAN, int V, int CH>
+__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc a = {(M)0, (M)0};
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+        }
+    }
+    return a;
+}
+
+// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
+// CHECKED = false: the unchecked path (quant_code_bits).
+template <bool CHECKED, int V, int CH>
+__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
+                                             const QuantBounds<M>& qb) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j, p += step) {
+        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+    }
+}
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -836,27 +877,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
         for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
             const bool live = vr < vrows;
-            Acc a = {(M)0, (M)0};
-            if (live) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
-                }
-            }
+            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
             team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
             const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
-                a = {(M)0, (M)0};
-                if (live) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
-                    }
-                }
+                a = chunks_range<false>(buf[r], live);
                 team_reduce<false>(a, TX, xch, parity);
             }
             int zp;
@@ -864,21 +891,13 @@ __device__ __forceinline__ void team_row_groups(
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
-                Q* p = qr;
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
-                    }
-                }
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
+                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
+                else
+                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
             }
         }
     }
@@ -1014,6 +1033,14 @@ __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
     return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V, bool CHECKED = true>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
 // Reduces v over the TX threads of this row group; every one of them gets the result.
 template <typename Op>
 __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
@@ -1029,15 +1056,6 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
         for (int i = 1; i < per_row; ++i) v = op(v, smem[base + i]);   // fixed order
     }
     return v;
-}
-
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
 }
 
 // V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
@@ -1159,6 +1177,32 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
     }
 }
 
+// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
+// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
+template <bool SEE_NAN, int V, int CH>
+__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc a = {(M)0, (M)0};
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+        }
+    }
+    return a;
+}
+
+// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
+// CHECKED = false: the unchecked path (quant_code_bits).
+template <bool CHECKED, int V, int CH>
+__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
+                                             const QuantBounds<M>& qb) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j, p += step) {
+        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+    }
+}
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -1218,27 +1262,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
         for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
             const bool live = vr < vrows;
-            Acc a = {(M)0, (M)0};
-            if (live) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
-                }
-            }
+            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
             team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
             const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
-                a = {(M)0, (M)0};
-                if (live) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
-                    }
-                }
+                a = chunks_range<false>(buf[r], live);
                 team_reduce<false>(a, TX, xch, parity);
             }
             int zp;
@@ -1246,21 +1276,13 @@ __device__ __forceinline__ void team_row_groups(
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
-                Q* p = qr;
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
-                    }
-                }
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
+                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
+                else
+                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
             }
         }
     }
@@ -1396,6 +1418,14 @@ __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
     return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V, bool CHECKED = true>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
 // (tensor: count = inner = 1). A part is a block of sub-rows x a chunk of columns.
 template <int V>
@@ -1551,6 +1581,101 @@ extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_asy
         }
     }
 }
+namespace sf_dynamic_quantize_tensor_asymmetric_f32_u8_sm80_simt_impl {
+// 16 bytes global -> shared without registers (sm_80+), L2 only (.cg: x is not read again by this SM).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32_t s = (u32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Every block of a cooperative launch waits here until all have arrived; `count` is 0 at launch
+// (the launcher clears it) and each block adds 1 once.
+__device__ __forceinline__ void grid_barrier(u32_t* count) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();                       // this block's partial result is visible first
+        atomicAdd(count, 1u);
+        while (*reinterpret_cast<volatile u32_t*>(count) < gridDim.x) asm volatile("nanosleep.u32 100;");
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// Reduces the block's accumulators; every thread gets the result.
+__device__ __forceinline__ Acc block_acc(Acc a, M* red) {
+    if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, red);
+    a.hi = block_reduce(a.hi, MaxOp(), (M)0, red);
+    return a;
+}
+
+template <int V>
+__device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) accumulate(a, elem(v, e));
+}
+}  // namespace sf_dynamic_quantize_tensor_asymmetric_f32_u8_sm80_simt_impl
+
+// x, q: n contiguous elements (x 16-byte aligned, q aligned to 4 bytes); partial: 2 x
+// gridDim.x slots (hi, then lo); count: a zeroed counter; kept: keep_cap 16-byte vectors of
+// dynamic shared memory per block. Launched cooperatively with at most one wave of blocks.
+extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor_asymmetric_f32_u8_sm80_simt_coop(
+    const float* __restrict__ x, u8_t* __restrict__ q,
+    float* __restrict__ partial, u32_t* __restrict__ count,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t n, i64_t keep_cap, float eps, int qmin, int qmax, int zp_value)
+{
+    using namespace sf_dynamic_quantize_tensor_asymmetric_f32_u8_sm80_simt_impl;
+    constexpr int V = 4;            // elements of a 16-byte vector
+    extern __shared__ uint4 kept[];
+    __shared__ M red[32];
+    const i64_t G = gridDim.x, b = blockIdx.x, nvec = n / V;
+    const i64_t lo = nvec * b / G, hi = nvec * (b + 1) / G;   // this block's vectors
+    const i64_t mid = lo + (hi - lo < keep_cap ? hi - lo : keep_cap);   // [lo, mid) stay on chip
+    const bool tail = b == G - 1;              // the n % V last elements, one at a time
+    // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
+    for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x) cp_async16(&kept[i - lo], x + i * V);
+    Acc a = {(M)0, (M)0};
+#pragma unroll 4
+    for (i64_t i = mid + threadIdx.x; i < hi; i += blockDim.x) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+    if (tail) {
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
+    }
+    cp_async_wait_all();                       // a thread reads back only the vectors it copied
+    for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x)
+        accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[i - lo]));
+    a = block_acc(a, red);
+    if (threadIdx.x == 0) {
+        partial[b] = a.hi;
+        if (ASYM) partial[G + b] = a.lo;
+    }
+    // 2. all partial results are written
+    grid_barrier(count);
+    // 3. the tensor's range, combined the same way in every block
+    Acc t = {(M)0, (M)0};
+    for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
+        t.hi = vmax(t.hi, __ldcg(partial + i));
+        if (ASYM) t.lo = vmin(t.lo, __ldcg(partial + G + i));
+    }
+    t = block_acc(t, red);
+    M s;
+    int zp;
+    finish(t, eps, qmin, qmax, zp_value, s, zp);
+    if (b == 0 && threadIdx.x == 0) {
+        scale[0] = s;
+        if (ASYM) zero_point[0] = zp;
+    }
+    const M inv = (M)1 / s;                    // as the static quantize kernel does
+    const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
+    // 4. quantize: streamed vectors last-read first (from L2 where still there), then the kept ones
+    if (tail) {
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<true>(up(x[i]), inv, qb);
+    }
+#pragma unroll 4
+    for (i64_t i = hi - 1 - threadIdx.x; i >= mid; i -= blockDim.x) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+    for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x)
+        quant_store<V>(q + i * V, *reinterpret_cast<const Vec<T, V>*>(&kept[i - lo]), inv, qb);
+}
 
 // SKU: quantization/dynamic_quantize/tensor/symmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
 namespace sf_dynamic_quantize_tensor_symmetric_f32_u8_sm80_simt_impl {
@@ -1600,6 +1725,14 @@ __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
     return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V, bool CHECKED = true>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
 // (tensor: count = inner = 1). A part is a block of sub-rows x a chunk of columns.
 template <int V>
@@ -1755,6 +1888,101 @@ extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_sym
         }
     }
 }
+namespace sf_dynamic_quantize_tensor_symmetric_f32_u8_sm80_simt_impl {
+// 16 bytes global -> shared without registers (sm_80+), L2 only (.cg: x is not read again by this SM).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32_t s = (u32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Every block of a cooperative launch waits here until all have arrived; `count` is 0 at launch
+// (the launcher clears it) and each block adds 1 once.
+__device__ __forceinline__ void grid_barrier(u32_t* count) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();                       // this block's partial result is visible first
+        atomicAdd(count, 1u);
+        while (*reinterpret_cast<volatile u32_t*>(count) < gridDim.x) asm volatile("nanosleep.u32 100;");
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// Reduces the block's accumulators; every thread gets the result.
+__device__ __forceinline__ Acc block_acc(Acc a, M* red) {
+    if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, red);
+    a.hi = block_reduce(a.hi, MaxOp(), (M)0, red);
+    return a;
+}
+
+template <int V>
+__device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) accumulate(a, elem(v, e));
+}
+}  // namespace sf_dynamic_quantize_tensor_symmetric_f32_u8_sm80_simt_impl
+
+// x, q: n contiguous elements (x 16-byte aligned, q aligned to 4 bytes); partial: 2 x
+// gridDim.x slots (hi, then lo); count: a zeroed counter; kept: keep_cap 16-byte vectors of
+// dynamic shared memory per block. Launched cooperatively with at most one wave of blocks.
+extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor_symmetric_f32_u8_sm80_simt_coop(
+    const float* __restrict__ x, u8_t* __restrict__ q,
+    float* __restrict__ partial, u32_t* __restrict__ count,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t n, i64_t keep_cap, float eps, int qmin, int qmax, int zp_value)
+{
+    using namespace sf_dynamic_quantize_tensor_symmetric_f32_u8_sm80_simt_impl;
+    constexpr int V = 4;            // elements of a 16-byte vector
+    extern __shared__ uint4 kept[];
+    __shared__ M red[32];
+    const i64_t G = gridDim.x, b = blockIdx.x, nvec = n / V;
+    const i64_t lo = nvec * b / G, hi = nvec * (b + 1) / G;   // this block's vectors
+    const i64_t mid = lo + (hi - lo < keep_cap ? hi - lo : keep_cap);   // [lo, mid) stay on chip
+    const bool tail = b == G - 1;              // the n % V last elements, one at a time
+    // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
+    for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x) cp_async16(&kept[i - lo], x + i * V);
+    Acc a = {(M)0, (M)0};
+#pragma unroll 4
+    for (i64_t i = mid + threadIdx.x; i < hi; i += blockDim.x) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+    if (tail) {
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
+    }
+    cp_async_wait_all();                       // a thread reads back only the vectors it copied
+    for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x)
+        accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[i - lo]));
+    a = block_acc(a, red);
+    if (threadIdx.x == 0) {
+        partial[b] = a.hi;
+        if (ASYM) partial[G + b] = a.lo;
+    }
+    // 2. all partial results are written
+    grid_barrier(count);
+    // 3. the tensor's range, combined the same way in every block
+    Acc t = {(M)0, (M)0};
+    for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
+        t.hi = vmax(t.hi, __ldcg(partial + i));
+        if (ASYM) t.lo = vmin(t.lo, __ldcg(partial + G + i));
+    }
+    t = block_acc(t, red);
+    M s;
+    int zp;
+    finish(t, eps, qmin, qmax, zp_value, s, zp);
+    if (b == 0 && threadIdx.x == 0) {
+        scale[0] = s;
+        if (ASYM) zero_point[0] = zp;
+    }
+    const M inv = (M)1 / s;                    // as the static quantize kernel does
+    const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
+    // 4. quantize: streamed vectors last-read first (from L2 where still there), then the kept ones
+    if (tail) {
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<true>(up(x[i]), inv, qb);
+    }
+#pragma unroll 4
+    for (i64_t i = hi - 1 - threadIdx.x; i >= mid; i -= blockDim.x) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+    for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x)
+        quant_store<V>(q + i * V, *reinterpret_cast<const Vec<T, V>*>(&kept[i - lo]), inv, qb);
+}
 
 // SKU: quantization/dynamic_quantize/token/asymmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
 namespace sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_impl {
@@ -1804,6 +2032,14 @@ __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
     return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V, bool CHECKED = true>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
 // Reduces v over the TX threads of this row group; every one of them gets the result.
 template <typename Op>
 __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
@@ -1819,15 +2055,6 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
         for (int i = 1; i < per_row; ++i) v = op(v, smem[base + i]);   // fixed order
     }
     return v;
-}
-
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
 }
 
 // V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
@@ -1949,6 +2176,32 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
     }
 }
 
+// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
+// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
+template <bool SEE_NAN, int V, int CH>
+__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc a = {(M)0, (M)0};
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+        }
+    }
+    return a;
+}
+
+// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
+// CHECKED = false: the unchecked path (quant_code_bits).
+template <bool CHECKED, int V, int CH>
+__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
+                                             const QuantBounds<M>& qb) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j, p += step) {
+        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+    }
+}
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -2008,27 +2261,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
         for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
             const bool live = vr < vrows;
-            Acc a = {(M)0, (M)0};
-            if (live) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
-                }
-            }
+            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
             team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
             const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
-                a = {(M)0, (M)0};
-                if (live) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
-                    }
-                }
+                a = chunks_range<false>(buf[r], live);
                 team_reduce<false>(a, TX, xch, parity);
             }
             int zp;
@@ -2036,21 +2275,13 @@ __device__ __forceinline__ void team_row_groups(
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
-                Q* p = qr;
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
-                    }
-                }
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
+                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
+                else
+                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
             }
         }
     }
@@ -2186,6 +2417,14 @@ __device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
     return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
 }
 
+// One chunk of V elements quantized and stored (V bytes of q).
+template <int V, bool CHECKED = true>
+__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
+    store_vec<Q, V>(p, o);
+}
 // Reduces v over the TX threads of this row group; every one of them gets the result.
 template <typename Op>
 __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
@@ -2201,15 +2440,6 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
         for (int i = 1; i < per_row; ++i) v = op(v, smem[base + i]);   // fixed order
     }
     return v;
-}
-
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
 }
 
 // V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
@@ -2331,6 +2561,32 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
     }
 }
 
+// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
+// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
+template <bool SEE_NAN, int V, int CH>
+__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc a = {(M)0, (M)0};
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+        }
+    }
+    return a;
+}
+
+// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
+// CHECKED = false: the unchecked path (quant_code_bits).
+template <bool CHECKED, int V, int CH>
+__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
+                                             const QuantBounds<M>& qb) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j, p += step) {
+        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+    }
+}
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -2390,27 +2646,13 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
         for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
             const bool live = vr < vrows;
-            Acc a = {(M)0, (M)0};
-            if (live) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate<UNCHECKED_PATH>(a, elem(buf[r][j], i));
-                }
-            }
+            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
             team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
             // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
             // warp (the shuffles need every lane) and per team (its barrier needs every warp).
             const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
             if (nan_seen) {
-                a = {(M)0, (M)0};
-                if (live) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate<false>(a, elem(buf[r][j], i));
-                    }
-                }
+                a = chunks_range<false>(buf[r], live);
                 team_reduce<false>(a, TX, xch, parity);
             }
             int zp;
@@ -2418,21 +2660,13 @@ __device__ __forceinline__ void team_row_groups(
             const M inv = (M)1 / s;            // once per scale element, as the static kernel does
             const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
             if (live) {
-                Q* p = qr;
                 // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
                 // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
                 // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb)) {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, false>(p, buf[r][j], inv, qb);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step / PACK) {
-                        if (j < nch) quant_store<V, true>(p, buf[r][j], inv, qb);
-                    }
-                }
+                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
+                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
+                else
+                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
             }
         }
     }
