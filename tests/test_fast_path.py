@@ -68,6 +68,12 @@ class Device:
         struct.pack("@" + fmt, *values)           # the values fit the kernel's format
         self.launches.append((fn, tuple(grid), tuple(block), fmt, tuple(values)))
 
+    def launch_cooperative(self, fn, grid, block, fmt, values, stream, shared_mem):
+        self.launch(fn, (grid,), (block,), fmt, values, stream, shared_mem)
+
+    def memset_u32(self, ptr, value, count, stream):
+        self.launches.append(("memset", ptr, value, count))
+
 
 def _describe(obj):
     """The real _describe for torch / CuPy arrays, here for fake arrays (same fields)."""
@@ -106,6 +112,9 @@ def dev(monkeypatch):
     monkeypatch.setattr(training, "properties", lambda device: H200)
     monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
     monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
+    monkeypatch.setattr(dyn, "cooperative_shape", lambda fn, threads, device, want: (132, 227 * 1024))
+    monkeypatch.setattr(dyn, "launch_cooperative", d.launch_cooperative)
+    monkeypatch.setattr(dyn, "memset_u32", d.memset_u32)
     for mod in (training, dyn, launch_mod):
         monkeypatch.setattr(mod, "load_function", lambda reg, unit, symbol, device=None: symbol, raising=False)
     monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).symbol)
