@@ -11,8 +11,11 @@ Two launch kinds:
 * ``dynamic_reduce`` (tensor, channel): the SKU's kernel runs twice (phase 0: per-block
   partial results into a workspace; phase 1: one warp per scale element combines them in a
   fixed order), then the static ``quantize`` kernel of the same scope applies the scales.
-  No atomics: the same input gives the same bits on every run. The workspace is allocated
-  by the caller's framework; ``Plan.workspace_size(args)`` reports it.
+  Per-tensor over a contiguous x (s8 / u8 outputs) takes one cooperative launch instead
+  (``<symbol>_coop``, dynamic_tensor.cu.j2): reduce with part of x kept in shared memory, a
+  grid-wide barrier, the scale combined identically in every block, then quantize.
+  No atomics on data: the same input gives the same bits on every run. The workspace is
+  allocated by the caller's framework; ``Plan.workspace_size(args)`` reports it.
 """
 from __future__ import annotations
 
@@ -89,9 +92,9 @@ def _scalar(kind: str, value):
 
 # parameter layouts of the two kernels (templates/quantization/dynamic_{fused,reduce}.cu.j2)
 def _fused_format(f64: bool, team: bool = False) -> str:
-    """Block kernel: ... zp_value, vec_ok; team kernels: ... zp_value, tx, ch, dense."""
+    """Block kernel: ... zp_value, vec_ok; team kernels: ... zp_value, tx, ch, dense, ngroups."""
     return param_format(("ptr", "i64", "ptr", "i64", "ptr", "ptr", "i64", "i64", "i64", "f64" if f64 else "f32",
-                         "i32", "i32", "i32") + (("i32",) * 3 if team else ("i32",)))
+                         "i32", "i32", "i32") + (("i32",) * 3 + ("i64",) if team else ("i32",)))
 
 
 def _reduce_format(f64: bool) -> str:
@@ -258,13 +261,14 @@ def fused_launch(launcher, plan, args, pack: int, formats):
     if hit is None:
         cfg, dev, f64 = FusedConfig.parse(text), args.x.device, plan.sku.precision.math == "f64"
         vec_ok, tx, ty, _ = launcher.config(plan, args)
-        work = args.xv.rows * (args.xv.cols // (args.group_size if args.scope == "group" else args.xv.cols))
+        ngroups = args.xv.cols // (args.group_size if args.scope == "group" else args.xv.cols)
+        work = args.xv.rows * ngroups
         team = team_launch(plan, args, cfg, vec_ok, pack)
         if team is not None:
             fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_t{team.chunks}", dev)
             persistent = cfg.persistent if cfg.persistent is not None else team.chunks != 16
             hit = (fn, fused_grid(fn, work, team.per_block, team.threads, dev, persistent), (team.threads,),
-                   formats(f64, team=True), (team.tx, team.ch, int(team.dense)))
+                   formats(f64, team=True), (team.tx, team.ch, int(team.dense), ngroups))
         else:
             fn = plan.registry.kernel(plan.sku, dev)
             hit = (fn, fused_grid(fn, work, ty, tx * ty, dev, cfg.persistent is not False), (tx, ty), formats(f64),
@@ -326,7 +330,8 @@ class ReduceConfig:
 
 @launcher("dynamic_reduce")
 class DynamicReduceLauncher(Launcher):
-    """Per-tensor / per-channel: reduce (phase 0, 1) then the static quantize kernel."""
+    """Per-tensor / per-channel: reduce (phase 0, 1) then the static quantize kernel; per-tensor
+    over a contiguous x: the one-launch cooperative kernel where the SKU and device have it."""
 
     BLOCK = 256
     MIN_ELEMS = 1 << 14    # elements per work item, at least (amortises the block reduction)

@@ -254,9 +254,9 @@ def _elementwise_format(f64: bool) -> str:
 
 @lru_cache(maxsize=None)
 def _fused_format(f64: bool, team: bool = False) -> str:
-    """Block kernel: ... zp_value, vec_ok; team kernels: ... zp_value, tx, ch, dense."""
+    """Block kernel: ... zp_value, vec_ok; team kernels: ... zp_value, tx, ch, dense, ngroups."""
     return param_format(("ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "i64", "i64", "i64",
-                         "f64" if f64 else "f32", "i32", "i32", "i32") + (("i32",) * 3 if team else ("i32",)))
+                         "f64" if f64 else "f32", "i32", "i32", "i32") + (("i32",) * 3 + ("i64",) if team else ("i32",)))
 
 
 @launcher("lowbit_dynamic_fused")

@@ -478,7 +478,7 @@ def test_fused_launch_follows_the_config_text(monkeypatch):
         monkeypatch.setattr(dyn.DynamicFusedLauncher, "config_text", text)
         got[text] = dyn.fused_launch(dyn.DynamicFusedLauncher(), plan, args, 1, dyn._fused_format)
     # auto: t16 on a full grid (one block per 4 rows of 65536), the measured best on an H200
-    assert got["auto"] == ("k_t16", 65536 // 4, (128,), dyn._fused_format(False, team=True), (32, 16, 1))
-    assert got["t8,grid=full"] == ("k_t8", 65536 // 2, (128,), dyn._fused_format(False, team=True), (64, 8, 1))
+    assert got["auto"] == ("k_t16", 65536 // 4, (128,), dyn._fused_format(False, team=True), (32, 16, 1, 1))
+    assert got["t8,grid=full"] == ("k_t8", 65536 // 2, (128,), dyn._fused_format(False, team=True), (64, 8, 1, 1))
     fn, grid, block, fmt, tail = got["block"]
     assert fn == "k" and block == (128, 2) and grid == 132 * 4 and tail == (1,) and fmt == dyn._fused_format(False)

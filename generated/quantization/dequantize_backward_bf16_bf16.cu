@@ -280,15 +280,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
     if (vec_ok && !chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const bf16_t* dy_row = dy + row * dy_rs;
             bf16_t* dq_row = dq + row * dq_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
 #pragma unroll
@@ -298,6 +298,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                         dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -435,15 +437,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const bf16_t* dy_row = dy + row * dy_rs;
             bf16_t* dq_row = dq + row * dq_rs;
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
 #pragma unroll
@@ -453,6 +455,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                         dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -508,15 +512,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_b
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const bf16_t* dy_row = dy + row * dy_rs;
             bf16_t* dq_row = dq + row * dq_rs;
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
 #pragma unroll
@@ -526,6 +530,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_b
                         dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;

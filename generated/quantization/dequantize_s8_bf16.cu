@@ -281,15 +281,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     if (vec_ok && !chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<s8_t, VEC> q_v[U];
 #pragma unroll
@@ -299,6 +299,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                         q_v[u] = load_vec<s8_t, VEC>(q_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -439,15 +441,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     if (vec_ok && !chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<s8_t, VEC> q_v[U];
 #pragma unroll
@@ -457,6 +459,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                         q_v[u] = load_vec<s8_t, VEC>(q_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -677,15 +681,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<s8_t, VEC> q_v[U];
 #pragma unroll
@@ -695,6 +699,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                         q_v[u] = load_vec<s8_t, VEC>(q_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -750,15 +756,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<s8_t, VEC> q_v[U];
 #pragma unroll
@@ -768,6 +774,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                         q_v[u] = load_vec<s8_t, VEC>(q_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -823,15 +831,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<s8_t, VEC> q_v[U];
 #pragma unroll
@@ -841,6 +849,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                         q_v[u] = load_vec<s8_t, VEC>(q_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -896,15 +906,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const s8_t* q_row = q + row * q_rs;
             bf16_t* y_row = y + row * y_rs;
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<s8_t, VEC> q_v[U];
 #pragma unroll
@@ -914,6 +924,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                         q_v[u] = load_vec<s8_t, VEC>(q_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;

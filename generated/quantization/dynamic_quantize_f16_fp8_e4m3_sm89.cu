@@ -866,7 +866,9 @@ __device__ __forceinline__ void team_row_groups(
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
     const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
     const int step = TX * V;                                 // elements between a thread's chunks
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
+    // (a division here sat on every thread's path to its first load: latency at small sizes)
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
     const i64_t gsq = gs / PACK;                             // a row group's length in q
     int parity = 0;
 #pragma unroll 1
@@ -953,12 +955,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f16_fp8_e4m3_sm89_simt_t16(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_fp8_e4m3_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 16: team_row_groups<8, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 8: team_row_groups<8, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -970,12 +973,13 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f16_fp8_e4m3_sm89_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_fp8_e4m3_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 8: team_row_groups<8, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 4: team_row_groups<8, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -987,12 +991,13 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f16_fp8_e4m3_sm89_simt_t4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_fp8_e4m3_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 4: team_row_groups<8, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 2: team_row_groups<8, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -1511,7 +1516,9 @@ __device__ __forceinline__ void team_row_groups(
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
     const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
     const int step = TX * V;                                 // elements between a thread's chunks
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
+    // (a division here sat on every thread's path to its first load: latency at small sizes)
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
     const i64_t gsq = gs / PACK;                             // a row group's length in q
     int parity = 0;
 #pragma unroll 1
@@ -1598,12 +1605,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f16_fp8_e4m3_sm89_simt_t16(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_fp8_e4m3_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 16: team_row_groups<8, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 8: team_row_groups<8, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -1615,12 +1623,13 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f16_fp8_e4m3_sm89_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_fp8_e4m3_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 8: team_row_groups<8, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 4: team_row_groups<8, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -1632,12 +1641,13 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f16_fp8_e4m3_sm89_simt_t4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_fp8_e4m3_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 4: team_row_groups<8, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 2: team_row_groups<8, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;

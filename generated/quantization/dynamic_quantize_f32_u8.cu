@@ -849,7 +849,9 @@ __device__ __forceinline__ void team_row_groups(
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
     const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
     const int step = TX * V;                                 // elements between a thread's chunks
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
+    // (a division here sat on every thread's path to its first load: latency at small sizes)
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
     const i64_t gsq = gs / PACK;                             // a row group's length in q
     int parity = 0;
 #pragma unroll 1
@@ -938,12 +940,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_a
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 16: team_row_groups<4, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 8: team_row_groups<4, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -955,12 +958,13 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 8: team_row_groups<4, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 4: team_row_groups<4, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -972,12 +976,13 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 4: team_row_groups<4, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 2: team_row_groups<4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -1234,7 +1239,9 @@ __device__ __forceinline__ void team_row_groups(
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
     const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
     const int step = TX * V;                                 // elements between a thread's chunks
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
+    // (a division here sat on every thread's path to its first load: latency at small sizes)
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
     const i64_t gsq = gs / PACK;                             // a row group's length in q
     int parity = 0;
 #pragma unroll 1
@@ -1323,12 +1330,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 16: team_row_groups<4, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 8: team_row_groups<4, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -1340,12 +1348,13 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 8: team_row_groups<4, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 4: team_row_groups<4, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -1357,12 +1366,13 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 4: team_row_groups<4, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 2: team_row_groups<4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -1636,7 +1646,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
     for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x) cp_async16(&kept[i - lo], x + i * V);
     Acc a = {(M)0, (M)0};
-#pragma unroll 4
+    // 8 vectors in flight per thread (128 bytes): one block of 32 warps per SM needs them to
+    // keep enough bytes in flight (4 measured 20 % slower than the two-pass path at 512 MB)
+#pragma unroll 8
     for (i64_t i = mid + threadIdx.x; i < hi; i += blockDim.x) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
     if (tail) {
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
@@ -1671,7 +1683,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     if (tail) {
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<true>(up(x[i]), inv, qb);
     }
-#pragma unroll 4
+#pragma unroll 8
     for (i64_t i = hi - 1 - threadIdx.x; i >= mid; i -= blockDim.x) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
     for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x)
         quant_store<V>(q + i * V, *reinterpret_cast<const Vec<T, V>*>(&kept[i - lo]), inv, qb);
@@ -1943,7 +1955,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
     for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x) cp_async16(&kept[i - lo], x + i * V);
     Acc a = {(M)0, (M)0};
-#pragma unroll 4
+    // 8 vectors in flight per thread (128 bytes): one block of 32 warps per SM needs them to
+    // keep enough bytes in flight (4 measured 20 % slower than the two-pass path at 512 MB)
+#pragma unroll 8
     for (i64_t i = mid + threadIdx.x; i < hi; i += blockDim.x) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
     if (tail) {
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
@@ -1978,7 +1992,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     if (tail) {
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<true>(up(x[i]), inv, qb);
     }
-#pragma unroll 4
+#pragma unroll 8
     for (i64_t i = hi - 1 - threadIdx.x; i >= mid; i -= blockDim.x) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
     for (i64_t i = lo + threadIdx.x; i < mid; i += blockDim.x)
         quant_store<V>(q + i * V, *reinterpret_cast<const Vec<T, V>*>(&kept[i - lo]), inv, qb);
@@ -2233,7 +2247,9 @@ __device__ __forceinline__ void team_row_groups(
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
     const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
     const int step = TX * V;                                 // elements between a thread's chunks
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
+    // (a division here sat on every thread's path to its first load: latency at small sizes)
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
     const i64_t gsq = gs / PACK;                             // a row group's length in q
     int parity = 0;
 #pragma unroll 1
@@ -2322,12 +2338,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_a
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 16: team_row_groups<4, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 8: team_row_groups<4, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -2339,12 +2356,13 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 8: team_row_groups<4, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 4: team_row_groups<4, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -2356,12 +2374,13 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 4: team_row_groups<4, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 2: team_row_groups<4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -2618,7 +2637,9 @@ __device__ __forceinline__ void team_row_groups(
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
     const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
     const int step = TX * V;                                 // elements between a thread's chunks
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
+    // (a division here sat on every thread's path to its first load: latency at small sizes)
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
     const i64_t gsq = gs / PACK;                             // a row group's length in q
     int parity = 0;
 #pragma unroll 1
@@ -2707,12 +2728,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f32_u8_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 16: team_row_groups<4, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 8: team_row_groups<4, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -2724,12 +2746,13 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f32_u8_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 8: team_row_groups<4, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 4: team_row_groups<4, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
@@ -2741,12 +2764,13 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f32_u8_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_u8_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
     case 4: team_row_groups<4, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 2: team_row_groups<4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;

@@ -857,7 +857,9 @@ __device__ __forceinline__ void team_row_groups(
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
     const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
     const int step = TX * V;                                 // elements between a thread's chunks
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
+    // (a division here sat on every thread's path to its first load: latency at small sizes)
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
     const i64_t gsq = gs / PACK;                             // a row group's length in q
     int parity = 0;
 #pragma unroll 1
@@ -1442,7 +1444,9 @@ __device__ __forceinline__ void team_row_groups(
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
     const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
     const int step = TX * V;                                 // elements between a thread's chunks
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) / step);   // its chunks in a row group (gs < 2^31 here)
+    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
+    // (a division here sat on every thread's path to its first load: latency at small sizes)
+    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
     const i64_t gsq = gs / PACK;                             // a row group's length in q
     int parity = 0;
 #pragma unroll 1

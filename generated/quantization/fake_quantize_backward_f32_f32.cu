@@ -290,16 +290,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     if (vec_ok && !chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* dy_row = dy + row * dy_rs;
             const float* x_row = x + row * x_rs;
             float* dx_row = dx + row * dx_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
                 Vec<float, VEC> x_v[U];
@@ -311,6 +311,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -465,16 +467,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     if (vec_ok && !chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* dy_row = dy + row * dy_rs;
             const float* x_row = x + row * x_rs;
             float* dx_row = dx + row * dx_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
                 Vec<float, VEC> x_v[U];
@@ -486,6 +488,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -728,16 +732,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* dy_row = dy + row * dy_rs;
             const float* x_row = x + row * x_rs;
             float* dx_row = dx + row * dx_rs;
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
                 Vec<float, VEC> x_v[U];
@@ -749,6 +753,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -810,16 +816,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* dy_row = dy + row * dy_rs;
             const float* x_row = x + row * x_rs;
             float* dx_row = dx + row * dx_rs;
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
                 Vec<float, VEC> x_v[U];
@@ -831,6 +837,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -892,16 +900,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* dy_row = dy + row * dy_rs;
             const float* x_row = x + row * x_rs;
             float* dx_row = dx + row * dx_rs;
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
                 Vec<float, VEC> x_v[U];
@@ -913,6 +921,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -974,16 +984,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* dy_row = dy + row * dy_rs;
             const float* x_row = x + row * x_rs;
             float* dx_row = dx + row * dx_rs;
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
                 Vec<float, VEC> x_v[U];
@@ -995,6 +1005,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;

@@ -293,16 +293,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     if (vec_ok && !chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -312,6 +312,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -474,16 +476,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     if (vec_ok && !chan_last) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -493,6 +495,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -746,16 +750,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -765,6 +769,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -831,16 +837,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -850,6 +856,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -916,16 +924,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -935,6 +943,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1001,16 +1011,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
     if (vec_ok) {
         // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once.
+        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
+        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
         for (i64_t row = row0; row < rows; row += row_step) {
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
-            const float inv = recip(s);
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)inv; (void)zp;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -1020,6 +1030,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
+                const float inv = recip(s);
+                (void)inv;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
