@@ -103,8 +103,8 @@ def _reduce_format(f64: bool) -> str:
 
 
 def _coop_format(f64: bool) -> str:
-    """<symbol>_coop: x, q, partial, count, scale, zero_point, n, keep_cap, eps, qmin, qmax, zp_value."""
-    return param_format(("ptr",) * 6 + ("i64", "i64", "f64" if f64 else "f32", "i32", "i32", "i32"))
+    """<symbol>_coop: x, q, partial, count, scale, zero_point, n, keep_tiles, eps, qmin, qmax, zp_value."""
+    return param_format(("ptr",) * 6 + ("i64", "i32", "f64" if f64 else "f32", "i32", "i32", "i32"))
 
 
 
@@ -321,7 +321,7 @@ class ReduceConfig:
     grid0: int
     grid1: int
     coop: bool = False     # the one-launch cooperative kernel <symbol>_coop: grid0 blocks of COOP_THREADS
-    smem: int = 0          # coop: dynamic shared memory per block (bytes), x kept on chip
+    smem: int = 0          # coop: dynamic shared memory per block (bytes, whole tiles of 16 x COOP_THREADS)
 
     @property
     def partials(self) -> int:
@@ -338,8 +338,10 @@ class DynamicReduceLauncher(Launcher):
     COOP_THREADS = 1024    # <symbol>_coop: one block per SM, __launch_bounds__(1024, 1)
     COOP_SMEM = 1 << 30    # as much shared memory as a block can opt into
     # "auto": per-tensor over a contiguous x takes the cooperative kernel where the SKU has one and
-    # the device launches cooperatively; "two_pass": always the reduce + quantize launches (A/B).
+    # the device launches cooperatively; "coop": the same at any size; "two_pass": always the
+    # reduce + quantize launches (A/B measurements).
     tensor_path = os.environ.get("SKUFORGE_DYNAMIC_TENSOR", "auto")
+    COOP_MAX_BYTES = None  # "auto" takes the cooperative kernel up to this size of x (None: any size)
 
     def check(self, plan, args: DynamicArgs):
         _check_kinds(plan, args)
@@ -400,6 +402,9 @@ class DynamicReduceLauncher(Launcher):
         vector of codes, or a device without cooperative launches."""
         if self.tensor_path == "two_pass" or not plan.launch.get("coop"):
             return None
+        if self.tensor_path == "auto" and self.COOP_MAX_BYTES is not None \
+                and args.x.size * args.x.itemsize > self.COOP_MAX_BYTES:
+            return None
         rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
         contiguous = rows == 1 or (args.xv.row_stride == cols and args.qv.row_stride == cols)
         if not contiguous or args.x.ptr % 16 or args.q.ptr % v:
@@ -408,6 +413,7 @@ class DynamicReduceLauncher(Launcher):
         blocks, smem = cooperative_shape(fn, self.COOP_THREADS, args.x.device, self.COOP_SMEM)
         if blocks == 0:
             return None
+        smem -= smem % (16 * self.COOP_THREADS)      # whole tiles (a 16-byte vector per thread)
         return ReduceConfig(True, True, self.COOP_THREADS, blocks, cols, 1, blocks, blocks, 0, coop=True, smem=smem)
 
     def workspace_size(self, plan, args=None) -> int:
@@ -431,7 +437,7 @@ class DynamicReduceLauncher(Launcher):
             ws = args.workspace.ptr
             memset_u32(ws, 0, 1, stream)      # the barrier counter
             values = (args.x.ptr, args.q.ptr, ws + 16, ws, args.scale.ptr, ptr(args.zero_point), rows * cols,
-                      cfg.smem // 16, float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax,
+                      cfg.smem // (16 * self.COOP_THREADS), float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax,
                       args.zp_value)
             launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, _coop_format(f64), values, stream, cfg.smem)
             return
