@@ -29,8 +29,8 @@ from typing import Optional
 import numpy as np
 
 from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
-from .device import (cooperative_shape, launch, launch_cooperative, load_function, memset_u32, param_format, properties,
-                     resident_blocks)
+from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
+                     launch_cooperative, load_function, memset_u32, param_format, properties, resident_blocks)
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
@@ -103,8 +103,8 @@ def _reduce_format(f64: bool) -> str:
 
 
 def _coop_format(f64: bool) -> str:
-    """<symbol>_coop: x, q, partial, count, scale, zero_point, n, keep_tiles, eps, qmin, qmax, zp_value."""
-    return param_format(("ptr",) * 6 + ("i64", "i32", "f64" if f64 else "f32", "i32", "i32", "i32"))
+    """<symbol>_coop: x, q, partial, count, scale, zero_point, n, keep_tiles, width, eps, qmin, qmax, zp_value."""
+    return param_format(("ptr",) * 6 + ("i64", "i32", "i32", "f64" if f64 else "f32", "i32", "i32", "i32"))
 
 
 
@@ -321,7 +321,8 @@ class ReduceConfig:
     grid0: int
     grid1: int
     coop: bool = False     # the one-launch cooperative kernel <symbol>_coop: grid0 blocks of COOP_THREADS
-    smem: int = 0          # coop: dynamic shared memory per block (bytes, whole tiles of 16 x COOP_THREADS)
+    smem: int = 0          # coop: dynamic shared memory per block (bytes, whole tiles)
+    width: int = 0         # coop: threads per tile (16-byte vectors), <= COOP_THREADS
 
     @property
     def partials(self) -> int:
@@ -336,7 +337,7 @@ class DynamicReduceLauncher(Launcher):
     BLOCK = 256
     MIN_ELEMS = 1 << 14    # elements per work item, at least (amortises the block reduction)
     COOP_THREADS = 1024    # <symbol>_coop: one block per SM, __launch_bounds__(1024, 1)
-    COOP_SMEM = 1 << 30    # as much shared memory as a block can opt into
+    COOP_BLOCKS = 2        # resident per SM (__launch_bounds__(1024, 2)); f64: 1
     # "auto": per-tensor over a contiguous x takes the cooperative kernel where the SKU has one and
     # the device launches cooperatively; "coop": the same at any size; "two_pass": always the
     # reduce + quantize launches (A/B measurements).
@@ -409,12 +410,19 @@ class DynamicReduceLauncher(Launcher):
         contiguous = rows == 1 or (args.xv.row_stride == cols and args.qv.row_stride == cols)
         if not contiguous or args.x.ptr % 16 or args.q.ptr % v:
             return None
-        fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", args.x.device)
-        blocks, smem = cooperative_shape(fn, self.COOP_THREADS, args.x.device, self.COOP_SMEM)
+        dev = args.x.device
+        fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", dev)
+        per_sm = 1 if plan.sku.element == "f64" else self.COOP_BLOCKS
+        # each resident block's share of the SM's shared memory, less the driver's 1 KB per block
+        want = device_attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) // per_sm - 2048
+        blocks, smem = cooperative_shape(fn, self.COOP_THREADS, dev, want)
         if blocks == 0:
             return None
-        smem -= smem % (16 * self.COOP_THREADS)      # whole tiles (a 16-byte vector per thread)
-        return ReduceConfig(True, True, self.COOP_THREADS, blocks, cols, 1, blocks, blocks, 0, coop=True, smem=smem)
+        nvec = rows * cols // v
+        width = min(self.COOP_THREADS, max(32, -(-(-(-nvec // blocks)) // 32) * 32))   # small x: every block gets some
+        smem -= smem % (16 * width)                   # whole tiles (a 16-byte vector per thread of a tile)
+        return ReduceConfig(True, True, self.COOP_THREADS, blocks, cols, 1, blocks, blocks, 0, coop=True, smem=smem,
+                            width=width)
 
     def workspace_size(self, plan, args=None) -> int:
         """Bytes of scratch one call needs: the partial results (hi, and lo in asymmetric mode) and,
@@ -437,8 +445,8 @@ class DynamicReduceLauncher(Launcher):
             ws = args.workspace.ptr
             memset_u32(ws, 0, 1, stream)      # the barrier counter
             values = (args.x.ptr, args.q.ptr, ws + 16, ws, args.scale.ptr, ptr(args.zero_point), rows * cols,
-                      cfg.smem // (16 * self.COOP_THREADS), float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax,
-                      args.zp_value)
+                      cfg.smem // (16 * cfg.width), cfg.width, float(_scalar(plan.sku.precision.math, args.eps)),
+                      args.qmin, args.qmax, args.zp_value)
             launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, _coop_format(f64), values, stream, cfg.smem)
             return
         inner, count, last = _channel_params(args.x.shape, args.scope, args.axis)

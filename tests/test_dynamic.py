@@ -257,10 +257,15 @@ def _coop_plan(element="bf16", mode="symmetric"):
     return plan
 
 
-def _coop_patch(monkeypatch, blocks=132, smem=227 * 1024 - 256):
+def _coop_patch(monkeypatch, coop=True):
+    """A fake H200: 228 KB of shared memory per SM; a block of 1024 threads with half of it is
+    resident twice per SM (264 blocks), with more once (132)."""
     monkeypatch.setattr(dyn, "properties", lambda device: H200)
     monkeypatch.setattr(dyn, "load_function", lambda reg, unit, symbol, device: symbol)
-    monkeypatch.setattr(dyn, "cooperative_shape", lambda fn, threads, device, want: (blocks, smem // 16 * 16))
+    monkeypatch.setattr(dyn, "device_attribute", lambda device, attr: 228 * 1024)
+    monkeypatch.setattr(dyn, "cooperative_shape",
+                        lambda fn, threads, device, want: ((264 if want <= 113 * 1024 else 132) if coop else 0,
+                                                           min(want, 227 * 1024) // 16 * 16))
 
 
 def _emulate_coop(n, v, blocks, keep_tiles, threads=1024):
@@ -297,18 +302,19 @@ def test_coop_partition_covers_every_element_once(monkeypatch, shape, element):
     args = _args(shape, "tensor")
     launcher = dyn.DynamicReduceLauncher()
     cfg = launcher.config(plan, args)
-    assert cfg.coop and cfg.grid0 == 132 and cfg.parts == cfg.partials == 132 and cfg.smem % 16 == 0
+    g = 132 if element == "f64" else 264                # f64: one block per SM
+    assert cfg.coop and cfg.grid0 == g and cfg.parts == cfg.partials == g
     n = int(np.prod(shape))
-    assert cfg.smem % (16 * 1024) == 0
-    small = n <= 1 << 22                    # the emulation walks every thread: small shapes only
-    if small:
-        hits, kept = _emulate_coop(n, plan.launch["rvec"], cfg.grid0, cfg.smem // (16 * 1024))
+    v = plan.launch["rvec"]
+    assert cfg.smem % (16 * cfg.width) == 0 and cfg.width % 32 == 0 and 32 <= cfg.width <= 1024
+    assert cfg.width == 1024 or cfg.width * g <= n // v + 32 * g      # small x: narrow tiles, every block busy
+    if n <= 1 << 22:                                    # the emulation walks every thread: small shapes only
+        hits, kept = _emulate_coop(n, v, cfg.grid0, cfg.smem // (16 * cfg.width), cfg.width)
         assert (hits == 1).all()
-        assert kept <= min(n, 132 * (cfg.smem // 16) * plan.launch["rvec"])
     item = 8 if element == "f64" else 4
-    assert launcher.workspace_size(plan, args) == 16 + 132 * item      # barrier counter + partials
+    assert launcher.workspace_size(plan, args) == 16 + g * item        # barrier counter + partials
     asym = _coop_plan(element, mode="asymmetric")
-    assert launcher.workspace_size(asym, args) == 16 + 2 * 132 * item  # hi and lo
+    assert launcher.workspace_size(asym, args) == 16 + 2 * g * item    # hi and lo
 
 
 @pytest.mark.parametrize("n,v,blocks,threads,keep", [(8 * 50 + 3, 8, 3, 4, 2), (4 * 7, 4, 2, 2, 5), (2 * 100, 2, 5, 4, 0),
@@ -321,17 +327,17 @@ def test_coop_tiles_cover_every_element_once(n, v, blocks, threads, keep):
 
 
 def test_coop_on_chip_share_8192_bf16(monkeypatch):
-    """On an H200 (132 SMs, 227 KB a block: 14 tiles of 16 KB) 22.6 % of a (8192, 8192) bf16 tensor
-    stays on chip."""
+    """On an H200 (132 SMs x 2 blocks of 112 KB: 7 tiles of 16 KB each) 22.6 % of a (8192, 8192)
+    bf16 tensor stays on chip."""
     _coop_patch(monkeypatch)
     cfg = dyn.DynamicReduceLauncher().config(_coop_plan(), _args((8192, 8192), "tensor"))
-    assert cfg.smem == 14 * 16 * 1024
-    assert 0.2 < 132 * cfg.smem / (8192 * 8192 * 2) < 0.25
+    assert cfg.smem == 7 * 16 * 1024 and cfg.width == 1024 and cfg.grid0 == 264
+    assert 0.2 < 264 * cfg.smem / (8192 * 8192 * 2) < 0.25
 
 
 @pytest.mark.parametrize("case", ["two_pass", "no_kernel", "strided_x", "strided_q", "misaligned", "no_coop_device"])
 def test_coop_falls_back_to_two_passes(monkeypatch, case):
-    _coop_patch(monkeypatch, blocks=0 if case == "no_coop_device" else 132)
+    _coop_patch(monkeypatch, coop=case != "no_coop_device")
     monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 8)
     plan = _coop_plan()
     shape = (64, 512)

@@ -112,7 +112,8 @@ def dev(monkeypatch):
     monkeypatch.setattr(training, "properties", lambda device: H200)
     monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
     monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
-    monkeypatch.setattr(dyn, "cooperative_shape", lambda fn, threads, device, want: (132, 227 * 1024))
+    monkeypatch.setattr(dyn, "cooperative_shape", lambda fn, threads, device, want: (264, 112 * 1024))
+    monkeypatch.setattr(dyn, "device_attribute", lambda device, attr: 228 * 1024)
     monkeypatch.setattr(dyn, "launch_cooperative", d.launch_cooperative)
     monkeypatch.setattr(dyn, "memset_u32", d.memset_u32)
     for mod in (training, dyn, launch_mod):

@@ -1631,20 +1631,23 @@ __device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
 // vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks.
 // The grid sweeps x as a grid-stride loop of tiles (a tile: one vector per thread of a block;
 // block b takes tiles b, b + G, ...), so all blocks read one contiguous window at a time (a
-// contiguous share per block measured 20 % slower: 132 separate streams). A block's first
-// keep_tiles tiles (the front of x) stay in shared memory.
-extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor_asymmetric_f16_s8_sm80_simt_coop(
+// contiguous share per block measured 10-20 % slower: 132 separate streams). A tile is `width`
+// threads wide (blockDim.x, or fewer for small x, so that every block gets some of it). A block's
+// first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
+// whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
+extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor_asymmetric_f16_s8_sm80_simt_coop(
     const f16_t* __restrict__ x, s8_t* __restrict__ q,
     float* __restrict__ partial, u32_t* __restrict__ count,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t n, int keep_tiles, float eps, int qmin, int qmax, int zp_value)
+    i64_t n, int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_f16_s8_sm80_simt_impl;
     constexpr int V = 8;            // elements of a 16-byte vector
     extern __shared__ uint4 kept[];
     __shared__ M red[32];
-    const i64_t G = gridDim.x, NT = blockDim.x, b = blockIdx.x, nvec = n / V;
-    const i64_t first = b * NT + threadIdx.x, stride = G * NT;   // this thread's vectors: first + k * stride
+    const i64_t G = gridDim.x, NT = width, b = blockIdx.x, nvec = n / V;   // NT <= blockDim.x threads per tile
+    const bool on = threadIdx.x < width;
+    const i64_t first = on ? b * NT + threadIdx.x : nvec, stride = G * NT;   // this thread's vectors: first + k * stride
     const i64_t streamed = first + (i64_t)keep_tiles * stride;  // ... from here on, not kept
     const bool tail = b == G - 1;              // the n % V last elements, one at a time
     // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
@@ -1653,10 +1656,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
         if (i < nvec) cp_async16(&kept[k * NT + threadIdx.x], x + i * V);
     }
     Acc a = {(M)0, (M)0};
-#pragma unroll 8
+#pragma unroll 4
     for (i64_t i = streamed; i < nvec; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
     if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += NT) accumulate(a, up(x[i]));
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
     }
     cp_async_wait_all();                       // a thread reads back only the vectors it copied
     for (int k = 0; k < keep_tiles; ++k) {
@@ -1671,7 +1674,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     grid_barrier(count);
     // 3. the tensor's range, combined the same way in every block
     Acc t = {(M)0, (M)0};
-    for (i64_t i = threadIdx.x; i < G; i += NT) {
+    for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
         t.hi = vmax(t.hi, __ldcg(partial + i));
         if (ASYM) t.lo = vmin(t.lo, __ldcg(partial + G + i));
     }
@@ -1688,11 +1691,11 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     // 4. quantize: streamed vectors last-read first (the grid walks back through what L2 still
     //    holds), then the kept ones
     if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += NT) q[i] = quant<true>(up(x[i]), inv, qb);
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<true>(up(x[i]), inv, qb);
     }
     if (streamed < nvec) {
         const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;
-#pragma unroll 8
+#pragma unroll 4
         for (i64_t i = last; i >= streamed; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
     }
     for (int k = 0; k < keep_tiles; ++k) {
@@ -1952,20 +1955,23 @@ __device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
 // vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks.
 // The grid sweeps x as a grid-stride loop of tiles (a tile: one vector per thread of a block;
 // block b takes tiles b, b + G, ...), so all blocks read one contiguous window at a time (a
-// contiguous share per block measured 20 % slower: 132 separate streams). A block's first
-// keep_tiles tiles (the front of x) stay in shared memory.
-extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor_symmetric_f16_s8_sm80_simt_coop(
+// contiguous share per block measured 10-20 % slower: 132 separate streams). A tile is `width`
+// threads wide (blockDim.x, or fewer for small x, so that every block gets some of it). A block's
+// first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
+// whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
+extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor_symmetric_f16_s8_sm80_simt_coop(
     const f16_t* __restrict__ x, s8_t* __restrict__ q,
     float* __restrict__ partial, u32_t* __restrict__ count,
     float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t n, int keep_tiles, float eps, int qmin, int qmax, int zp_value)
+    i64_t n, int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f16_s8_sm80_simt_impl;
     constexpr int V = 8;            // elements of a 16-byte vector
     extern __shared__ uint4 kept[];
     __shared__ M red[32];
-    const i64_t G = gridDim.x, NT = blockDim.x, b = blockIdx.x, nvec = n / V;
-    const i64_t first = b * NT + threadIdx.x, stride = G * NT;   // this thread's vectors: first + k * stride
+    const i64_t G = gridDim.x, NT = width, b = blockIdx.x, nvec = n / V;   // NT <= blockDim.x threads per tile
+    const bool on = threadIdx.x < width;
+    const i64_t first = on ? b * NT + threadIdx.x : nvec, stride = G * NT;   // this thread's vectors: first + k * stride
     const i64_t streamed = first + (i64_t)keep_tiles * stride;  // ... from here on, not kept
     const bool tail = b == G - 1;              // the n % V last elements, one at a time
     // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
@@ -1974,10 +1980,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
         if (i < nvec) cp_async16(&kept[k * NT + threadIdx.x], x + i * V);
     }
     Acc a = {(M)0, (M)0};
-#pragma unroll 8
+#pragma unroll 4
     for (i64_t i = streamed; i < nvec; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
     if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += NT) accumulate(a, up(x[i]));
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
     }
     cp_async_wait_all();                       // a thread reads back only the vectors it copied
     for (int k = 0; k < keep_tiles; ++k) {
@@ -1992,7 +1998,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     grid_barrier(count);
     // 3. the tensor's range, combined the same way in every block
     Acc t = {(M)0, (M)0};
-    for (i64_t i = threadIdx.x; i < G; i += NT) {
+    for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
         t.hi = vmax(t.hi, __ldcg(partial + i));
         if (ASYM) t.lo = vmin(t.lo, __ldcg(partial + G + i));
     }
@@ -2009,11 +2015,11 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     // 4. quantize: streamed vectors last-read first (the grid walks back through what L2 still
     //    holds), then the kept ones
     if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += NT) q[i] = quant<true>(up(x[i]), inv, qb);
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<true>(up(x[i]), inv, qb);
     }
     if (streamed < nvec) {
         const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;
-#pragma unroll 8
+#pragma unroll 4
         for (i64_t i = last; i >= streamed; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
     }
     for (int k = 0; k < keep_tiles; ++k) {
