@@ -323,6 +323,7 @@ class ReduceConfig:
     coop: bool = False     # the one-launch cooperative kernel <symbol>_coop: grid0 blocks of COOP_THREADS
     smem: int = 0          # coop: dynamic shared memory per block (bytes, whole tiles)
     width: int = 0         # coop: threads per tile (16-byte vectors), <= COOP_THREADS
+    keep_tiles: int = 0    # coop: tiles a block keeps in shared memory (no more than x has)
 
     @property
     def partials(self) -> int:
@@ -420,9 +421,9 @@ class DynamicReduceLauncher(Launcher):
             return None
         nvec = rows * cols // v
         width = min(self.COOP_THREADS, max(32, -(-(-(-nvec // blocks)) // 32) * 32))   # small x: every block gets some
-        smem -= smem % (16 * width)                   # whole tiles (a 16-byte vector per thread of a tile)
-        return ReduceConfig(True, True, self.COOP_THREADS, blocks, cols, 1, blocks, blocks, 0, coop=True, smem=smem,
-                            width=width)
+        keep = min(smem // (16 * width), -(-nvec // (blocks * width)))   # whole tiles, no more than x has
+        return ReduceConfig(True, True, self.COOP_THREADS, blocks, cols, 1, blocks, blocks, 0, coop=True,
+                            smem=keep * 16 * width, width=width, keep_tiles=keep)
 
     def workspace_size(self, plan, args=None) -> int:
         """Bytes of scratch one call needs: the partial results (hi, and lo in asymmetric mode) and,
@@ -445,7 +446,7 @@ class DynamicReduceLauncher(Launcher):
             ws = args.workspace.ptr
             memset_u32(ws, 0, 1, stream)      # the barrier counter
             values = (args.x.ptr, args.q.ptr, ws + 16, ws, args.scale.ptr, ptr(args.zero_point), rows * cols,
-                      cfg.smem // (16 * cfg.width), cfg.width, float(_scalar(plan.sku.precision.math, args.eps)),
+                      cfg.keep_tiles, cfg.width, float(_scalar(plan.sku.precision.math, args.eps)),
                       args.qmin, args.qmax, args.zp_value)
             launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, _coop_format(f64), values, stream, cfg.smem)
             return

@@ -306,10 +306,11 @@ def test_coop_partition_covers_every_element_once(monkeypatch, shape, element):
     assert cfg.coop and cfg.grid0 == g and cfg.parts == cfg.partials == g
     n = int(np.prod(shape))
     v = plan.launch["rvec"]
-    assert cfg.smem % (16 * cfg.width) == 0 and cfg.width % 32 == 0 and 32 <= cfg.width <= 1024
+    assert cfg.smem == 16 * cfg.width * cfg.keep_tiles and cfg.width % 32 == 0 and 32 <= cfg.width <= 1024
+    assert cfg.keep_tiles <= max(1, -(-(n // v) // (g * cfg.width)))   # no more tiles than x has (small x: loops end early)
     assert cfg.width == 1024 or cfg.width * g <= n // v + 32 * g      # small x: narrow tiles, every block busy
     if n <= 1 << 22:                                    # the emulation walks every thread: small shapes only
-        hits, kept = _emulate_coop(n, v, cfg.grid0, cfg.smem // (16 * cfg.width), cfg.width)
+        hits, kept = _emulate_coop(n, v, cfg.grid0, cfg.keep_tiles, cfg.width)
         assert (hits == 1).all()
     item = 8 if element == "f64" else 4
     assert launcher.workspace_size(plan, args) == 16 + g * item        # barrier counter + partials
@@ -331,7 +332,7 @@ def test_coop_on_chip_share_8192_bf16(monkeypatch):
     bf16 tensor stays on chip."""
     _coop_patch(monkeypatch)
     cfg = dyn.DynamicReduceLauncher().config(_coop_plan(), _args((8192, 8192), "tensor"))
-    assert cfg.smem == 7 * 16 * 1024 and cfg.width == 1024 and cfg.grid0 == 264
+    assert cfg.smem == 7 * 16 * 1024 and cfg.width == 1024 and cfg.grid0 == 264 and cfg.keep_tiles == 7
     assert 0.2 < 264 * cfg.smem / (8192 * 8192 * 2) < 0.25
 
 

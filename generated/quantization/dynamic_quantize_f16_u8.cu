@@ -1651,10 +1651,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
     const i64_t streamed = first + (i64_t)keep_tiles * stride;  // ... from here on, not kept
     const bool tail = b == G - 1;              // the n % V last elements, one at a time
     // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
-    for (int k = 0; k < keep_tiles; ++k) {
-        const i64_t i = first + k * stride;
-        if (i < nvec) cp_async16(&kept[k * NT + threadIdx.x], x + i * V);
-    }
+    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
+        cp_async16(&kept[k * NT + threadIdx.x], x + (first + k * stride) * V);
     Acc a = {(M)0, (M)0};
 #pragma unroll 4
     for (i64_t i = streamed; i < nvec; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
@@ -1662,9 +1660,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
     }
     cp_async_wait_all();                       // a thread reads back only the vectors it copied
-    for (int k = 0; k < keep_tiles; ++k) {
-        if (first + k * stride < nvec) accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]));
-    }
+    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
+        accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]));
     a = block_acc(a, red);
     if (threadIdx.x == 0) {
         partial[b] = a.hi;
@@ -1698,10 +1695,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
 #pragma unroll 4
         for (i64_t i = last; i >= streamed; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
     }
-    for (int k = 0; k < keep_tiles; ++k) {
-        const i64_t i = first + k * stride;
-        if (i < nvec) quant_store<V>(q + i * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
-    }
+    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
+        quant_store<V>(q + (first + k * stride) * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/symmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
@@ -1975,10 +1970,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
     const i64_t streamed = first + (i64_t)keep_tiles * stride;  // ... from here on, not kept
     const bool tail = b == G - 1;              // the n % V last elements, one at a time
     // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
-    for (int k = 0; k < keep_tiles; ++k) {
-        const i64_t i = first + k * stride;
-        if (i < nvec) cp_async16(&kept[k * NT + threadIdx.x], x + i * V);
-    }
+    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
+        cp_async16(&kept[k * NT + threadIdx.x], x + (first + k * stride) * V);
     Acc a = {(M)0, (M)0};
 #pragma unroll 4
     for (i64_t i = streamed; i < nvec; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
@@ -1986,9 +1979,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
     }
     cp_async_wait_all();                       // a thread reads back only the vectors it copied
-    for (int k = 0; k < keep_tiles; ++k) {
-        if (first + k * stride < nvec) accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]));
-    }
+    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
+        accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]));
     a = block_acc(a, red);
     if (threadIdx.x == 0) {
         partial[b] = a.hi;
@@ -2022,10 +2014,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
 #pragma unroll 4
         for (i64_t i = last; i >= streamed; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
     }
-    for (int k = 0; k < keep_tiles; ++k) {
-        const i64_t i = first + k * stride;
-        if (i < nvec) quant_store<V>(q + i * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
-    }
+    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
+        quant_store<V>(q + (first + k * stride) * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
 }
 
 // SKU: quantization/dynamic_quantize/token/asymmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
