@@ -12,6 +12,9 @@ checks and under ``runtime.trusted()``; and the floor, a bare CuPy RawKernel lau
 prepared launch alone (runtime.device.launch), the output allocation, the stream query, the
 cache key (attribute reads), the replay without launch or allocation. Runs in well under a
 minute (kernels are compiled in parallel first; the NVRTC disk cache makes reruns faster).
+
+``--profile dynamic_quantize,torch, runtime.trusted``: cProfile of the matching calls (label parts),
+top functions by own and cumulative time, in ``<out>.profile.txt``.
 """
 from __future__ import annotations
 
@@ -97,6 +100,34 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
     return out
 
 
+def profile(items, synchronize, n_calls: int, labels) -> dict:
+    """cProfile of ``n_calls`` calls of each item whose label contains one of ``labels``: the top
+    functions by own time and by cumulative time, as text (where a repeated call spends its µs)."""
+    import cProfile
+    import io
+    import pstats
+    out = {}
+    for item in items:
+        if not any(w in item["label"] for w in labels):
+            continue
+        call = item["call"]
+        for _ in range(200):
+            call()
+        synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n_calls):
+            call()
+        prof.disable()
+        synchronize()
+        text = io.StringIO()
+        st = pstats.Stats(prof, stream=text)
+        st.sort_stats("tottime").print_stats(25)
+        st.sort_stats("cumulative").print_stats(25)
+        out[item["label"]] = text.getvalue()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="probe_host.json", help="JSON record to write")
@@ -104,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported (default 5)")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--no-components", action="store_true", help="skip the per-part breakdown")
+    ap.add_argument("--profile", default="", help="comma-separated label parts: cProfile those calls "
+                    "(written next to --out as <out>.profile.txt)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     import cupy as cp
@@ -138,6 +171,8 @@ def main(argv=None) -> int:
         items, errors = bench.host_items(timer, [], api=True, device=args.device)
         host = errors + bench.time_host_calls(items, stream.synchronize, args.calls, args.repeats)
         comps = {} if args.no_components else components(stream.synchronize, args.calls, args.repeats, args.device)
+        profiles = profile(items, stream.synchronize, args.calls, [w for w in args.profile.split(",") if w]) \
+            if args.profile else {}
     rec = {"schema": 1, "what": "host overhead per repeated functional call (issue 7)", "date": now(), **git_info(),
            **env, "python": platform.python_version(), "calls": args.calls, "repeats": args.repeats,
            "target_us": bench.TARGET_HOST_US, "compile_s": round(compile_s, 1),
@@ -154,6 +189,10 @@ def main(argv=None) -> int:
         print(f"components of a trusted quantize call, {fw}:")
         for k, v in (parts.items() if "error" not in parts else [("error", {"error": parts["error"]})]):
             print(f"  {k:<52} " + (f"{v['us']:7.2f}" if v.get("us") is not None else str(v.get("error"))))
+    if profiles:
+        path = Path(str(args.out) + ".profile.txt")
+        path.write_text("".join(f"==== {k}\n{v}\n" for k, v in profiles.items()))
+        print(f"wrote {path}")
     print(f"wrote {args.out} in {rec['seconds']} s (compile {rec['compile_s']} s)")
     return 0
 

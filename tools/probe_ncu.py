@@ -22,6 +22,7 @@ CASES = (  # (name, shape): the misses named in issues 3, 5 and 7
     ("dynamic token bf16->s8", (8192, 8192)),
     ("dynamic group bf16->s8", (8192, 8192)),
     ("dynamic group bf16->s4", (65536, 4096)),
+    ("dynamic tensor bf16->s8", (8192, 8192)),
     ("fake_quantize_backward channel bf16", (8192, 8192)),
 )
 
@@ -44,6 +45,8 @@ def run(name: str, shape, torch, sf) -> None:
             sf.dynamic_quantize(x, scope="group", group_size=128)
         elif name.startswith("dynamic group bf16->s4"):
             sf.dynamic_quantize(x, scope="group", group_size=128, out_dtype="int4")
+        elif name.startswith("dynamic tensor"):
+            sf.dynamic_quantize(x, scope="tensor")
         elif name.startswith("fake_quantize_backward"):
             s = torch.rand((cols,), device="cuda") + 0.01
             z = torch.zeros((cols,), device="cuda", dtype=torch.int32)
