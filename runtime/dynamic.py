@@ -32,7 +32,7 @@ from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_hand
 from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
                      launch_cooperative, load_function, memset_u32, param_format, properties, resident_blocks)
 from .errors import InvalidProblemError, UnsupportedError
-from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
+from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 from .quantization import (FLOAT_KINDS, INT_KINDS, _channel_params, _FastCall, _MISS, _math_kind, _replay, _same_device,
                            launcher_runner)
@@ -298,15 +298,20 @@ class DynamicFusedLauncher(Launcher):
         vec_ok = gs % vec == 0 and _vec_ok(vec, [(args.x, args.xv), (args.q, args.qv)], cols)
         return (vec_ok, *block_config(plan, args, vec_ok, vec if vec_ok else 1))
 
-    def run(self, plan, args: DynamicArgs, stream=None):
+    def prepare(self, plan, args: DynamicArgs) -> PreparedLaunch:
+        """The launch as a :class:`PreparedLaunch` (its pointer slots can be re-filled for a repeated
+        call on same-shaped, same-aligned arrays: the functional fast path)."""
         rows, cols = args.xv.rows, args.xv.cols
-        if rows == 0 or cols == 0:
-            return
         fn, grid, block, fmt, tail = fused_launch(self, plan, args, 1, _fused_format)
         values = (args.x.ptr, args.xv.row_stride, args.q.ptr, args.qv.row_stride, args.scale.ptr,
                   ptr(args.zero_point), rows, cols, args.group_size if args.scope == "group" else cols,
                   float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax, args.zp_value)
-        launch(fn, (grid,), block, fmt, values + tail, stream if stream is not None else stream_handle(args.x))
+        return PreparedLaunch(fn, (grid,), block, fmt, list(values + tail))
+
+    def run(self, plan, args: DynamicArgs, stream=None):
+        if args.xv.rows == 0 or args.xv.cols == 0:
+            return
+        self.prepare(plan, args).launch(stream if stream is not None else stream_handle(args.x))
 
 
 @dataclass(frozen=True)
@@ -536,7 +541,10 @@ def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, 
     ``mx = max(max x, 0)``, ``zp = clamp(qmin - rne(mn / scale), qmin, qmax)``; full range.
     NaN is ignored by the reductions. ``q == quantize(x, scale, zp, qmin=qmin, qmax=qmax)``.
     """
-    static, args = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype), (x,)
+    # the launch configuration is part of the key: a remembered launch is replayed as it was chosen
+    static = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
+              DynamicFusedLauncher.config_text, DynamicReduceLauncher.tensor_path)
+    args = (x,)
     r = _replay("dynamic_quantize", static, args)
     if r is not _MISS:
         return r
@@ -581,12 +589,19 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
     args = DynamicArgs(xr, xv, qref, rows_view(qref, "q"), sref, zref, scope, mode, qmin, qmax, zp_value, eps,
                        axis=axis, group_size=group_size)
     plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, qk))
-    nbytes = plan.workspace_size(args)
-    if nbytes:
-        args.workspace = as_array(empty(xr, (nbytes,), "u8"), "workspace")
-    plan.run(args)
+    if isinstance(plan.launcher, DynamicFusedLauncher):
+        # one prepared launch: a repeated call re-allocates and re-fills its pointer slots
+        plan.launcher.check(plan, args)
+        prep = plan.launcher.prepare(plan, args)
+        prep.launch(stream_handle(xr))
+        fast.add_launch(prep, xr)
+    else:
+        nbytes = plan.workspace_size(args)
+        if nbytes:
+            args.workspace = as_array(empty(xr, (nbytes,), "u8"), "workspace")
+        plan.run(args)
+        # a repeated call re-allocates and re-runs the launcher on the new arrays, without the checks
+        fast.set_runner(launcher_runner(plan, args, ("x", "q", "scale", "zero_point", "workspace")), xr)
     result = qa, sref.obj, None if zref is None else zref.obj
-    # a repeated call re-allocates and re-runs the launcher on the new arrays, without the checks
-    fast.set_runner(launcher_runner(plan, args, ("x", "q", "scale", "zero_point", "workspace")), xr)
     fast.remember(result)
     return result

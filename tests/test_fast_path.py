@@ -306,6 +306,21 @@ def test_alignment_decides_the_vector_path_of_a_replay(dev, unchecked):
     assert aligned[0][0][4][-1] != misaligned[0][0][4][-1]          # the vec_ok parameter
 
 
+def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
+    """A remembered fused dynamic launch (a prepared launch since session 4) is not replayed once
+    the launch configuration changes (the probes switch it between calls): the new one is chosen."""
+    from runtime import dynamic as dyn
+
+    def call(d):
+        return sf.dynamic_quantize(d.a((16, 4096), "float16"), scope="token")
+    auto = replay_matches_slow_path(dev, call)
+    monkeypatch.setattr(dyn.DynamicFusedLauncher, "config_text", "block")
+    dev.hits = 0
+    block = _run(dev, call, 0x7F8000000000, False)
+    assert dev.hits == 0 and len(qz._FAST) == 2                        # a miss, then remembered apart
+    assert auto[0][0][0] != block[0][0][0]                              # another kernel (t4 / block)
+
+
 def test_in_place_calls_are_not_replayed_but_run(dev, unchecked):
     x, s = D((8, 64)), D((8,), ptr=0x7F0000100000)
     with sf.trusted():
