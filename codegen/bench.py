@@ -23,11 +23,14 @@ Workloads come from modules ``codegen/bench_*.py``. Each exposes ``make(sku, sha
 
 and optionally ``OPS`` (the ops it handles), ``SHAPES`` / ``QUICK_SHAPES`` (its own shapes,
 used instead of the elementwise ones), ``default(sku)`` (the default subset), ``TARGET_PCT``
-(% of copy the issue asks for) and ``host_calls()`` (functional-API calls for the host
-overhead measurement: list of dicts with ``label``, ``call``, ``framework``).
+(% of copy the issue asks for), ``TARGET_SHAPES`` (the shapes that target names, default the two
+large ones) and ``host_calls()`` (functional-API calls for the host overhead measurement: list
+of dicts with ``label``, ``call``, ``framework``).
 
 Writes ``audit/bench/<gpu-slug>.json`` (merged with earlier results, keyed by SKU and shape),
 ``<gpu-slug>.md`` and ``<gpu-slug>.png`` (when matplotlib is importable). File formats: docs/audit.md.
+``--render`` rewrites them from the records alone (no GPU), with every result's targets refreshed
+from the modules: how a target change reaches the report without a new measurement.
 """
 from __future__ import annotations
 
@@ -158,9 +161,13 @@ def finish(r: dict, copy_gbps: float) -> dict:
 
 def target_for(module, sku) -> dict:
     """The targets a workload module declares for a SKU: ``TARGETS_BY_SCOPE`` / ``TARGET_PCT``
-    (% of copy; a number, a dict by op, or a function of the SKU that returns None for "no target")
-    and ``TARGET_PCT_OF_TORCH`` (compute kernels)."""
+    (% of copy; a number, a dict by op, or a function of the SKU that returns None for "no target"),
+    ``TARGET_SHAPES`` (the shapes its bandwidth target names; default the two large shapes) and
+    ``TARGET_PCT_OF_TORCH`` (compute kernels)."""
     out = {}
+    shapes = getattr(module, "TARGET_SHAPES", None)
+    if shapes:
+        out["target_shapes"] = [list(s) for s in shapes]
     by_scope = getattr(module, "TARGETS_BY_SCOPE", None)
     t = getattr(module, "TARGET_PCT", None)
     if callable(t):                      # per SKU; None: no bandwidth target (e.g. a fallback kernel)
@@ -202,26 +209,27 @@ def merge(old, env: dict, run: dict, results: list, host: list, copy: dict) -> d
 def targets(rec: dict) -> list:
     """The performance targets, checked on a bench record: list of (what, value, target, ok, note).
 
-    Bandwidth: per op and target level, the worst % of copy on the two large shapes (bf16/f16/f32
-    inputs; a result's own ``target_pct``, else 90, 85 for dynamic_quantize); the geomean speed-up
+    Bandwidth: per op, target level and target shapes, the worst % of copy on those shapes (a result's
+    own ``target_shapes``, else the two large shapes; bf16/f16/f32 inputs; a result's own
+    ``target_pct``, else 90, 85 for dynamic_quantize); the geomean speed-up
     over torch.compile per op (>= 1.3). Compute: per op, the worst ratio to the PyTorch reference
     against ``target_ref``. Host overhead: <= 15 µs per call.
     """
     out = []
     results = [r for r in rec.get("results") or [] if "f64" not in (r.get("element"), r.get("aux_element"))]
-    large = {shape_key(s) for s in LARGE_SHAPES}
     bw = [r for r in results if r.get("pct_copy") is not None]
     for op in sorted({r["op"] for r in bw}):
         mine = [r for r in bw if r["op"] == op]
         levels: dict = {}
         for r in mine:
-            if shape_key(r["shape"]) in large and not r.get("no_target"):
+            where = tuple(sorted(shape_key(s) for s in (r.get("target_shapes") or LARGE_SHAPES)))
+            if shape_key(r["shape"]) in where and not r.get("no_target"):
                 want = r.get("target_pct") or TARGET_PCT.get(op, DEFAULT_TARGET_PCT)
-                levels.setdefault(want, []).append(r)
-        for want, rs in sorted(levels.items(), reverse=True):
+                levels.setdefault((want, where), []).append(r)
+        for (want, where), rs in sorted(levels.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
             worst = min(rs, key=lambda r: r["pct_copy"])
             scopes = "/".join(sorted({str(r.get("scope")) for r in rs}))
-            out.append((f"{op} ({scopes}): min % of copy on {'/'.join(sorted(large))}", worst["pct_copy"], want,
+            out.append((f"{op} ({scopes}): min % of copy on {'/'.join(where)}", worst["pct_copy"], want,
                         worst["pct_copy"] >= want, f"worst: {worst['label']} {shape_key(worst['shape'])}"))
         g = geomean(r.get("speedup_compile") for r in mine)
         if g is not None:
@@ -856,6 +864,52 @@ def cmd_bench(args) -> int:
     return 130 if interrupted else 0
 
 
+TARGET_KEYS = ("target_pct", "target_ref", "target_shapes", "no_target")
+
+
+def refresh_targets(rec: dict, modules) -> int:
+    """Re-derive every result's targets from the workload modules as they are now (targets are
+    copied into each result when it is measured); returns how many results changed."""
+    from runtime.sku import KernelSku
+    changed = 0
+    for r in rec.get("results") or []:
+        try:
+            sku = KernelSku.parse(r["sku"])
+        except Exception:  # noqa: BLE001 - a record of a SKU that no longer parses keeps its targets
+            continue
+        m = module_for(sku, modules)
+        if m is None:
+            continue
+        new = target_for(m, sku)
+        old = {k: r[k] for k in TARGET_KEYS if k in r}
+        if old != new:
+            for k in TARGET_KEYS:
+                r.pop(k, None)
+            r.update(new)
+            changed += 1
+    return changed
+
+
+def cmd_render(args) -> int:
+    """``bench --render``: rewrite every GPU's bench JSON (targets refreshed from the modules),
+    Markdown table and chart from the records alone: no GPU, no measurement."""
+    folder = Path(args.records) / "bench"
+    paths = sorted(folder.glob("*.json"))
+    if not paths:
+        print(f"bench --render: no record in {folder}")
+        return 2
+    modules = workload_modules()
+    for path in paths:
+        rec = read_json(path)
+        n = refresh_targets(rec, modules)
+        write_json(path, rec)
+        path.with_suffix(".md").write_text(to_markdown(rec))
+        png = chart(rec, path.with_suffix(".png"))
+        print(f"rendered {path.with_suffix('.md')}" + (f", {png}" if png else " (no matplotlib: no chart)")
+              + f"; {n} results with refreshed targets")
+    return 0
+
+
 def add_parser(sub) -> None:
     sp = sub.add_parser("bench", help="bandwidth of the selected SKUs vs device copy and PyTorch (needs a GPU)",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -874,4 +928,6 @@ def add_parser(sub) -> None:
     sp.add_argument("--no-host", action="store_true", help="skip the host-overhead measurement")
     sp.add_argument("--device", type=int, default=0)
     sp.add_argument("--records", default=str(AUDIT_DIR), help="records folder (default audit/)")
-    sp.set_defaults(func=cmd_bench)
+    sp.add_argument("--render", action="store_true",
+                    help="no GPU: rewrite the records' Markdown and chart, with targets refreshed from the modules")
+    sp.set_defaults(func=lambda a: cmd_render(a) if a.render else cmd_bench(a))

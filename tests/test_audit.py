@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from codegen import audit, bench, bench_static, verify
+from codegen.audit import read_json, write_json
 from runtime.sku import KernelSku
 
 P = "f32.acc-f32.det.stable"
@@ -441,6 +442,40 @@ def test_bench_targets_skip_results_without_target():
                        dict(base, label="fallback", pct_copy=20.0, no_target=True)]}
     (what, value, want, ok, note), = [t for t in bench.targets(rec) if "min % of copy" in t[0]]
     assert (value, want, ok) == (95.0, 85.0, True) and "fast" in note
+
+
+def test_bench_target_shapes_split_the_rows():
+    """A module's TARGET_SHAPES (low-bit: issue 5 names 65536x4096 only) makes its own row; other
+    shapes of those results count for no target."""
+    base = dict(op="dynamic_quantize", scope="group", element="bf16")
+    lowbit = dict(base, aux_element="s4", target_pct=85.0, target_shapes=[[65536, 4096]])
+    rec = {"results": [dict(base, aux_element="s8", label="s8", shape=[8192, 8192], pct_copy=86.0, target_pct=85.0),
+                       dict(lowbit, label="s4", shape=[65536, 4096], pct_copy=86.1),
+                       dict(lowbit, label="s4", shape=[8192, 8192], pct_copy=76.0)]}
+    rows = {what: (value, want, ok) for what, value, want, ok, _ in bench.targets(rec)}
+    assert rows["dynamic_quantize (group): min % of copy on 65536x4096/8192x8192"] == (86.0, 85.0, True)
+    assert rows["dynamic_quantize (group): min % of copy on 65536x4096"] == (86.1, 85.0, True)
+    mod = types.SimpleNamespace(TARGET_PCT=85.0, TARGET_SHAPES=((65536, 4096),))
+    assert bench.target_for(mod, KernelSku.parse(S_GRP)) == {"target_pct": 85.0, "target_shapes": [[65536, 4096]]}
+
+
+def test_bench_render_refreshes_targets_without_a_gpu(tmp_path, monkeypatch):
+    """``bench --render``: targets re-derived from the modules, Markdown rewritten, data untouched."""
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    r = bench.finish({"sku": S_TOK, "op": "quantize", "label": "bf16->s8 token", "shape": [8192, 8192],
+                      "scope": "token", "element": "bf16", "aux_element": "s8", "bytes": 10**9,
+                      "skuforge": {"ms": 0.22}, "target_pct": 50.0}, 5000.0)
+    write_json(folder / "g.json", {"gpu": {"name": "G"}, "copy": {"gbps": 5000.0, "bytes": 2**30}, "results": [r]})
+    mod = types.SimpleNamespace(__name__="m", OPS=("quantize",), TARGET_PCT={"quantize": 95.0},
+                                make=lambda s, sh: None)
+    monkeypatch.setattr(bench, "workload_modules", lambda warn=print: [mod])
+    assert bench.cmd_render(types.SimpleNamespace(records=str(tmp_path))) == 0
+    rec = read_json(folder / "g.json")
+    assert rec["results"][0]["target_pct"] == 95.0 and rec["results"][0]["ms"] == r["ms"]
+    md = (folder / "g.md").read_text()
+    assert "| 95 | ❌ |" in md                                          # 90.9 % against the refreshed 95
+    assert bench.cmd_render(types.SimpleNamespace(records=str(tmp_path / "none"))) == 2
 
 
 def test_bench_plan_discovers_modules_and_default_subset():
