@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One batched GPU round on the device machine (see docs/audit.md "GPU rounds").
-# Usage: tools/gpu_round.sh STAGE...   stages: verify tests probes bench
+# Usage: tools/gpu_round.sh STAGE...   stages: verify tests probe_<name> bench
+# Knobs: SEED, VERIFY_FILTER, TESTS (files), TESTS_K (pytest -k), TESTS_LIMIT, BENCH_ARGS, BENCH_LIMIT.
 # Everything lands flat under $OUT (logs, probe JSON, audit records as audit.tar).
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -14,11 +15,14 @@ t0=$(date +%s)
 for stage in "$@"; do
   echo "== $stage ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/round.log"
   case $stage in
-    verify) timeout -s INT 300 python3 -m codegen verify --seed ${SEED:-1} --filter "${VERIFY_FILTER:-*}" 2>&1 | tail -40 >> "$OUT/round.log" ;;
-    tests)  timeout -s INT ${TESTS_LIMIT:-240} python3 -m pytest -q -x -p no:cacheprovider -m gpu ${TESTS:-tests/test_gpu_lowbit.py tests/test_gpu_static.py} -k "not bit_exact" 2>&1 | tail -30 >> "$OUT/round.log" ;;
-    probe_*) timeout -s INT 240 python3 tools/$stage.py --out "$OUT/$stage.json" > "$OUT/$stage.txt" 2>&1; tail -45 "$OUT/$stage.txt" >> "$OUT/round.log" ;;
-    bench)  timeout -s INT ${BENCH_LIMIT:-420} python3 -m codegen bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; tail -40 "$OUT/bench.txt" >> "$OUT/round.log" ;;
+    verify) timeout -s INT 300 python3 -m codegen verify --seed ${SEED:-1} --filter "${VERIFY_FILTER:-*}" > "$OUT/verify.txt" 2>&1; rc=$?; tail -40 "$OUT/verify.txt" >> "$OUT/round.log" ;;
+    tests)  timeout -s INT ${TESTS_LIMIT:-240} python3 -m pytest -q -x -p no:cacheprovider -m gpu ${TESTS:-tests/test_gpu_lowbit.py tests/test_gpu_static.py} -k "${TESTS_K:-not bit_exact}" > "$OUT/tests.txt" 2>&1; rc=$?; tail -30 "$OUT/tests.txt" >> "$OUT/round.log" ;;
+    probe_*) timeout -s INT 240 python3 tools/$stage.py --out "$OUT/$stage.json" > "$OUT/$stage.txt" 2>&1; rc=$?; tail -45 "$OUT/$stage.txt" >> "$OUT/round.log" ;;
+    bench)  timeout -s INT ${BENCH_LIMIT:-420} python3 -m codegen bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; rc=$?; tail -40 "$OUT/bench.txt" >> "$OUT/round.log" ;;
+    *) echo "unknown stage $stage (verify tests probe_* bench)" >> "$OUT/round.log"; rc=64 ;;
   esac
+  # a stage cut by its time limit must say so (timeout's SIGINT: pytest exits 2 with no summary)
+  if [ $rc -ne 0 ]; then echo "!! $stage exited $rc$( [ $rc -eq 124 ] || [ $rc -eq 130 ] || [ $rc -eq 2 ] && echo ' (time limit or interrupt: incomplete)')" | tee -a "$OUT/round.log"; fi
   tar cf "$OUT/audit.tar" audit/verified audit/bench 2>/dev/null   # after every stage: a cut-off round keeps its records
 done
 echo "== done ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/round.log"
