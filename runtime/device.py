@@ -105,13 +105,18 @@ def param_format(types) -> str:
     return "".join(_CTYPE_FMT[t] for t in types)
 
 
+@lru_cache(maxsize=None)
+def _libcuda():
+    """The driver library, opened once (OSError where it cannot be opened by name)."""
+    return _ctypes.CDLL("libcuda.so.1")
+
+
 def _driver_launch():
     """cuLaunchKernel called through ctypes on libcuda (about 1 µs per call), or through
     cuda-python's binding (about 9 µs: it converts every argument) where libcuda cannot be
     opened by name."""
     try:
-        lib = _ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernel
+        fn = _libcuda().cuLaunchKernel
         fn.argtypes = [_ctypes.c_void_p] + [_ctypes.c_uint] * 7 + [_ctypes.c_void_p] * 3
         fn.restype = _ctypes.c_int
         return lambda f, gx, gy, gz, bx, by, bz, smem, stream, params: fn(f, gx, gy, gz, bx, by, bz, smem,
@@ -203,7 +208,7 @@ def _libcuda_call(name: str):
     """``name`` from libcuda through ctypes (about 1 µs a call), or None where libcuda cannot be
     opened by name (then cuda-python's binding is used: a few µs more)."""
     try:
-        lib = _ctypes.CDLL("libcuda.so.1")
+        lib = _libcuda()
     except OSError:
         return None
     fn = getattr(lib, name, None)

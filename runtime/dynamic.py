@@ -342,13 +342,11 @@ class DynamicReduceLauncher(Launcher):
 
     BLOCK = 256
     MIN_ELEMS = 1 << 14    # elements per work item, at least (amortises the block reduction)
-    COOP_THREADS = 1024    # <symbol>_coop: one block per SM, __launch_bounds__(1024, 1)
+    COOP_THREADS = 1024    # <symbol>_coop: threads per block
     COOP_BLOCKS = 2        # resident per SM (__launch_bounds__(1024, 2)); f64: 1
     # "auto": per-tensor over a contiguous x takes the cooperative kernel where the SKU has one and
-    # the device launches cooperatively; "coop": the same at any size; "two_pass": always the
-    # reduce + quantize launches (A/B measurements).
+    # the device launches cooperatively; "two_pass": always the reduce + quantize launches (A/B).
     tensor_path = os.environ.get("SKUFORGE_DYNAMIC_TENSOR", "auto")
-    COOP_MAX_BYTES = None  # "auto" takes the cooperative kernel up to this size of x (None: any size)
 
     def check(self, plan, args: DynamicArgs):
         _check_kinds(plan, args)
@@ -409,9 +407,6 @@ class DynamicReduceLauncher(Launcher):
         vector of codes, or a device without cooperative launches."""
         if self.tensor_path == "two_pass" or not plan.launch.get("coop"):
             return None
-        if self.tensor_path == "auto" and self.COOP_MAX_BYTES is not None \
-                and args.x.size * args.x.itemsize > self.COOP_MAX_BYTES:
-            return None
         rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
         contiguous = rows == 1 or (args.xv.row_stride == cols and args.qv.row_stride == cols)
         if not contiguous or args.x.ptr % 16 or args.q.ptr % v:
@@ -425,8 +420,9 @@ class DynamicReduceLauncher(Launcher):
         if blocks == 0:
             return None
         nvec = rows * cols // v
-        width = min(self.COOP_THREADS, max(32, -(-(-(-nvec // blocks)) // 32) * 32))   # small x: every block gets some
-        keep = min(smem // (16 * width), -(-nvec // (blocks * width)))   # whole tiles, no more than x has
+        per_block = -(-nvec // blocks)
+        width = min(self.COOP_THREADS, max(32, -(-per_block // 32) * 32))   # small x: every block gets some
+        keep = min(smem // (16 * width), -(-nvec // (blocks * width)))     # whole tiles, no more than x has
         return ReduceConfig(True, True, self.COOP_THREADS, blocks, cols, 1, blocks, blocks, 0, coop=True,
                             smem=keep * 16 * width, width=width, keep_tiles=keep)
 
