@@ -125,8 +125,14 @@ STATIC_DEQUANTIZE = Family(
 # at the register count (__maxnreg__) ptxas meets without spills on sm_80 and sm_90; the heavier
 # element code of asymmetric and of software fp8 (sm80 SKUs) needs more. Not for f64 inputs (math
 # in double does not fit these caps): they take the block kernel.
-TEAM_CHUNKS = (16, 8, 4)
-TEAM_REGISTERS = {"light": (96, 56, 40), "heavy": (96, 64, 48)}
+TEAM_CHUNKS = (16, 8, 4, 2)
+TEAM_REGISTERS = {"light": (96, 56, 40, 40), "heavy": (96, 64, 48, 48)}
+
+
+# Streamed 16-byte vectors a thread of the cooperative per-tensor kernel loads before it uses any
+# (dynamic_tensor.cu.j2), (reduce, quantize): the bytes in flight per thread at its 32-register cap;
+# the asymmetric quantize (zero point) fits two without spilling.
+COOP_BATCH = {"symmetric": (4, 4), "asymmetric": (4, 2)}
 
 
 def _team_context(sku) -> dict:
@@ -153,7 +159,7 @@ def _dynamic_context(cell, ctx):
                 "launch": {"kind": "dynamic_fused", "max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar,
                            "team_chunks": team["team_chunks"]}}
     coop = cell.sku.scope == "tensor" and cell.sku.aux_element in ("s8", "u8")
-    return {"rvec": 16 // SIZE[el], "coop": coop,
+    return {"rvec": 16 // SIZE[el], "coop": coop, "coop_batch": COOP_BATCH[cell.sku.mode],
             "launch": {"kind": "dynamic_reduce", "rvec": 16 // SIZE[el], "coop": coop}}
 
 

@@ -149,8 +149,8 @@ class FusedConfig:
                                        "grid=persistent|full or index=auto|div")
         cfg = FusedConfig(**fields)
         k = cfg.kernel
-        if not (k in ("auto", "block") or (k[:1] == "t" and k[1:] in ("16", "8", "4"))):
-            raise UnsupportedError(f"SKUFORGE_DYNAMIC_CONFIG={text!r}: kernel {k!r}; one of auto, block, t16, t8, t4")
+        if not (k in ("auto", "block") or (k[:1] == "t" and k[1:] in ("16", "8", "4", "2"))):
+            raise UnsupportedError(f"SKUFORGE_DYNAMIC_CONFIG={text!r}: kernel {k!r}; one of auto, block, t16, t8, t4, t2")
         if cfg.ch is not None and (k[:1] != "t" or cfg.ch not in (int(k[1:]), int(k[1:]) // 2)):
             raise UnsupportedError(f"SKUFORGE_DYNAMIC_CONFIG={text!r}: ch={cfg.ch}; a team kernel tP takes ch=P or P/2")
         if cfg.threads is not None and not (32 <= cfg.threads <= 512 and cfg.threads % 32 == 0):

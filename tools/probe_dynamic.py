@@ -44,8 +44,8 @@ VARIANTS = {
     "token": ("block", "block,grid=full", "auto", "t16,grid=full", "t16,threads=64", "t16,threads=256",
               "t16,index=div", "t16,ch=8", "t8", "t8,grid=full", "t4"),
     "group": ("block", "block,grid=full", "auto", "t8,ch=8", "t8,grid=full", "t8,threads=256", "t8,index=div",
-              "t16", "t4", "t4,ch=4", "t4,grid=full"),
-    "small": ("block", "auto", "t16", "t8", "t4"),
+              "t16", "t4", "t4,ch=4", "t4,grid=full", "t8,threads=512", "t16,grid=full", "t8,ch=8,grid=full", "t2"),
+    "small": ("block", "auto", "t16", "t8", "t4", "t2", "t2,ch=1", "t2,threads=32"),
 }
 BAND = 64              # rows checked against NumPy at each end
 TIME_LIMIT_S = 130.0   # no new case after this (a run has 150 s, compiles included)
@@ -268,6 +268,7 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=50)
     ap.add_argument("--variants", help="semicolon-separated FusedConfig texts, the first the reference "
                                        "(default: VARIANTS per scope)")
+    ap.add_argument("--cases", type=int, default=len(CASES), help="only the first N cases (CASES order)")
     ap.add_argument("--ptxas", action="store_true", help="print registers / spills (CPU, NVRTC) and exit")
     ap.add_argument("--arch", type=int, default=90, help="--ptxas: target arch")
     a = ap.parse_args()
@@ -282,7 +283,8 @@ def main() -> int:
     env = environment(dev)
     arch = int(env["gpu"]["cc"].replace(".", ""))
     regs = registries()
-    plans = {case: plan_for(case, arch, regs) for case in CASES}
+    cases = CASES[:a.cases]
+    plans = {case: plan_for(case, arch, regs) for case in cases}
     t0 = time.perf_counter()
     compile_s = precompile(plans.values(), arch)     # worker processes: before torch starts its threads
     each = ", ".join("%s %.0f s" % (u.split("/")[-1], s) for u, s in compile_s.items())
@@ -300,7 +302,7 @@ def main() -> int:
         rec["copy_peak"] = copy_bandwidth(timer)
         print(f"{env['gpu']['name']}: device copy {rec['copy_peak']['gbps']:.0f} GB/s", flush=True)
         truncated = False
-        for case, shape in ((c, sh) for c in CASES for sh in SHAPES + ((SMALL,) if c in CASES[:2] else ())):
+        for case, shape in ((c, sh) for c in cases for sh in SHAPES + ((SMALL,) if c in CASES[:2] else ())):
             if time.perf_counter() - t_start > TIME_LIMIT_S:
                 truncated = True
                 break

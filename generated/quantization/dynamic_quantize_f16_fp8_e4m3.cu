@@ -996,6 +996,24 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f
     }
 }
 
+// Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
+extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f16_fp8_e4m3_sm80_simt_t2(
+    const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f16_fp8_e4m3_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    switch (ch) {
+    case 2: team_row_groups<8, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<8, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    default: break;
+    }
+}
+
 // SKU: quantization/dynamic_quantize/tensor/symmetric/f16/fp8_e4m3/sm80/simt/f32.acc-f32.det.stable
 namespace sf_dynamic_quantize_tensor_symmetric_f16_fp8_e4m3_sm80_simt_impl {
 typedef f16_t T;   // input element
@@ -1633,6 +1651,24 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f
     switch (ch) {
     case 4: team_row_groups<8, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 2: team_row_groups<8, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    default: break;
+    }
+}
+
+// Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
+extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f16_fp8_e4m3_sm80_simt_t2(
+    const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_token_symmetric_f16_fp8_e4m3_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    switch (ch) {
+    case 2: team_row_groups<8, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<8, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }

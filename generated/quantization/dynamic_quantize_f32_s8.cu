@@ -990,6 +990,24 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     }
 }
 
+// Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
+extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f32_s8_sm80_simt_t2(
+    const float* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_asymmetric_f32_s8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    switch (ch) {
+    case 2: team_row_groups<4, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<4, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    default: break;
+    }
+}
+
 // SKU: quantization/dynamic_quantize/group/symmetric/f32/s8/sm80/simt/f32.acc-f32.det.stable
 namespace sf_dynamic_quantize_group_symmetric_f32_s8_sm80_simt_impl {
 typedef float T;   // input element
@@ -1380,6 +1398,24 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     }
 }
 
+// Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
+extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_s8_sm80_simt_t2(
+    const float* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f32_s8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    switch (ch) {
+    case 2: team_row_groups<4, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<4, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    default: break;
+    }
+}
+
 // SKU: quantization/dynamic_quantize/tensor/asymmetric/f32/s8/sm80/simt/f32.acc-f32.det.stable
 namespace sf_dynamic_quantize_tensor_asymmetric_f32_s8_sm80_simt_impl {
 typedef float T;   // input element
@@ -1624,6 +1660,36 @@ __device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
 #pragma unroll
     for (int e = 0; e < V; ++e) accumulate(a, elem(v, e));
 }
+
+// The streamed vectors i = from, from + stride, ... < end: U loads issued before any is used
+// (a loop with a bound test per vector keeps one 16-byte load in flight per thread: too few bytes
+// in flight for DRAM at the 32-register cap of two 1024-thread blocks per SM), then the rest.
+template <int U, int V>
+__device__ __forceinline__ void reduce_streamed(Acc& a, const T* __restrict__ x, i64_t i, i64_t end, i64_t stride) {
+    for (; i + (U - 1) * stride < end; i += U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i + u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
+    }
+    for (; i < end; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+}
+
+// Quantizes the streamed vectors from `last` down to `first` (stride apart), U loads at a time.
+template <int U, int V>
+__device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __restrict__ q, i64_t last, i64_t first,
+                                                  i64_t stride, M inv, const QuantBounds<M>& qb) {
+    i64_t i = last;
+    for (; i - (U - 1) * stride >= first; i -= U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i - u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) quant_store<V>(q + (i - u * stride) * V, v[u], inv, qb);
+    }
+    for (; i >= first; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+}
 }  // namespace sf_dynamic_quantize_tensor_asymmetric_f32_s8_sm80_simt_impl
 
 // x, q: n contiguous elements (x 16-byte aligned, q aligned to 4 bytes); partial: 2 x
@@ -1643,6 +1709,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_f32_s8_sm80_simt_impl;
     constexpr int V = 4;            // elements of a 16-byte vector
+    constexpr int U = 4, UQ = 2;   // streamed vectors in flight per thread: reduce, quantize
     extern __shared__ uint4 kept[];
     __shared__ M red[32];
     const i64_t G = gridDim.x, NT = width, b = blockIdx.x, nvec = n / V;   // NT <= blockDim.x threads per tile
@@ -1654,8 +1721,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
     for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
         cp_async16(&kept[k * NT + threadIdx.x], x + (first + k * stride) * V);
     Acc a = {(M)0, (M)0};
-#pragma unroll 4
-    for (i64_t i = streamed; i < nvec; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+    reduce_streamed<U, V>(a, x, streamed, nvec, stride);
     if (tail) {
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
     }
@@ -1692,8 +1758,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
     }
     if (streamed < nvec) {
         const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;
-#pragma unroll 4
-        for (i64_t i = last; i >= streamed; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+        quantize_streamed<UQ, V>(x, q, last, streamed, stride, inv, qb);
     }
     for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
         quant_store<V>(q + (first + k * stride) * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
@@ -1943,6 +2008,36 @@ __device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
 #pragma unroll
     for (int e = 0; e < V; ++e) accumulate(a, elem(v, e));
 }
+
+// The streamed vectors i = from, from + stride, ... < end: U loads issued before any is used
+// (a loop with a bound test per vector keeps one 16-byte load in flight per thread: too few bytes
+// in flight for DRAM at the 32-register cap of two 1024-thread blocks per SM), then the rest.
+template <int U, int V>
+__device__ __forceinline__ void reduce_streamed(Acc& a, const T* __restrict__ x, i64_t i, i64_t end, i64_t stride) {
+    for (; i + (U - 1) * stride < end; i += U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i + u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
+    }
+    for (; i < end; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+}
+
+// Quantizes the streamed vectors from `last` down to `first` (stride apart), U loads at a time.
+template <int U, int V>
+__device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __restrict__ q, i64_t last, i64_t first,
+                                                  i64_t stride, M inv, const QuantBounds<M>& qb) {
+    i64_t i = last;
+    for (; i - (U - 1) * stride >= first; i -= U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i - u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) quant_store<V>(q + (i - u * stride) * V, v[u], inv, qb);
+    }
+    for (; i >= first; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+}
 }  // namespace sf_dynamic_quantize_tensor_symmetric_f32_s8_sm80_simt_impl
 
 // x, q: n contiguous elements (x 16-byte aligned, q aligned to 4 bytes); partial: 2 x
@@ -1962,6 +2057,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f32_s8_sm80_simt_impl;
     constexpr int V = 4;            // elements of a 16-byte vector
+    constexpr int U = 4, UQ = 4;   // streamed vectors in flight per thread: reduce, quantize
     extern __shared__ uint4 kept[];
     __shared__ M red[32];
     const i64_t G = gridDim.x, NT = width, b = blockIdx.x, nvec = n / V;   // NT <= blockDim.x threads per tile
@@ -1973,8 +2069,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
     for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
         cp_async16(&kept[k * NT + threadIdx.x], x + (first + k * stride) * V);
     Acc a = {(M)0, (M)0};
-#pragma unroll 4
-    for (i64_t i = streamed; i < nvec; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+    reduce_streamed<U, V>(a, x, streamed, nvec, stride);
     if (tail) {
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
     }
@@ -2011,8 +2106,7 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
     }
     if (streamed < nvec) {
         const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;
-#pragma unroll 4
-        for (i64_t i = last; i >= streamed; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+        quantize_streamed<UQ, V>(x, q, last, streamed, stride, inv, qb);
     }
     for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
         quant_store<V>(q + (first + k * stride) * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
@@ -2408,6 +2502,24 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
     }
 }
 
+// Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
+extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_f32_s8_sm80_simt_t2(
+    const float* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_token_asymmetric_f32_s8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    switch (ch) {
+    case 2: team_row_groups<4, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<4, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    default: break;
+    }
+}
+
 // SKU: quantization/dynamic_quantize/token/symmetric/f32/s8/sm80/simt/f32.acc-f32.det.stable
 namespace sf_dynamic_quantize_token_symmetric_f32_s8_sm80_simt_impl {
 typedef float T;   // input element
@@ -2794,6 +2906,24 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     switch (ch) {
     case 4: team_row_groups<4, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     case 2: team_row_groups<4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    default: break;
+    }
+}
+
+// Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
+extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f32_s8_sm80_simt_t2(
+    const float* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_token_symmetric_f32_s8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    switch (ch) {
+    case 2: team_row_groups<4, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<4, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }

@@ -1516,6 +1516,36 @@ __device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
 #pragma unroll
     for (int e = 0; e < V; ++e) accumulate(a, elem(v, e));
 }
+
+// The streamed vectors i = from, from + stride, ... < end: U loads issued before any is used
+// (a loop with a bound test per vector keeps one 16-byte load in flight per thread: too few bytes
+// in flight for DRAM at the 32-register cap of two 1024-thread blocks per SM), then the rest.
+template <int U, int V>
+__device__ __forceinline__ void reduce_streamed(Acc& a, const T* __restrict__ x, i64_t i, i64_t end, i64_t stride) {
+    for (; i + (U - 1) * stride < end; i += U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i + u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
+    }
+    for (; i < end; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+}
+
+// Quantizes the streamed vectors from `last` down to `first` (stride apart), U loads at a time.
+template <int U, int V>
+__device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __restrict__ q, i64_t last, i64_t first,
+                                                  i64_t stride, M inv, const QuantBounds<M>& qb) {
+    i64_t i = last;
+    for (; i - (U - 1) * stride >= first; i -= U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i - u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) quant_store<V>(q + (i - u * stride) * V, v[u], inv, qb);
+    }
+    for (; i >= first; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+}
 }  // namespace sf_dynamic_quantize_tensor_asymmetric_f64_u8_sm80_simt_impl
 
 // x, q: n contiguous elements (x 16-byte aligned, q aligned to 2 bytes); partial: 2 x
@@ -1535,6 +1565,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_f64_u8_sm80_simt_impl;
     constexpr int V = 2;            // elements of a 16-byte vector
+    constexpr int U = 4, UQ = 2;   // streamed vectors in flight per thread: reduce, quantize
     extern __shared__ uint4 kept[];
     __shared__ M red[32];
     const i64_t G = gridDim.x, NT = width, b = blockIdx.x, nvec = n / V;   // NT <= blockDim.x threads per tile
@@ -1546,8 +1577,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
         cp_async16(&kept[k * NT + threadIdx.x], x + (first + k * stride) * V);
     Acc a = {(M)0, (M)0};
-#pragma unroll 8
-    for (i64_t i = streamed; i < nvec; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+    reduce_streamed<U, V>(a, x, streamed, nvec, stride);
     if (tail) {
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
     }
@@ -1584,8 +1614,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     }
     if (streamed < nvec) {
         const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;
-#pragma unroll 8
-        for (i64_t i = last; i >= streamed; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+        quantize_streamed<UQ, V>(x, q, last, streamed, stride, inv, qb);
     }
     for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
         quant_store<V>(q + (first + k * stride) * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
@@ -1835,6 +1864,36 @@ __device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
 #pragma unroll
     for (int e = 0; e < V; ++e) accumulate(a, elem(v, e));
 }
+
+// The streamed vectors i = from, from + stride, ... < end: U loads issued before any is used
+// (a loop with a bound test per vector keeps one 16-byte load in flight per thread: too few bytes
+// in flight for DRAM at the 32-register cap of two 1024-thread blocks per SM), then the rest.
+template <int U, int V>
+__device__ __forceinline__ void reduce_streamed(Acc& a, const T* __restrict__ x, i64_t i, i64_t end, i64_t stride) {
+    for (; i + (U - 1) * stride < end; i += U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i + u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
+    }
+    for (; i < end; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+}
+
+// Quantizes the streamed vectors from `last` down to `first` (stride apart), U loads at a time.
+template <int U, int V>
+__device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __restrict__ q, i64_t last, i64_t first,
+                                                  i64_t stride, M inv, const QuantBounds<M>& qb) {
+    i64_t i = last;
+    for (; i - (U - 1) * stride >= first; i -= U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i - u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) quant_store<V>(q + (i - u * stride) * V, v[u], inv, qb);
+    }
+    for (; i >= first; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+}
 }  // namespace sf_dynamic_quantize_tensor_symmetric_f64_u8_sm80_simt_impl
 
 // x, q: n contiguous elements (x 16-byte aligned, q aligned to 2 bytes); partial: 2 x
@@ -1854,6 +1913,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f64_u8_sm80_simt_impl;
     constexpr int V = 2;            // elements of a 16-byte vector
+    constexpr int U = 4, UQ = 4;   // streamed vectors in flight per thread: reduce, quantize
     extern __shared__ uint4 kept[];
     __shared__ M red[32];
     const i64_t G = gridDim.x, NT = width, b = blockIdx.x, nvec = n / V;   // NT <= blockDim.x threads per tile
@@ -1865,8 +1925,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
         cp_async16(&kept[k * NT + threadIdx.x], x + (first + k * stride) * V);
     Acc a = {(M)0, (M)0};
-#pragma unroll 8
-    for (i64_t i = streamed; i < nvec; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
+    reduce_streamed<U, V>(a, x, streamed, nvec, stride);
     if (tail) {
         for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
     }
@@ -1903,8 +1962,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor
     }
     if (streamed < nvec) {
         const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;
-#pragma unroll 8
-        for (i64_t i = last; i >= streamed; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+        quantize_streamed<UQ, V>(x, q, last, streamed, stride, inv, qb);
     }
     for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
         quant_store<V>(q + (first + k * stride) * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
