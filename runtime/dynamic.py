@@ -115,7 +115,7 @@ class FusedConfig:
     """How the fused per-token / per-group kernels are launched, chosen at run time among kernels
     compiled into the same SKU: text like ``"auto"``, ``"t16"``, ``"t8,ch=4,threads=256,grid=full"``,
     ``"block"``. Kernels: ``block`` (TX threads per row group up to 512, 64 bytes of x per thread,
-    block-wide barriers when TX > 32), ``t16`` / ``t8`` / ``t4`` (team kernels: P chunks of 16 bytes
+    block-wide barriers when TX > 32), ``t16`` / ``t8`` / ``t4`` / ``t2`` (team kernels: P chunks of 16 bytes
     per thread in registers, no block barrier), ``auto`` (a team kernel chosen by row-group length and
     problem size, see :func:`team_launch`).
     ``ch``: chunks per thread and row group of a team kernel (P or P / 2; default by row-group
@@ -179,7 +179,8 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
     ``block``, no team kernel in the SKU (f64), the scalar path, row groups longer than 512 x P
     chunks, or strided rows that the layout cannot index (several row groups per thread, or 2^31
     row groups and more). ``auto`` takes the most chunks per thread (16 for row groups of >= 256
-    chunks, else 8) that still gives the problem two warps per SM, else the one with the most warps."""
+    chunks, else 8) that still gives the problem two warps per SM, else the one with the most warps
+    (t2 for the smallest problems)."""
     chunks = plan.launch.get("team_chunks") or []
     if cfg.kernel == "block" or not chunks or not vec_ok:
         return None
@@ -194,11 +195,14 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
     # auto, from tools/probe_dynamic.py on an H200 (2026-11-29, docs/dynamic.md): rows of >= 256
     # chunks take t16 (on a full grid, see fused_launch); shorter row groups (group 128) take t8 in
     # 256-thread blocks (128 for fp8, whose measured best that was); problems too small for two
-    # warps per SM step down to the kernel with the most warps.
+    # warps per SM step down to the kernel with the most warps, t2 last, in 128-thread blocks
+    # (tools/probe_small.py, 2026-12-01, (16, 4096) bf16: token t2 5.18 us against t4 5.41,
+    # group 4.70 against 5.38; 32- or 64-thread blocks measured the same or slower).
     group_threads = 128 if plan.sku.aux_element in ("fp8_e4m3", "fp8_e5m2") else 256
     enough, best = 2 * properties(args.x.device)["sms"], None
-    for p in (16, 8, 4) if u >= 256 else (8, 4):
-        best = _team(p, None, cfg.threads or (None if u >= 256 else group_threads), u, vrows, dense, chunks) or best
+    for p in (16, 8, 4, 2) if u >= 256 else (8, 4, 2):
+        threads = cfg.threads or (None if u >= 256 or p == 2 else group_threads)
+        best = _team(p, None, threads, u, vrows, dense, chunks) or best
         if best is not None and -(-vrows // best.per_block) * best.threads // 32 >= enough:
             break
     return best

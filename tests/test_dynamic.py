@@ -10,6 +10,7 @@ from runtime import dynamic as dyn
 from runtime.reference import dynamic_quantize_ref, quantize
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
+from codegen.matrix import TEAM_CHUNKS
 
 f32 = np.float32
 
@@ -379,7 +380,7 @@ def test_fused_config(monkeypatch, shape, scope, gs):
 
 
 # -- the team kernels of the fused launch (runtime.dynamic.team_launch) -----------------------------
-def _team_plan(scope, element="bf16", chunks=(16, 8, 4)):
+def _team_plan(scope, element="bf16", chunks=TEAM_CHUNKS):
     plan = _Plan(scope, element=element)
     plan.launch["team_chunks"] = list(chunks)
     return plan
@@ -415,8 +416,10 @@ def test_fused_config_text():
     ((65536, 4096), "group", 128, "bf16", "t4,threads=256", (4, 8, 2, 256)),
     ((65536, 4096), "group", 128, "bf16", "t16", (16, 2, 8, 128)),
     ((16, 4096), "token", None, "bf16", "t4", (4, 128, 4, 128)),
-    ((16, 4096), "token", None, "bf16", "auto", (4, 128, 4, 128)),     # small problems: more warps
-    ((16, 4096), "group", 128, "bf16", "auto", (4, 8, 2, 256)),
+    ((16, 4096), "token", None, "bf16", "auto", (2, 256, 2, 256)),     # small problems: more warps (t2)
+    ((16, 4096), "group", 128, "bf16", "auto", (2, 8, 2, 128)),        # t2 in 128-thread blocks: 32 blocks
+    ((16, 4096), "group", 128, "bf16", "t2,ch=1", (2, 16, 1, 128)),
+    ((100, 4096), "token", None, "bf16", "auto", (4, 128, 4, 128)),     # t4 already has two warps per SM
     ((16, 65536), "token", None, "bf16", "auto", (16, 512, 16, 512)),   # t8, t4 would need 1024 threads
 ])
 def test_team_launch_choice(monkeypatch, shape, scope, gs, element, text, want):

@@ -151,3 +151,28 @@ def test_more_than_2_pow_31_elements():
     assert bool(((q.abs() == 127) | (x.abs() < 1e-8)).all())   # each row is its own amax (unless < eps)
     del q, s, x
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("config", ["block", "t16", "t16,ch=8", "t8", "t8,ch=4", "t4", "t4,ch=2", "t2", "t2,ch=1",
+                                    "t2,threads=32"])
+@pytest.mark.parametrize("element,mode,scope,gs,shape", [
+    ("bf16", "symmetric", "token", None, (37, 4096)), ("bf16", "symmetric", "group", 128, (16, 4096)),
+    ("f16", "asymmetric", "group", 32, (9, 96)), ("f32", "asymmetric", "token", None, (130, 520))])
+def test_every_fused_launch_configuration_is_bit_exact(config, element, mode, scope, gs, shape, rng, monkeypatch):
+    """Each team kernel (t16 ... t2, every chunk split it takes) and the block kernel give the
+    reference's bits, NaN / inf / constant rows included; a configuration that cannot take the
+    problem falls back to the block kernel, which is checked the same way."""
+    import cupy as cp
+    from runtime import dynamic as dyn
+    from runtime.arrays import numpy_dtype
+    host = (rng.standard_normal(shape) * 10 ** rng.uniform(-2, 2, (shape[0], 1))).astype(numpy_dtype(element))
+    host[1, 3], host[2, :], host[3, -1] = np.nan, 0.25, np.inf
+    monkeypatch.setattr(dyn.DynamicFusedLauncher, "config_text", config)
+    out = "int8" if mode == "symmetric" else "uint8"
+    kw = {"group_size": gs} if gs else {}
+    got = sf.dynamic_quantize(cp.asarray(host), scope=scope, mode=mode, out_dtype=out, **kw)
+    want = sf.reference.dynamic_quantize_ref(host, scope=scope, mode=mode, group_size=gs,
+                                             out_dtype="s8" if mode == "symmetric" else "u8")
+    for g, w in zip(got, want):
+        if w is not None:
+            np.testing.assert_array_equal(g.get().view(np.uint8), np.asarray(w).astype(g.dtype).view(np.uint8))
