@@ -8,7 +8,7 @@ scope is a one-line change to a tuple below plus, at most, a template branch.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from runtime.sku import KernelSku, Precision
