@@ -513,3 +513,27 @@ def test_fused_launch_follows_the_config_text(monkeypatch):
     assert got["t8,grid=full"] == ("k_t8", 65536 // 2, (128,), dyn._fused_format(False, team=True), (64, 8, 1, 1))
     fn, grid, block, fmt, tail = got["block"]
     assert fn == "k" and block == (128, 2) and grid == 132 * 4 and tail == (1,) and fmt == dyn._fused_format(False)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sign_cleared_bit_patterns_order_like_magnitudes(dtype):
+    """The team kernels' first pass (symmetric bf16 / f16, sm_90) takes max |x| as an unsigned
+    16-bit max over bit patterns with the sign cleared: that is exact only if the unsigned order of
+    those patterns is the order of |x| and every NaN pattern lies above infinity. All 2^16 patterns."""
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float16)
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    mag = (bits & 0x7FFF).astype(np.uint16)
+    vals = np.abs(bits.view(dt).astype(np.float64))
+    nan = np.isnan(vals)
+    inf_bits = int(np.array(np.inf, dt).view(np.uint16))
+    assert (mag[nan] > inf_bits).all() and (mag[~nan] <= inf_bits).all()
+    order = np.argsort(mag[~nan], kind="stable")
+    ordered = vals[~nan][order]
+    assert (ordered[1:] >= ordered[:-1]).all()                            # monotonic in |x|
+    # and the max of patterns equals the pattern of the max |x| on random slices
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        x = rng.choice(bits[~nan], 64)
+        got = (x & 0x7FFF).max().astype(np.uint16).view(dt).astype(np.float64)
+        assert got == np.abs(x.view(dt).astype(np.float64)).max()
