@@ -593,7 +593,8 @@ HOST_SHAPE = (16, 4096)
 def api_host_calls(device: int = 0) -> list:
     """Repeated calls of each functional API that has a fast path (issue 7) on (16, 4096) inputs:
     quantize / dequantize / fake_quantize (channel, axis 0) / dynamic_quantize (token), bf16 data
-    and float32 scales, with CuPy arrays and (when importable) torch tensors, with the default
+    and float32 scales, quantize and dynamic_quantize also into preallocated outputs (``out=``),
+    with CuPy arrays and (when importable) torch tensors, with the default
     device value checks and under ``runtime.trusted()``. Items as ``host_calls()``."""
     import cupy as cp
     import ml_dtypes
@@ -603,7 +604,8 @@ def api_host_calls(device: int = 0) -> list:
     with cp.cuda.Device(device):
         x = (cp.random.standard_normal(HOST_SHAPE, dtype=cp.float32) * 3).astype(ml_dtypes.bfloat16)
         data = {"cupy": dict(x=x, s=cp.random.random(rows, dtype=cp.float32) + 0.5,
-                             q=cp.random.randint(-128, 128, HOST_SHAPE).astype(cp.int8))}
+                             q=cp.random.randint(-128, 128, HOST_SHAPE).astype(cp.int8),
+                             qo=cp.empty(HOST_SHAPE, cp.int8), so=cp.empty(rows, cp.float32))}
     torch = sys.modules.get("torch")
     if torch is None:
         try:
@@ -614,13 +616,20 @@ def api_host_calls(device: int = 0) -> list:
         dev = f"cuda:{device}"
         data["torch"] = dict(x=torch.randn(HOST_SHAPE, device=dev, dtype=torch.bfloat16) * 3,
                              s=torch.rand(rows, device=dev) + 0.5,
-                             q=torch.randint(-128, 128, HOST_SHAPE, device=dev, dtype=torch.int8))
+                             q=torch.randint(-128, 128, HOST_SHAPE, device=dev, dtype=torch.int8),
+                             qo=torch.empty(HOST_SHAPE, device=dev, dtype=torch.int8),
+                             so=torch.empty(rows, device=dev, dtype=torch.float32))
     shape = f"({rows}, {cols})"
     calls = (("quantize token bf16->s8", lambda d: sf.quantize(d["x"], d["s"], scope="token", out_dtype="int8")),
              ("dequantize token s8->bf16",
               lambda d: sf.dequantize(d["q"], d["s"], scope="token", out_dtype="bfloat16")),
              ("fake_quantize channel bf16", lambda d: sf.fake_quantize(d["x"], d["s"], scope="channel", axis=0)),
-             ("dynamic_quantize token bf16->s8", lambda d: sf.dynamic_quantize(d["x"], scope="token")))
+             ("dynamic_quantize token bf16->s8", lambda d: sf.dynamic_quantize(d["x"], scope="token")),
+             # preallocated outputs: what a call costs without its allocations
+             ("quantize token bf16->s8, out=",
+              lambda d: sf.quantize(d["x"], d["s"], scope="token", out_dtype="int8", out=d["qo"])),
+             ("dynamic_quantize token bf16->s8, out=",
+              lambda d: sf.dynamic_quantize(d["x"], scope="token", out=(d["qo"], d["so"]))))
     out = []
     for fw, d in data.items():
         for name, call in calls:

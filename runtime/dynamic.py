@@ -34,8 +34,8 @@ from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, c
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .quantization import (FLOAT_KINDS, INT_KINDS, _channel_params, _FastCall, _MISS, _math_kind, _replay, _same_device,
-                           launcher_runner)
+from .quantization import (FLOAT_KINDS, INT_KINDS, _channel_params, _FastCall, _MISS, _math_kind, _out_arg, _replay,
+                           _same_device, byte_span, launcher_runner)
 from .reference import dynamic_qparams, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 
@@ -523,15 +523,19 @@ def _resolve_range(qk: str, mode: str, qmin, qmax):
 def _fill(like: ArrayRef, shape, kind: str, value):
     """A new array of ``shape`` in the caller's framework, filled with ``value``."""
     a = empty(like, shape, kind)
-    if like.framework == "torch":
-        a.fill_(value)
-    else:
-        a.fill(value)
+    _fill_into(as_array(a, "fill"), value)
     return a
 
 
+def _fill_into(ref: ArrayRef, value) -> None:
+    if ref.framework == "torch":
+        ref.obj.fill_(value)
+    else:
+        ref.obj.fill(value)
+
+
 def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8",
-                     qmin=None, qmax=None, eps=1e-8, scale_dtype="float32"):
+                     qmin=None, qmax=None, eps=1e-8, scale_dtype="float32", out=None):
     """Quantize ``x`` with scales (and zero points) computed from its own range, per scope.
 
     Returns ``(q, scale, zero_point)``; ``zero_point`` is ``None`` in symmetric mode (its
@@ -540,25 +544,64 @@ def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, 
     Asymmetric: ``scale = max((mx - mn) / (qmax - qmin), eps)`` with ``mn = min(min x, 0)``,
     ``mx = max(max x, 0)``, ``zp = clamp(qmin - rne(mn / scale), qmin, qmax)``; full range.
     NaN is ignored by the reductions. ``q == quantize(x, scale, zp, qmin=qmin, qmax=qmax)``.
+
+    ``out``: ``(q, scale)`` or ``(q, scale, zero_point)`` arrays to write into instead of new
+    ones (int8 / uint8 outputs; ``zero_point`` only in asymmetric mode), of the shapes and dtypes
+    the call returns, in the framework and on the device of ``x``, not overlapping ``x`` or each
+    other; they are returned. A repeated call with ``out`` allocates nothing (docs/dynamic.md).
     """
     # the launch configuration is part of the key: a remembered launch is replayed as it was chosen
     static = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
-              DynamicFusedLauncher.config_text, DynamicReduceLauncher.tensor_path)
-    args = (x,)
+              DynamicFusedLauncher.config_text, DynamicReduceLauncher.tensor_path, out is None)
+    outs = _out_tuple(out, mode)
+    args = (x,) + outs
     r = _replay("dynamic_quantize", static, args)
     if r is not _MISS:
         return r
     with _FastCall("dynamic_quantize", static, args) as fast:
-        return _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype)
+        return _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
+                                 outs)
 
 
-def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype):
+def _out_tuple(out, mode) -> tuple:
+    """``out`` as (q, scale, zero_point or None); () when absent. Checks its form only."""
+    if out is None:
+        return ()
+    if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
+        raise InvalidProblemError(f"out={type(out).__name__}: expected a tuple (q, scale) or (q, scale, zero_point)")
+    q, s, z = (*out, None) if len(out) == 2 else tuple(out)
+    if q is None or s is None:
+        raise InvalidProblemError("out: q and scale are required (out=(q, scale[, zero_point]))")
+    if mode == "asymmetric" and z is None:
+        raise InvalidProblemError("out: asymmetric mode returns a zero point; pass out=(q, scale, zero_point)")
+    if mode != "asymmetric" and z is not None:
+        raise InvalidProblemError(f"out: mode={mode!r} has no zero-point output; pass out=(q, scale)")
+    return q, s, z
+
+
+def _check_disjoint(refs) -> None:
+    """No two of these arrays share bytes (the kernels read x while they write q, scale, zp)."""
+    spans = []
+    for name, r in refs:
+        if r is not None and r.size:
+            lo, hi = byte_span(r)
+            spans.append((name, r.ptr + lo, r.ptr + hi))
+    for i, (a, lo_a, hi_a) in enumerate(spans):
+        for b, lo_b, hi_b in spans[i + 1:]:
+            if lo_a < hi_b and lo_b < hi_a:
+                raise InvalidProblemError(f"{b} overlaps {a} in memory; dynamic_quantize needs separate arrays")
+
+
+def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, outs=()):
     xr = as_array(x, "x")
     if xr.kind not in FLOAT_KINDS:
         raise UnsupportedError(f"x has dtype {xr.kind}; dynamic_quantize takes {', '.join(FLOAT_KINDS)}")
     qk = kind_of(out_dtype, "out_dtype")
     from . import lowbit   # issue 5: fp8 / packed int4 outputs, MX e8m0 scales
     if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
+        if outs:
+            raise UnsupportedError(f"out= with out_dtype={out_dtype!r} / scale_dtype={scale_dtype!r}: dynamic_quantize "
+                                   f"writes into given arrays for {', '.join(INT_KINDS)} outputs with float scales only")
         return lowbit.dynamic_quantize(xr, scope=scope, mode=mode, axis=axis, group_size=group_size, kind=qk,
                                        qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
     if qk not in INT_KINDS:
@@ -573,19 +616,33 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
     _check_scale_dtype(scale_dtype, xr.kind, m)
     xv = rows_view(xr, "x")                     # layout errors before anything is allocated
     pshape = param_shape(xr.shape, scope, axis, group_size)
+    if outs:
+        qref = _out_arg(outs[0], xr, xr.shape, qk, "out[0] (q)")
+        sref = _out_arg(outs[1], xr, pshape, m, "out[1] (scale)")
+        zref = None if outs[2] is None else _out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
+        rows_view(qref, "out[0] (q)")
+        _same_device([xr, qref, sref, zref])
+        _check_disjoint([("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref), ("out[2] (zero_point)", zref)])
+        fast.require_disjoint([(0, xr), (1, qref), (2, sref), (3, zref)])
     if xr.size == 0:
         # empty slices reduce to 0: the scale (and zero point) of an all-zero slice, no kernel
         s_val, z_val, _, _ = dynamic_qparams(np.zeros((1,), numpy_dtype(xr.kind)), scope="tensor", mode=mode,
                                              out_kind=qk, qmin=qmin, qmax=qmax, eps=eps)
+        if outs:
+            _fill_into(sref, float(s_val))
+            if zref is not None:
+                _fill_into(zref, int(z_val))
+            return qref.obj, sref.obj, None if zref is None else zref.obj
         q = empty(xr, xr.shape, qk)
         s = _fill(xr, pshape, m, float(s_val))
         z = None if z_val is None else _fill(xr, pshape, "i32", int(z_val))
         return q, s, z
-    qa = empty(xr, xr.shape, qk)
-    qref = as_array(qa, "q")
-    sref = as_array(empty(xr, pshape, m), "scale")
-    zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
-    _same_device([xr, qref])
+    if not outs:
+        qref = as_array(empty(xr, xr.shape, qk), "q")
+        sref = as_array(empty(xr, pshape, m), "scale")
+        zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
+        _same_device([xr, qref])
+    qa = qref.obj
     args = DynamicArgs(xr, xv, qref, rows_view(qref, "q"), sref, zref, scope, mode, qmin, qmax, zp_value, eps,
                        axis=axis, group_size=group_size)
     plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, qk))

@@ -201,7 +201,7 @@ def _describe(obj):
 class _Entry:
     """A remembered call: what to check, allocate and launch, and where the results are."""
 
-    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result")
+    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint")
 
     def run(self, args, vals):
         """Replay on ``args`` (``vals``: their pointers / scalar values, a fresh list); ``_MISS``:
@@ -211,6 +211,8 @@ class _Entry:
         check = self.check
         if check is not None and not check(vals):
             return _MISS
+        if self.disjoint is not None and _overlap(self.disjoint, vals):
+            return _MISS               # the slow path raises the typed error
         if self.allocs:
             new = []
             for alloc, align in self.allocs:
@@ -220,6 +222,8 @@ class _Entry:
                 new.append(a)
                 vals.append(p)
             args = (*args, *new, None)
+        else:
+            args = (*args, None)       # a None result (index -1)
         stream = self.stream()
         if self.runner is None:
             for prep, template, slots in self.launches:
@@ -230,6 +234,28 @@ class _Entry:
         else:
             self.runner(args, vals, stream)
         return self.result(args)
+
+
+def _overlap(spans, vals) -> bool:
+    """Whether two of the arguments named in ``spans`` ((index, first byte, end byte) relative to
+    their pointers, fixed by the cache key's shapes and strides) share bytes."""
+    for k, (i, lo_i, hi_i) in enumerate(spans):
+        a = vals[i]
+        for j, lo_j, hi_j in spans[k + 1:]:
+            b = vals[j]
+            if a + lo_i < b + hi_j and b + lo_j < a + hi_i:
+                return True
+    return False
+
+
+def byte_span(ref: ArrayRef) -> tuple:
+    """(first, end) byte offsets of an array's elements relative to its pointer (strides may be
+    negative); (0, 0) when it is empty."""
+    if ref.size == 0:
+        return 0, 0
+    lo = sum((n - 1) * st for n, st in zip(ref.shape, ref.strides) if st < 0)
+    hi = sum((n - 1) * st for n, st in zip(ref.shape, ref.strides) if st > 0) + 1
+    return lo * ref.itemsize, hi * ref.itemsize
 
 
 def _scalar_check(scale_at, zp_check):
@@ -296,11 +322,12 @@ class _FastCall:
     zero point, if any.
     """
 
-    __slots__ = ("key", "args", "vals", "scale_at", "launches", "runner", "log", "_rec")
+    __slots__ = ("key", "args", "vals", "scale_at", "launches", "runner", "log", "_rec", "disjoint")
 
     def __init__(self, op, static, args, scale_at=None):
         self.args = args
         self.scale_at = scale_at
+        self.disjoint = None
         self.key, self.vals = _key(op, static, args)
         if self.key is not None:
             try:
@@ -336,6 +363,12 @@ class _FastCall:
         arguments then the allocations and their pointers, in the slow path's order."""
         if self.key is not None:
             self.runner = (bind, stream_ref)
+
+    def require_disjoint(self, spans):
+        """A replay must find these arguments apart in memory, as the slow path checked:
+        ``spans`` is ``[(argument index, ArrayRef), ...]``."""
+        if self.key is not None:
+            self.disjoint = tuple((i, *byte_span(r)) for i, r in spans if r is not None)
 
     def remember(self, result, zp_range=None):
         """Store this (successful) call for replay, unless some slot cannot be accounted for."""
@@ -373,7 +406,7 @@ class _FastCall:
             if spec is None:
                 return
         e = _Entry()
-        e.checked, e.check, e.runner = False, None, None
+        e.checked, e.check, e.runner, e.disjoint = False, None, None, self.disjoint
         scalars, scale_at, zp_check = {}, None, None
         sa = self.scale_at
         if sa is not None:
@@ -419,8 +452,6 @@ class _FastCall:
             streams.append(ref)
         if any((r.framework, r.device) != (streams[0].framework, streams[0].device) for r in streams):
             return
-        if not allocs and isinstance(spec, tuple) and None in spec:
-            return                     # a None result is the tail of the pool that allocations build
         e.launches, e.allocs = tuple(launches), tuple(allocs)
         if isinstance(spec, tuple):
             idx = tuple(-1 if i is None else i for i in spec)

@@ -129,6 +129,47 @@ def test_bad_mode_and_scope():
     err(lambda: sf.dynamic_quantize(X, scope="token", group_size=16), InvalidProblemError, "group_size")
 
 
+def test_bad_out():
+    """out=(q, scale[, zero_point]): its form, each array's shape and dtype, and no overlap."""
+    Q = D((8, 64), "int8", ptr=0x7F0000100000)
+    S = D((8,), "float32", ptr=0x7F0000200000)
+    Z = D((8,), "int32", ptr=0x7F0000300000)
+    dq = sf.dynamic_quantize
+    err(lambda: dq(X, scope="token", out=Q), InvalidProblemError, "out=", "tuple (q, scale)")
+    err(lambda: dq(X, scope="token", out=(Q,)), InvalidProblemError, "out=", "tuple")
+    err(lambda: dq(X, scope="token", out=(Q, None)), InvalidProblemError, "q and scale")
+    err(lambda: dq(X, scope="token", mode="asymmetric", out=(Q, S)), InvalidProblemError, "zero_point")
+    err(lambda: dq(X, scope="token", out=(Q, S, Z)), InvalidProblemError, "no zero-point output")
+    err(lambda: dq(X, scope="token", out=(D((8, 64), "uint8", ptr=0x7F0000100000), S)), InvalidProblemError,
+        "out[0] (q)", "u8", "s8")
+    err(lambda: dq(X, scope="token", out=(D((8, 32), "int8", ptr=0x7F0000100000), S)), InvalidProblemError,
+        "out[0] (q)", "(8, 32)", "(8, 64)")
+    err(lambda: dq(X, scope="group", group_size=16, out=(Q, S)), InvalidProblemError, "out[1] (scale)", "(8, 4)")
+    err(lambda: dq(X, scope="token", out=(Q, D((8,), "float64", ptr=0x7F0000200000))), InvalidProblemError,
+        "out[1] (scale)", "f32")
+    err(lambda: dq(X, scope="token", mode="asymmetric", out=(Q, S, D((8,), "float32", ptr=0x7F0000300000))),
+        InvalidProblemError, "out[2] (zero_point)", "i32")
+    # X spans 0x7F0000000000 + 2048 bytes: a q starting inside it overlaps, and scale inside q too
+    err(lambda: dq(X, scope="token", out=(D((8, 64), "int8", ptr=0x7F0000000400), S)), InvalidProblemError,
+        "out[0] (q) overlaps x")
+    err(lambda: dq(X, scope="token", out=(Q, D((8,), "float32", ptr=0x7F0000100010))), InvalidProblemError,
+        "out[1] (scale) overlaps out[0] (q)")
+    err(lambda: dq(X, scope="token", out_dtype="float8_e4m3fn", out=(Q, S)), UnsupportedError, "out=", "s8, u8")
+
+
+def test_byte_span_and_overlap():
+    from runtime.arrays import as_array
+    from runtime.quantization import _overlap, byte_span
+    a = as_array(D((4, 8), "float32", ptr=0x1000), "a")
+    assert byte_span(a) == (0, 128)
+    b = as_array(D((4, 8), "int8", strides=(16, 1), ptr=0x2000), "b")          # strided rows
+    assert byte_span(b) == (0, 3 * 16 + 8)
+    assert byte_span(as_array(D((0, 8), "int8"), "e")) == (0, 0)
+    spans = ((0, 0, 128), (1, 0, 56))
+    assert _overlap(spans, [0x1000, 0x1000 + 127]) and not _overlap(spans, [0x1000, 0x1000 + 128])
+    assert _overlap(spans, [0x1000, 0x1000 - 55]) and not _overlap(spans, [0x1000, 0x1000 - 56])
+
+
 @pytest.mark.parametrize("bad", [0.0, -1e-8, float("inf"), float("nan"), 1e-50, "1e-8", True])
 def test_bad_eps(bad):
     err(lambda: sf.dynamic_quantize(X, scope="token", eps=bad), InvalidProblemError, "eps")

@@ -56,7 +56,23 @@ CASES = {
                                                                      mode="asymmetric", out_dtype="uint8"),
     "dynamic tensor": lambda r, fw, x: sf.dynamic_quantize(x, scope="tensor"),
     "dynamic channel": lambda r, fw, x: sf.dynamic_quantize(x, scope="channel", axis=1),
+    # out=: nothing allocated (but the per-tensor / per-channel workspace); fresh out arrays per call
+    "dynamic token out": lambda r, fw, x: sf.dynamic_quantize(
+        x, scope="token", out=(_zeros(fw, x.shape, np.int8), _zeros(fw, (x.shape[0],), np.float32))),
+    "dynamic group out asymmetric": lambda r, fw, x: sf.dynamic_quantize(
+        x, scope="group", group_size=128, mode="asymmetric", out_dtype="uint8",
+        out=(_zeros(fw, x.shape, np.uint8), _zeros(fw, (x.shape[0], x.shape[1] // 128), np.float32),
+             _zeros(fw, (x.shape[0], x.shape[1] // 128), np.int32))),
+    "dynamic tensor out asymmetric": lambda r, fw, x: sf.dynamic_quantize(
+        x, scope="tensor", mode="asymmetric", out=(_zeros(fw, x.shape, np.int8), _zeros(fw, (), np.float32),
+                                                   _zeros(fw, (), np.int32))),
+    "dynamic channel out": lambda r, fw, x: sf.dynamic_quantize(
+        x, scope="channel", axis=1, out=(_zeros(fw, x.shape, np.int8), _zeros(fw, (x.shape[1],), np.float32))),
 }
+
+
+def _zeros(fw, shape, dtype):
+    return checks.to_device(np.zeros(shape, dtype), fw)
 
 
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
@@ -90,3 +106,38 @@ def test_replay_gives_the_slow_path_bits(name, fw, offset, rng, monkeypatch):
         assert (f is None) == (s is None)
         if f is not None:
             np.testing.assert_array_equal(np.atleast_1d(f).view(np.uint8), np.atleast_1d(s).view(np.uint8))
+
+
+@pytest.mark.parametrize("fw", ["cupy", "torch"])
+@pytest.mark.parametrize("scope,kw,pshape", [("token", {}, (48,)), ("group", {"group_size": 128}, (48, 4)),
+                                             ("tensor", {}, ()), ("channel", {"axis": 0}, (48,))])
+def test_dynamic_out_is_written_and_returned(fw, scope, kw, pshape, rng):
+    """dynamic_quantize(out=...) returns the given arrays, holding the bits of an allocating call,
+    on the slow path and on a replay; a replay whose q overlaps x is refused like the slow path."""
+    if fw == "torch":
+        pytest.importorskip("torch")
+    qz._FAST.clear()
+    for _ in range(2):                                        # remembered, then replayed
+        x = _data(rng, fw, (48, 512), 0)
+        out = (_zeros(fw, (48, 512), np.int8), _zeros(fw, pshape, np.float32))
+        got = sf.dynamic_quantize(x, scope=scope, out=out, **kw)
+        assert got[0] is out[0] and got[1] is out[1] and got[2] is None
+        want = sf.dynamic_quantize(x, scope=scope, **kw)
+        for g, w in zip(got[:2], want[:2]):
+            np.testing.assert_array_equal(np.atleast_1d(checks.to_host(g)).view(np.uint8),
+                                          np.atleast_1d(checks.to_host(w)).view(np.uint8))
+    # one buffer holding x, then q right after it (apart), then q inside x (same layout: a replay)
+    buf = _zeros(fw, (48 * 512 * 4 * 2,), np.uint8)
+    xs = buf[:48 * 512 * 4].view(np.float32 if fw == "cupy" else _torch_dtype("float32")).reshape(48, 512)
+    xs[:] = _data(rng, fw, (48, 512), 0)
+    apart = buf[48 * 512 * 4:48 * 512 * 5].view(np.int8 if fw == "cupy" else _torch_dtype("int8")).reshape(48, 512)
+    inside = buf[48 * 512:48 * 512 * 2].view(np.int8 if fw == "cupy" else _torch_dtype("int8")).reshape(48, 512)
+    qz._FAST.clear()
+    sf.dynamic_quantize(xs, scope=scope, out=(apart, _zeros(fw, pshape, np.float32)), **kw)
+    with pytest.raises(sf.InvalidProblemError, match="overlaps x"):
+        sf.dynamic_quantize(xs, scope=scope, out=(inside, _zeros(fw, pshape, np.float32)), **kw)
+
+
+def _torch_dtype(name):
+    import torch
+    return getattr(torch, name)
