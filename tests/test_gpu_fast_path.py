@@ -72,7 +72,12 @@ CASES = {
 
 
 def _zeros(fw, shape, dtype):
-    return checks.to_device(np.zeros(shape, dtype), fw)
+    """Zeros of ``shape`` (0-d included) made by the framework itself."""
+    if fw == "torch":
+        import torch
+        return torch.zeros(shape, dtype=getattr(torch, np.dtype(dtype).name), device="cuda")
+    import cupy as cp
+    return cp.zeros(shape, dtype)
 
 
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
