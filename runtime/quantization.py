@@ -368,7 +368,7 @@ class _FastCall:
         """A replay must find these arguments apart in memory, as the slow path checked:
         ``spans`` is ``[(argument index, ArrayRef), ...]``."""
         if self.key is not None:
-            self.disjoint = tuple((i, *byte_span(r)) for i, r in spans if r is not None)
+            self.disjoint = tuple((i, *byte_span(r)) for i, r in spans if r is not None and r.size)
 
     def remember(self, result, zp_range=None):
         """Store this (successful) call for replay, unless some slot cannot be accounted for."""
