@@ -35,7 +35,7 @@ from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 from .quantization import (FLOAT_KINDS, INT_KINDS, _channel_params, _FastCall, _MISS, _math_kind, _out_arg, _replay,
-                           _same_device, byte_span, launcher_runner)
+                           _same_device, _overlap, byte_span, launcher_runner)
 from .reference import dynamic_qparams, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 
@@ -523,15 +523,16 @@ def _resolve_range(qk: str, mode: str, qmin, qmax):
 def _fill(like: ArrayRef, shape, kind: str, value):
     """A new array of ``shape`` in the caller's framework, filled with ``value``."""
     a = empty(like, shape, kind)
-    _fill_into(as_array(a, "fill"), value)
+    _fill_into(a, like.framework, value)
     return a
 
 
-def _fill_into(ref: ArrayRef, value) -> None:
-    if ref.framework == "torch":
-        ref.obj.fill_(value)
+def _fill_into(obj, framework: str, value) -> None:
+    """Sets every element of a framework array (torch ``fill_``, CuPy ``fill``)."""
+    if framework == "torch":
+        obj.fill_(value)
     else:
-        ref.obj.fill(value)
+        obj.fill(value)
 
 
 def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8",
@@ -580,16 +581,13 @@ def _out_tuple(out, mode) -> tuple:
 
 
 def _check_disjoint(refs) -> None:
-    """No two of these arrays share bytes (the kernels read x while they write q, scale, zp)."""
-    spans = []
-    for name, r in refs:
-        if r is not None and r.size:
-            lo, hi = byte_span(r)
-            spans.append((name, r.ptr + lo, r.ptr + hi))
-    for i, (a, lo_a, hi_a) in enumerate(spans):
-        for b, lo_b, hi_b in spans[i + 1:]:
-            if lo_a < hi_b and lo_b < hi_a:
-                raise InvalidProblemError(f"{b} overlaps {a} in memory; dynamic_quantize needs separate arrays")
+    """No two of these arrays share bytes (the kernels read x while they write q, scale, zp); the
+    same test a replay makes (runtime.quantization._overlap)."""
+    named = [(name, r) for name, r in refs if r is not None and r.size]
+    pair = _overlap([(k, *byte_span(r)) for k, (_, r) in enumerate(named)], [r.ptr for _, r in named])
+    if pair is not None:
+        raise InvalidProblemError(f"{named[pair[1]][0]} overlaps {named[pair[0]][0]} in memory; "
+                                  "dynamic_quantize needs separate arrays")
 
 
 def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, outs=()):
@@ -620,7 +618,7 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
         qref = _out_arg(outs[0], xr, xr.shape, qk, "out[0] (q)")
         sref = _out_arg(outs[1], xr, pshape, m, "out[1] (scale)")
         zref = None if outs[2] is None else _out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
-        rows_view(qref, "out[0] (q)")
+        qv = rows_view(qref, "out[0] (q)")          # its layout errors name the argument
         _same_device([xr, qref, sref, zref])
         _check_disjoint([("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref), ("out[2] (zero_point)", zref)])
         fast.require_disjoint([(0, xr), (1, qref), (2, sref), (3, zref)])
@@ -629,9 +627,9 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
         s_val, z_val, _, _ = dynamic_qparams(np.zeros((1,), numpy_dtype(xr.kind)), scope="tensor", mode=mode,
                                              out_kind=qk, qmin=qmin, qmax=qmax, eps=eps)
         if outs:
-            _fill_into(sref, float(s_val))
+            _fill_into(sref.obj, sref.framework, float(s_val))
             if zref is not None:
-                _fill_into(zref, int(z_val))
+                _fill_into(zref.obj, zref.framework, int(z_val))
             return qref.obj, sref.obj, None if zref is None else zref.obj
         q = empty(xr, xr.shape, qk)
         s = _fill(xr, pshape, m, float(s_val))
@@ -641,9 +639,10 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
         qref = as_array(empty(xr, xr.shape, qk), "q")
         sref = as_array(empty(xr, pshape, m), "scale")
         zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
+        qv = rows_view(qref, "q")
         _same_device([xr, qref])
     qa = qref.obj
-    args = DynamicArgs(xr, xv, qref, rows_view(qref, "q"), sref, zref, scope, mode, qmin, qmax, zp_value, eps,
+    args = DynamicArgs(xr, xv, qref, qv, sref, zref, scope, mode, qmin, qmax, zp_value, eps,
                        axis=axis, group_size=group_size)
     plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, qk))
     if isinstance(plan.launcher, DynamicFusedLauncher):

@@ -211,7 +211,7 @@ class _Entry:
         check = self.check
         if check is not None and not check(vals):
             return _MISS
-        if self.disjoint is not None and _overlap(self.disjoint, vals):
+        if self.disjoint is not None and _overlap(self.disjoint, vals) is not None:
             return _MISS               # the slow path raises the typed error
         if self.allocs:
             new = []
@@ -236,16 +236,17 @@ class _Entry:
         return self.result(args)
 
 
-def _overlap(spans, vals) -> bool:
-    """Whether two of the arguments named in ``spans`` ((index, first byte, end byte) relative to
-    their pointers, fixed by the cache key's shapes and strides) share bytes."""
+def _overlap(spans, vals):
+    """The first pair ``(i, j)`` of arguments named in ``spans`` that share bytes, or None.
+    ``spans``: (index, first byte, end byte) relative to the pointers ``vals[index]`` (for a
+    replay, fixed by the cache key's shapes and strides; see :func:`byte_span`)."""
     for k, (i, lo_i, hi_i) in enumerate(spans):
         a = vals[i]
         for j, lo_j, hi_j in spans[k + 1:]:
             b = vals[j]
             if a + lo_i < b + hi_j and b + lo_j < a + hi_i:
-                return True
-    return False
+                return i, j
+    return None
 
 
 def byte_span(ref: ArrayRef) -> tuple:
