@@ -103,7 +103,9 @@ def test_reference_invariant_random(rng):
         qmin, qmax = (-127, 127) if mode == "symmetric" else (-128, 127)
         np.testing.assert_array_equal(q, quantize(x, s, zp, scope="group", group_size=16, qmin=qmin, qmax=qmax))
         y = sf.reference.dequantize(q, s, zp, scope="group", group_size=16)
-        assert (np.abs(y - x) <= np.repeat(s.reshape(33, -1), 16, -1) * 0.5 * (1 + 1e-5)).all()
+        # within scale/2 up to f32 rounding of the scale, zero point and y: the bound of the GPU
+        # check (codegen/checks_dynamic.py); 1 + 1e-5 failed about once in 700 seeds (0.500025 · s)
+        assert (np.abs(y - x) <= np.repeat(s.reshape(33, -1), 16, -1) * (0.5 + 1e-4)).all()
 
 
 # -- validation: typed errors before any launch ---------------------------------------------------
