@@ -121,13 +121,16 @@ class FusedConfig:
     ``ch``: chunks per thread and row group of a team kernel (P or P / 2; default by row-group
     length); ``threads``: per block of a team kernel (default 128); ``grid``: ``persistent`` (as
     many blocks as are resident) or ``full`` (one block per unit of work); ``index``: ``div``
-    forbids the team kernels' division-free indexing of contiguous rows (to measure it)."""
+    forbids the team kernels' division-free indexing of contiguous rows (to measure it); ``fixed``:
+    ``0`` keeps the run-time-TX entry point where a fixed-TX one (``<symbol>_t<P>_tx<TX>``) exists
+    (to measure it; default ``1``)."""
 
     kernel: str = "auto"
     ch: Optional[int] = None
     threads: Optional[int] = None
     persistent: Optional[bool] = None     # None: full grid for t16, persistent otherwise (measured)
     index: str = "auto"
+    fixed: bool = True    # the fixed-TX team entry point where the SKU has one for (P, TX), ch = P / 2
 
     @staticmethod
     @lru_cache(maxsize=64)
@@ -144,9 +147,11 @@ class FusedConfig:
                 fields["persistent"] = value == "persistent"
             elif key == "index" and value in ("auto", "div"):
                 fields["index"] = value
+            elif key == "fixed" and value in ("0", "1"):
+                fields["fixed"] = value == "1"
             else:
                 raise UnsupportedError(f"SKUFORGE_DYNAMIC_CONFIG={text!r}: {w!r} is not ch=N, threads=N, "
-                                       "grid=persistent|full or index=auto|div")
+                                       "grid=persistent|full, index=auto|div or fixed=0|1")
         cfg = FusedConfig(**fields)
         k = cfg.kernel
         if not (k in ("auto", "block") or (k[:1] == "t" and k[1:] in ("16", "8", "4", "2"))):
@@ -206,6 +211,14 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
         if best is not None and -(-vrows // best.per_block) * best.threads // 32 >= enough:
             break
     return best
+
+
+def team_symbol(plan, team: TeamLaunch, cfg: FusedConfig) -> str:
+    """The entry point of a team launch: ``<symbol>_t<P>``, or the fixed-TX ``<symbol>_t<P>_tx<TX>``
+    where the SKU has one for (P, ch, TX) (codegen.matrix.TEAM_FIXED) and ``cfg.fixed``."""
+    name = f"{plan.entry.symbol}_t{team.chunks}"
+    fixed = [team.chunks, team.ch, team.tx] in (plan.launch.get("team_fixed") or [])
+    return f"{name}_tx{team.tx}" if cfg.fixed and fixed else name
 
 
 def _team(p, ch, threads, u, vrows, dense, chunks) -> Optional[TeamLaunch]:
@@ -269,7 +282,7 @@ def fused_launch(launcher, plan, args, pack: int, formats):
         work = args.xv.rows * ngroups
         team = team_launch(plan, args, cfg, vec_ok, pack)
         if team is not None:
-            fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_t{team.chunks}", dev)
+            fn = load_function(plan.registry, plan.entry.unit, team_symbol(plan, team, cfg), dev)
             persistent = cfg.persistent if cfg.persistent is not None else team.chunks != 16
             hit = (fn, fused_grid(fn, work, team.per_block, team.threads, dev, persistent), (team.threads,),
                    formats(f64, team=True), (team.tx, team.ch, int(team.dense), ngroups))

@@ -444,7 +444,9 @@ def test_fused_config_text():
     assert P("auto") == dyn.FusedConfig() == P("")
     assert P("t8,ch=4,threads=256,grid=full,index=div") == dyn.FusedConfig("t8", 4, 256, False, "div")
     assert P("block,grid=persistent") == dyn.FusedConfig("block", persistent=True)
-    for bad in ("t32", "t16,ch=4", "block,ch=8", "t8,threads=48", "t8,threads=1024", "t8,grid=half", "t8,foo=1"):
+    assert P("auto,fixed=0") == dyn.FusedConfig(fixed=False) and P("t8,fixed=1").fixed
+    for bad in ("t32", "t16,ch=4", "block,ch=8", "t8,threads=48", "t8,threads=1024", "t8,grid=half", "t8,foo=1",
+                "auto,fixed=2"):
         err(lambda: P(bad), UnsupportedError, "SKUFORGE_DYNAMIC_CONFIG")
 
 
@@ -471,6 +473,55 @@ def test_team_launch_choice(monkeypatch, shape, scope, gs, element, text, want):
                         vec_ok=True)
     assert (t.chunks, t.tx, t.ch, t.threads) == want and t.dense
     assert t.per_block == t.threads // max(32, t.tx) * max(1, 32 // t.tx) * t.rg
+
+
+@pytest.mark.parametrize("shape,scope,gs,element,text,want", [
+    ((8192, 8192), "group", 128, "bf16", "auto", "_t8_tx4"),          # the fixed-TX entry points
+    ((8192, 8192), "group", 64, "bf16", "auto", "_t8_tx2"),
+    ((8192, 8192), "group", 256, "bf16", "auto", "_t8_tx8"),
+    ((8192, 8192), "group", 128, "f32", "auto", "_t8_tx8"),
+    ((16, 4096), "token", None, "bf16", "auto", "_t2_tx256"),
+    ((8192, 8192), "group", 128, "bf16", "auto,fixed=0", "_t8"),      # fixed=0: the run-time-TX one
+    ((16, 4096), "token", None, "bf16", "auto,fixed=0", "_t2"),
+    ((8192, 8192), "group", 128, "bf16", "t8,ch=8", "_t8"),           # ch = 8: no fixed entry point
+    ((8192, 8192), "group", 512, "bf16", "auto", "_t8"),              # 64 chunks: ch = 8
+    ((8192, 8192), "token", None, "bf16", "auto", "_t16"),
+    ((16, 2048), "token", None, "bf16", "auto", "_t2"),               # tx = 128: not in TEAM_FIXED
+])
+def test_team_symbol(monkeypatch, shape, scope, gs, element, text, want):
+    """The launcher takes a fixed-TX entry point exactly where the SKU has one for (P, ch, TX)."""
+    from codegen.matrix import TEAM_FIXED
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+    plan = _team_plan(scope, element)
+    plan.launch["team_fixed"] = [list(f) for f in TEAM_FIXED.get(scope, ())]
+    plan.entry = type("Entry", (), {"symbol": "sf_k"})()
+    cfg = dyn.FusedConfig.parse(text)
+    t = dyn.team_launch(plan, _team_args(shape, scope, element, gs), cfg, vec_ok=True)
+    assert dyn.team_symbol(plan, t, cfg) == "sf_k" + want
+    if "_tx" in want:
+        assert [t.chunks, t.ch, t.tx] in plan.launch["team_fixed"]
+
+
+def test_every_fixed_team_entry_point_is_generated():
+    """Each s8 / u8 fused SKU (not f64) carries the fixed-TX entry points of TEAM_FIXED for its scope,
+    listed in its launch metadata, with the run-time-TX entry point of the same P."""
+    from codegen.matrix import TEAM_FIXED
+    from runtime.registry import default_registry
+    reg = default_registry()
+    seen = 0
+    for sku in reg.skus():
+        if sku.op != "dynamic_quantize" or sku.scope not in ("token", "group") or sku.aux_element not in ("s8", "u8"):
+            continue
+        e = reg.lookup(sku)
+        want = [] if sku.element == "f64" else [list(f) for f in TEAM_FIXED.get(sku.scope, ())]
+        assert e.launch.get("team_fixed", []) == want, sku
+        src = reg.unit_source(e.unit)
+        for p, ch, tx in want:
+            assert f" {e.symbol}_t{p}_tx{tx}(" in src, (sku, p, tx)
+            assert f" {e.symbol}_t{p}(" in src
+            assert f"team_row_groups<{e.launch['vec']}, {ch}, {p // ch}, {tx}>" in src
+            seen += 1
+    assert seen > 0
 
 
 def test_team_launch_falls_back_to_the_block_kernel(monkeypatch):

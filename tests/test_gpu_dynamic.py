@@ -153,15 +153,18 @@ def test_more_than_2_pow_31_elements():
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("config", ["block", "t16", "t16,ch=8", "t8", "t8,ch=4", "t4", "t4,ch=2", "t2", "t2,ch=1",
-                                    "t2,threads=32"])
+@pytest.mark.parametrize("config", ["block", "t16", "t16,ch=8", "t8", "t8,ch=4", "t8,ch=4,fixed=0", "t4", "t4,ch=2",
+                                    "t2", "t2,fixed=0", "t2,ch=1", "t2,threads=32", "auto", "auto,fixed=0"])
 @pytest.mark.parametrize("element,mode,scope,gs,shape", [
     ("bf16", "symmetric", "token", None, (37, 4096)), ("bf16", "symmetric", "group", 128, (16, 4096)),
-    ("f16", "asymmetric", "group", 32, (9, 96)), ("f32", "asymmetric", "token", None, (130, 520))])
+    ("f16", "asymmetric", "group", 32, (9, 96)), ("f32", "asymmetric", "token", None, (130, 520)),
+    ("bf16", "asymmetric", "group", 64, (33, 512)), ("f32", "symmetric", "group", 128, (20, 1024)),
+    ("f16", "symmetric", "group", 256, (12, 2048)), ("f16", "asymmetric", "token", None, (5, 4096))])
 def test_every_fused_launch_configuration_is_bit_exact(config, element, mode, scope, gs, shape, rng, monkeypatch):
-    """Each team kernel (t16 ... t2, every chunk split it takes) and the block kernel give the
-    reference's bits, NaN / inf / constant rows included; a configuration that cannot take the
-    problem falls back to the block kernel, which is checked the same way."""
+    """Each team kernel (t16 ... t2, every chunk split it takes, the fixed-TX entry points and, with
+    fixed=0, the run-time-TX ones in their place) and the block kernel give the reference's bits,
+    NaN / inf / constant rows included; a configuration that cannot take the problem falls back to
+    the block kernel, which is checked the same way."""
     import cupy as cp
     from runtime import dynamic as dyn
     from runtime.arrays import numpy_dtype

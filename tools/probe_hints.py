@@ -8,7 +8,9 @@ On the GPU machine:
 Each variant is the shipped generated source with one textual substitution (applied to a copy of
 generated/ in a temporary folder, so its kernels compile and cache apart): ``ldcs`` (the team
 kernels' 16-byte loads of x as ``ld.global.cs``, evict-first), ``stcs`` (every 8-byte vector
-store as ``st.global.cs``: q streams past L2), ``both``. Every variant must give the shipped
+store as ``st.global.cs``: q streams past L2), ``both``. ``--tree NAME=DIR`` adds a variant whose
+dynamic bf16 / f16 -> s8 units are those of DIR (a generated/ tree rendered from other templates:
+an A/B of a template change in the same run); ``--variants`` picks the variants to run. Every variant must give the shipped
 kernel's bits (checked on the whole output); times are CUDA events (codegen.bench.Timer, two input
 sets rotated) and "% copy" is against the bench's device copy (codegen.bench.copy_bandwidth), as
 ``codegen bench`` reports it.
@@ -35,18 +37,24 @@ VARIANTS = {
 VARIANTS["both"] = VARIANTS["ldcs"] + VARIANTS["stcs"]
 CASES = [(("bf16", "s8", "group", "symmetric"), (8192, 8192)), (("bf16", "s8", "group", "symmetric"), (65536, 4096)),
          (("bf16", "s8", "token", "symmetric"), (8192, 8192)), (("bf16", "s8", "tensor", "symmetric"), (8192, 8192)),
-         (("f16", "s8", "group", "symmetric"), (8192, 8192))]
+         (("f16", "s8", "group", "symmetric"), (8192, 8192)), (("bf16", "s8", "token", "symmetric"), (16, 4096)),
+         (("bf16", "s8", "group", "symmetric"), (16, 4096))]
+UNITS = ("quantization/dynamic_quantize_bf16_s8.cu", "quantization/dynamic_quantize_f16_s8.cu")
 
 
 def patched_registry(name: str, subs):
-    """A copy of generated/ whose every unit has the substitutions applied (each must match)."""
+    """A copy of generated/ whose every unit has the substitutions applied (each must match), or
+    (subs a Path) whose dynamic units are those of that tree."""
     from codegen.manifest import GENERATED
     from runtime.registry import Registry
     if not subs:
         return Registry.load(GENERATED)
     root = Path(tempfile.mkdtemp(prefix=f"skuforge-{name}-")) / "generated"
     shutil.copytree(GENERATED, root)
-    for unit in ("quantization/dynamic_quantize_bf16_s8.cu", "quantization/dynamic_quantize_f16_s8.cu"):
+    for unit in UNITS:
+        if isinstance(subs, Path):
+            shutil.copyfile(subs / unit, root / unit)
+            continue
         text = (root / unit).read_text()
         for old, new in subs:
             assert old in text, (unit, old)
@@ -59,11 +67,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="probe_hints.json")
     ap.add_argument("--samples", type=int, default=100)
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="a variant whose dynamic units come from the generated/ tree DIR")
+    ap.add_argument("--variants", help="comma-separated variant names to run (default: all)")
+    ap.add_argument("--config", action="append", default=[], metavar="NAME=TEXT",
+                    help="run variant NAME (the shipped tree unless --tree names it) under this fused launch "
+                         "configuration (runtime.dynamic.FusedConfig text, e.g. 'auto,fixed=0')")
+    ap.add_argument("--cases", help="comma-separated substrings; a case runs when its label holds one")
     a = ap.parse_args()
+    for spec in a.tree:
+        name, _, d = spec.partition("=")
+        VARIANTS[name] = Path(d)
+    configs = {}
+    for spec in a.config:
+        name, _, text = spec.partition("=")
+        configs[name] = text
+        VARIANTS.setdefault(name, [])
+    if a.variants:
+        for v in [v for v in VARIANTS if v not in a.variants.split(",")]:
+            del VARIANTS[v]
+    if a.cases:
+        CASES[:] = [(c, s) for c, s in CASES
+                    if any(k in "/".join(c) + " " + "x".join(map(str, s)) for k in a.cases.split(","))]
     import cupy as cp
 
     from codegen.bench import Timer, copy_bandwidth, gbps
     from codegen.verify import environment
+    from runtime import dynamic as dyn
     from runtime.plans import Descriptor, Plan, Preference
     env = environment(0)
     arch = int(env["gpu"]["cc"].replace(".", ""))
@@ -84,6 +114,7 @@ def main() -> int:
             nbytes = pd.expected_bytes(case, shape)
             ref = None
             for v in VARIANTS:
+                dyn.DynamicFusedLauncher.config_text = configs.get(v, "auto")
                 plan = plans[(v, case)]
                 pd.poison(sets[0][1], torch)
                 plan.run(sets[0][0])
@@ -99,6 +130,7 @@ def main() -> int:
                       f"{r['pct_copy']:5.1f}% exact={'yes' if exact else 'NO'}", flush=True)
             del xs, sets, ref
             torch.cuda.empty_cache()
+    dyn.DynamicFusedLauncher.config_text = "auto"
     Path(a.out).write_text(json.dumps({"env": env, "copy": copy, "results": results}, indent=1))
     return 0
 

@@ -97,6 +97,8 @@ __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
 // -- index arithmetic ---------------------------------------------------------------------------
+// log2 of a power of two, at compile time
+__device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
 // (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
 // caller says every operand fits (several times cheaper than 64-bit).
 __device__ __forceinline__ i64_t channel_of(i64_t row, i64_t inner, i64_t count, bool narrow) {
@@ -1033,13 +1035,19 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
 // subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
 // which change no reduction (it starts from 0), so the reduction needs no guard.
-template <int V, int CH, int RG>
+// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
+// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
+// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
+// element, about a third of them per row group, where this matters most).
+template <int V, int CH, int RG, int TXC>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
+    const int TX = TXC ? TXC : tx_n;
+    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
     const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
     const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
@@ -1070,32 +1078,48 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
+        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
+        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
+        // one row group hide the latency of the other's).
+        Acc a[RG];
 #pragma unroll
-        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
-            const bool live = vr < vrows;
-            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
-            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
-            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
-            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
-            if (nan_seen) {
-                a = chunks_range<false>(buf[r], live);
-                team_reduce<false>(a, TX, xch, parity);
+        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
+        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
+        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
+        // per team (its barrier needs every warp).
+        bool nan_here = false;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
+        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+        if (nan_seen) {
+#pragma unroll
+            for (int r = 0; r < RG; ++r) {
+                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
+                team_reduce<false>(a[r], TX, xch, parity);
             }
+        }
+        M inv[RG];
+        QuantBounds<M> qb[RG];
+        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+        bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+            const i64_t vr = first + r * S;
             int zp;
-            const M s = sink.params(a, vr, live && tx == 0, zp);
-            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
-            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            if (live) {
-                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
-                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
-                // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
-                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
-                else
-                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
+            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
+            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
+            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, qr += S * gsq) {
+            if (first + r * S < vrows) {
+                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
             }
         }
     }
@@ -1142,8 +1166,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 16: team_row_groups<8, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<8, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 16: team_row_groups<8, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<8, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1160,8 +1184,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 8: team_row_groups<8, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<8, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<8, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<8, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1178,8 +1202,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 4: team_row_groups<8, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<8, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<8, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<8, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1196,8 +1220,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 2: team_row_groups<8, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<8, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<8, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<8, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1507,13 +1531,19 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
 // subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
 // which change no reduction (it starts from 0), so the reduction needs no guard.
-template <int V, int CH, int RG>
+// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
+// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
+// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
+// element, about a third of them per row group, where this matters most).
+template <int V, int CH, int RG, int TXC>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
+    const int TX = TXC ? TXC : tx_n;
+    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
     const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
     const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
@@ -1544,32 +1574,48 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
+        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
+        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
+        // one row group hide the latency of the other's).
+        Acc a[RG];
 #pragma unroll
-        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
-            const bool live = vr < vrows;
-            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
-            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
-            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
-            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
-            if (nan_seen) {
-                a = chunks_range<false>(buf[r], live);
-                team_reduce<false>(a, TX, xch, parity);
+        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
+        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
+        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
+        // per team (its barrier needs every warp).
+        bool nan_here = false;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
+        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+        if (nan_seen) {
+#pragma unroll
+            for (int r = 0; r < RG; ++r) {
+                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
+                team_reduce<false>(a[r], TX, xch, parity);
             }
+        }
+        M inv[RG];
+        QuantBounds<M> qb[RG];
+        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+        bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+            const i64_t vr = first + r * S;
             int zp;
-            const M s = sink.params(a, vr, live && tx == 0, zp);
-            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
-            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            if (live) {
-                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
-                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
-                // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
-                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
-                else
-                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
+            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
+            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
+            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, qr += S * gsq) {
+            if (first + r * S < vrows) {
+                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
             }
         }
     }
@@ -1616,8 +1662,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 16: team_row_groups<8, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<8, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 16: team_row_groups<8, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<8, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1634,8 +1680,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 8: team_row_groups<8, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<8, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<8, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<8, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1652,8 +1698,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 4: team_row_groups<8, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<8, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<8, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<8, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1670,8 +1716,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 2: team_row_groups<8, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<8, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<8, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<8, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2369,13 +2415,19 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
 // subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
 // which change no reduction (it starts from 0), so the reduction needs no guard.
-template <int V, int CH, int RG>
+// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
+// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
+// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
+// element, about a third of them per row group, where this matters most).
+template <int V, int CH, int RG, int TXC>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
+    const int TX = TXC ? TXC : tx_n;
+    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
     const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
     const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
@@ -2406,32 +2458,48 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
+        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
+        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
+        // one row group hide the latency of the other's).
+        Acc a[RG];
 #pragma unroll
-        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
-            const bool live = vr < vrows;
-            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
-            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
-            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
-            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
-            if (nan_seen) {
-                a = chunks_range<false>(buf[r], live);
-                team_reduce<false>(a, TX, xch, parity);
+        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
+        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
+        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
+        // per team (its barrier needs every warp).
+        bool nan_here = false;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
+        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+        if (nan_seen) {
+#pragma unroll
+            for (int r = 0; r < RG; ++r) {
+                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
+                team_reduce<false>(a[r], TX, xch, parity);
             }
+        }
+        M inv[RG];
+        QuantBounds<M> qb[RG];
+        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+        bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+            const i64_t vr = first + r * S;
             int zp;
-            const M s = sink.params(a, vr, live && tx == 0, zp);
-            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
-            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            if (live) {
-                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
-                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
-                // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
-                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
-                else
-                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
+            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
+            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
+            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, qr += S * gsq) {
+            if (first + r * S < vrows) {
+                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
             }
         }
     }
@@ -2478,8 +2546,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 16: team_row_groups<8, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<8, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 16: team_row_groups<8, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<8, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2496,8 +2564,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 8: team_row_groups<8, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<8, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<8, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<8, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2514,8 +2582,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 4: team_row_groups<8, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<8, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<8, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<8, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2532,8 +2600,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 2: team_row_groups<8, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<8, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<8, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<8, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2843,13 +2911,19 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
 // subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
 // which change no reduction (it starts from 0), so the reduction needs no guard.
-template <int V, int CH, int RG>
+// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
+// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
+// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
+// element, about a third of them per row group, where this matters most).
+template <int V, int CH, int RG, int TXC>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
+    const int TX = TXC ? TXC : tx_n;
+    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
     const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
     const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
@@ -2880,32 +2954,48 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
+        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
+        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
+        // one row group hide the latency of the other's).
+        Acc a[RG];
 #pragma unroll
-        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
-            const bool live = vr < vrows;
-            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
-            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
-            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
-            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
-            if (nan_seen) {
-                a = chunks_range<false>(buf[r], live);
-                team_reduce<false>(a, TX, xch, parity);
+        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
+        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
+        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
+        // per team (its barrier needs every warp).
+        bool nan_here = false;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
+        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+        if (nan_seen) {
+#pragma unroll
+            for (int r = 0; r < RG; ++r) {
+                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
+                team_reduce<false>(a[r], TX, xch, parity);
             }
+        }
+        M inv[RG];
+        QuantBounds<M> qb[RG];
+        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+        bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+            const i64_t vr = first + r * S;
             int zp;
-            const M s = sink.params(a, vr, live && tx == 0, zp);
-            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
-            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            if (live) {
-                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
-                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
-                // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
-                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
-                else
-                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
+            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
+            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
+            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, qr += S * gsq) {
+            if (first + r * S < vrows) {
+                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
             }
         }
     }
@@ -2952,8 +3042,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 16: team_row_groups<8, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<8, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 16: team_row_groups<8, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<8, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2970,8 +3060,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 8: team_row_groups<8, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<8, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<8, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<8, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2988,8 +3078,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 4: team_row_groups<8, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<8, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<8, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<8, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -3006,8 +3096,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 2: team_row_groups<8, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<8, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<8, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<8, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }

@@ -97,6 +97,8 @@ __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
 // -- index arithmetic ---------------------------------------------------------------------------
+// log2 of a power of two, at compile time
+__device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
 // (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
 // caller says every operand fits (several times cheaper than 64-bit).
 __device__ __forceinline__ i64_t channel_of(i64_t row, i64_t inner, i64_t count, bool narrow) {
@@ -837,13 +839,19 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
 // subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
 // which change no reduction (it starts from 0), so the reduction needs no guard.
-template <int V, int CH, int RG>
+// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
+// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
+// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
+// element, about a third of them per row group, where this matters most).
+template <int V, int CH, int RG, int TXC>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
+    const int TX = TXC ? TXC : tx_n;
+    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
     const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
     const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
@@ -874,32 +882,48 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
+        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
+        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
+        // one row group hide the latency of the other's).
+        Acc a[RG];
 #pragma unroll
-        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
-            const bool live = vr < vrows;
-            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
-            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
-            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
-            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
-            if (nan_seen) {
-                a = chunks_range<false>(buf[r], live);
-                team_reduce<false>(a, TX, xch, parity);
+        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
+        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
+        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
+        // per team (its barrier needs every warp).
+        bool nan_here = false;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
+        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+        if (nan_seen) {
+#pragma unroll
+            for (int r = 0; r < RG; ++r) {
+                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
+                team_reduce<false>(a[r], TX, xch, parity);
             }
+        }
+        M inv[RG];
+        QuantBounds<M> qb[RG];
+        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+        bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+            const i64_t vr = first + r * S;
             int zp;
-            const M s = sink.params(a, vr, live && tx == 0, zp);
-            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
-            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            if (live) {
-                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
-                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
-                // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
-                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
-                else
-                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
+            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
+            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
+            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, qr += S * gsq) {
+            if (first + r * S < vrows) {
+                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
             }
         }
     }
@@ -948,8 +972,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 16: team_row_groups<4, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<4, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 16: team_row_groups<4, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<4, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -966,10 +990,55 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 8: team_row_groups<4, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<4, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<4, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<4, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
+}
+
+// Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
+// compile time: row groups of up to 8 chunks (32 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_t8.
+extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_t8_tx2(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 2, dense != 0, xch);
+}
+
+// Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
+// compile time: row groups of up to 16 chunks (64 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_t8.
+extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_t8_tx4(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 4, 2, 4>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 4, dense != 0, xch);
+}
+
+// Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
+// compile time: row groups of up to 32 chunks (128 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_t8.
+extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_t8_tx8(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_asymmetric_f32_u8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 4, 2, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -984,8 +1053,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 4: team_row_groups<4, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<4, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<4, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1002,8 +1071,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 2: team_row_groups<4, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<4, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<4, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<4, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1245,13 +1314,19 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
 // subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
 // which change no reduction (it starts from 0), so the reduction needs no guard.
-template <int V, int CH, int RG>
+// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
+// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
+// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
+// element, about a third of them per row group, where this matters most).
+template <int V, int CH, int RG, int TXC>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
+    const int TX = TXC ? TXC : tx_n;
+    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
     const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
     const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
@@ -1282,32 +1357,48 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
+        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
+        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
+        // one row group hide the latency of the other's).
+        Acc a[RG];
 #pragma unroll
-        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
-            const bool live = vr < vrows;
-            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
-            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
-            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
-            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
-            if (nan_seen) {
-                a = chunks_range<false>(buf[r], live);
-                team_reduce<false>(a, TX, xch, parity);
+        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
+        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
+        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
+        // per team (its barrier needs every warp).
+        bool nan_here = false;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
+        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+        if (nan_seen) {
+#pragma unroll
+            for (int r = 0; r < RG; ++r) {
+                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
+                team_reduce<false>(a[r], TX, xch, parity);
             }
+        }
+        M inv[RG];
+        QuantBounds<M> qb[RG];
+        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+        bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+            const i64_t vr = first + r * S;
             int zp;
-            const M s = sink.params(a, vr, live && tx == 0, zp);
-            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
-            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            if (live) {
-                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
-                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
-                // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
-                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
-                else
-                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
+            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
+            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
+            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, qr += S * gsq) {
+            if (first + r * S < vrows) {
+                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
             }
         }
     }
@@ -1356,8 +1447,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 16: team_row_groups<4, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<4, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 16: team_row_groups<4, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<4, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1374,10 +1465,55 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 8: team_row_groups<4, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<4, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<4, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<4, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
+}
+
+// Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
+// compile time: row groups of up to 8 chunks (32 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_t8.
+extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_t8_tx2(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 2, dense != 0, xch);
+}
+
+// Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
+// compile time: row groups of up to 16 chunks (64 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_t8.
+extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_t8_tx4(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 4, 2, 4>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 4, dense != 0, xch);
+}
+
+// Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
+// compile time: row groups of up to 32 chunks (128 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_t8.
+extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_t8_tx8(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f32_u8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 4, 2, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1392,8 +1528,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 4: team_row_groups<4, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<4, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<4, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -1410,8 +1546,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 2: team_row_groups<4, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<4, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<4, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<4, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2349,13 +2485,19 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
 // subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
 // which change no reduction (it starts from 0), so the reduction needs no guard.
-template <int V, int CH, int RG>
+// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
+// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
+// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
+// element, about a third of them per row group, where this matters most).
+template <int V, int CH, int RG, int TXC>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
+    const int TX = TXC ? TXC : tx_n;
+    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
     const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
     const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
@@ -2386,32 +2528,48 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
+        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
+        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
+        // one row group hide the latency of the other's).
+        Acc a[RG];
 #pragma unroll
-        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
-            const bool live = vr < vrows;
-            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
-            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
-            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
-            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
-            if (nan_seen) {
-                a = chunks_range<false>(buf[r], live);
-                team_reduce<false>(a, TX, xch, parity);
+        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
+        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
+        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
+        // per team (its barrier needs every warp).
+        bool nan_here = false;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
+        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+        if (nan_seen) {
+#pragma unroll
+            for (int r = 0; r < RG; ++r) {
+                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
+                team_reduce<false>(a[r], TX, xch, parity);
             }
+        }
+        M inv[RG];
+        QuantBounds<M> qb[RG];
+        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+        bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+            const i64_t vr = first + r * S;
             int zp;
-            const M s = sink.params(a, vr, live && tx == 0, zp);
-            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
-            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            if (live) {
-                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
-                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
-                // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
-                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
-                else
-                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
+            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
+            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
+            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, qr += S * gsq) {
+            if (first + r * S < vrows) {
+                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
             }
         }
     }
@@ -2460,8 +2618,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 16: team_row_groups<4, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<4, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 16: team_row_groups<4, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<4, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2478,8 +2636,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 8: team_row_groups<4, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<4, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<4, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<4, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2496,8 +2654,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 4: team_row_groups<4, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<4, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<4, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2514,10 +2672,25 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 2: team_row_groups<4, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<4, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<4, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<4, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
+}
+
+// Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
+// compile time: row groups of up to 512 chunks (2048 elements); parameters as for sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_t2.
+extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_t2_tx256(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_token_asymmetric_f32_u8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 2, 1, 256>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 256, dense != 0, xch);
 }
 
 // SKU: quantization/dynamic_quantize/token/symmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
@@ -2757,13 +2930,19 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
 // subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
 // which change no reduction (it starts from 0), so the reduction needs no guard.
-template <int V, int CH, int RG>
+// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
+// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
+// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
+// element, about a third of them per row group, where this matters most).
+template <int V, int CH, int RG, int TXC>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int TX, bool dense, M (*xch)[2][16])
+    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    const int tx = threadIdx.x & (TX - 1), ltx = __ffs(TX) - 1;   // TX is a power of two
+    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
+    const int TX = TXC ? TXC : tx_n;
+    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
     const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
     const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
     const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
@@ -2794,32 +2973,48 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
+        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
+        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
+        // one row group hide the latency of the other's).
+        Acc a[RG];
 #pragma unroll
-        for (int r = 0; r < RG; ++r, vr += S, qr += S * gsq) {
-            const bool live = vr < vrows;
-            Acc a = chunks_range<UNCHECKED_PATH>(buf[r], live);
-            team_reduce<UNCHECKED_PATH>(a, TX, xch, parity);
-            // A NaN in the row group (rare): reduce again ignoring NaN, as SPEC §5 says. Uniform per
-            // warp (the shuffles need every lane) and per team (its barrier needs every warp).
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, is_nan(a.hi) || (ASYM && is_nan(a.lo)));
-            if (nan_seen) {
-                a = chunks_range<false>(buf[r], live);
-                team_reduce<false>(a, TX, xch, parity);
+        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
+        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
+        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
+        // per team (its barrier needs every warp).
+        bool nan_here = false;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
+        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+        if (nan_seen) {
+#pragma unroll
+            for (int r = 0; r < RG; ++r) {
+                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
+                team_reduce<false>(a[r], TX, xch, parity);
             }
+        }
+        M inv[RG];
+        QuantBounds<M> qb[RG];
+        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+        bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+            const i64_t vr = first + r * S;
             int zp;
-            const M s = sink.params(a, vr, live && tx == 0, zp);
-            const M inv = (M)1 / s;            // once per scale element, as the static kernel does
-            const QuantBounds<M> qb = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            if (live) {
-                // the row group's range [lo, hi] is known: when it holds no NaN and maps inside
-                // [qmin, qmax] (always, but for non-finite scales), the per-element clamp and NaN
-                // test are left out
-                if (UNCHECKED_PATH && !nan_seen && clamp_free(ASYM ? a.lo : -a.hi, a.hi, inv, qb))
-                    store_chunks<false>(qr, buf[r], nch, step / PACK, inv, qb);
-                else
-                    store_chunks<true>(qr, buf[r], nch, step / PACK, inv, qb);
+            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
+            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
+            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
+        }
+        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+#pragma unroll
+        for (int r = 0; r < RG; ++r, qr += S * gsq) {
+            if (first + r * S < vrows) {
+                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
             }
         }
     }
@@ -2868,8 +3063,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 16: team_row_groups<4, 16, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<4, 8, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 16: team_row_groups<4, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<4, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2886,8 +3081,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 8: team_row_groups<4, 8, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<4, 4, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 8: team_row_groups<4, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<4, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2904,8 +3099,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 4: team_row_groups<4, 4, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 4: team_row_groups<4, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<4, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
 }
@@ -2922,8 +3117,23 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
     const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
     switch (ch) {
-    case 2: team_row_groups<4, 2, 1>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<4, 1, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 2: team_row_groups<4, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+    case 1: team_row_groups<4, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
+}
+
+// Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
+// compile time: row groups of up to 512 chunks (2048 elements); parameters as for sf_dynamic_quantize_token_symmetric_f32_u8_sm80_simt_t2.
+extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f32_u8_sm80_simt_t2_tx256(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_token_symmetric_f32_u8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 2, 1, 256>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 256, dense != 0, xch);
 }
