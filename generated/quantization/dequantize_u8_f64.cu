@@ -97,8 +97,6 @@ __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
 // -- index arithmetic ---------------------------------------------------------------------------
-// log2 of a power of two, at compile time
-__device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
 // (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
 // caller says every operand fits (several times cheaper than 64-bit).
 __device__ __forceinline__ i64_t channel_of(i64_t row, i64_t inner, i64_t count, bool narrow) {

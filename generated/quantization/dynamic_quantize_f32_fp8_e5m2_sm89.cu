@@ -97,8 +97,6 @@ __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
 // -- index arithmetic ---------------------------------------------------------------------------
-// log2 of a power of two, at compile time
-__device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
 // (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
 // caller says every operand fits (several times cheaper than 64-bit).
 __device__ __forceinline__ i64_t channel_of(i64_t row, i64_t inner, i64_t count, bool narrow) {
@@ -780,6 +778,8 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
 // Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
 // fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
 constexpr bool UNCHECKED_PATH = false;
+// log2 of a power of two, at compile time
+__device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -899,48 +899,55 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
-        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
-        // one row group hide the latency of the other's).
-        Acc a[RG];
-#pragma unroll
-        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
-#pragma unroll
-        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
-        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
-        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
-        // per team (its barrier needs every warp).
-        bool nan_here = false;
-#pragma unroll
-        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
-        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
-        if (nan_seen) {
-#pragma unroll
-            for (int r = 0; r < RG; ++r) {
-                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
-                team_reduce<false>(a[r], TX, xch, parity);
-            }
-        }
-        M inv[RG];
-        QuantBounds<M> qb[RG];
-        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
-        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
-        bool fast = UNCHECKED_PATH && !nan_seen;
-#pragma unroll
-        for (int r = 0; r < RG; ++r) {
-            const i64_t vr = first + r * S;
-            int zp;
-            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
-            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
-            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
-        }
+        // G row groups at a time: their reductions, one NaN vote, their scales and reciprocals,
+        // one clamp-free test and their stores run side by side (one dependent chain per step:
+        // the shuffles and divisions of one hide the latency of the other's). G = RG in the
+        // fixed-TX entry points; 1 in the run-time-TX ones, where RG side by side made ptxas spill
+        // 8 bytes at the low-bit SKUs' t8 cap.
+        constexpr int G = TXC && !ASYM ? RG : 1;
         Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+        i64_t vr = first;
 #pragma unroll
-        for (int r = 0; r < RG; ++r, qr += S * gsq) {
-            if (first + r * S < vrows) {
-                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
-                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+        for (int r0 = 0; r0 < RG; r0 += G, vr += G * S) {
+            Acc a[G];
+#pragma unroll
+            for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
+#pragma unroll
+            for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
+            // lane) and per team (its barrier needs every warp).
+            bool nan_here = false;
+#pragma unroll
+            for (int g = 0; g < G; ++g) nan_here = nan_here || is_nan(a[g].hi) || (ASYM && is_nan(a[g].lo));
+            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+            if (nan_seen) {
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    a[g] = chunks_range<false>(buf[r0 + g], vr + g * S < vrows);
+                    team_reduce<false>(a[g], TX, xch, parity);
+                }
+            }
+            M inv[G];
+            QuantBounds<M> qb[G];
+            // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+            // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+            // (a row group past the end has the range [0, 0]: it takes no part)
+            bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                int zp;
+                const M s = sink.params(a[g], vr + g * S, vr + g * S < vrows && tx == 0, zp);
+                inv[g] = (M)1 / s;             // once per scale element, as the static kernel does
+                qb[g] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+                fast = fast && clamp_free(ASYM ? a[g].lo : -a[g].hi, a[g].hi, inv[g], qb[g]);
+            }
+#pragma unroll
+            for (int g = 0; g < G; ++g, qr += S * gsq) {
+                if (vr + g * S < vrows) {
+                    if (fast) store_chunks<false>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
+                    else      store_chunks<true>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
+                }
             }
         }
     }
@@ -1470,6 +1477,8 @@ __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, 
 // Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
 // fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
 constexpr bool UNCHECKED_PATH = false;
+// log2 of a power of two, at compile time
+__device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
 __device__ __forceinline__ void team_barrier(int id, int threads) {
     asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -1589,48 +1598,55 @@ __device__ __forceinline__ void team_row_groups(
                 }
             }
         }
-        // The RG row groups' reductions, NaN vote, parameters and stores run side by side (one
-        // dependent chain per step, not RG in a row: the shuffles, divisions and reciprocals of
-        // one row group hide the latency of the other's).
-        Acc a[RG];
-#pragma unroll
-        for (int r = 0; r < RG; ++r) a[r] = chunks_range<UNCHECKED_PATH>(buf[r], first + r * S < vrows);
-#pragma unroll
-        for (int r = 0; r < RG; ++r) team_reduce<UNCHECKED_PATH>(a[r], TX, xch, parity);
-        // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without NaN
-        // both reductions give the same bits). Uniform per warp (the shuffles need every lane) and
-        // per team (its barrier needs every warp).
-        bool nan_here = false;
-#pragma unroll
-        for (int r = 0; r < RG; ++r) nan_here = nan_here || is_nan(a[r].hi) || (ASYM && is_nan(a[r].lo));
-        const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
-        if (nan_seen) {
-#pragma unroll
-            for (int r = 0; r < RG; ++r) {
-                a[r] = chunks_range<false>(buf[r], first + r * S < vrows);
-                team_reduce<false>(a[r], TX, xch, parity);
-            }
-        }
-        M inv[RG];
-        QuantBounds<M> qb[RG];
-        // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
-        // (always, but for non-finite scales), the per-element clamp and NaN test are left out
-        bool fast = UNCHECKED_PATH && !nan_seen;
-#pragma unroll
-        for (int r = 0; r < RG; ++r) {
-            const i64_t vr = first + r * S;
-            int zp;
-            const M s = sink.params(a[r], vr, vr < vrows && tx == 0, zp);
-            inv[r] = (M)1 / s;                 // once per scale element, as the static kernel does
-            qb[r] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-            fast = fast && (vr >= vrows || clamp_free(ASYM ? a[r].lo : -a[r].hi, a[r].hi, inv[r], qb[r]));
-        }
+        // G row groups at a time: their reductions, one NaN vote, their scales and reciprocals,
+        // one clamp-free test and their stores run side by side (one dependent chain per step:
+        // the shuffles and divisions of one hide the latency of the other's). G = RG in the
+        // fixed-TX entry points; 1 in the run-time-TX ones, where RG side by side made ptxas spill
+        // 8 bytes at the low-bit SKUs' t8 cap.
+        constexpr int G = TXC && !ASYM ? RG : 1;
         Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
+        i64_t vr = first;
 #pragma unroll
-        for (int r = 0; r < RG; ++r, qr += S * gsq) {
-            if (first + r * S < vrows) {
-                if (fast) store_chunks<false>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
-                else      store_chunks<true>(qr, buf[r], nch, step / PACK, inv[r], qb[r]);
+        for (int r0 = 0; r0 < RG; r0 += G, vr += G * S) {
+            Acc a[G];
+#pragma unroll
+            for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
+#pragma unroll
+            for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
+            // lane) and per team (its barrier needs every warp).
+            bool nan_here = false;
+#pragma unroll
+            for (int g = 0; g < G; ++g) nan_here = nan_here || is_nan(a[g].hi) || (ASYM && is_nan(a[g].lo));
+            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
+            if (nan_seen) {
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    a[g] = chunks_range<false>(buf[r0 + g], vr + g * S < vrows);
+                    team_reduce<false>(a[g], TX, xch, parity);
+                }
+            }
+            M inv[G];
+            QuantBounds<M> qb[G];
+            // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
+            // (always, but for non-finite scales), the per-element clamp and NaN test are left out
+            // (a row group past the end has the range [0, 0]: it takes no part)
+            bool fast = UNCHECKED_PATH && !nan_seen;
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                int zp;
+                const M s = sink.params(a[g], vr + g * S, vr + g * S < vrows && tx == 0, zp);
+                inv[g] = (M)1 / s;             // once per scale element, as the static kernel does
+                qb[g] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
+                fast = fast && clamp_free(ASYM ? a[g].lo : -a[g].hi, a[g].hi, inv[g], qb[g]);
+            }
+#pragma unroll
+            for (int g = 0; g < G; ++g, qr += S * gsq) {
+                if (vr + g * S < vrows) {
+                    if (fast) store_chunks<false>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
+                    else      store_chunks<true>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
+                }
             }
         }
     }
