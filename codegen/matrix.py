@@ -131,10 +131,11 @@ TEAM_REGISTERS = {"light": (96, 56, 40, 40), "heavy": (96, 64, 48, 48)}
 # compiled with TX threads per row group and CH chunks per thread and row group as compile-time
 # constants, for the launches that `auto` makes most (runtime.dynamic.team_launch): t8 with two row
 # groups per thread (CH = 4) and TX 2 / 4 / 8 for groups of 8, 16 and 32 chunks (64 / 128 / 256
-# elements of 16 bits, 32 / 64 / 128 of f32). The run-time-TX entry point takes every other launch.
+# elements of 16 bits, 32 / 64 / 128 of f32), and for SPEC §6's small shape (16, 4096) bf16 / f16
+# (t2, CH = 2: TX = 8 for group 128, TX = 256 for token). The run-time-TX entry point takes every other launch.
 # Measured on an H200 (tools/probe_hints.py, 2026-12-02): bf16 group 128 at 8192^2 84.4 -> 86.3 %
 # of copy, f16 84.1 -> 86.8.
-TEAM_FIXED = {"group": ((8, 4, 2), (8, 4, 4), (8, 4, 8)), "token": ((2, 2, 256),)}
+TEAM_FIXED = {"group": ((8, 4, 2), (8, 4, 4), (8, 4, 8), (2, 2, 8)), "token": ((2, 2, 256),)}
 
 
 # Streamed 16-byte vectors a thread of the cooperative per-tensor kernel loads before it uses any

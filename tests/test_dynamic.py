@@ -481,6 +481,7 @@ def test_team_launch_choice(monkeypatch, shape, scope, gs, element, text, want):
     ((8192, 8192), "group", 256, "bf16", "auto", "_t8_tx8"),
     ((8192, 8192), "group", 128, "f32", "auto", "_t8_tx8"),
     ((16, 4096), "token", None, "bf16", "auto", "_t2_tx256"),
+    ((16, 4096), "group", 128, "bf16", "auto", "_t2_tx8"),
     ((8192, 8192), "group", 128, "bf16", "auto,fixed=0", "_t8"),      # fixed=0: the run-time-TX one
     ((16, 4096), "token", None, "bf16", "auto,fixed=0", "_t2"),
     ((8192, 8192), "group", 128, "bf16", "t8,ch=8", "_t8"),           # ch = 8: no fixed entry point

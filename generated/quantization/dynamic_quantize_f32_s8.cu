@@ -1084,6 +1084,21 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     }
 }
 
+// Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
+// compile time: row groups of up to 16 chunks (64 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f32_s8_sm80_simt_t2.
+extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f32_s8_sm80_simt_t2_tx8(
+    const float* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_asymmetric_f32_s8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 2, 1, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
+}
+
 // SKU: quantization/dynamic_quantize/group/symmetric/f32/s8/sm80/simt/f32.acc-f32.det.stable
 namespace sf_dynamic_quantize_group_symmetric_f32_s8_sm80_simt_impl {
 typedef float T;   // input element
@@ -1566,6 +1581,21 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     case 1: team_row_groups<4, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
+}
+
+// Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
+// compile time: row groups of up to 16 chunks (64 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_s8_sm80_simt_t2.
+extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_s8_sm80_simt_t2_tx8(
+    const float* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f32_s8_sm80_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 2, 1, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/asymmetric/f32/s8/sm80/simt/f32.acc-f32.det.stable
