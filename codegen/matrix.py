@@ -132,9 +132,10 @@ TEAM_REGISTERS = {"light": (96, 56, 40, 40), "heavy": (96, 64, 48, 48)}
 # constants, for the launches that `auto` makes most (runtime.dynamic.team_launch): t8 with two row
 # groups per thread (CH = 4) and TX 2 / 4 / 8 for groups of 8, 16 and 32 chunks (64 / 128 / 256
 # elements of 16 bits, 32 / 64 / 128 of f32), and for SPEC §6's small shape (16, 4096) bf16 / f16
-# (t2, CH = 2: TX = 8 for group 128, TX = 256 for token). The run-time-TX entry point takes every other launch.
-# Measured on an H200 (tools/probe_hints.py, 2026-12-02): bf16 group 128 at 8192^2 84.4 -> 86.3 %
-# of copy, f16 84.1 -> 86.8.
+# (t2, CH = 2: TX = 8 for group 128, TX = 256 for token). The run-time-TX entry point takes every
+# other launch (docs/dynamic.md "Fixed-TX entry points"). Bench on an H200 (98c4269 against
+# c7788c4): group(128) bf16 at 8192^2 84.0 -> 87.0 % of copy, f16 83.9 -> 86.7; at (16, 4096)
+# against torch.compile token x0.96 -> x1.06, group x1.38.
 TEAM_FIXED = {"group": ((8, 4, 2), (8, 4, 4), (8, 4, 8), (2, 2, 8)), "token": ((2, 2, 256),)}
 
 

@@ -130,7 +130,7 @@ class FusedConfig:
     threads: Optional[int] = None
     persistent: Optional[bool] = None     # None: full grid for t16, persistent otherwise (measured)
     index: str = "auto"
-    fixed: bool = True    # the fixed-TX team entry point where the SKU has one for (P, TX), ch = P / 2
+    fixed: bool = True    # the fixed-TX team entry point where the SKU has one for (P, ch, TX)
 
     @staticmethod
     @lru_cache(maxsize=64)
