@@ -548,3 +548,50 @@ def test_cli_help(cmd, capsys):
     with pytest.raises(SystemExit) as e:
         main([cmd, "--help"])
     assert e.value.code == 0 and "--filter" in capsys.readouterr().out
+
+
+class _FakeEvents:
+    """cupy's Event / get_elapsed_time for Timer.warm_up: each window's device time per call comes
+    from a script (the clocks ramping up, then steady)."""
+
+    def __init__(self, per_call_ms):
+        self.script, self.calls, self.windows = list(per_call_ms), 0, []
+        self.cuda = self
+
+    def Event(self):
+        fake = self
+
+        class E:
+            def record(self, stream):
+                self.at = fake.calls
+
+            def synchronize(self):
+                pass
+        return E()
+
+    def get_elapsed_time(self, e0, e1):
+        k = e1.at - e0.at
+        per = self.script[min(len(self.windows), len(self.script) - 1)]
+        self.windows.append(k)
+        return k * per
+
+
+def _warm(per_call_ms, start_ms):
+    t = object.__new__(bench.Timer)
+    fake = _FakeEvents(per_call_ms)
+    t.cp, t.stream = fake, None
+    calls = [lambda: setattr(fake, "calls", fake.calls + 1)]
+    return t.warm_up(calls, start_ms), fake.windows
+
+
+def test_warm_up_runs_until_two_windows_agree():
+    # 0.1 ms calls: 100 a window; slow while the clocks ramp, then steady: it stops at the first
+    # window that agrees with the one before, once WARMUP_MS is spent
+    spent, windows = _warm([0.13, 0.12, 0.11, 0.10, 0.10, 0.10], 0.1)
+    assert len(windows) == 5 and bench.WARMUP_MS <= spent < bench.WARMUP_MAX_MS
+    # steady from the start: WARMUP_MS is still the minimum
+    spent, windows = _warm([0.1] * 10, 0.1)
+    assert spent >= bench.WARMUP_MS and len(windows) == 3
+    # never steady: capped at WARMUP_MAX_MS (one window past it at most)
+    spent, windows = _warm([0.1 * (1.05 ** i) for i in range(200)], 0.1)
+    assert bench.WARMUP_MAX_MS <= spent < bench.WARMUP_MAX_MS + 2 * bench.WARMUP_WINDOW_MS
