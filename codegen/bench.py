@@ -60,11 +60,8 @@ DEFAULT_TARGET_PCT = 90.0
 TARGET_SPEEDUP_COMPILE = 1.3                # geomean over SPEC shapes vs torch.compile
 TARGET_HOST_US = 15.0
 MAX_SETS = 256
-WARMUP_MS = 30.0        # device time of back-to-back calls before timing, at least: the clocks ramp
-                        # back after idle stretches (a torch.compile of the previous workload takes seconds)
-WARMUP_WINDOW_MS = 10.0  # then windows of this much device time, until two in a row agree within
-WARMUP_AGREE = 0.02     # this fraction (per-call time), or WARMUP_MAX_MS in all
-WARMUP_MAX_MS = 300.0
+WARMUP_MS = 30.0        # device time of back-to-back calls before timing: the clocks ramp back after
+                        # idle stretches (a torch.compile of the previous workload takes seconds)
 CHART_MIN_BYTES = 64 << 20
 COPY_BYTES = 1 << 30
 
@@ -417,9 +414,8 @@ def plan(skus, modules, *, all_skus=False, shapes=None, quick=False) -> list:
 # -- GPU side ----------------------------------------------------------------------------------------------
 class Timer:
     """CUDA-event timing of zero-arg callables, queued behind a spin kernel (GPU time, not host time),
-    after a warm-up of back-to-back calls (:meth:`warm_up`; without one, results timed after an idle
-    stretch, such as the torch.compile of the previous workload, came out 10-20 points low on 50 µs
-    kernels, and a fixed 30 ms was not always enough: docs/perf-notes.md, session 6)."""
+    after WARMUP_MS of back-to-back calls (without it, results timed after an idle stretch, such as
+    the torch.compile of the previous workload, came out 10-20 points low on 50 µs kernels)."""
 
     def __init__(self, stream, samples: int, max_seconds: float):
         import cupy as cp
@@ -429,28 +425,6 @@ class Timer:
     def spin_ns(self, ns: int):
         import numpy as np
         self.spin((1,), (1,), (np.uint64(max(0, int(ns))),), stream=self.stream)
-
-    def warm_up(self, calls, per_ms: float) -> float:
-        """Back-to-back calls in windows of about WARMUP_WINDOW_MS of device time (CUDA events around
-        each), for at least WARMUP_MS, until two windows in a row agree within WARMUP_AGREE on the
-        time per call, or WARMUP_MAX_MS in all. Returns the device milliseconds spent."""
-        cp, st, n = self.cp, self.stream, len(calls)
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        spent, prev, i = 0.0, None, 0
-        while spent < WARMUP_MAX_MS:
-            k = max(1, min(20000, int(WARMUP_WINDOW_MS / per_ms)))
-            e0.record(st)
-            for _ in range(k):
-                calls[i % n]()
-                i += 1
-            e1.record(st)
-            e1.synchronize()
-            ms = cp.cuda.get_elapsed_time(e0, e1)
-            spent, per_ms = spent + ms, max(ms / k, 1e-3)
-            if spent >= WARMUP_MS and prev is not None and abs(per_ms - prev) <= WARMUP_AGREE * prev:
-                break
-            prev = per_ms
-        return spent
 
     def measure(self, calls) -> dict:
         cp, st = self.cp, self.stream
@@ -469,7 +443,9 @@ class Timer:
         e1.record(st)
         e1.synchronize()
         per_ms = max(cp.cuda.get_elapsed_time(e0, e1) / 4, 1e-3)
-        warm_ms = self.warm_up(calls, per_ms)
+        for i in range(min(20000, int(WARMUP_MS / per_ms) + 1)):   # WARMUP_MS of device time
+            calls[i % n]()
+        st.synchronize()
         t0 = time.perf_counter()     # host enqueue time per call (the queue does not fill in 8 calls)
         for i in range(8):
             calls[i % n]()
@@ -492,7 +468,6 @@ class Timer:
             if time.perf_counter() - start > self.max_seconds and len(times) >= 10:
                 break
         out = stats(times)
-        out["warmup_ms"] = round(warm_ms, 1)
         out["first_call_s"] = round(first_s, 3)
         out["host_us"] = round(host_s * 1e6, 2)
         return out
