@@ -593,14 +593,16 @@ def _out_tuple(out, mode) -> tuple:
     return q, s, z
 
 
-def _check_disjoint(refs) -> None:
-    """No two of these arrays share bytes (the kernels read x while they write q, scale, zp); the
-    same test a replay makes (runtime.quantization._overlap)."""
-    named = [(name, r) for name, r in refs if r is not None and r.size]
-    pair = _overlap([(k, *byte_span(r)) for k, (_, r) in enumerate(named)], [r.ptr for _, r in named])
+def _check_disjoint(fast, refs) -> None:
+    """No two of these arrays share bytes (the kernels read x while they write q, scale, zp), and a
+    replay of this call makes the same test (runtime.quantization._overlap) on the same spans.
+    ``refs``: ``[(name, ArrayRef or None)]`` in the call's argument order (x, q, scale, zero_point)."""
+    spans = tuple((i, *byte_span(r)) for i, (_, r) in enumerate(refs) if r is not None and r.size)
+    pair = _overlap(spans, [0 if r is None else r.ptr for _, r in refs])
     if pair is not None:
-        raise InvalidProblemError(f"{named[pair[1]][0]} overlaps {named[pair[0]][0]} in memory; "
+        raise InvalidProblemError(f"{refs[pair[1]][0]} overlaps {refs[pair[0]][0]} in memory; "
                                   "dynamic_quantize needs separate arrays")
+    fast.require_disjoint(spans)
 
 
 def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, outs=()):
@@ -633,8 +635,7 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
         zref = None if outs[2] is None else _out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
         qv = rows_view(qref, "out[0] (q)")          # its layout errors name the argument
         _same_device([xr, qref, sref, zref])
-        _check_disjoint([("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref), ("out[2] (zero_point)", zref)])
-        fast.require_disjoint([(0, xr), (1, qref), (2, sref), (3, zref)])
+        _check_disjoint(fast, [("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref), ("out[2] (zero_point)", zref)])
     if xr.size == 0:
         # empty slices reduce to 0: the scale (and zero point) of an all-zero slice, no kernel
         s_val, z_val, _, _ = dynamic_qparams(np.zeros((1,), numpy_dtype(xr.kind)), scope="tensor", mode=mode,

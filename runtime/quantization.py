@@ -366,10 +366,10 @@ class _FastCall:
             self.runner = (bind, stream_ref)
 
     def require_disjoint(self, spans):
-        """A replay must find these arguments apart in memory, as the slow path checked:
-        ``spans`` is ``[(argument index, ArrayRef), ...]``."""
+        """A replay must find these arguments apart in memory, as the slow path checked: ``spans``
+        is ``((argument index, first byte, end byte), ...)`` (:func:`byte_span`; fixed by the key)."""
         if self.key is not None:
-            self.disjoint = tuple((i, *byte_span(r)) for i, r in spans if r is not None and r.size)
+            self.disjoint = tuple(spans)
 
     def remember(self, result, zp_range=None):
         """Store this (successful) call for replay, unless some slot cannot be accounted for."""

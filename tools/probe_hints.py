@@ -12,9 +12,9 @@ store as ``st.global.cs``: q streams past L2), ``both``. ``--tree NAME=DIR`` add
 dynamic bf16 / f16 -> s8 units are those of DIR (a generated/ tree rendered from other templates:
 an A/B of a template change in the same run); ``--config NAME=TEXT`` runs variant NAME under a
 fused launch configuration (e.g. ``auto,fixed=0``: the run-time-TX team kernels); ``--variants``
-and ``--cases`` pick what runs. Every variant must give the shipped kernel's bits (checked on the whole output); times are CUDA events (codegen.bench.Timer, two input
-sets rotated) and "% copy" is against the bench's device copy (codegen.bench.copy_bandwidth), as
-``codegen bench`` reports it.
+and ``--cases`` pick what runs. Every variant must give the shipped kernel's bits (checked on the
+whole output); times are CUDA events (codegen.bench.Timer, two input sets rotated) and "% copy" is
+against the bench's device copy (codegen.bench.copy_bandwidth), as ``codegen bench`` reports it.
 """
 from __future__ import annotations
 
