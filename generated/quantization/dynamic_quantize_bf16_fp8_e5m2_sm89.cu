@@ -348,11 +348,15 @@ typedef float M;   // math precision
 constexpr bool ASYM = false;
 
 __device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision (a bf16 pair is one 32-bit word: a shift or a mask).
+// Element i of a chunk in the math precision (a bf16 pair of an even-length chunk is one 32-bit word: a shift or a mask; a one-element chunk is 2 bytes, read as such).
 template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
-    return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    if constexpr (V % 2 == 0) {
+        const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
+        return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    } else {
+        return up(b.v[i]);
+    }
 }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
@@ -554,11 +558,15 @@ typedef float M;   // math precision
 constexpr bool ASYM = false;
 
 __device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision (a bf16 pair is one 32-bit word: a shift or a mask).
+// Element i of a chunk in the math precision (a bf16 pair of an even-length chunk is one 32-bit word: a shift or a mask; a one-element chunk is 2 bytes, read as such).
 template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
-    return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    if constexpr (V % 2 == 0) {
+        const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
+        return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    } else {
+        return up(b.v[i]);
+    }
 }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
@@ -1084,11 +1092,15 @@ typedef float M;   // math precision
 constexpr bool ASYM = false;
 
 __device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision (a bf16 pair is one 32-bit word: a shift or a mask).
+// Element i of a chunk in the math precision (a bf16 pair of an even-length chunk is one 32-bit word: a shift or a mask; a one-element chunk is 2 bytes, read as such).
 template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
-    return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    if constexpr (V % 2 == 0) {
+        const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
+        return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    } else {
+        return up(b.v[i]);
+    }
 }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
@@ -1290,11 +1302,15 @@ typedef float M;   // math precision
 constexpr bool ASYM = false;
 
 __device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision (a bf16 pair is one 32-bit word: a shift or a mask).
+// Element i of a chunk in the math precision (a bf16 pair of an even-length chunk is one 32-bit word: a shift or a mask; a one-element chunk is 2 bytes, read as such).
 template <int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
-    return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    if constexpr (V % 2 == 0) {
+        const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
+        return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    } else {
+        return up(b.v[i]);
+    }
 }
 struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
