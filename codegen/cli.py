@@ -80,19 +80,21 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _compile_one(job, resources=False):
-    # Runs in a worker process: compile one translation unit for one arch, no cache; with
-    # ``resources``, also ptxas's per-kernel report (registers, spills).
+def _compile_one(job):
+    # Runs in a worker process: compile one translation unit for one arch, no cache, with ptxas's
+    # per-kernel report (registers, stack frame, spills, shared memory). A kernel that uses local
+    # memory (a stack frame or spills) fails the unit: every shipped kernel keeps its data in
+    # registers, and local memory is where out-of-bounds reads of a thread's arrays hide.
     unit, source, arch, options = job
-    from runtime.compiler import nvrtc_compile, resource_report
+    from runtime.compiler import local_memory_use, resource_report
     t0 = time.perf_counter()
     try:
-        report = resource_report(source, unit, arch, options) if resources else None
-        if not resources:
-            nvrtc_compile(source, unit, arch, options)
-        return unit, arch, None, time.perf_counter() - t0, report
+        report = resource_report(source, unit, arch, options)
     except Exception as e:  # noqa: BLE001 - reported per unit
         return unit, arch, str(e), time.perf_counter() - t0, None
+    local = local_memory_use(report)
+    err = "local memory in " + "; ".join(f"{sym}: {what}" for sym, what in sorted(local.items())) if local else None
+    return unit, arch, err, time.perf_counter() - t0, report
 
 
 def compile_jobs(reg, archs, pattern="*"):
@@ -129,11 +131,11 @@ def cmd_compile(args) -> int:
     with Progress(console=console, transient=not console.is_terminal) as progress, \
             ProcessPoolExecutor(max_workers=workers) as pool:
         task = progress.add_task(f"NVRTC x{workers}", total=len(jobs))
-        futures = [pool.submit(_compile_one, j, args.resources) for j in jobs]
+        futures = [pool.submit(_compile_one, j) for j in jobs]
         reports = []
         for f in as_completed(futures):
             unit, arch, err, dt, report = f.result()
-            if report:
+            if report and args.resources:
                 reports.append((unit, arch, report))
             results.append((unit, arch, err, dt))
             if err:
@@ -163,14 +165,15 @@ def _print_resources(reg, reports, pattern) -> None:
     symbols = {e.symbol: str(s) for s, e in reg.entries.items() if fnmatch.fnmatchcase(str(s), pattern)}
     table = Table(title="ptxas resources (per thread / per block)")
     table.add_column("kernel", overflow="fold")
-    for col in ("arch", "registers", "spill st/ld (B)", "smem (B)"):
+    for col in ("arch", "registers", "stack (B)", "spill st/ld (B)", "smem (B)"):
         table.add_column(col)
     for unit, arch, report in sorted(reports):
         for sym, r in sorted(report.items()):
             if sym in symbols:
                 spill = f"{r['spill_stores']}/{r['spill_loads']}"
-                table.add_row(sym, f"sm_{arch}", str(r["registers"]),
-                              f"[red]{spill}[/red]" if r["spill_stores"] else spill, str(r["smem"]))
+                stack = str(r["stack"])
+                table.add_row(sym, f"sm_{arch}", str(r["registers"]), f"[red]{stack}[/red]" if r["stack"] else stack,
+                              f"[red]{spill}[/red]" if r["spill_stores"] or r["spill_loads"] else spill, str(r["smem"]))
     console.print(table)
 
 
@@ -228,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="record per unit and arch ok/failed with the sha256s, for `audit` "
                          "(default FILE: audit/compiled.json)")
     sp.add_argument("--resources", action="store_true",
-                    help="print ptxas's registers, spills and shared memory per selected kernel")
+                    help="print ptxas's registers, stack frame, spills and shared memory per selected kernel "
+                         "(every compile checks that no kernel uses local memory)")
     sp = sub.add_parser("status", help="generator, manifest, NVRTC and compile-cache status")
     sp.add_argument("--clear-cache", action="store_true", help="empty the cache of the current NVRTC version")
     for name, mod in (("audit", "audit"), ("verify", "verify"), ("bench", "bench")):

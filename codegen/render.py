@@ -13,6 +13,8 @@ from pathlib import Path
 
 import jinja2
 
+from runtime.status import ARGS, code as status_code
+
 from . import GENERATOR_VERSION
 from .matrix import CTYPE, SIZE, Cell, Family
 
@@ -83,6 +85,8 @@ def kernel_context(cell: Cell) -> dict:
         "arch": sku.arch,
         "backend": sku.backend,
         "launch_extra": {},
+        # the codes this kernel writes to the status word for an invalid value it reads
+        "status": {arg: status_code(sku.op, arg) for arg in ARGS},
     }
     if fam.extra_context is not None:
         extra = dict(fam.extra_context(cell, ctx))

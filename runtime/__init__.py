@@ -16,11 +16,12 @@ from . import dynamic  # noqa: F401  issue 3 ("dynamic_fused", "dynamic_reduce")
 from . import training  # noqa: F401  issue 4 ("lsq")
 from . import moe  # noqa: F401  issue 6 ("moe_gemm")
 from . import lowbit  # noqa: F401  issue 5 ("lowbit_*", docs/lowbit.md)
-from .config import trusted
+from .config import sync_checks
 from .dynamic import dynamic_quantize
 from .errors import DeviceRequiredError, InvalidProblemError, SkuforgeError, UnsupportedError
 from .moe import grouped_matmul, grouped_matmul_backward
 from .plans import Descriptor, Plan, Preference
+from .status import DeviceValueError, check
 from .quantization import dequantize, quantize
 from .registry import Registry, default_registry
 from .sku import KernelSku, Precision
@@ -33,7 +34,8 @@ __all__ = [
     "fake_quantize_learnable_backward",
     "grouped_matmul", "grouped_matmul_backward",
     "KernelSku", "Precision", "Registry", "default_registry", "Plan", "Descriptor", "Preference",
-    "UnsupportedError", "InvalidProblemError", "SkuforgeError", "DeviceRequiredError", "trusted",
+    "UnsupportedError", "InvalidProblemError", "SkuforgeError", "DeviceRequiredError", "DeviceValueError",
+    "check", "sync_checks",
 ]
 
 

@@ -57,14 +57,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SKUFORGE_CACHE_DIR", Path.home() / ".cache" / "skuforge"))
 
 
-def _check(result, prog=None, name=""):
-    err = result[0]
-    if int(err) != 0:
-        log = _log(prog) if prog is not None else ""
-        raise CompileError(f"NVRTC failed on {name}: {err}\n{log}")
-    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
-
-
 def _log(prog) -> str:
     nvrtc = _nvrtc()
     err, n = nvrtc.nvrtcGetProgramLogSize(prog)
@@ -73,53 +65,64 @@ def _log(prog) -> str:
     return buf.decode(errors="replace").rstrip("\x00 \n")
 
 
-def nvrtc_compile(source: str, name: str, arch: int, options=()) -> bytes:
-    """Compile one translation unit to a cubin for ``sm_<arch>`` (no cache)."""
+def _compile(source: str, name: str, arch: int, options, report: bool) -> tuple:
+    """(cubin, ptxas log) of one translation unit for ``sm_<arch>``; the log holds ptxas's
+    per-kernel resource lines when ``report`` is set (``--ptxas-options=-v``)."""
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     if int(err) != 0:
         raise CompileError(f"nvrtcCreateProgram failed on {name}: {err}")
     try:
-        opts = [f"--gpu-architecture=sm_{arch}".encode()] + [o.encode() for o in (*BASE_OPTIONS, *options)]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        if int(err) != 0:
-            raise CompileError(f"NVRTC failed on {name} for sm_{arch}: {err}\n{_log(prog)}")
-        err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        buf = b" " * size
-        (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
-        if int(err) != 0:
-            raise CompileError(f"nvrtcGetCUBIN failed on {name}: {err}")
-        return bytes(buf)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
-def resource_report(source: str, name: str, arch: int, options=()) -> dict:
-    """ptxas's resource usage per kernel symbol (registers, spill bytes, shared memory), from an
-    uncached compile with ``--ptxas-options=-v``: the first thing to read about a kernel's speed."""
-    nvrtc = _nvrtc()
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
-    try:
-        opts = [f"--gpu-architecture=sm_{arch}".encode(), b"--ptxas-options=-v"] + \
+        opts = [f"--gpu-architecture=sm_{arch}".encode()] + ([b"--ptxas-options=-v"] if report else []) + \
                [o.encode() for o in (*BASE_OPTIONS, *options)]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         log = _log(prog)
         if int(err) != 0:
             raise CompileError(f"NVRTC failed on {name} for sm_{arch}: {err}\n{log}")
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        buf = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
+        if int(err) != 0:
+            raise CompileError(f"nvrtcGetCUBIN failed on {name}: {err}")
+        return bytes(buf), log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def nvrtc_compile(source: str, name: str, arch: int, options=()) -> bytes:
+    """Compile one translation unit to a cubin for ``sm_<arch>`` (no cache)."""
+    return _compile(source, name, arch, options, False)[0]
+
+
+_RESOURCE_PATTERNS = (("registers", r"Used (\d+) registers"), ("smem", r"(\d+) bytes smem"),
+                      ("stack", r"(\d+) bytes stack frame"),
+                      ("spill_stores", r"(\d+) bytes spill stores"), ("spill_loads", r"(\d+) bytes spill loads"))
+
+
+def resource_report(source: str, name: str, arch: int, options=()) -> dict:
+    """ptxas's resource usage per kernel symbol (registers, stack frame, spill bytes, shared
+    memory), from an uncached compile with ``--ptxas-options=-v``: the first thing to read about
+    a kernel's speed, and the machine-code check of ``python -m codegen compile`` (a kernel with a
+    stack frame or spills keeps data in local memory)."""
+    log = _compile(source, name, arch, options, True)[1]
     out, current = {}, None
     for line in log.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)
         if m:
-            current = out.setdefault(m.group(1), {"registers": 0, "spill_stores": 0, "spill_loads": 0, "smem": 0})
+            current = out.setdefault(m.group(1), {key: 0 for key, _ in _RESOURCE_PATTERNS})
         elif current is not None:
-            for key, pat in (("registers", r"Used (\d+) registers"), ("smem", r"(\d+) bytes smem"),
-                             ("spill_stores", r"(\d+) bytes spill stores"), ("spill_loads", r"(\d+) bytes spill loads")):
+            for key, pat in _RESOURCE_PATTERNS:
                 m = re.search(pat, line)
                 if m:
                     current[key] = int(m.group(1))
     return out
+
+
+def local_memory_use(report: dict) -> dict:
+    """The kernels of a :func:`resource_report` that use local memory (a stack frame or spills):
+    symbol -> a short description. Every shipped kernel keeps its data in registers."""
+    return {sym: f"{r['stack']} B stack frame, {r['spill_stores']}/{r['spill_loads']} B spill stores/loads"
+            for sym, r in report.items() if r["stack"] or r["spill_stores"] or r["spill_loads"]}
 
 
 def cache_key(source: str, arch: int, options=()) -> str:

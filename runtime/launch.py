@@ -69,6 +69,7 @@ class ElementwiseArgs:
     chan_last: bool = False
     qmin: int = 0
     qmax: int = 0
+    status: int = 0             # the device's status word (runtime/status.py), or 0: no value checks
 
 
 @launcher("elementwise")
@@ -136,7 +137,7 @@ class ElementwiseLauncher(Launcher):
         scale_value = 0.0 if isinstance(args.scale, ArrayRef) else args.scale
         values += (ptr(args.scale), scale_value, ptr(args.zero_point), args.zp_value, args.rows, args.cols,
                    args.group_size, args.chan_inner, args.chan_count, int(args.chan_last), args.qmin, args.qmax,
-                   int(vec_ok))
+                   int(vec_ok), args.status)
         fmt = _elementwise_format(len(args.ins) + len(args.outs), f64)
         return PreparedLaunch(fn, grid, (tx, ty), fmt, values)
 
@@ -163,4 +164,4 @@ class PreparedLaunch:
 def _elementwise_format(streams: int, f64: bool) -> str:
     """Parameter layout of templates/quantization/_elementwise.cu.j2 kernels."""
     return param_format(("ptr", "i64") * streams + ("ptr", "f64" if f64 else "f32", "ptr", "i32")
-                        + ("i64",) * 5 + ("i32",) * 4)
+                        + ("i64",) * 5 + ("i32",) * 4 + ("ptr",))

@@ -148,7 +148,7 @@ def _e8m0_arg(scale, shape, scope, axis, group_size) -> ArrayRef:
         raise InvalidProblemError(f"scale has dtype {ref.kind}; scale_dtype='e8m0' needs uint8 codes "
                                   "(e + 127) or a float8_e8m0fnu array")
     _check_param_shape(ref, param_shape(shape, scope, axis, group_size), scope, "scale")
-    if config.values_checked() and ref.size:
+    if config.sync_checks_on() and ref.size:
         bytes_ = ref
         if ref.framework == "torch" and ref.kind == E8M0:
             bytes_ = dataclasses.replace(ref, obj=ref.obj.view(sys.modules["torch"].uint8), kind="u8")

@@ -11,7 +11,7 @@ import numbers
 import operator
 import sys
 
-from . import config
+from . import config, status
 from .arrays import (ArrayRef, allocator, as_array, empty, kind_of, recording_allocations, stream_getter,
                      stream_handle)
 from .errors import InvalidProblemError, UnsupportedError
@@ -49,7 +49,7 @@ def _scale_arg(scale, x: ArrayRef, scope, axis, group_size, math_kind):
     if ref.kind != math_kind:
         raise InvalidProblemError(f"scale has dtype {ref.kind}; {np_name} is required for {x.kind} data")
     _check_param_shape(ref, want, scope, "scale")
-    if config.values_checked() and ref.size:
+    if config.sync_checks_on() and ref.size:
         _device_check(ref, "scale", lambda s, m: m.all(m.isfinite(s) & (s > 0)),
                       "scales must be positive and finite")
     return ref
@@ -82,22 +82,23 @@ def _zero_point_arg(zero_point, x_shape, scope, axis, group_size, qmin, qmax, de
     if ref.kind != "i32":
         raise InvalidProblemError(f"zero_point has dtype {ref.kind}; int32 is required")
     _check_param_shape(ref, want, scope, "zero_point")
-    if config.values_checked() and ref.size:
+    if config.sync_checks_on() and ref.size:
         _device_check(ref, "zero_point", lambda z, m: m.all((z >= qmin) & (z <= qmax)),
                       f"zero points must lie in [qmin, qmax] = [{qmin}, {qmax}]")
     return ref
 
 
 def _device_check(ref: ArrayRef, arg: str, predicate, what: str):
-    """Evaluate ``predicate`` on the device array with its own framework (one sync)."""
+    """Evaluate ``predicate`` on the device array with its own framework (one sync): the
+    synchronous debug mode of the value checks (runtime.config.sync_checks)."""
     if ref.framework == "torch":
         ok = bool(predicate(ref.obj, sys.modules["torch"]))
     else:
         import cupy as cp
         ok = bool(predicate(ref.obj if ref.framework == "cupy" else cp.asarray(ref.obj), cp))
     if not ok:
-        raise InvalidProblemError(f"{arg}: {what} (found a value that is not); "
-                                  "see runtime.config.check_values")
+        raise InvalidProblemError(f"{arg}: {what} (found a value that is not, by the synchronous "
+                                  "checks of runtime.sync_checks)")
 
 
 def _out_arg(out, like: ArrayRef, shape, kind, arg="out"):
@@ -126,14 +127,17 @@ def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_va
 
     ``ins`` / ``outs``: ``(ArrayRef, RowsView)`` in the kernel's stream order; every argument check
     has passed. An empty shape launches nothing. The launch runs on the current stream of the
-    first input's framework; ``fast`` (a :class:`_FastCall`) records it for replay."""
+    first input's framework; ``fast`` (a :class:`_FastCall`) records it for replay. The kernel checks
+    the scale and zero-point values it reads and reports to the device's status word."""
     rows, cols = ins[0][1].rows, ins[0][1].cols
     if math.prod(shape) == 0:
         return
     inner, count, last = _channel_params(shape, scope, axis)
+    dev = ins[0][0].device
+    status.raise_pending(dev)
     args = ElementwiseArgs(ins=ins, outs=outs, scale=scale, zero_point=zp_array, zp_value=zp_value, rows=rows,
                            cols=cols, group_size=group_size or 1, chan_inner=inner, chan_count=count,
-                           chan_last=last, qmin=qmin, qmax=qmax)
+                           chan_last=last, qmin=qmin, qmax=qmax, status=status.pointer(dev))
     plan = cached_plan(Descriptor(op, scope, mode, element, aux))
     plan.launcher.check(plan, args)
     prep = plan.launcher.prepare(plan, args)
@@ -150,12 +154,13 @@ def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_va
 # alignment (and the same keyword arguments, types included) as an earlier, fully validated call
 # replays that call: the same allocations, then its prepared launches with every pointer slot
 # refilled (and a Python scalar scale / zero point re-checked and refilled). Device-array
-# *values* are not re-checked on this path, so a call with a device scale or zero point takes it
-# only when value checks are off (``runtime.trusted()`` / ``config.check_values = False``).
+# *values* are checked by the kernels (runtime/status.py), so a replay checks nothing on the host;
+# under the synchronous debug mode (``runtime.sync_checks()``) a call with a device scale or zero
+# point takes the slow path, which checks them.
 #
 # Which slot takes which pointer is found when the call is remembered, by matching every nonzero
 # pointer slot ("Q" in the struct format) against the pointers of the array arguments and of
-# the allocations the slow path made: a pointer that matches nothing, or two sources that share
+# the allocations the slow path made (the status word's pointer is a constant of the device): a pointer that matches nothing, or two sources that share
 # a pointer (in-place calls), leave the call without a fast path rather than guess. Scalar slots
 # are named by the launching code (``add_launch(params=...)``) and verified against the values.
 _FAST: dict = {}
@@ -201,13 +206,14 @@ def _describe(obj):
 class _Entry:
     """A remembered call: what to check, allocate and launch, and where the results are."""
 
-    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint")
+    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint", "device")
 
     def run(self, args, vals):
         """Replay on ``args`` (``vals``: their pointers / scalar values, a fresh list); ``_MISS``:
         run the slow path instead (it raises the typed error, or takes over)."""
-        if self.checked and config.values_checked():
+        if self.checked and config.sync_checks_on():
             return _MISS
+        status.raise_pending(self.device)
         check = self.check
         if check is not None and not check(vals):
             return _MISS
@@ -432,7 +438,7 @@ class _FastCall:
                 return
             slots = []
             for j, (c, v) in enumerate(zip(fmt, template)):
-                if c == "Q" and v:
+                if c == "Q" and v and not status.is_status_pointer(v):
                     i = srcs.get(v)
                     if i is None:
                         return         # a pointer that is neither an argument nor an allocation
@@ -460,6 +466,7 @@ class _FastCall:
         else:
             e.result = operator.itemgetter(spec)
         e.stream = stream_getter(streams[0])
+        e.device = streams[0].device
         try:
             if len(_FAST) >= _FAST_LIMIT:
                 _FAST.clear()

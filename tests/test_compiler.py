@@ -69,3 +69,31 @@ def test_concurrent_processes_agree(cache_dir):
     assert len(set(outs)) == 1
     entries = list(cache_dir.rglob("race-*.cubin"))
     assert len(entries) == 1
+
+
+# A thread's array that must live in memory (volatile: every access is a real one) is placed in
+# local memory: ptxas reports a stack frame.
+LOCAL_SRC = ('extern "C" __global__ void k(float* p) {\n'
+             '    volatile float a[8];\n'
+             '    a[threadIdx.x & 7] = p[threadIdx.x];\n'
+             '    p[threadIdx.x] = a[(threadIdx.x + 1) & 7];\n'
+             '}\n')
+
+
+def test_local_memory_use_names_kernels_with_a_stack_frame():
+    rep = compiler.resource_report(LOCAL_SRC, "local.cu", 90)
+    assert rep["k"]["stack"] > 0
+    assert "k" in compiler.local_memory_use(rep)
+    clean = compiler.resource_report(SRC, "k.cu", 90)
+    assert clean["k"]["stack"] == 0 and compiler.local_memory_use(clean) == {}
+
+
+@pytest.mark.parametrize("unit", ["quantization/dynamic_quantize_bf16_s8.cu", "quantization/dynamic_quantize_bf16_u8.cu"])
+def test_bf16_dynamic_kernels_keep_their_chunks_in_registers(unit):
+    # The scalar path's one-element bf16 chunks were once read as a 32-bit pair: the 2-byte chunk
+    # went to the stack and the read ran past it (compute-sanitizer: invalid __local__ reads).
+    # `python -m codegen compile` checks every kernel this way; this is the focused case.
+    from runtime.registry import default_registry
+    reg = default_registry()
+    rep = compiler.resource_report(reg.unit_source(unit), unit, 90, tuple(reg.units[unit]["nvrtc_options"]))
+    assert rep and compiler.local_memory_use(rep) == {}

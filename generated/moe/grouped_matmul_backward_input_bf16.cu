@@ -96,6 +96,24 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- device-side value checks (runtime/status.py, docs/errors.md) ------------------------------
+// A scale element is valid when its scale is positive and finite (s - s is 0 only for finite s)
+// and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
+// status word (mapped host memory, read by the host without a sync) and poisons its outputs.
+// status == null: no check (parameters the runtime computed itself).
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
+    if (!status) return false;
+    const bool s_bad = !(s > (M)0 && s - s == (M)0);
+    const bool z_bad = ASYM && (zp < qmin || zp > qmax);
+    if (s_bad || z_bad) *(volatile u32_t*)status = s_bad ? bad_scale : bad_zp;
+    return s_bad || z_bad;
+}
+// The quiet NaN of the math precision: the poison of floating outputs.
+template <typename M> __device__ __forceinline__ M poison_nan();
+template <> __device__ __forceinline__ float  poison_nan<float>()  { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double poison_nan<double>() { return __longlong_as_double(0x7ff8000000000000ll); }
+
 // -- index arithmetic ---------------------------------------------------------------------------
 // (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
 // caller says every operand fits (several times cheaper than 64-bit).

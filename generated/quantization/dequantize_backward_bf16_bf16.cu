@@ -96,6 +96,24 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- device-side value checks (runtime/status.py, docs/errors.md) ------------------------------
+// A scale element is valid when its scale is positive and finite (s - s is 0 only for finite s)
+// and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
+// status word (mapped host memory, read by the host without a sync) and poisons its outputs.
+// status == null: no check (parameters the runtime computed itself).
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
+    if (!status) return false;
+    const bool s_bad = !(s > (M)0 && s - s == (M)0);
+    const bool z_bad = ASYM && (zp < qmin || zp > qmax);
+    if (s_bad || z_bad) *(volatile u32_t*)status = s_bad ? bad_scale : bad_zp;
+    return s_bad || z_bad;
+}
+// The quiet NaN of the math precision: the poison of floating outputs.
+template <typename M> __device__ __forceinline__ M poison_nan();
+template <> __device__ __forceinline__ float  poison_nan<float>()  { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double poison_nan<double>() { return __longlong_as_double(0x7ff8000000000000ll); }
+
 // -- index arithmetic ---------------------------------------------------------------------------
 // (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
 // caller says every operand fits (several times cheaper than 64-bit).
@@ -185,8 +203,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -206,6 +226,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
+            bool bad_c[VEC];
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
 #pragma unroll
@@ -213,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                     s_c[i] = sv.v[i];
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zp_value;
+                    bad_c[i] = param_bad<false>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -233,10 +255,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_c[i], inv = inv_c[i];
                         const int zp = zp_c[i];
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t dy_e = dy_v[u].v[i];
                         bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                     }
                     store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
                 }
@@ -253,10 +276,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 bf16_t dq_e;
-                dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                 dq_row[c] = dq_e;
             }
         }
@@ -268,8 +292,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -288,7 +314,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
 #pragma unroll
@@ -309,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                     for (int i = 0; i < VEC; ++i) {
                         const bf16_t dy_e = dy_v[u].v[i];
                         bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                     }
                     store_vec<bf16_t, VEC>(dq_row + c, dq_o);
                 }
@@ -326,10 +353,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 bf16_t dq_e;
-                dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                 dq_row[c] = dq_e;
             }
         }
@@ -343,8 +371,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_b
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -383,15 +413,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_b
                     if (row >= rows) break;
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
+                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
                     Vec<bf16_t, VEC> dq_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_g;
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t dy_e = dy_v[u].v[i];
                         bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                     }
                     store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
                 }
@@ -408,10 +440,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_b
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 bf16_t dq_e;
-                dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                 dq_row[c] = dq_e;
             }
         }
@@ -425,8 +458,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -445,7 +480,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
 #pragma unroll
@@ -466,7 +502,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                     for (int i = 0; i < VEC; ++i) {
                         const bf16_t dy_e = dy_v[u].v[i];
                         bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                     }
                     store_vec<bf16_t, VEC>(dq_row + c, dq_o);
                 }
@@ -483,10 +519,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 bf16_t dq_e;
-                dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                 dq_row[c] = dq_e;
             }
         }
@@ -500,8 +537,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_b
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -520,7 +559,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_b
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
 #pragma unroll
@@ -541,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_b
                     for (int i = 0; i < VEC; ++i) {
                         const bf16_t dy_e = dy_v[u].v[i];
                         bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                     }
                     store_vec<bf16_t, VEC>(dq_row + c, dq_o);
                 }
@@ -558,10 +598,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_b
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 bf16_t dq_e;
-                dq_e = from_f32<bf16_t>(to_f32(dy_e) * s);
+                dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                 dq_row[c] = dq_e;
             }
         }

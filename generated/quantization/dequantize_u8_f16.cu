@@ -96,6 +96,24 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- device-side value checks (runtime/status.py, docs/errors.md) ------------------------------
+// A scale element is valid when its scale is positive and finite (s - s is 0 only for finite s)
+// and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
+// status word (mapped host memory, read by the host without a sync) and poisons its outputs.
+// status == null: no check (parameters the runtime computed itself).
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
+    if (!status) return false;
+    const bool s_bad = !(s > (M)0 && s - s == (M)0);
+    const bool z_bad = ASYM && (zp < qmin || zp > qmax);
+    if (s_bad || z_bad) *(volatile u32_t*)status = s_bad ? bad_scale : bad_zp;
+    return s_bad || z_bad;
+}
+// The quiet NaN of the math precision: the poison of floating outputs.
+template <typename M> __device__ __forceinline__ M poison_nan();
+template <> __device__ __forceinline__ float  poison_nan<float>()  { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double poison_nan<double>() { return __longlong_as_double(0x7ff8000000000000ll); }
+
 // -- index arithmetic ---------------------------------------------------------------------------
 // (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
 // caller says every operand fits (several times cheaper than 64-bit).
@@ -185,8 +203,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -206,6 +226,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
+            bool bad_c[VEC];
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
                 const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
@@ -214,6 +235,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                     s_c[i] = sv.v[i];
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zv.v[i];
+                    bad_c[i] = param_bad<true>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -234,10 +256,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_c[i], inv = inv_c[i];
                         const int zp = zp_c[i];
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
                 }
@@ -254,10 +277,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }
@@ -269,8 +293,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -289,7 +315,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)zp;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -310,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                     for (int i = 0; i < VEC; ++i) {
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y_row + c, y_o);
                 }
@@ -327,10 +354,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }
@@ -346,8 +374,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -367,6 +397,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
+            bool bad_c[VEC];
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
 #pragma unroll
@@ -374,6 +405,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                     s_c[i] = sv.v[i];
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zp_value;
+                    bad_c[i] = param_bad<false>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -394,10 +426,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_c[i], inv = inv_c[i];
                         const int zp = zp_c[i];
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
                 }
@@ -414,10 +447,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }
@@ -429,8 +463,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -449,7 +485,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -470,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                     for (int i = 0; i < VEC; ++i) {
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y_row + c, y_o);
                 }
@@ -487,10 +524,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }
@@ -504,8 +542,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -545,15 +585,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                     if (row >= rows) break;
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
+                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
                     Vec<f16_t, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_g;
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
                 }
@@ -570,10 +612,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }
@@ -587,8 +630,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -627,15 +672,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                     if (row >= rows) break;
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
+                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
                     Vec<f16_t, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_g;
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
                 }
@@ -652,10 +699,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }
@@ -669,8 +717,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -689,7 +739,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)zp;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -710,7 +761,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                     for (int i = 0; i < VEC; ++i) {
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y_row + c, y_o);
                 }
@@ -727,10 +778,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }
@@ -744,8 +796,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -764,7 +818,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -785,7 +840,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                     for (int i = 0; i < VEC; ++i) {
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y_row + c, y_o);
                 }
@@ -802,10 +857,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }
@@ -819,8 +875,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -839,7 +897,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)zp;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -860,7 +919,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                     for (int i = 0; i < VEC; ++i) {
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y_row + c, y_o);
                 }
@@ -877,10 +936,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }
@@ -894,8 +954,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -914,7 +976,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -935,7 +998,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                     for (int i = 0; i < VEC; ++i) {
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         f16_t& y_e = y_o.v[i];
-                        y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                        y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<f16_t, VEC>(y_row + c, y_o);
                 }
@@ -952,10 +1015,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
-                y_e = from_f32<f16_t>((float)(q_to_int(q_e) - zp) * s);
+                y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                 y_row[c] = y_e;
             }
         }

@@ -96,6 +96,24 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- device-side value checks (runtime/status.py, docs/errors.md) ------------------------------
+// A scale element is valid when its scale is positive and finite (s - s is 0 only for finite s)
+// and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
+// status word (mapped host memory, read by the host without a sync) and poisons its outputs.
+// status == null: no check (parameters the runtime computed itself).
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
+    if (!status) return false;
+    const bool s_bad = !(s > (M)0 && s - s == (M)0);
+    const bool z_bad = ASYM && (zp < qmin || zp > qmax);
+    if (s_bad || z_bad) *(volatile u32_t*)status = s_bad ? bad_scale : bad_zp;
+    return s_bad || z_bad;
+}
+// The quiet NaN of the math precision: the poison of floating outputs.
+template <typename M> __device__ __forceinline__ M poison_nan();
+template <> __device__ __forceinline__ float  poison_nan<float>()  { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double poison_nan<double>() { return __longlong_as_double(0x7ff8000000000000ll); }
+
 // -- index arithmetic ---------------------------------------------------------------------------
 // (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
 // caller says every operand fits (several times cheaper than 64-bit).
@@ -186,8 +204,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -207,6 +227,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
+            bool bad_c[VEC];
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
                 const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
@@ -215,6 +236,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     s_c[i] = sv.v[i];
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zv.v[i];
+                    bad_c[i] = param_bad<true>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -237,12 +259,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_c[i], inv = inv_c[i];
                         const int zp = zp_c[i];
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t dy_e = dy_v[u].v[i];
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx + row * dx_rs + c, dx_o);
                 }
@@ -260,12 +283,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }
@@ -278,8 +302,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -299,7 +325,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)zp;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -324,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
@@ -342,12 +369,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }
@@ -364,8 +392,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -385,6 +415,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
+            bool bad_c[VEC];
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
 #pragma unroll
@@ -392,6 +423,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     s_c[i] = sv.v[i];
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zp_value;
+                    bad_c[i] = param_bad<false>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -414,12 +446,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_c[i], inv = inv_c[i];
                         const int zp = zp_c[i];
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t dy_e = dy_v[u].v[i];
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx + row * dx_rs + c, dx_o);
                 }
@@ -437,12 +470,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }
@@ -455,8 +489,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -476,7 +512,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -501,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
@@ -519,12 +556,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }
@@ -539,8 +577,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -582,17 +622,19 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                     if (row >= rows) break;
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
+                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
                     Vec<bf16_t, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_g;
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t dy_e = dy_v[u].v[i];
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx + row * dx_rs + c, dx_o);
                 }
@@ -610,12 +652,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }
@@ -630,8 +673,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -672,17 +717,19 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                     if (row >= rows) break;
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
+                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
                     Vec<bf16_t, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_g;
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t dy_e = dy_v[u].v[i];
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx + row * dx_rs + c, dx_o);
                 }
@@ -700,12 +747,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }
@@ -720,8 +768,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -741,7 +791,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)zp;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -766,7 +817,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
@@ -784,12 +835,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }
@@ -804,8 +856,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -825,7 +879,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -850,7 +905,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
@@ -868,12 +923,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }
@@ -888,8 +944,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -909,7 +967,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)zp;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -934,7 +993,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
@@ -952,12 +1011,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }
@@ -972,8 +1032,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -993,7 +1055,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -1018,7 +1081,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& dx_e = dx_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
@@ -1036,12 +1099,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t dy_e = dy_row[c];
                 const bf16_t x_e = x_row[c];
                 bf16_t dx_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                dx_e = from_f32<bf16_t>(to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
+                dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                 dx_row[c] = dx_e;
             }
         }

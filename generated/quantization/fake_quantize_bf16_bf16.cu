@@ -96,6 +96,24 @@ template <typename Q> __device__ __forceinline__ Q to_q(int v) { return (Q)v; }
 __device__ __forceinline__ int q_to_int(s8_t v) { return (int)v; }
 __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 
+// -- device-side value checks (runtime/status.py, docs/errors.md) ------------------------------
+// A scale element is valid when its scale is positive and finite (s - s is 0 only for finite s)
+// and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
+// status word (mapped host memory, read by the host without a sync) and poisons its outputs.
+// status == null: no check (parameters the runtime computed itself).
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
+    if (!status) return false;
+    const bool s_bad = !(s > (M)0 && s - s == (M)0);
+    const bool z_bad = ASYM && (zp < qmin || zp > qmax);
+    if (s_bad || z_bad) *(volatile u32_t*)status = s_bad ? bad_scale : bad_zp;
+    return s_bad || z_bad;
+}
+// The quiet NaN of the math precision: the poison of floating outputs.
+template <typename M> __device__ __forceinline__ M poison_nan();
+template <> __device__ __forceinline__ float  poison_nan<float>()  { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double poison_nan<double>() { return __longlong_as_double(0x7ff8000000000000ll); }
+
 // -- index arithmetic ---------------------------------------------------------------------------
 // (row / inner) % count: the channel of a row in a rows x cols view; 32-bit division when the
 // caller says every operand fits (several times cheaper than 64-bit).
@@ -186,8 +204,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -207,6 +227,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
+            bool bad_c[VEC];
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
                 const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
@@ -215,6 +236,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                     s_c[i] = sv.v[i];
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zv.v[i];
+                    bad_c[i] = param_bad<true>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -236,13 +258,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_c[i], inv = inv_c[i];
                         const int zp = zp_c[i];
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y + row * y_rs + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
@@ -261,13 +284,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }
@@ -281,8 +305,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -302,7 +328,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)zp;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -326,8 +353,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
@@ -346,13 +373,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }
@@ -370,8 +398,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -391,6 +421,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
+            bool bad_c[VEC];
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
 #pragma unroll
@@ -398,6 +429,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                     s_c[i] = sv.v[i];
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zp_value;
+                    bad_c[i] = param_bad<false>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -419,13 +451,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_c[i], inv = inv_c[i];
                         const int zp = zp_c[i];
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y + row * y_rs + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
@@ -444,13 +477,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }
@@ -464,8 +498,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -485,7 +521,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -509,8 +546,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
@@ -529,13 +566,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }
@@ -551,8 +589,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -592,19 +632,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                     if (row >= rows) break;
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
+                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
                     Vec<bf16_t, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_g;
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y + row * y_rs + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
@@ -623,13 +665,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }
@@ -645,8 +688,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -685,19 +730,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                     if (row >= rows) break;
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
+                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
                     Vec<bf16_t, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const float s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        (void)s; (void)inv; (void)zp;
+                        const bool bad = bad_g;
+                        (void)s; (void)inv; (void)zp; (void)bad;
                         const bf16_t x_e = x_v[u].v[i];
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y + row * y_rs + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
@@ -716,13 +763,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }
@@ -738,8 +786,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -759,7 +809,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)zp;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -783,8 +834,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
@@ -803,13 +854,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }
@@ -825,8 +877,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -846,7 +900,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             const i64_t srow = 0;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -870,8 +925,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
@@ -890,13 +945,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }
@@ -912,8 +968,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -933,7 +991,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            (void)s; (void)zp;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -957,8 +1016,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
@@ -977,13 +1036,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }
@@ -999,8 +1059,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
     const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
     constexpr int VEC = 8;
     constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
@@ -1020,7 +1082,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             const i64_t srow = row;
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)s; (void)zp; (void)bad;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -1044,8 +1107,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                         bf16_t& y_e = y_o.v[i];
                         u8_t& mask_e = mask_o.v[i];
                         const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                        y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<bf16_t, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
@@ -1064,13 +1127,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
-                (void)s; (void)inv; (void)zp;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)s; (void)inv; (void)zp; (void)bad;
                 const bf16_t x_e = x_row[c];
                 bf16_t y_e;
                 u8_t mask_e;
                 const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                y_e = from_f32<bf16_t>((clamp_q(v, qlo, qhi) - (float)zp) * s);
-                mask_e = (u8_t)((v >= qlo && v <= qhi) ? 1 : 0);
+                y_e = from_f32<bf16_t>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
                 if (mask) mask_row[c] = mask_e;
             }

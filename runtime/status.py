@@ -1,0 +1,110 @@
+"""Device-side value checks: how a kernel reports an invalid value it read, without a host sync.
+
+Values held in device arrays (scales, zero points, e8m0 scale codes, MoE offsets) are checked by
+the kernels as they load them. An invalid one poisons the outputs that depend on it
+(docs/errors.md: NaN for floating outputs, ``qmin`` for integer codes) and the kernel writes a
+code to its device's **status word**: 32 bits of mapped, pinned host memory, which the host reads
+like any other memory, without synchronizing. Every op reads the word of its device before it
+launches (a few tens of nanoseconds) and raises :class:`DeviceValueError` naming the op and the
+argument that an earlier call found invalid; :func:`check` is the explicit check point.
+
+A code is ``1 + OPS.index(op) * 16 + ARGS.index(arg)``: the generator renders each kernel's codes
+from these tables (``codegen/render.py``), the runtime decodes them here.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from .errors import InvalidProblemError
+
+OPS = ("quantize", "dequantize", "quantize_backward", "dequantize_backward", "fake_quantize",
+       "fake_quantize_backward", "fake_quantize_learnable_backward", "dynamic_quantize",
+       "grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
+ARGS = ("scale", "zero_point", "offsets")
+WHAT = {
+    "scale": "a scale that is not positive and finite (an e8m0 code of 255 is NaN)",
+    "zero_point": "a zero point outside [qmin, qmax]",
+    "offsets": "offsets that do not rise from 0 to M without decreasing",
+}
+MAX_DEVICES = 64
+
+
+class DeviceValueError(InvalidProblemError):
+    """A kernel found an invalid value in a device array of an earlier call (its outputs were
+    poisoned: docs/errors.md); raised by the next call on that device or by :func:`check`."""
+
+    def __init__(self, device: int, code: int):
+        self.device, self.code = device, code
+        self.op, self.arg = decode(code)
+        super().__init__(f"{self.op}: {self.arg} held {WHAT.get(self.arg, 'an invalid value')}; a kernel of an "
+                         f"earlier {self.op} call on cuda:{device} found it and poisoned its outputs "
+                         "(NaN, or qmin for integer codes; docs/errors.md)")
+
+
+def code(op: str, arg: str) -> int:
+    """The status code a kernel of ``op`` writes for an invalid ``arg``."""
+    return 1 + OPS.index(op) * 16 + ARGS.index(arg)
+
+
+def decode(value: int) -> tuple:
+    i = value - 1
+    op = OPS[i // 16] if 0 <= i // 16 < len(OPS) else f"op#{i // 16}"
+    arg = ARGS[i % 16] if i % 16 < len(ARGS) else f"argument#{i % 16}"
+    return op, arg
+
+
+_words = None          # ctypes array over the mapped host memory: one word per device
+_base = 0              # its address (with unified addressing, also its device address)
+_lock = threading.Lock()
+
+
+def _alloc() -> None:
+    global _words, _base
+    with _lock:
+        if _words is not None:
+            return
+        from .device import cupy
+        rt = cupy().cuda.runtime
+        # cudaHostAllocPortable | cudaHostAllocMapped: one allocation serves every device
+        ptr = rt.hostAlloc(4 * MAX_DEVICES, 1 | 2)
+        ctypes.memset(ptr, 0, 4 * MAX_DEVICES)
+        _base = rt.hostGetDevicePointer(ptr, 0)
+        _words = (ctypes.c_uint32 * MAX_DEVICES).from_address(ptr)
+
+
+def pointer(device: int) -> int:
+    """The device address of ``device``'s status word (the ``status`` kernel parameter)."""
+    if _words is None:
+        _alloc()
+    return _base + 4 * device
+
+
+def is_status_pointer(p: int) -> bool:
+    """Whether ``p`` is the address of a status word (a constant launch parameter)."""
+    return _base <= p < _base + 4 * MAX_DEVICES and _words is not None
+
+
+def raise_pending(device: int) -> None:
+    """Raise (once) what a kernel reported on ``device``; no synchronization. Every op calls this
+    before it launches."""
+    w = _words
+    if w is not None:
+        value = w[device]
+        if value:
+            w[device] = 0
+            raise DeviceValueError(device, value)
+
+
+def check(device=None, synchronize: bool = True) -> None:
+    """The explicit check point: wait for the device's work (``synchronize``), then raise what its
+    kernels reported. ``device=None``: every device this process has used."""
+    if _words is None:
+        return
+    from .device import cupy
+    cp = cupy()
+    for d in (range(min(MAX_DEVICES, cp.cuda.runtime.getDeviceCount())) if device is None else (device,)):
+        if synchronize:
+            with cp.cuda.Device(d):
+                cp.cuda.runtime.deviceSynchronize()
+        raise_pending(d)
