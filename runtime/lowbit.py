@@ -32,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import config
+from . import config, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .device import launch, param_format, properties
 from .errors import InvalidProblemError, UnsupportedError
@@ -240,7 +240,7 @@ class LowBitElementwiseLauncher(Launcher):
         scale_value = 0.0 if isinstance(args.scale, ArrayRef) else float(args.scale)
         values += (ptr(args.scale), scale_value, ptr(getattr(args, "scale_e8m0", None)), ptr(args.zero_point),
                    args.zp_value, args.rows, args.cols, args.group_size, args.chan_inner, args.chan_count,
-                   int(args.chan_last), args.qmin, args.qmax, int(vec_ok))
+                   int(args.chan_last), args.qmin, args.qmax, int(vec_ok), args.status)
         launch(fn, (grid,), (tx, ty), _elementwise_format(plan.sku.precision.math == "f64"), values,
                stream if stream is not None else stream_handle(first))
 
@@ -249,7 +249,7 @@ class LowBitElementwiseLauncher(Launcher):
 def _elementwise_format(f64: bool) -> str:
     """Parameters of the low-bit static kernels (_lowbit_common.cu.j2 ``signature``)."""
     return param_format(("ptr", "i64", "ptr", "i64", "ptr", "f64" if f64 else "f32", "ptr", "ptr", "i32")
-                        + ("i64",) * 5 + ("i32",) * 4)
+                        + ("i64",) * 5 + ("i32",) * 4 + ("ptr",))
 
 
 @lru_cache(maxsize=None)
@@ -334,7 +334,8 @@ def quantize(xr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_si
     args = LowBitArgs(ins=[(xr, xv)], outs=[(outr, rows_view(outr, "out"))], scale=s,
                       zero_point=zp if isinstance(zp, ArrayRef) else None, zp_value=zp_value, rows=xv.rows,
                       cols=xv.cols, group_size=group_size or 1, chan_inner=inner, chan_count=count, chan_last=last,
-                      qmin=qmin, qmax=qmax, scale_e8m0=e8)
+                      qmin=qmin, qmax=qmax, scale_e8m0=e8, status=status.pointer(xr.device))
+    status.raise_pending(xr.device)
     cached_plan(Descriptor("quantize", scope, mode, xr.kind, kind), preference(xr.device)).run(args)
     return outr.obj
 
@@ -378,7 +379,8 @@ def dequantize(qr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_
     args = LowBitArgs(ins=[(qref, qv)], outs=[(outr, rows_view(outr, "out"))], scale=s,
                       zero_point=zp if isinstance(zp, ArrayRef) else None, zp_value=zp_value, rows=qv.rows,
                       cols=shape[-1], group_size=group_size or 1, chan_inner=inner, chan_count=count, chan_last=last,
-                      qmin=lo, qmax=hi, scale_e8m0=e8)
+                      qmin=lo, qmax=hi, scale_e8m0=e8, status=status.pointer(qr.device))
+    status.raise_pending(qr.device)
     cached_plan(Descriptor("dequantize", scope, mode, kind, yk), preference(qr.device)).run(args)
     return outr.obj
 

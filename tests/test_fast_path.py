@@ -6,6 +6,7 @@ same-layout arrays at new addresses and check that the replayed call (fast path)
 exactly what the slow path launches for the same arrays: the same kernels, grids, blocks and
 every parameter value, with the same results returned.
 """
+import ctypes
 import itertools
 import math
 
@@ -17,6 +18,7 @@ from runtime import arrays
 from runtime import dynamic as dyn
 from runtime import launch as launch_mod
 from runtime import quantization as qz
+from runtime import status
 from runtime import training
 from tests.fakes import FakeDeviceArray, err
 
@@ -90,6 +92,9 @@ qz_describe = qz._describe
 @pytest.fixture
 def dev(monkeypatch):
     d = Device()
+    words = (ctypes.c_uint32 * status.MAX_DEVICES)()      # the status words, in ordinary memory
+    monkeypatch.setattr(status, "_words", words)
+    monkeypatch.setattr(status, "_base", ctypes.addressof(words))
     monkeypatch.setattr(qz, "_describe", _describe)
     monkeypatch.setattr(arrays, "_new", lambda like, shape, kind: d.new(shape, kind))
     monkeypatch.setattr(arrays, "_data_ptr", lambda obj, framework: obj.ptr)
@@ -137,26 +142,23 @@ def _ptrs(result):
     return result.ptr
 
 
-def _run(dev, call, base, trusted):
+def _run(dev, call, base, sync=False):
     dev.at(base).launches = []
-    if trusted:
-        with sf.trusted():
-            result = call(dev)
-    else:
+    with sf.sync_checks(sync):
         result = call(dev)
     return dev.launches, _ptrs(result)
 
 
-def replay_matches_slow_path(dev, call, trusted=False):
+def replay_matches_slow_path(dev, call):
     """Run ``call`` (miss), again at new addresses (hit), then without the cache at those same
     addresses (slow path): the hit launches exactly what the slow path launches."""
-    first = _run(dev, call, 0x7F0000000000, trusted)
+    first = _run(dev, call, 0x7F0000000000)
     assert dev.hits == 0 and first[0], "the first call launches through the slow path"
     assert len(qz._FAST) == 1, "the call was remembered"
-    fast = _run(dev, call, 0x7F4000000000, trusted)
+    fast = _run(dev, call, 0x7F4000000000)
     assert dev.hits == 1, "the repeated call took the fast path"
     qz._FAST.clear()
-    slow = _run(dev, call, 0x7F4000000000, trusted)
+    slow = _run(dev, call, 0x7F4000000000)
     assert dev.hits == 1
     assert fast == slow
     assert fast != first          # new addresses were launched, not the remembered ones
@@ -217,24 +219,28 @@ CALLS = {
 @pytest.mark.parametrize("name", list(CALLS))
 def test_replay_launches_what_the_slow_path_launches(dev, name):
     call, device_params = CALLS[name]
-    replay_matches_slow_path(dev, call, trusted=device_params)
+    replay_matches_slow_path(dev, call)
 
 
 @pytest.mark.parametrize("name", [n for n, (_, device_params) in CALLS.items() if device_params])
-def test_device_parameters_need_trusted_mode(dev, unchecked, name):
+def test_device_parameters_replay_by_default_and_not_under_sync_checks(dev, unchecked, name):
     call, _ = CALLS[name]
-    _run(dev, call, 0x7F0000000000, trusted=False)      # remembered (the value checks ran: fakes pass them)
+    _run(dev, call, 0x7F0000000000)                      # remembered: the kernels check device values
     assert len(qz._FAST) == 1
-    _run(dev, call, 0x7F4000000000, trusted=False)
-    assert dev.hits == 0, "device values must be checked again"
-    _run(dev, call, 0x7F4000000000, trusted=True)
+    _run(dev, call, 0x7F4000000000)
     assert dev.hits == 1
+    _run(dev, call, 0x7F4000000000, sync=True)            # the debug mode checks them on the host
+    assert dev.hits == 1, "under sync_checks device values are checked again (the slow path)"
+    assert unchecked, "the synchronous host checks ran"
 
 
 @pytest.fixture
 def unchecked(monkeypatch):
-    """Device value checks cannot run on fake arrays."""
-    monkeypatch.setattr(qz, "_device_check", lambda *a, **k: None)
+    """The synchronous host checks cannot run on fake arrays: recorded instead (arg names)."""
+    seen = []
+    monkeypatch.setattr(qz, "_device_check", lambda ref, arg, *a, **k: seen.append(arg))
+    monkeypatch.setattr(training, "_device_check", lambda ref, arg, *a, **k: seen.append(arg), raising=False)
+    return seen
 
 
 def test_scalar_scale_and_zero_point_are_refilled_into_their_value_slots(dev):
@@ -252,8 +258,7 @@ def test_device_scale_is_refilled_into_its_pointer_slot(dev, unchecked):
     x, s, out = D((8, 64), ptr=0x7F0000000000), D((8,), ptr=0x7F0000100000), D((8, 64), "int8", ptr=0x7F0000200000)
     sf.quantize(x, s, scope="token", out=out)
     x2, s2, out2 = D((8, 64), ptr=0x7F0000300000), D((8,), ptr=0x7F0000400000), D((8, 64), "int8", ptr=0x7F0000500000)
-    with sf.trusted():
-        assert sf.quantize(x2, s2, scope="token", out=out2) is out2
+    assert sf.quantize(x2, s2, scope="token", out=out2) is out2
     assert dev.hits == 1
     v = dev.launches[-1][4]
     assert (v[0], v[2], v[4], v[5], v[6]) == (x2.ptr, out2.ptr, s2.ptr, 0.0, 0)
@@ -272,26 +277,24 @@ def test_bad_scalars_take_the_slow_path_and_its_errors(dev):
 
 def test_keyword_arguments_of_another_type_are_validated(dev):
     x, s = D((8, 64)), D((8, 4))
-    with sf.trusted():
-        sf.quantize(x, s, scope="group", group_size=16)
-        for bad in (16.0, np.int64(16)):
-            err(lambda: sf.quantize(x, s, scope="group", group_size=bad), sf.InvalidProblemError, "group_size")
-        sf.quantize(x, 0.5, scope="tensor", qmin=-100)
-        err(lambda: sf.quantize(x, 0.5, scope="tensor", qmin=-100.0), sf.InvalidProblemError, "qmin")
-        err(lambda: sf.quantize(x, s, scope="group", group_size=[16]), sf.InvalidProblemError, "group_size")
+    sf.quantize(x, s, scope="group", group_size=16)
+    for bad in (16.0, np.int64(16)):
+        err(lambda: sf.quantize(x, s, scope="group", group_size=bad), sf.InvalidProblemError, "group_size")
+    sf.quantize(x, 0.5, scope="tensor", qmin=-100)
+    err(lambda: sf.quantize(x, 0.5, scope="tensor", qmin=-100.0), sf.InvalidProblemError, "qmin")
+    err(lambda: sf.quantize(x, s, scope="group", group_size=[16]), sf.InvalidProblemError, "group_size")
     assert dev.hits == 0
 
 
 def test_any_difference_in_layout_misses(dev, unchecked):
     x, s = D((8, 64)), D((8,), ptr=0x7F0000100000)
-    with sf.trusted():
-        sf.quantize(x, s, scope="token")
-        for other in (D((8, 64), ptr=0x7F0000200004),                    # alignment: the vector path
-                      D((8, 64), strides=(128, 1), ptr=0x7F0000200000),  # row stride
-                      D((8, 64), "float16", ptr=0x7F0000200000)):
-            sf.quantize(other, s, scope="token")
-        sf.quantize(x, s, scope="token", out_dtype="uint8")
-        sf.dequantize(D((8, 64), "int8"), s, scope="token")
+    sf.quantize(x, s, scope="token")
+    for other in (D((8, 64), ptr=0x7F0000200004),                    # alignment: the vector path
+                  D((8, 64), strides=(128, 1), ptr=0x7F0000200000),  # row stride
+                  D((8, 64), "float16", ptr=0x7F0000200000)):
+        sf.quantize(other, s, scope="token")
+    sf.quantize(x, s, scope="token", out_dtype="uint8")
+    sf.dequantize(D((8, 64), "int8"), s, scope="token")
     assert dev.hits == 0
 
 
@@ -299,11 +302,11 @@ def test_alignment_decides_the_vector_path_of_a_replay(dev, unchecked):
     """A misaligned x is another key: its launch (scalar path) is never replayed for an aligned x."""
     def call(off):
         return lambda d: sf.quantize(d.a((8, 64), offset=off), d.a((8,)), scope="token")
-    aligned = replay_matches_slow_path(dev, call(0), trusted=True)
+    aligned = replay_matches_slow_path(dev, call(0))
     qz._FAST.clear()
     dev.hits = 0
-    misaligned = replay_matches_slow_path(dev, call(4), trusted=True)
-    assert aligned[0][0][4][-1] != misaligned[0][0][4][-1]          # the vec_ok parameter
+    misaligned = replay_matches_slow_path(dev, call(4))
+    assert aligned[0][0][4][-2] != misaligned[0][0][4][-2]          # the vec_ok parameter (before status)
 
 
 def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
@@ -316,16 +319,15 @@ def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
     auto = replay_matches_slow_path(dev, call)
     monkeypatch.setattr(dyn.DynamicFusedLauncher, "config_text", "block")
     dev.hits = 0
-    block = _run(dev, call, 0x7F8000000000, False)
+    block = _run(dev, call, 0x7F8000000000)
     assert dev.hits == 0 and len(qz._FAST) == 2                        # a miss, then remembered apart
     assert auto[0][0][0] != block[0][0][0]                              # another kernel (t4 / block)
 
 
 def test_in_place_calls_are_not_replayed_but_run(dev, unchecked):
     x, s = D((8, 64)), D((8,), ptr=0x7F0000100000)
-    with sf.trusted():
-        for _ in range(2):
-            assert sf.fake_quantize(x, s, scope="token", out=x) is x
+    for _ in range(2):
+        assert sf.fake_quantize(x, s, scope="token", out=x) is x
     assert dev.hits == 0 and len(dev.launches) == 2 and not qz._FAST
 
 
@@ -371,19 +373,29 @@ def test_unknown_array_types_have_no_fast_path():
     assert qz._FastCall("quantize", ("tensor",), (np.zeros(4), 0.5, None, None), scale_at=1).key is None
 
 
-def test_trusted_nests_and_decorates():
+def test_sync_checks_nests_and_decorates():
     from runtime import config
-    assert config.values_checked()
-    with sf.trusted():
-        with sf.trusted():
-            assert not config.values_checked()
-        assert not config.values_checked()
-    assert config.values_checked()
+    assert not config.sync_checks_on()
+    with sf.sync_checks():
+        with sf.sync_checks(False):
+            assert not config.sync_checks_on()
+        assert config.sync_checks_on()
+    assert not config.sync_checks_on()
 
-    @sf.trusted()
+    @sf.sync_checks()
     def f():
-        return config.values_checked()
-    assert f() is False and config.values_checked()
+        return config.sync_checks_on()
+    assert f() is True and not config.sync_checks_on()
+
+
+def test_launches_pass_the_devices_status_word(dev):
+    for call in (lambda d: sf.quantize(d.a((8, 64)), d.a((8,)), scope="token"),
+                 lambda d: sf.dequantize(d.a((8, 64), "int8"), 0.5, scope="tensor")):
+        launches, _ = _run(dev, call, 0x7F0000000000)
+        assert launches[-1][4][-1] == status.pointer(0) and launches[-1][3][-1] == "Q"
+    # dynamic_quantize's own scales need no check: its static pass gets a null status pointer
+    launches, _ = _run(dev, lambda d: sf.dynamic_quantize(d.a((64, 256)), scope="tensor"), 0x7F1000000000)
+    assert all(not status.is_status_pointer(v) for launch in launches if launch[0] != "memset" for v in launch[4])
 
 
 def test_pointer_counter_is_unique():
@@ -400,7 +412,35 @@ def test_columns_layout_grid(dev, monkeypatch, grid_kind, want):
     thread owns one column vector; 1d: one block covers the row, threads loop over columns."""
     monkeypatch.setattr(launch_mod, "COLUMNS_GRID", grid_kind)
     dev.at(0x7F0000000000).launches = []
-    with sf.trusted():                             # no device value checks on fake arrays
-        sf.quantize(dev.a((8192, 8192), "float16"), dev.a((8192, 64)), scope="group", group_size=128)
+    sf.quantize(dev.a((8192, 8192), "float16"), dev.a((8192, 64)), scope="group", group_size=128)
     (fn, grid, block, fmt, values), = dev.launches
     assert block == (256, 1) and grid == want      # resident: 132 SMs x 4 blocks (the fixture)
+
+
+@pytest.mark.parametrize("op, arg", [("quantize", "scale"), ("fake_quantize", "zero_point"),
+                                     ("grouped_matmul_backward_weight", "offsets")])
+def test_a_reported_value_raises_once_at_the_next_call(dev, op, arg):
+    """What a kernel wrote to the status word raises at the next call on that device, on the slow
+    path and on a replay, names the op and argument, and is cleared."""
+    call = CALLS["quantize token"][0]
+    _run(dev, call, 0x7F0000000000)
+    for base in (0x7F1000000000, 0x7F2000000000):       # a replay, then the slow path
+        if base == 0x7F2000000000:
+            qz._FAST.clear()
+        status._words[0] = status.code(op, arg)
+        with pytest.raises(status.DeviceValueError) as e:
+            _run(dev, call, base)
+        assert (e.value.op, e.value.arg, e.value.device) == (op, arg, 0)
+        assert op in str(e.value) and arg in str(e.value) and "cuda:0" in str(e.value)
+        assert isinstance(e.value, sf.InvalidProblemError)
+        assert status._words[0] == 0
+        _run(dev, call, base)                             # reported once: the next call runs
+
+
+def test_status_codes_decode():
+    seen = set()
+    for op in status.OPS:
+        for arg in status.ARGS:
+            c = status.code(op, arg)
+            assert c and c not in seen and status.decode(c) == (op, arg)
+            seen.add(c)

@@ -97,14 +97,13 @@ def test_replay_gives_the_slow_path_bits(name, fw, offset, rng, monkeypatch):
     call, shape = CASES[name], (48, 512)
     seed = int(rng.integers(2**31))
     qz._FAST.clear()
-    with sf.trusted():
-        call(np.random.default_rng(seed), fw, _data(rng, fw, shape, offset))     # remembered
-        assert qz._FAST and not hits
-        x = _data(rng, fw, shape, offset)
-        fast = _host(call(np.random.default_rng(seed + 1), fw, x))               # replayed
-        assert any(hits), "the repeated call took the fast path"
-        qz._FAST.clear()
-        slow = _host(call(np.random.default_rng(seed + 1), fw, x))               # slow path
+    call(np.random.default_rng(seed), fw, _data(rng, fw, shape, offset))     # remembered
+    assert qz._FAST and not hits
+    x = _data(rng, fw, shape, offset)
+    fast = _host(call(np.random.default_rng(seed + 1), fw, x))               # replayed
+    assert any(hits), "the repeated call took the fast path"
+    qz._FAST.clear()
+    slow = _host(call(np.random.default_rng(seed + 1), fw, x))               # slow path
     fast, slow = (fast, slow) if isinstance(fast, tuple) else ((fast,), (slow,))
     assert len(fast) == len(slow)
     for f, s in zip(fast, slow):

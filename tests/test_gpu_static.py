@@ -79,27 +79,26 @@ def test_repeated_calls_take_the_fast_path_correctly(fw, rng):
     if fw == "torch":
         pytest.importorskip("torch")
     shape = (64, 512)
-    with sf.trusted():
-        for trial in range(4):
-            x = rng.standard_normal(shape).astype(np.float32) * 10
-            s = np.float32(rng.random() + 0.05)
-            xd = checks.to_device(x, fw)
-            got = sf.quantize(xd, float(s), scope="tensor")
-            np.testing.assert_array_equal(checks.to_host(got), sf.reference.quantize(x, s, scope="tensor"))
-            sv = (rng.random(64) + 0.05).astype(np.float32)
-            out = checks.to_device(np.zeros(shape, np.int8), fw)
-            res = sf.quantize(xd, checks.to_device(sv, fw), scope="token", out=out)
-            assert res is out
-            np.testing.assert_array_equal(checks.to_host(out), sf.reference.quantize(x, sv, scope="token"))
-            # a view starting 4 bytes in: different alignment, must take the scalar path
-            xs = xd.reshape(-1)[1:1 + 63 * 512].reshape(63, 512)
-            np.testing.assert_array_equal(checks.to_host(sf.quantize(xs, float(s), scope="tensor")),
-                                          sf.reference.quantize(x.reshape(-1)[1:1 + 63 * 512].reshape(63, 512), s,
-                                                                scope="tensor"))
-        with pytest.raises(sf.InvalidProblemError, match="positive"):
-            sf.quantize(xd, -1.0, scope="tensor")
-        with pytest.raises(sf.InvalidProblemError, match="zero_point"):
-            sf.quantize(xd, 0.5, 300, scope="tensor")
+    for trial in range(4):
+        x = rng.standard_normal(shape).astype(np.float32) * 10
+        s = np.float32(rng.random() + 0.05)
+        xd = checks.to_device(x, fw)
+        got = sf.quantize(xd, float(s), scope="tensor")
+        np.testing.assert_array_equal(checks.to_host(got), sf.reference.quantize(x, s, scope="tensor"))
+        sv = (rng.random(64) + 0.05).astype(np.float32)
+        out = checks.to_device(np.zeros(shape, np.int8), fw)
+        res = sf.quantize(xd, checks.to_device(sv, fw), scope="token", out=out)
+        assert res is out
+        np.testing.assert_array_equal(checks.to_host(out), sf.reference.quantize(x, sv, scope="token"))
+        # a view starting 4 bytes in: different alignment, must take the scalar path
+        xs = xd.reshape(-1)[1:1 + 63 * 512].reshape(63, 512)
+        np.testing.assert_array_equal(checks.to_host(sf.quantize(xs, float(s), scope="tensor")),
+                                      sf.reference.quantize(x.reshape(-1)[1:1 + 63 * 512].reshape(63, 512), s,
+                                                            scope="tensor"))
+    with pytest.raises(sf.InvalidProblemError, match="positive"):
+        sf.quantize(xd, -1.0, scope="tensor")
+    with pytest.raises(sf.InvalidProblemError, match="zero_point"):
+        sf.quantize(xd, 0.5, 300, scope="tensor")
 
 
 @pytest.mark.parametrize("fw", ["cupy", "torch"])

@@ -256,8 +256,7 @@ def stubbed(monkeypatch, unstaged):
     monkeypatch.setattr("runtime.quantization.empty", fake_empty)
     monkeypatch.setattr(lowbit, "preference", lambda device: Preference(arch=90))
     rec.alloc = alloc
-    with sf.trusted():
-        yield rec
+    yield rec
 
 
 def test_quantize_int4_arguments(stubbed):

@@ -8,12 +8,6 @@ from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
 
 
-@pytest.fixture(autouse=True)
-def no_device_value_checks():
-    with sf.trusted():   # value checks need a GPU; shape/dtype checks do not
-        yield
-
-
 X = D((8, 64), "float32")
 
 

@@ -369,13 +369,16 @@ constexpr int VEC = 8;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
 typedef Fp8E5M2 F;   // fp8_e5m2
 
+constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
 struct Param { M s, inv; int zp; };
 struct Params {
     const M* scale; M scale_value; const u8_t* scale_e8m0; const i32_t* zero_point; int zp_value;
     i64_t cols, group_size, chan_inner, chan_count; int chan_last;
+    u32_t* status; int qmin, qmax;   // status: the device's status word, or null (no value checks)
 
     __device__ __forceinline__ i64_t index(i64_t row, i64_t c) const {
-        return chan_last ? c : (row / chan_inner) % chan_count;
+        // 32-bit division when every operand fits (a 64-bit one is a call: registers live across it spill)
+        return chan_last ? c : channel_of(row, chan_inner, chan_count, ((u64_t)row | (u64_t)chan_inner | (u64_t)chan_count) >> 32 == 0);
     }
     // One scale element for the VEC elements of a vector starting at a multiple of VEC.
     __device__ __forceinline__ bool uniform() const {
@@ -385,8 +388,14 @@ struct Params {
         const i64_t i = index(row, c);
         Param p;
         p.s = scale ? scale[i] : scale_value;
-        p.inv = recip(p.s);
         p.zp = zp_value;
+        // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
+        // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
+        if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
+            p.s = poison_nan<M>();
+            p.zp = qmin;
+        }
+        p.inv = recip(p.s);
         return p;
     }
 };
@@ -413,12 +422,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     using namespace sf_quantize_channel_symmetric_f16_fp8_e5m2_sm80_simt_impl;
-    const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
+    const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
+                   status, qmin, qmax};
     const int TX = blockDim.x, TY = blockDim.y;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
+    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * blockDim.y) {   // blockDim.y re-read: cheaper than a register across the loop
         const T* xr = x + row * x_rs;
         u8_t* qr = q + row * q_rs;
         if (vec_ok) {
@@ -481,10 +491,12 @@ constexpr int VEC = 8;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
 typedef Fp8E5M2 F;   // fp8_e5m2
 
+constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
 struct Param { M s, inv; int zp; };
 struct Params {
     const M* scale; M scale_value; const u8_t* scale_e8m0; const i32_t* zero_point; int zp_value;
     i64_t cols, group_size, chan_inner, chan_count; int chan_last;
+    u32_t* status; int qmin, qmax;   // status: the device's status word, or null (no value checks)
 
     __device__ __forceinline__ i64_t index(i64_t row, i64_t c) const {
         return row * (cols / group_size) + c / group_size;
@@ -498,8 +510,14 @@ struct Params {
         Param p;
         // e8m0 block scales (MX): 2^(code - 127), exact, so inv is exact too
         p.s = scale_e8m0 ? e8m0_to_f32(scale_e8m0[i]) : (scale ? scale[i] : scale_value);
-        p.inv = recip(p.s);
         p.zp = zp_value;
+        // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
+        // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
+        if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
+            p.s = poison_nan<M>();
+            p.zp = qmin;
+        }
+        p.inv = recip(p.s);
         return p;
     }
 };
@@ -526,12 +544,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f1
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     using namespace sf_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_impl;
-    const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
+    const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
+                   status, qmin, qmax};
     const int TX = blockDim.x, TY = blockDim.y;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
+    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * blockDim.y) {   // blockDim.y re-read: cheaper than a register across the loop
         const T* xr = x + row * x_rs;
         u8_t* qr = q + row * q_rs;
         if (vec_ok) {
@@ -594,10 +613,12 @@ constexpr int VEC = 8;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
 typedef Fp8E5M2 F;   // fp8_e5m2
 
+constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
 struct Param { M s, inv; int zp; };
 struct Params {
     const M* scale; M scale_value; const u8_t* scale_e8m0; const i32_t* zero_point; int zp_value;
     i64_t cols, group_size, chan_inner, chan_count; int chan_last;
+    u32_t* status; int qmin, qmax;   // status: the device's status word, or null (no value checks)
 
     __device__ __forceinline__ i64_t index(i64_t row, i64_t c) const {
         (void)row; (void)c; return 0;
@@ -610,8 +631,14 @@ struct Params {
         const i64_t i = index(row, c);
         Param p;
         p.s = scale ? scale[i] : scale_value;
-        p.inv = recip(p.s);
         p.zp = zp_value;
+        // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
+        // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
+        if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
+            p.s = poison_nan<M>();
+            p.zp = qmin;
+        }
+        p.inv = recip(p.s);
         return p;
     }
 };
@@ -638,12 +665,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     using namespace sf_quantize_tensor_symmetric_f16_fp8_e5m2_sm80_simt_impl;
-    const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
+    const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
+                   status, qmin, qmax};
     const int TX = blockDim.x, TY = blockDim.y;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
+    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * blockDim.y) {   // blockDim.y re-read: cheaper than a register across the loop
         const T* xr = x + row * x_rs;
         u8_t* qr = q + row * q_rs;
         if (vec_ok) {
@@ -706,10 +734,12 @@ constexpr int VEC = 8;    // elements per vector access: 16 bytes of the float s
 constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
 typedef Fp8E5M2 F;   // fp8_e5m2
 
+constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
 struct Param { M s, inv; int zp; };
 struct Params {
     const M* scale; M scale_value; const u8_t* scale_e8m0; const i32_t* zero_point; int zp_value;
     i64_t cols, group_size, chan_inner, chan_count; int chan_last;
+    u32_t* status; int qmin, qmax;   // status: the device's status word, or null (no value checks)
 
     __device__ __forceinline__ i64_t index(i64_t row, i64_t c) const {
         (void)c; return row;
@@ -722,8 +752,14 @@ struct Params {
         const i64_t i = index(row, c);
         Param p;
         p.s = scale ? scale[i] : scale_value;
-        p.inv = recip(p.s);
         p.zp = zp_value;
+        // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
+        // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
+        if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
+            p.s = poison_nan<M>();
+            p.zp = qmin;
+        }
+        p.inv = recip(p.s);
         return p;
     }
 };
@@ -750,12 +786,13 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
     const i32_t* __restrict__ zero_point, int zp_value,
     i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok)
+    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     using namespace sf_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_impl;
-    const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last};
+    const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
+                   status, qmin, qmax};
     const int TX = blockDim.x, TY = blockDim.y;
-    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * TY) {
+    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * blockDim.y) {   // blockDim.y re-read: cheaper than a register across the loop
         const T* xr = x + row * x_rs;
         u8_t* qr = q + row * q_rs;
         if (vec_ok) {
