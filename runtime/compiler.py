@@ -57,14 +57,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SKUFORGE_CACHE_DIR", Path.home() / ".cache" / "skuforge"))
 
 
-def _check(result, prog=None, name=""):
-    err = result[0]
-    if int(err) != 0:
-        log = _log(prog) if prog is not None else ""
-        raise CompileError(f"NVRTC failed on {name}: {err}\n{log}")
-    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
-
-
 def _log(prog) -> str:
     nvrtc = _nvrtc()
     err, n = nvrtc.nvrtcGetProgramLogSize(prog)
