@@ -23,7 +23,7 @@ Workloads come from modules ``codegen/bench_*.py``. Each exposes ``make(sku, sha
 
 and optionally ``OPS`` (the ops it handles), ``SHAPES`` / ``QUICK_SHAPES`` (its own shapes,
 used instead of the elementwise ones), ``default(sku)`` (the default subset), ``TARGET_PCT``
-(% of copy the issue asks for), ``TARGET_SHAPES`` (the shapes that target names, default the two
+(the % of copy to reach), ``TARGET_SHAPES`` (the shapes that target names, default the two
 large ones) and ``host_calls()`` (functional-API calls for the host overhead measurement: list
 of dicts with ``label``, ``call``, ``framework``).
 
@@ -48,14 +48,14 @@ from typing import Optional
 from .audit import AUDIT_DIR, git_info, now, read_json, slug, write_json
 
 SCHEMA = 1
-# SPEC §6 shapes; the first two are the bandwidth shapes of the issue's targets, the last is latency.
+# SPEC §6 shapes; the first two are the bandwidth shapes of the targets, the last is latency.
 SPEC_SHAPES = ((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096))
 LARGE_SHAPES = ((8192, 8192), (65536, 4096))
 DEFAULT_SHAPES = LARGE_SHAPES              # --all: SPEC_SHAPES
 QUICK_SHAPES = ((8192, 8192), (16, 4096))
 DEFAULT_KINDS = {"bf16", "f16", "f32", "s8", "-"}
 DEFAULT_COMPILE_KINDS = {"bf16"}            # torch.compile baseline by default (--all: every SKU)
-TARGET_PCT = {"dynamic_quantize": 85.0}     # the issue: >= 90% static, >= 85% dynamic token/group
+TARGET_PCT = {"dynamic_quantize": 85.0}     # targets: >= 90% static, >= 85% dynamic token/group
 DEFAULT_TARGET_PCT = 90.0
 TARGET_SPEEDUP_COMPILE = 1.3                # geomean over SPEC shapes vs torch.compile
 TARGET_HOST_US = 15.0
@@ -270,7 +270,7 @@ def to_markdown(rec: dict) -> str:
              "relative to the peak copy.", ""]
     t = targets(rec)
     if t:
-        lines += ["## Targets (issue 7)", "", "| target | measured | wanted | | note |", "|---|---|---|---|---|"]
+        lines += ["## Targets", "", "| target | measured | wanted | | note |", "|---|---|---|---|---|"]
         for what, val, want, ok, note in t:
             lines.append(f"| {what} | {val:.2f} | {want:g} | {'✅' if ok else '❌'} | {note} |")
         lines.append("")
@@ -591,7 +591,7 @@ HOST_SHAPE = (16, 4096)
 
 
 def api_host_calls(device: int = 0) -> list:
-    """Repeated calls of each functional API that has a fast path (issue 7) on (16, 4096) inputs:
+    """Repeated calls of each functional API that has a fast path on (16, 4096) inputs (target: <= 15 µs per call):
     quantize / dequantize / fake_quantize (channel, axis 0) / dynamic_quantize (token), bf16 data
     and float32 scales, quantize and dynamic_quantize also into preallocated outputs (``out=``),
     with CuPy arrays and (when importable) torch tensors, with the default
@@ -732,8 +732,8 @@ def run_one(timer, baselines, sku, module, shape, l2: int, copy_gbps: float, sha
             except Exception as e:  # noqa: BLE001
                 r["torch_ref"] = {"error": error_text(e)}
     del sets, w0
-    # % of copy is taken against a copy of the same number of bytes (issue 3: "a device copy of
-    # the same bytes"), so launch ramp and tail count alike on both sides; shapes that fit in
+    # % of copy is taken against a copy of the same number of bytes ("a device copy of the
+    # same bytes"), so launch ramp and tail count alike on both sides; shapes that fit in
     # 4 x L2 use the peak copy. The peak (1 GiB) copy stays in the record as `pct_copy_peak`.
     ref_gbps = copy_gbps
     if r.get("bytes") and r["bytes"] >= 4 * l2:

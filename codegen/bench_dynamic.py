@@ -1,4 +1,4 @@
-"""Bench workloads of dynamic_quantize (issue 3), for ``codegen.bench``.
+"""Bench workloads of dynamic_quantize (docs/dynamic.md), for ``codegen.bench``.
 
 Inputs: x ~ 3·N(0, 1) in the input dtype (never zeros), on the current torch device (CuPy
 when torch is missing). Scope parameters: group size 128; channel per column (``axis=-1``).
@@ -18,7 +18,7 @@ import math
 OPS = ("dynamic_quantize",)
 GROUP_SIZE = 128
 CHANNEL_AXIS = -1
-TARGETS_BY_SCOPE = {"token": 85.0, "group": 85.0, "tensor": 55.0, "channel": 55.0}   # % of copy, issue 3, bf16 -> s8
+TARGETS_BY_SCOPE = {"token": 85.0, "group": 85.0, "tensor": 55.0, "channel": 55.0}   # % of copy, bf16 -> s8
 
 
 def _torch():

@@ -1,6 +1,6 @@
-"""Bench workloads of the low-bit dynamic quantization (issue 5), for ``codegen.bench``.
+"""Bench workloads of the low-bit dynamic quantization (docs/lowbit.md), for ``codegen.bench``.
 
-The issue's two targets: dynamic per-group(128) bf16 -> fp8_e4m3 and bf16 -> s4, >= 85 % of a
+The two targets: dynamic per-group(128) bf16 -> fp8_e4m3 and bf16 -> s4, >= 85 % of a
 device copy on (65536, 4096), side by side with ``torch.compile`` of the eager composite. Every
 low-bit ``dynamic_quantize`` SKU is handled (``--all``); the default subset is those two (both
 arches for fp8: sm80 = software conversion, sm89 = ``cvt`` instructions; each SKU runs itself
@@ -24,11 +24,11 @@ QUICK_SHAPES = ((65536, 4096), (16, 4096))
 FP8_SOFTWARE = "sm80"                   # arch of the fp8 kernels with software conversion (no fp8 cvt before sm_89)
 
 
-TARGET_SHAPES = ((65536, 4096),)        # issue 5 names its 85 % on (65536, 4096)
+TARGET_SHAPES = ((65536, 4096),)        # the 85 % target is for (65536, 4096)
 
 
 def TARGET_PCT(sku):
-    """Issue 5's target, 85% of copy, for the kernels it names (fp8 with the hardware conversion,
+    """The target, 85% of copy, for the kernels that have one (fp8 with the hardware conversion,
     packed int4); the sm80 software-conversion fp8 kernels are the fallback of GPUs without fp8
     instructions, instruction-bound by design, and carry no target (docs/lowbit.md)."""
     if sku.aux_element in FP8_MAX or sku.element in FP8_MAX:

@@ -1,5 +1,5 @@
-"""Bench workloads of the training ops (issue 4), for ``python -m codegen bench``, and a standalone
-measurement of the issue's targets (``python -m codegen.bench_training``).
+"""Bench workloads of the training ops (docs/training.md), for ``python -m codegen bench``, and a standalone
+measurement of their targets (``python -m codegen.bench_training``).
 
 Inputs are random (never all zeros): x ~ 3·N(0, 1), dy ~ N(0, 1), scales in [0.02, 0.05) so that
 a few percent of x saturates, zero points in [-20, 20]. Channel scope is per row (``axis=0``,
@@ -18,15 +18,14 @@ import math
 
 OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
        "fake_quantize_learnable_backward")
-TARGET_PCT = 85.0            # issue 4: fused forward+mask and backward, % of device copy
-TARGET_SPEEDUP_TORCH = 2.0   # issue 4: vs PyTorch's fake_quantize_per_channel_affine
+TARGET_PCT = 85.0            # fused forward+mask and backward, % of device copy
 GROUP_SIZE = 128
 CHANNEL_AXIS = 0
 QMIN, QMAX = -128, 127
 
 
 def default(sku) -> bool:
-    """The issue's targets: fake-quant forward+mask and backward, tensor / channel, f32 / bf16."""
+    """The targets: fake-quant forward+mask and backward, tensor / channel, f32 / bf16."""
     return (sku.op in ("fake_quantize", "fake_quantize_backward") and sku.scope in ("tensor", "channel")
             and sku.element in ("f32", "bf16") and sku.mode == "asymmetric")
 
@@ -182,7 +181,7 @@ def make(sku, shape):
     return w
 
 
-# -- standalone: the issue's numbers in one process ------------------------------------------------
+# -- standalone: the target numbers in one process ------------------------------------------------
 def _time(fn, batches=15, per=10, warm=5):
     """Median GPU time per call: CUDA events around ``per`` back-to-back calls (the host enqueues
     ahead of the GPU unless a call's host overhead exceeds its GPU time: then that is measured)."""
@@ -246,7 +245,6 @@ def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=
     ``torch.fake_quantize_per_channel_affine``; one table."""
     import torch
 
-    import runtime as sf
     from runtime.registry import default_registry
     reg = default_registry()
     rows = []
@@ -292,7 +290,7 @@ def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=
                              if "public_us" in r else ""), flush=True)
                     del sets
                     torch.cuda.empty_cache()
-    for kind in kinds:               # LSQ backward (information: the issue sets no target)
+    for kind in kinds:               # LSQ backward (information: no target)
         for scope in ("channel", "tensor"):
             shape = (8192, 8192)
             sku = reg.select(category="quantization", op="fake_quantize_learnable_backward", scope=scope,

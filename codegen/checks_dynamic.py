@@ -1,6 +1,6 @@
-"""GPU checker of op ``dynamic_quantize`` (issue 3), registered with :func:`codegen.checks.checker`.
+"""GPU checker of op ``dynamic_quantize``, registered with :func:`codegen.checks.checker`.
 
-Per SKU: random data over a spread of magnitudes plus the edge cases of the issue (all-zero
+Per SKU: random data over a spread of magnitudes plus the edge cases (all-zero
 rows, constant rows, one huge outlier, NaN and ±inf inside a row, all-NaN rows, rows of
 length 1, 70,000+ rows, long rows past the register path, strided rows, empty tensors).
 Each case checks, bit for bit against ``runtime.reference.dynamic_quantize_ref``: q, scale

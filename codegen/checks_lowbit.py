@@ -1,4 +1,4 @@
-"""GPU checkers of the low-bit SKUs (issue 5): fp8 e4m3fn / e5m2, packed s4 / u4, e8m0 (MX) scales.
+"""GPU checkers of the low-bit SKUs: fp8 e4m3fn / e5m2, packed s4 / u4, e8m0 (MX) scales.
 
 Registered for ``quantize``, ``dequantize`` and ``dynamic_quantize`` in front of the s8/u8
 checkers (which still handle every other SKU). Each SKU runs *itself*: ``runtime.lowbit.prefer_arch``

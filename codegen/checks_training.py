@@ -1,4 +1,4 @@
-"""GPU checks of the training ops (issue 4): every SKU bit-exact against the NumPy reference.
+"""GPU checks of the training ops: every SKU bit-exact against the NumPy reference.
 
 Registered for ``python -m codegen verify`` through :mod:`codegen.checks`. Each checker runs the
 scope's shapes of :func:`codegen.checks._shapes` (aligned, odd, rank up to 8), contiguous and

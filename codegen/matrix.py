@@ -16,7 +16,7 @@ from runtime.sku import KernelSku, Precision
 # -- element kinds -------------------------------------------------------------------------
 FLOATS = ("f32", "f64", "f16", "bf16")
 INTS = ("s8", "u8")
-LOW_BIT = ("s4", "u4", "fp8_e4m3", "fp8_e5m2")          # issue 5
+LOW_BIT = ("s4", "u4", "fp8_e4m3", "fp8_e5m2")          # docs/lowbit.md
 QUANT_SCOPES = ("tensor", "channel", "token", "group")
 QUANT_MODES = ("symmetric", "asymmetric")
 
@@ -133,8 +133,8 @@ TEAM_REGISTERS = {"light": (96, 56, 40, 40), "heavy": (96, 64, 48, 48)}
 # groups per thread (CH = 4) and TX 2 / 4 / 8 for groups of 8, 16 and 32 chunks (64 / 128 / 256
 # elements of 16 bits, 32 / 64 / 128 of f32), and for SPEC §6's small shape (16, 4096) bf16 / f16
 # (t2, CH = 2: TX = 8 for group 128, TX = 256 for token). The run-time-TX entry point takes every
-# other launch (docs/dynamic.md "Fixed-TX entry points"). Bench on an H200 (98c4269 against
-# c7788c4): group(128) bf16 at 8192^2 84.0 -> 87.0 % of copy, f16 83.9 -> 86.7; at (16, 4096)
+# other launch (docs/dynamic.md "Fixed-TX entry points"). Bench on an H200 (with against
+# without them): group(128) bf16 at 8192^2 84.0 -> 87.0 % of copy, f16 83.9 -> 86.7; at (16, 4096)
 # against torch.compile token x0.96 -> x1.06, group x1.38.
 TEAM_FIXED = {"group": ((8, 4, 2), (8, 4, 4), (8, 4, 8), (2, 2, 8)), "token": ((2, 2, 256),)}
 
@@ -154,7 +154,7 @@ def _team_context(sku, fixed: bool = False) -> dict:
 
 
 def _dynamic_context(cell, ctx):
-    """dynamic_quantize (issue 3): token/group are one fused pass (launch kind ``dynamic_fused``),
+    """dynamic_quantize: token/group are one fused pass (launch kind ``dynamic_fused``),
     tensor/channel a two-phase deterministic reduction + the static quantize kernel
     (``dynamic_reduce``); ``coop``: s8/u8 per-tensor SKUs also carry the one-launch cooperative
     kernel ``<symbol>_coop`` (dynamic_tensor.cu.j2). ``ch_*``: chunks of a row a thread keeps in registers (64 bytes of x);
@@ -190,7 +190,7 @@ DYNAMIC_QUANTIZE = Family(
     precision=lambda op, scope, mode, el, aux, arch, backend: Precision(math_of(el), math_of(el)),
 )
 
-# -- MoE grouped matmul (issue 6) -------------------------------------------------------------
+# -- MoE grouped matmul (docs/moe.md) --------------------------------------------------------
 MOE_FLOATS = ("f32", "f16", "bf16", "f64")
 # Tile shape of each backend: the templates static_assert the shapes their fragment maps assume.
 MOE_TILES = {
@@ -212,7 +212,7 @@ def _moe_context(cell, ctx):
     # PIPE (templates/moe/_mma.cu.j2 mainloop): 0 copies of the next slice before the mma,
     # 1 ("i") interleaved with the mma, 2 ("p") interleaved and fragments double-buffered.
     mma_variants = {
-        "128x128x32s5": (128, 128, 32, 5, 0),    # the configuration measured on 2026-11-29
+        "128x128x32s5": (128, 128, 32, 5, 0),    # the first configuration measured
         "128x128x32s5i": (128, 128, 32, 5, 1),
         "128x128x32s5p": (128, 128, 32, 5, 2),
         "128x256x32s4": (128, 256, 32, 4, 0),
@@ -223,12 +223,9 @@ def _moe_context(cell, ctx):
         "256x128x32s4p": (256, 128, 32, 4, 2),
     }
     # Defaults: the best minimum over the six benchmark shapes of tools/probe_moe.py on an H200
-    # (2026-11-29, docs/moe.md): fwd and dgrad 128x256x64s3p (57.8% / 55.0% of torch._grouped_mm),
+    # (docs/moe.md): fwd and dgrad 128x256x64s3p (57.8% / 55.0% of torch._grouped_mm),
     # wgrad 128x128x32s5 (51.0%).
     mma_default = {"fwd": "128x256x64s3p", "dgrad": "128x256x64s3p", "wgrad": "128x128x32s5"}
-    # An optional per-pass switch for experts with few rows: {pass: (configuration, below this many
-    # rows per expert)}. Empty: 128x128x32s5p for short wgrad tiles measured slower than the default.
-    mma_short: dict = {}
     opkind = MOE_OPKIND[sku.op]
     out_kind = sku.aux_element or sku.element
     size = SIZE[sku.element]
@@ -250,8 +247,6 @@ def _moe_context(cell, ctx):
               "route": {r: f"{sku.symbol}_route_{r}" for r in MOE_ROUTE}}
     if sku.backend == "mma":
         launch["default_variant"] = variants[0]["name"]
-        if opkind in mma_short:
-            launch["short_variant"], launch["short_rows"] = mma_short[opkind]
         launch["variants"] = {v["name"]: {k: v[k] for k in ("symbol", "tile", "dynamic_smem")} for v in variants}
     return {
         "ns": sku.symbol + "_ns", "T": CTYPE[sku.element], "OUT": CTYPE[out_kind], "out_kind": out_kind,
@@ -303,7 +298,7 @@ MOE_WGRAD = Family(
 
 
 
-# -- training ops (issue 4): straight-through backward, fake-quant, LSQ ----------------------
+# -- training ops: straight-through backward, fake-quant, LSQ (docs/training.md) -----------------
 # Gradients and fake-quantized values are in the input dtype: element = aux_element.
 TRAINING_PAIRS = tuple((f, f) for f in FLOATS)
 
@@ -360,13 +355,7 @@ TRAINING_LSQ = Family(
     extra_context=lambda cell, ctx: {"launch": {"finish": cell.sku.scope in ("tensor", "channel")}},
 )
 
-# -- low-bit formats (issue 5): fp8 e4m3fn / e5m2, packed s4 / u4, e8m0 (MX) block scales ----------
-# Staging switch. The low-bit kernels shipped after their GPU verification (session 2, docs/lowbit.md).
-# While LOWBIT_STAGED is True every low-bit cell is excluded with LOWBIT_STAGED_REASON (nothing
-# unverified is generated or shipped, and the runtime refuses these kinds naming issue 5): the way to
-# land a family that is built and CPU-tested but not yet run on a GPU.
-LOWBIT_STAGED = False
-LOWBIT_STAGED_REASON = "implemented; awaiting GPU verification (issue 5) — see docs/lowbit.md"
+# -- low-bit formats: fp8 e4m3fn / e5m2, packed s4 / u4, e8m0 (MX) block scales (docs/lowbit.md) --
 FP8 = ("fp8_e4m3", "fp8_e5m2")
 INT4 = ("s4", "u4")
 FP8_FORMAT = {"fp8_e4m3": "Fp8E4M3", "fp8_e5m2": "Fp8E5M2"}   # templates/common/lowbit.cuh
@@ -393,17 +382,15 @@ def _lowbit_kind(sku: KernelSku) -> str:
     return sku.element if sku.element in LOW_BIT else sku.aux_element
 
 
-def lowbit_exclusions(staged: bool) -> tuple:
-    """Permanent reasons first (they stay after the flip), then the staging reason."""
-    out = (
-        Exclusion("fp8 has no zero point: fp8 quantization is symmetric only (SPEC §5 fp8 outputs; issue 5)",
-                  lambda s: s.mode == "asymmetric" and _lowbit_kind(s) in FP8),
-        Exclusion("int4 has no conversion instruction: the sm80 kernel (integer rounding) serves every arch (issue 5)",
-                  lambda s: s.arch != "sm80" and _lowbit_kind(s) in INT4),
-        Exclusion("no f64 -> fp8 conversion instruction: the sm80 kernel (software, one rounding from f64) "
-                  "serves sm89+ (issue 5)", lambda s: s.arch != "sm80" and s.element == "f64"),
-    )
-    return out + ((Exclusion(LOWBIT_STAGED_REASON, lambda s: True),) if staged else ())
+# Why some low-bit cells are not generated (the cell a kernel of another arch serves, or none).
+LOWBIT_EXCLUSIONS = (
+    Exclusion("fp8 has no zero point: fp8 quantization is symmetric only (SPEC §5 fp8 outputs)",
+              lambda s: s.mode == "asymmetric" and _lowbit_kind(s) in FP8),
+    Exclusion("int4 has no conversion instruction: the sm80 kernel (integer rounding) serves every arch",
+              lambda s: s.arch != "sm80" and _lowbit_kind(s) in INT4),
+    Exclusion("no f64 -> fp8 conversion instruction: the sm80 kernel (software, one rounding from f64) "
+              "serves sm89+", lambda s: s.arch != "sm80" and s.element == "f64"),
+)
 
 
 def _lowbit_common(sku: KernelSku) -> dict:
@@ -444,10 +431,9 @@ def _lowbit_dynamic_context(cell, ctx):
     return out
 
 
-def lowbit_families(staged: bool = LOWBIT_STAGED) -> tuple:
-    """The three low-bit families; ``staged=False`` is what the flip generates (tests render and
-    NVRTC-compile it while the shipped matrix stays staged)."""
-    ex = lowbit_exclusions(staged)
+def lowbit_families() -> tuple:
+    """The three low-bit families: quantize, dequantize and dynamic_quantize."""
+    ex = LOWBIT_EXCLUSIONS
     quantize = LowBitFamily(
         name="lowbit-quantize", category="quantization", ops=("quantize",),
         template="quantization/lowbit_{op}.cu.j2", pairs=tuple(itertools.product(FLOATS, LOW_BIT)),

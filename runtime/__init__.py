@@ -12,10 +12,10 @@ Submodules: ``sku`` (vocabulary), ``registry`` (manifest queries, kernels per de
 """
 # The op modules register their launch kinds with runtime.plans when imported.
 from . import launch  # noqa: F401  static elementwise ("elementwise")
-from . import dynamic  # noqa: F401  issue 3 ("dynamic_fused", "dynamic_reduce")
-from . import training  # noqa: F401  issue 4 ("lsq")
-from . import moe  # noqa: F401  issue 6 ("moe_gemm")
-from . import lowbit  # noqa: F401  issue 5 ("lowbit_*", docs/lowbit.md)
+from . import dynamic  # noqa: F401  dynamic_quantize ("dynamic_fused", "dynamic_reduce")
+from . import training  # noqa: F401  training ops ("lsq")
+from . import moe  # noqa: F401  MoE grouped matmul ("moe_gemm")
+from . import lowbit  # noqa: F401  low-bit formats ("lowbit_*", docs/lowbit.md)
 from .config import sync_checks
 from .dynamic import dynamic_quantize
 from .errors import DeviceRequiredError, InvalidProblemError, SkuforgeError, UnsupportedError
@@ -40,7 +40,7 @@ __all__ = [
 
 
 def __getattr__(name):
-    # ``runtime.torch`` (the PyTorch autograd front, issue 4) is imported on first use only,
+    # ``runtime.torch`` (the PyTorch autograd front, docs/training.md) is imported on first use only,
     # so that ``import runtime`` never imports torch.
     if name == "torch":
         import importlib

@@ -1,4 +1,4 @@
-"""Dynamic-range quantization (issue 3): ``q, scale, zero_point = dynamic_quantize(x, ...)``.
+"""Dynamic-range quantization: ``q, scale, zero_point = dynamic_quantize(x, ...)``.
 
 Per scope element, the kernels reduce the slice of ``x`` (max |x|, or min/max including 0;
 NaN ignored), derive ``scale`` (and ``zero_point``) exactly as SPEC §5 and quantize, so that
@@ -197,11 +197,11 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
                                                            and args.qv.row_stride * pack == cols))
     if cfg.kernel != "auto":
         return _team(int(cfg.kernel[1:]), cfg.ch, cfg.threads, u, vrows, dense, chunks)
-    # auto, from tools/probe_dynamic.py on an H200 (2026-11-29, docs/dynamic.md): rows of >= 256
+    # auto, from tools/probe_dynamic.py on an H200 (docs/dynamic.md): rows of >= 256
     # chunks take t16 (on a full grid, see fused_launch); shorter row groups (group 128) take t8 in
     # 256-thread blocks (128 for fp8, whose measured best that was); problems too small for two
     # warps per SM step down to the kernel with the most warps, t2 last, in 128-thread blocks
-    # (tools/probe_small.py, 2026-12-01, (16, 4096) bf16: token t2 5.18 us against t4 5.41,
+    # (tools/probe_small.py, (16, 4096) bf16: token t2 5.18 us against t4 5.41,
     # group 4.70 against 5.38; 32- or 64-thread blocks measured the same or slower).
     group_threads = 128 if plan.sku.aux_element in ("fp8_e4m3", "fp8_e5m2") else 256
     enough, best = 2 * properties(args.x.device)["sms"], None
@@ -241,7 +241,7 @@ def fused_config() -> FusedConfig:
 def fused_grid(fn, work: int, per_block: int, threads: int, device: int, persistent: bool) -> int:
     """One block per ``per_block`` units of ``work``, or (persistent) at most the resident blocks
     (the block kernel measured 2-5 % faster so on H200)."""
-    grid = row_grid(work, per_block, threads, device)
+    grid = row_grid(work, per_block)
     return min(grid, properties(device)["sms"] * resident_blocks(fn, threads)) if persistent else grid
 
 
@@ -261,7 +261,7 @@ def block_config(plan, args, vec_ok: bool, unit: int) -> tuple:
         tx *= 2
     threads = max(256, tx)
     ty = threads // tx
-    return tx, ty, row_grid(vrows, ty, threads, args.x.device)
+    return tx, ty, row_grid(vrows, ty)
 
 
 _LAUNCHES: dict = {}
@@ -506,9 +506,6 @@ def _check_eps(eps, math_kind: str) -> float:
 
 
 def _check_scale_dtype(scale_dtype, x_kind: str, math_kind: str):
-    if isinstance(scale_dtype, str) and scale_dtype.lower() in ("e8m0", "float8_e8m0fnu"):
-        raise UnsupportedError(f"scale_dtype={scale_dtype!r}: MX (e8m0) block scaling is planned in issue 5; "
-                               "supported: float32 (float64 for float64 inputs)")
     sk = kind_of(scale_dtype, "scale_dtype")
     # "float32", the default, means float scales in the math precision: float64 for f64 inputs (SPEC §4)
     if sk == "f32" or sk == math_kind:
@@ -610,7 +607,7 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
     if xr.kind not in FLOAT_KINDS:
         raise UnsupportedError(f"x has dtype {xr.kind}; dynamic_quantize takes {', '.join(FLOAT_KINDS)}")
     qk = kind_of(out_dtype, "out_dtype")
-    from . import lowbit   # issue 5: fp8 / packed int4 outputs, MX e8m0 scales
+    from . import lowbit   # fp8 / packed int4 outputs, MX e8m0 scales
     if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
         if outs:
             raise UnsupportedError(f"out= with out_dtype={out_dtype!r} / scale_dtype={scale_dtype!r}: dynamic_quantize "
@@ -619,7 +616,7 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
                                        qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
     if qk not in INT_KINDS:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dynamic_quantize produces {', '.join(INT_KINDS)}"
-                               + (" (low-bit formats: issue 5)" if qk in LOW_BIT else ""))
+                               + (" (low-bit formats: docs/lowbit.md)" if qk in LOW_BIT else ""))
     if mode not in MODES:
         raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
     axis = check_scope(xr.shape, scope, axis, group_size)

@@ -46,7 +46,7 @@ def grid_cap(blocks: int):
         _FAST.clear()
 
 
-def row_grid(rows: int, ty: int, threads: int = 256, device: int = 0) -> int:
+def row_grid(rows: int, ty: int) -> int:
     """Blocks for a grid-stride loop over rows: one block per ``ty`` rows (no tail imbalance
     from a capped grid), capped at the grid limit; the kernel's loop covers the rest."""
     return max(1, min(-(-rows // ty), MAX_GRID_X))
@@ -127,7 +127,7 @@ class ElementwiseLauncher(Launcher):
             units = -(-args.cols // (vec * unroll)) if vec_ok else args.cols
             tx = min(threads, next_pow2(units))
             ty = threads // tx
-            grid = (row_grid(args.rows, ty, threads, first.device),)
+            grid = (row_grid(args.rows, ty),)
         if GRID_CAP[0]:
             grid = tuple(min(g, GRID_CAP[0]) for g in grid)
         f64 = plan.sku.precision.math == "f64"

@@ -1,4 +1,4 @@
-"""Low-bit formats (issue 5): fp8 (e4m3fn, e5m2) and packed int4 (s4, u4), e8m0 (OCP MX) scales.
+"""Low-bit formats: fp8 (e4m3fn, e5m2) and packed int4 (s4, u4), e8m0 (OCP MX) scales.
 
 Reached through the ordinary functional API (``runtime.quantize`` / ``dequantize`` /
 ``dynamic_quantize`` route these kinds here):
@@ -15,9 +15,7 @@ for torch inputs and a uint8 array of codes for CuPy (which has no fp8 dtype). `
 the kind from a torch fp8 dtype, or from ``in_dtype=`` for uint8 containers. e8m0 scales are uint8
 arrays (``torch.float8_e8m0fnu`` tensors are accepted too) with ``scale_dtype="e8m0"``.
 
-The kernels ship (verified on an H200, docs/lowbit.md). Were they staged again
-(``codegen.matrix.LOWBIT_STAGED = True``), the manifest would hold none of them and every entry point
-would raise an ``UnsupportedError`` naming issue 5.
+The kernels are verified bit-exact against ``runtime.reference`` on an H200 (docs/lowbit.md).
 """
 from __future__ import annotations
 
@@ -47,24 +45,6 @@ FP8 = ("fp8_e4m3", "fp8_e5m2")
 INT4 = ("s4", "u4")
 KINDS = INT4 + FP8
 E8M0 = "e8m0"
-
-
-# -- availability: staged until verified on a GPU ------------------------------------------------
-@lru_cache(maxsize=8)
-def _registry_has_lowbit(registry) -> bool:
-    return any(s.element in KINDS or s.aux_element in KINDS for s in registry.entries)
-
-
-def staged() -> bool:
-    """True while the manifest holds no low-bit kernel (``codegen.matrix.LOWBIT_STAGED``)."""
-    from .registry import default_registry
-    return not _registry_has_lowbit(default_registry())
-
-
-def _require(what: str) -> None:
-    if staged():
-        raise UnsupportedError(f"{what}: low-bit formats (issue 5) are implemented but staged, awaiting GPU "
-                               "verification (see docs/lowbit.md); supported today: int8, uint8 with float32 scales")
 
 
 # -- which arch's kernels: the device's, or lower on request --------------------------------------
@@ -131,7 +111,7 @@ def _check_fp8_args(kind, zero_point, qmin, qmax, arg_zp="zero_point"):
 
 def _check_mx(kind, scope, group_size):
     if kind not in FP8:
-        raise UnsupportedError(f"scale_dtype='e8m0': MX block scales (issue 5) are for fp8 data "
+        raise UnsupportedError(f"scale_dtype='e8m0': MX block scales are for fp8 data "
                                f"({', '.join(FP8)}); got {kind}")
     if scope != "group" or group_size != MX_GROUP:
         raise InvalidProblemError(f"scale_dtype='e8m0' needs scope='group' with group_size={MX_GROUP} (OCP MX "
@@ -233,7 +213,7 @@ class LowBitElementwiseLauncher(Launcher):
         threads = plan.launch["block_threads"]
         tx = min(threads, next_pow2(units))
         ty = threads // tx
-        grid = row_grid(args.rows, ty, threads, first.device)
+        grid = row_grid(args.rows, ty)
         values = []
         for a, view in args.ins + args.outs:
             values += (a.ptr, view.row_stride)
@@ -305,7 +285,6 @@ def quantize(xr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_si
     """Low-bit ``quantize`` (see runtime.quantization.quantize); ``kind`` is the output kind."""
     if kind not in KINDS:
         _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
-    _require(f"quantize to {kind}")
     xv = rows_view(xr, "x")
     axis = check_scope(xr.shape, scope, axis, group_size)
     mx = is_e8m0(scale_dtype) or (not isinstance(scale, numbers.Number) and scale is not None
@@ -345,7 +324,6 @@ def dequantize(qr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_
     """Low-bit ``dequantize``: ``kind`` is q's kind (see ``input_kind``); q is its container."""
     if kind not in KINDS:
         _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 input: UnsupportedError
-    _require(f"dequantize of {kind}")
     yk = kind_of(out_dtype, "out_dtype")
     if yk not in FLOAT_KINDS:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(FLOAT_KINDS)}")
@@ -393,7 +371,6 @@ def dynamic_quantize(xr: ArrayRef, *, scope, mode="symmetric", axis=None, group_
     mx = is_e8m0(scale_dtype)
     if kind not in KINDS:
         _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
-    _require(f"dynamic_quantize to {kind}" + (" with e8m0 scales" if mx else ""))
     if mode not in MODES:
         raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
     axis = check_scope(xr.shape, scope, axis, group_size)

@@ -537,13 +537,13 @@ def _quantize(fast, x, scale, zero_point, scope, axis, group_size, out_dtype, qm
     if xr.kind not in FLOAT_KINDS:
         raise UnsupportedError(f"x has dtype {xr.kind}; quantize takes {', '.join(FLOAT_KINDS)}")
     qk = kind_of(out_dtype, "out_dtype")
-    from . import lowbit   # issue 5
+    from . import lowbit   # fp8 / packed int4, MX e8m0 scales
     if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
         return lowbit.quantize(xr, scale, zero_point, scope=scope, axis=axis, group_size=group_size, kind=qk,
                                qmin=qmin, qmax=qmax, out=out, scale_dtype=scale_dtype)
     if qk not in INT_KINDS:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize produces {', '.join(INT_KINDS)}"
-                               + (" (low-bit formats: issue 5)" if qk in ("s4", "u4", "fp8_e4m3", "fp8_e5m2") else ""))
+                               + (" (low-bit formats: docs/lowbit.md)" if qk in ("s4", "u4", "fp8_e4m3", "fp8_e5m2") else ""))
     _check_scale_dtype(scale_dtype, _math_kind(xr.kind), xr.kind)
     xv = rows_view(xr, "x")
     axis = check_scope(xr.shape, scope, axis, group_size)
@@ -589,7 +589,7 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
 
 def _dequantize(fast, q, scale, zero_point, scope, axis, group_size, out_dtype, out, in_dtype, scale_dtype):
     qr = as_array(q, "q")
-    from . import lowbit   # issue 5
+    from . import lowbit   # fp8 / packed int4, MX e8m0 scales
     low = lowbit.input_kind(qr, in_dtype)
     if low is not None or lowbit.is_e8m0(scale_dtype):
         return lowbit.dequantize(qr, scale, zero_point, scope=scope, axis=axis, group_size=group_size,

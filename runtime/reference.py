@@ -78,7 +78,7 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
     return y.astype(numpy_dtype(out_dtype))
 
 
-# -- dynamic_quantize (issue 3) ---------------------------------------------------------------
+# -- dynamic_quantize ---------------------------------------------------------------------------
 def dynamic_range(kind: str, mode: str, qmin=None, qmax=None):
     """Effective (qmin, qmax, zp) of dynamic_quantize: symmetric defaults are the symmetric
     range (s8 -127..127, u8 1..255) with the implied zero point; asymmetric the full range."""
@@ -142,7 +142,7 @@ def dynamic_quantize_ref(x, *, scope, mode="symmetric", axis=None, group_size=No
     return q, scale, zp
 
 
-# -- training ops (issue 4): straight-through backward, fake-quant, LSQ ---------------------------
+# -- training ops: straight-through backward, fake-quant, LSQ ---------------------------
 # Shared with runtime/training.py's launcher: the fixed reduction order of the LSQ sums.
 LSQ_MAX_TEAM = 256      # lanes of a team (a power of two)
 LSQ_TILE_ROWS = 32      # rows per tile of the channel-last tile pass
@@ -328,7 +328,7 @@ def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ax
     return dx, ds, dz
 
 
-# -- low-bit formats (issue 5): fp8 e4m3fn / e5m2, packed int4, e8m0 (MX) block scales ------------
+# -- low-bit formats: fp8 e4m3fn / e5m2, packed int4, e8m0 (MX) block scales ------------
 FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
 INT4_KINDS = ("s4", "u4")
 FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}

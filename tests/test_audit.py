@@ -445,7 +445,7 @@ def test_bench_targets_skip_results_without_target():
 
 
 def test_bench_target_shapes_split_the_rows():
-    """A module's TARGET_SHAPES (low-bit: issue 5 names 65536x4096 only) makes its own row; other
+    """A module's TARGET_SHAPES (low-bit: 65536x4096 only) makes its own row; other
     shapes of those results count for no target."""
     base = dict(op="dynamic_quantize", scope="group", element="bf16")
     lowbit = dict(base, aux_element="s4", target_pct=85.0, target_shapes=[[65536, 4096]])

@@ -310,7 +310,7 @@ def test_alignment_decides_the_vector_path_of_a_replay(dev, unchecked):
 
 
 def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
-    """A remembered fused dynamic launch (a prepared launch since session 4) is not replayed once
+    """A remembered fused dynamic launch (a prepared launch) is not replayed once
     the launch configuration changes (the probes switch it between calls): the new one is chosen."""
     from runtime import dynamic as dyn
 

@@ -1,7 +1,5 @@
-"""GPU: the low-bit SKUs (issue 5), bit-exact against the NumPy reference.
+"""GPU: the low-bit SKUs (docs/lowbit.md), bit-exact against the NumPy reference.
 
-Written for the session that flips ``codegen.matrix.LOWBIT_STAGED`` (docs/lowbit.md): while the
-kernels are staged, the manifest holds none of them and this module is skipped with that reason.
 - every low-bit SKU through ``codegen.checks_lowbit`` (each SKU itself: sm80 software SKUs run
   under ``runtime.lowbit.prefer_arch(80)`` on newer GPUs);
 - the hardware conversion (sm89 SKUs, ``cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32``) equals the
@@ -15,14 +13,10 @@ import pytest
 
 import runtime as sf
 from codegen import checks, checks_lowbit
-from runtime import lowbit
 from runtime import reference as ref
 from runtime.arrays import kind_of
 
-STAGED = lowbit.staged()
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(STAGED, reason="the low-bit kernels are staged (codegen.matrix.LOWBIT_STAGED = True): "
-                                                "flip it, run `python -m codegen`, see docs/lowbit.md")]
+pytestmark = pytest.mark.gpu
 
 REG = sf.default_registry()
 LOWBIT = [s for s in REG.skus() if checks_lowbit.is_lowbit(s)]

@@ -20,7 +20,7 @@ def test_static_sku_bit_exact(sku, rng):
 
 @pytest.mark.parametrize("fw", ["cupy", "torch"])
 def test_frameworks_return_their_own_type(fw, rng):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     x = rng.standard_normal((33, 64)).astype(np.float32)
     xd = checks.to_device(x, fw)
     q = sf.quantize(xd, 0.05, scope="tensor")

@@ -1,4 +1,4 @@
-"""GPU: the training ops (issue 4). Every SKU bit-exact against the NumPy reference; PyTorch's own
+"""GPU: the training ops (docs/training.md). Every SKU bit-exact against the NumPy reference; PyTorch's own
 fake-quant ops bit for bit; LSQ sums independent of the launch configuration; the ``runtime.torch``
 custom ops under autograd, ``opcheck`` and ``torch.compile(fullgraph=True)``."""
 import math
@@ -206,7 +206,7 @@ def test_torch_front_dequantize_scale_gradient_finite_differences(rng):
 
 
 def test_torch_front_opcheck(rng):
-    torch, sft = _torch(), _sft()
+    torch = _torch()
     from runtime.torch import ops  # noqa: F401
     x = torch.randn(32, 64, device="cuda", requires_grad=True)
     s = (torch.rand(32, device="cuda") * 0.05 + 0.01).requires_grad_(True)

@@ -1,7 +1,6 @@
-"""Low-bit formats (issue 5) on the CPU: the NumPy reference by hand, every bad input's typed
+"""Low-bit formats on the CPU: the NumPy reference by hand, every bad input's typed
 error (before any launch), the arguments the functional API hands to the launchers, and the
-launchers' configuration. The staged switch is flipped with monkeypatch where a test needs the
-validation that follows it; the shipped state (staged) is tested too."""
+launchers' configuration."""
 import numpy as np
 import pytest
 
@@ -118,36 +117,19 @@ def test_f64_inputs_round_once():
     assert s[0, 0] == 127 + 1 - 8
 
 
-# -- staged: refused, naming issue 5 ----------------------------------------------------------------
+# -- the shipped manifest ----------------------------------------------------------------------------
 X = D((8, 64), "float32")
 Q8 = D((8, 32), "uint8")
 
 
-def test_shipped_state_has_every_lowbit_kernel(monkeypatch):
-    """Shipped (LOWBIT_STAGED = False): all 368 low-bit kernels are in the manifest, none is staged.
-    If the manifest lost them, the API refuses with a message naming issue 5 and the docs."""
-    from codegen import matrix
-    assert matrix.LOWBIT_STAGED is False and not lowbit.staged()
+def test_manifest_has_every_lowbit_kernel():
+    """All 368 low-bit kernels are in the manifest."""
     reg = sf.default_registry()
     assert len([s for s in reg.skus() if {s.element, s.aux_element} & set(lowbit.KINDS)]) == 368
-    assert not [s for s, r in reg.excluded.items() if r == matrix.LOWBIT_STAGED_REASON]
-    monkeypatch.setattr(lowbit, "staged", lambda: True)
-    for call in (lambda: sf.quantize(X, 0.5, scope="tensor", out_dtype="fp8_e4m3"),
-                 lambda: sf.quantize(X, 0.5, scope="tensor", out_dtype="uint4"),
-                 lambda: sf.dequantize(Q8, 0.5, scope="tensor", in_dtype="int4"),
-                 lambda: sf.dequantize(Q8, 0.5, scope="tensor", in_dtype="fp8_e5m2"),
-                 lambda: sf.dynamic_quantize(X, scope="group", group_size=32, out_dtype="fp8_e4m3", scale_dtype="e8m0"),
-                 lambda: sf.dynamic_quantize(X, scope="token", out_dtype="int4")):
-        err(call, UnsupportedError, "issue 5", "docs/lowbit.md")
 
 
 # -- validation: typed errors before any launch --------------------------------
-@pytest.fixture
-def unstaged(monkeypatch):
-    monkeypatch.setattr(lowbit, "staged", lambda: False)
-
-
-def test_fp8_has_no_zero_point(unstaged):
+def test_fp8_has_no_zero_point():
     err(lambda: sf.quantize(X, 0.5, 3, scope="tensor", out_dtype="fp8_e4m3"), InvalidProblemError,
         "zero_point", "fp8_e4m3 has no zero point")
     err(lambda: sf.quantize(X, 0.5, scope="tensor", out_dtype="fp8_e4m3", qmin=-100), InvalidProblemError,
@@ -159,7 +141,7 @@ def test_fp8_has_no_zero_point(unstaged):
     err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="fp8_e4m3", qmax=100), InvalidProblemError, "qmax=100")
 
 
-def test_int4_needs_even_d_and_even_groups(unstaged):
+def test_int4_needs_even_d_and_even_groups():
     x63 = D((8, 63), "float32")
     err(lambda: sf.quantize(x63, 0.5, scope="tensor", out_dtype="int4"), InvalidProblemError, "D=63", "even")
     err(lambda: sf.dynamic_quantize(x63, scope="token", out_dtype="uint4"), InvalidProblemError, "D=63")
@@ -176,7 +158,7 @@ def test_int4_needs_even_d_and_even_groups(unstaged):
     err(lambda: sf.quantize(X, 0.5, scope="tensor", out_dtype="s4", qmin=-9), InvalidProblemError, "qmin=-9", "[-8, 7]")
 
 
-def test_e8m0_rules(unstaged):
+def test_e8m0_rules():
     s32 = D((8, 2), "uint8")
     err(lambda: sf.dynamic_quantize(X, scope="group", group_size=16, out_dtype="fp8_e4m3", scale_dtype="e8m0"),
         InvalidProblemError, "group_size=32", "group_size=16")
@@ -185,7 +167,7 @@ def test_e8m0_rules(unstaged):
     err(lambda: sf.dynamic_quantize(X, scope="group", group_size=32, out_dtype="int4", scale_dtype="e8m0"),
         UnsupportedError, "fp8")
     err(lambda: sf.dynamic_quantize(X, scope="group", group_size=32, scale_dtype="e8m0"), UnsupportedError,
-        "issue 5", "fp8", "s8")
+        "MX block scales", "fp8", "s8")
     err(lambda: sf.quantize(X, s32, scope="group", group_size=16, out_dtype="fp8_e4m3", scale_dtype="e8m0"),
         InvalidProblemError, "group_size=32")
     err(lambda: sf.quantize(X, 1.0, scope="group", group_size=32, out_dtype="fp8_e4m3", scale_dtype="e8m0"),
@@ -201,7 +183,7 @@ def test_e8m0_rules(unstaged):
         UnsupportedError, "fp8", "s8")
 
 
-def test_dequantize_kind_and_container(unstaged):
+def test_dequantize_kind_and_container():
     err(lambda: sf.dequantize(D((8, 32), "int8"), 0.5, scope="tensor", in_dtype="int4"), InvalidProblemError,
         "q has dtype s8", "uint8 container")
     err(lambda: sf.dequantize(Q8, 0.5, scope="tensor", in_dtype="int8"), InvalidProblemError, "in_dtype='int8'", "u8")
@@ -217,7 +199,7 @@ def test_dequantize_kind_and_container(unstaged):
         InvalidProblemError, "dtype s8")
 
 
-def test_bad_eps_and_mode(unstaged):
+def test_bad_eps_and_mode():
     err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="fp8_e4m3", eps=0.0), InvalidProblemError, "eps")
     err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="s4", mode="affine"), UnsupportedError, "mode")
     err(lambda: sf.dynamic_quantize(X, scope="token", out_dtype="s4", scale_dtype="float16"), UnsupportedError,
@@ -242,7 +224,7 @@ class _Recorder:
 
 
 @pytest.fixture
-def stubbed(monkeypatch, unstaged):
+def stubbed(monkeypatch):
     rec = _Recorder()
     alloc = []
 
@@ -396,13 +378,13 @@ def test_fused_config(monkeypatch, shape, gs, kind, vec_want):
 def test_bench_module_selection_and_bytes():
     from codegen import bench, bench_lowbit, matrix
     mods = bench.workload_modules(lambda m: None)
-    unstaged = [c.sku for c in matrix.cells(matrix.lowbit_families(staged=False)) if c.generated]
-    for s in unstaged:
+    lowbit_skus = [c.sku for c in matrix.cells(matrix.lowbit_families()) if c.generated]
+    for s in lowbit_skus:
         assert bench.module_for(s, mods) is bench_lowbit
     s8 = [s for s in sf.default_registry().skus() if s.op in ("quantize", "dynamic_quantize")
           and s.aux_element in ("s8", "u8")]
     assert all(bench.module_for(s, mods).__name__ != "codegen.bench_lowbit" for s in s8)
-    todo = bench.plan(unstaged, mods)
+    todo = bench.plan(lowbit_skus, mods)
     chosen = sorted({str(s) for s, _, _ in todo})
     assert len(chosen) == 3 and all("/group/symmetric/bf16/" in c and "dynamic_quantize" in c for c in chosen)
     assert {s.aux_element for s, _, _ in todo} == {"fp8_e4m3", "s4"} and (65536, 4096) in {sh for _, _, sh in todo}
@@ -412,6 +394,6 @@ def test_bench_module_selection_and_bytes():
     assert bench_lowbit.expected_bytes(fp8, (65536, 4096)) == n * 2 + n + n // 128 * 4
     assert bench_lowbit.expected_bytes(s4, (65536, 4096)) == n * 2 + n // 2 + n // 128 * 4
     fp8s = {s.arch: s for s, _, _ in todo if s.aux_element == "fp8_e4m3"}
-    assert bench.target_for(bench_lowbit, fp8s["sm89"])["target_pct"] == 85.0     # hardware cvt: issue 5's target
+    assert bench.target_for(bench_lowbit, fp8s["sm89"])["target_pct"] == 85.0     # hardware cvt: the 85 % target
     assert bench.target_for(bench_lowbit, fp8s["sm80"]) == {"no_target": True}     # the software fallback: none
     assert bench.target_for(bench_lowbit, s4)["target_pct"] == 85.0

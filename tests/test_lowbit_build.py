@@ -1,10 +1,7 @@
-"""The low-bit kernels (issue 5), rendered and compiled on the CPU.
+"""The low-bit kernels (docs/lowbit.md), rendered and compiled on the CPU.
 
-``codegen.matrix.LOWBIT_STAGED`` was the switch that kept them out of the manifest until they were
-verified on a GPU; it is now False (shipped). These tests render the staged matrix next to the
-shipped one, check that staging changes nothing but the low-bit cells (every other file and kernel
-hash stays byte for byte the same), check the low-bit units (helpers,
-sm89 units, manifest metadata, ``Registry.source``), and NVRTC-compile low-bit units for sm_80,
+The low-bit cells of the matrix (counts and exclusion reasons), the low-bit units (helpers, sm89
+units, manifest metadata, ``Registry.source``), and NVRTC compiles of the low-bit units for sm_80,
 sm_89 and sm_90: a subset covering every template branch by default, every unit on every arch
 with ``SKUFORGE_FULL_COMPILE=1`` (184 compiles, about 2-3 minutes on 2 cores).
 """
@@ -19,9 +16,7 @@ from runtime.registry import Registry
 from runtime.sku import KernelSku
 
 LOW = set(matrix.LOW_BIT)
-UNSTAGED = matrix.lowbit_families(staged=False)
-FLIPPED = tuple(f for f in matrix.FAMILIES if not isinstance(f, matrix.LowBitFamily)) + UNSTAGED
-STAGED = tuple(f for f in matrix.FAMILIES if not isinstance(f, matrix.LowBitFamily)) + matrix.lowbit_families(staged=True)
+LOWBIT_FAMILIES = matrix.lowbit_families()
 
 
 def _is_low(sku) -> bool:
@@ -29,19 +24,12 @@ def _is_low(sku) -> bool:
 
 
 @pytest.fixture(scope="module")
-def flipped_files():
-    return manifest.expected_files(FLIPPED)
+def shipped_files():
+    return manifest.expected_files()
 
 
-@pytest.fixture(scope="module")
-def staged_files():
-    return manifest.expected_files(STAGED)
-
-
-def test_staged_switch_and_counts():
-    assert matrix.LOWBIT_STAGED is False
-    assert manifest.expected_files() == manifest.expected_files(FLIPPED)   # what ships
-    cells = matrix.cells(UNSTAGED)
+def test_lowbit_cells_and_counts():
+    cells = matrix.cells(LOWBIT_FAMILIES)
     gen = [c for c in cells if c.generated]
     count = {op: sum(c.sku.op == op for c in gen) for op in ("quantize", "dequantize", "dynamic_quantize")}
     # quantize / dynamic: fp8 4 floats x 2 formats x 4 scopes x (sm80 + sm89 except f64) + int4 4 x 2 x 4 x 2 modes
@@ -57,35 +45,16 @@ def test_staged_switch_and_counts():
             assert not c.generated and "f64" in c.reason
         else:
             assert c.generated, s
-    staged = matrix.cells(matrix.lowbit_families(staged=True))
-    assert not [c for c in staged if c.generated]
-    assert sum(c.reason == matrix.LOWBIT_STAGED_REASON for c in staged) == 368
 
 
-def test_staging_changes_only_lowbit_cells(flipped_files, staged_files):
-    for path, text in staged_files.items():
-        if path != manifest.MANIFEST:
-            assert flipped_files[path] == text, path
-    old = json.loads(staged_files[manifest.MANIFEST])
-    new = json.loads(flipped_files[manifest.MANIFEST])
-    for sku, entry in old["kernels"].items():
-        assert new["kernels"][sku] == entry
-    for unit, meta in old["units"].items():
-        assert new["units"][unit] == meta
-    added = set(new["kernels"]) - set(old["kernels"])
-    assert len(added) == 368 and all(_is_low(KernelSku.parse(s)) for s in added)
-    # the staged cells are exactly the ones the flip generates
-    assert {s for s, e in old["excluded"].items() if e["reason"] == matrix.LOWBIT_STAGED_REASON} == added
-
-
-def test_lowbit_units(flipped_files):
-    man = json.loads(flipped_files[manifest.MANIFEST])
+def test_lowbit_units(shipped_files):
+    man = json.loads(shipped_files[manifest.MANIFEST])
     pre = render.prelude()
     header = render.environment().get_template("common/lowbit.cuh").render()
     low_units = {u: m for u, m in man["units"].items() if m["family"].startswith("lowbit-")}
     assert len(low_units) == 68
     for unit, meta in low_units.items():
-        text = flipped_files[unit]
+        text = shipped_files[unit]
         assert text.count("// ---- skuforge low-bit helpers") == 1
         assert text.index(pre) < text.index(header) < text.index("// SKU: ")
         archs = {KernelSku.parse(s).arch for s in meta["skus"]}
@@ -96,7 +65,7 @@ def test_lowbit_units(flipped_files):
     for sku, e in man["kernels"].items():
         if not _is_low(KernelSku.parse(sku)):
             continue
-        text = flipped_files[e["unit"]]
+        text = shipped_files[e["unit"]]
         start = text.index(f"// SKU: {sku}\n")
         nxt = text.find("// SKU: ", start + 1)
         kernel = text[start: nxt if nxt >= 0 else len(text)].rstrip("\n") + "\n"
@@ -110,15 +79,14 @@ def test_lowbit_units(flipped_files):
             assert kind == "lowbit_elementwise" and e["launch"]["pack"] == (2 if {s.element, s.aux_element} & {"s4", "u4"} else 1)
 
 
-def test_registry_source_includes_the_lowbit_helpers(flipped_registry):
-    reg = flipped_registry
+def test_registry_source_includes_the_lowbit_helpers(shipped_registry):
+    reg = shipped_registry
     sku = "quantization/quantize/group/symmetric/bf16/fp8_e4m3/sm89/simt/f32.acc-f32.det.stable"
     src = reg.source(sku)
     assert "// ---- end of low-bit helpers" in src and "// ---- end of helpers" in src
     assert src.count("// SKU: ") == 1 and "sf_quantize_group_symmetric_bf16_fp8_e4m3_sm89_simt(" in src
-    shipped = Registry.load(manifest.GENERATED)
-    old = "quantization/quantize/token/symmetric/bf16/s8/sm80/simt/f32.acc-f32.det.stable"
-    assert reg.source(old) == shipped.source(old)
+    s8 = "quantization/quantize/token/symmetric/bf16/s8/sm80/simt/f32.acc-f32.det.stable"
+    assert "low-bit helpers" not in reg.source(s8)
     # Registry.select prefers the newest arch <= the device's: sm89 (hardware) on sm_90, sm80 on sm_80
     pick = dict(category="quantization", op="quantize", scope="token", mode="symmetric", element="bf16",
                 aux_element="fp8_e5m2")
@@ -129,17 +97,15 @@ def test_registry_source_includes_the_lowbit_helpers(flipped_registry):
 
 # -- NVRTC ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def flipped_registry(tmp_path_factory):
-    """The flipped matrix written to a temporary generated/ and loaded as the runtime would."""
-    root = tmp_path_factory.mktemp("flipped") / "generated"
-    manifest.build(root, FLIPPED)
-    return Registry.load(root)
+def shipped_registry():
+    """generated/ loaded as the runtime loads it (``python -m codegen check`` keeps it current)."""
+    return Registry.load(manifest.GENERATED)
 
 
 def _units():
     pre = render.prelude()
     return [(u.path, u.text(pre), min(int(k.cell.sku.arch[2:]) for k in u.kernels), u.family.nvrtc_options)
-            for u in render.render(matrix.cells(UNSTAGED))]
+            for u in render.render(matrix.cells(LOWBIT_FAMILIES))]
 
 
 # Every template branch at least once: each op x each kind (bf16), hardware and software units, the
@@ -165,12 +131,12 @@ def _compile(job):
         return path, arch, str(e)[:3000]
 
 
-def test_nvrtc_compiles_the_staged_kernels(flipped_registry):
-    """The jobs ``python -m codegen compile --arch sm_80,sm_89,sm_90`` would run on the flipped tree
-    (a unit is built for every arch >= its kernels'), restricted to the low-bit units."""
+def test_nvrtc_compiles_the_lowbit_kernels(shipped_registry):
+    """The jobs ``python -m codegen compile --arch sm_80,sm_89,sm_90`` would run (a unit is built
+    for every arch >= its kernels'), restricted to the low-bit units."""
     from codegen.cli import compile_jobs
     full = bool(os.environ.get("SKUFORGE_FULL_COMPILE"))
-    reg = flipped_registry
+    reg = shipped_registry
     low = {u for u, m in reg.units.items() if m["family"].startswith("lowbit-")}
     assert set(SUBSET) <= low
     jobs = [j for j in compile_jobs(reg, [80, 89, 90]) if j[0] in low]

@@ -1,8 +1,8 @@
 """The low-bit GPU checkers (codegen/checks_lowbit.py), dry-run on the CPU.
 
 The checkers reach the device through ``put`` / ``get`` / ``strided`` and the functional API; here
-those are replaced by a "device" that runs the NumPy reference, so every case the next session
-will run on the GPU is generated, executed and compared here: a correct implementation passes and
+those are replaced by a "device" that runs the NumPy reference, so every case the checkers
+run on the GPU is generated, executed and compared here: a correct implementation passes and
 a wrong one (a NaN code with its sign, swapped nibbles, double rounding from f64, a stale e8m0
 rule) fails. It also checks the dispatch in front of the s8/u8 checkers.
 """
@@ -14,13 +14,13 @@ from codegen import checks, checks_lowbit, matrix
 from runtime import reference as ref
 from runtime.arrays import kind_of
 
-UNSTAGED = [c.sku for c in matrix.cells(matrix.lowbit_families(staged=False)) if c.generated]
+LOWBIT = [c.sku for c in matrix.cells(matrix.lowbit_families()) if c.generated]
 
 
 def _sample():
     """Per op, scope, mode and low-bit kind: one SKU, its float kind and arch rotating (deterministic)."""
     groups = {}
-    for s in UNSTAGED:
+    for s in LOWBIT:
         low = s.element if s.op == "dequantize" else s.aux_element
         groups.setdefault((s.op, s.scope, s.mode, low), []).append(s)
     out = []
@@ -98,7 +98,7 @@ def test_dispatch_keeps_the_s8_u8_checkers():
         assert getattr(checks.CHECKERS[op], "lowbit_dispatch", False)
     s8 = next(s for s in sf.default_registry().skus() if s.op == "quantize" and s.aux_element == "s8")
     assert not checks_lowbit.is_lowbit(s8)
-    assert all(checks_lowbit.is_lowbit(s) for s in UNSTAGED)
+    assert all(checks_lowbit.is_lowbit(s) for s in LOWBIT)
 
 
 def test_sample_covers_the_matrix():
@@ -124,7 +124,7 @@ def test_checker_passes_a_correct_device(device, sku, rng):
 ])
 def test_checker_catches_a_wrong_device(device, bug, pick, rng):
     device(bug)
-    sku = next(s for s in UNSTAGED if pick(s))
+    sku = next(s for s in LOWBIT if pick(s))
     res = checks.check(sku, rng)
     assert not res.passed and res.mismatches > 0, (bug, res.detail)
 

@@ -1,4 +1,4 @@
-"""The device conversion code of templates/common/lowbit.cuh, proven on the CPU (issue 5).
+"""The device conversion code of templates/common/lowbit.cuh, proven on the CPU.
 
 The header's conversion core is plain C++ on IEEE bit patterns, so it compiles as host code.
 A small harness built with g++ calls the very functions the kernels call, and is compared with

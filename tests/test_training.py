@@ -1,4 +1,4 @@
-"""Training ops (issue 4), CPU: the NumPy reference by hand, the LSQ summation order, the matrix
+"""Training ops (docs/training.md), CPU: the NumPy reference by hand, the LSQ summation order, the matrix
 cells, and every bad input's typed error before any launch."""
 import importlib.util
 

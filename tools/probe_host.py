@@ -1,4 +1,4 @@
-"""Host overhead of repeated functional-API calls (issue 7: <= 15 µs per call), on a GPU machine.
+"""Host overhead of repeated functional-API calls (target: <= 15 µs per call), on a GPU machine.
 
     PYTHONPATH=. python3 tools/probe_host.py --out probe_host.json
 
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
         comps = {} if args.no_components else components(stream.synchronize, args.calls, args.repeats, args.device)
         profiles = profile(items, stream.synchronize, args.calls, [w for w in args.profile.split(",") if w]) \
             if args.profile else {}
-    rec = {"schema": 1, "what": "host overhead per repeated functional call (issue 7)", "date": now(), **git_info(),
+    rec = {"schema": 1, "what": "host overhead per repeated functional call", "date": now(), **git_info(),
            **env, "python": platform.python_version(), "calls": args.calls, "repeats": args.repeats,
            "target_us": bench.TARGET_HOST_US, "compile_s": round(compile_s, 1),
            "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "components": comps}

@@ -1,4 +1,4 @@
-"""One-call GPU probe of the moe grouped-matmul tile configurations (issue 6).
+"""One-call GPU probe of the moe grouped-matmul tile configurations (docs/moe.md).
 
     PYTHONPATH=. python3 tools/probe_moe.py --out $OUT/probe_moe.json [--quick] [--variants a,b]
 

@@ -21,7 +21,7 @@ import sys
 
 SHAPE = (16, 4096)
 # t2 (2 chunks per thread; ch=1: one, Triton's shape for token) and small blocks (more of them):
-# the session-5 candidates for auto on problems too small for two warps per SM
+# the candidates for auto on problems too small for two warps per SM
 FUSED = ("auto", "auto,fixed=0", "block", "t4", "t8", "t4,threads=64", "t4,threads=32", "t2", "t2,ch=1", "t2,threads=64",
          "t2,threads=32", "t2,ch=1,threads=64", "t2,ch=1,threads=32")
 

@@ -54,7 +54,7 @@ __device__ __forceinline__ double vmin_nan(double a, double b) { return a != a ?
 // -- rounding to integers without a conversion instruction ------------------------------------
 // cvt (F2I, I2F, FRND) runs at a quarter of the FP32 rate on sm_80 / sm_90, and an element of a
 // 16-bit tensor leaves time for about 20 instructions at full memory bandwidth: one or two cvts per
-// element made those kernels issue-bound (docs/perf-notes.md, session 3). Adding MAGIC = 1.5 * 2^p
+// element made those kernels issue-bound (docs/perf-notes.md, ncu + SASS). Adding MAGIC = 1.5 * 2^p
 // (p: stored mantissa bits) to |v| <= 2^(p-1) rounds once, to nearest even, to an integer that sits
 // in the low mantissa bits; MAGIC's low p - 1 bits are zero, so those bits are the integer's own.
 constexpr float  RNE_MAGIC_F32 = 12582912.0f;          // 1.5 * 2^23: integers of |v| <= 2^22
@@ -195,7 +195,7 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // ---- end of helpers ---------------------------------------------------------------------------
 
 // ---- skuforge low-bit helpers (templates/common/lowbit.cuh) ---------------------------------
-// Issue 5: FP8 (OCP e4m3fn, e5m2), e8m0 block-scale exponents (OCP MX) and packed int4.
+// FP8 (OCP e4m3fn, e5m2), e8m0 block-scale exponents (OCP MX) and packed int4.
 // Included after the prelude, only by translation units that hold low-bit kernels.
 // The conversion core works on IEEE bit patterns with integer arithmetic only, so it also
 // compiles as host C++ (SF_HD is empty there): tests/test_lowbit_host.py builds it into a

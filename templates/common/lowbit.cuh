@@ -1,5 +1,5 @@
 // ---- skuforge low-bit helpers (templates/common/lowbit.cuh) ---------------------------------
-// Issue 5: FP8 (OCP e4m3fn, e5m2), e8m0 block-scale exponents (OCP MX) and packed int4.
+// FP8 (OCP e4m3fn, e5m2), e8m0 block-scale exponents (OCP MX) and packed int4.
 // Included after the prelude, only by translation units that hold low-bit kernels.
 // The conversion core works on IEEE bit patterns with integer arithmetic only, so it also
 // compiles as host C++ (SF_HD is empty there): tests/test_lowbit_host.py builds it into a
