@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 tools/probe_host.py --out probe_host.json
 
 Per call, in µs: the median of 5 x 2000 calls of the same call on the same (16, 4096) arrays,
-synchronizing before the host clock is read (codegen/bench.py's host-overhead timing, whose
+synchronizing before the host clock is read (codegen/harness/bench.py's host-overhead timing, whose
 ``api_host_calls`` lists the calls): quantize, dequantize, fake_quantize (channel),
 dynamic_quantize (token), with CuPy arrays and torch tensors, with the default device value
 checks and under ``runtime.trusted()``; and the floor, a bare CuPy RawKernel launch.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 
 def _median_us(call, synchronize, n_calls: int, repeats: int) -> dict:
-    from codegen.bench import time_host_calls
+    from codegen.harness.bench import time_host_calls
     r = time_host_calls([{"label": "", "call": call, "target": False}], synchronize, n_calls, repeats)[0]
     return {k: r.get(k) for k in ("us", "min_us", "error") if k in r}
 
@@ -147,10 +147,10 @@ def main(argv=None) -> int:
     except ImportError:
         torch = None
 
-    from codegen import bench
-    from codegen.audit import git_info, now
+    from codegen.harness import bench
+    from codegen.harness.records import git_info, now
     from codegen.manifest import GENERATED
-    from codegen.verify import _precompile, environment
+    from codegen.harness.verify import _precompile, environment
     from runtime.registry import Registry
 
     cp.cuda.Device(args.device).use()

@@ -1,5 +1,5 @@
 """Bench workloads of the training ops (issue 4), for ``python -m codegen bench``, and a standalone
-measurement of the issue's targets (``python -m codegen.bench_training``).
+measurement of the issue's targets (``python -m codegen.harness.workloads.training``).
 
 Inputs are random (never all zeros): x ~ 3·N(0, 1), dy ~ N(0, 1), scales in [0.02, 0.05) so that
 a few percent of x saturates, zero points in [-20, 20]. Channel scope is per row (``axis=0``,
@@ -15,6 +15,9 @@ the other ops against their composites. Bytes = inputs read once + outputs writt
 from __future__ import annotations
 
 import math
+
+from ..registry import bench_section
+from .base import nbytes
 
 OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
        "fake_quantize_learnable_backward")
@@ -93,13 +96,13 @@ def mask_backward(dy, mask):
     return dy * mask
 
 
+@bench_section("training")
 def make(sku, shape):
-    """A workload dict for ``codegen.bench`` (None for SKUs of other families)."""
+    """A workload dict for ``codegen.harness.bench`` (None for SKUs of other families)."""
     if sku.op not in OPS:
         return None
     import runtime as sf
     from runtime.arrays import ITEMSIZE
-    from .bench import nbytes
 
     torch = _torch()
     axis, gs, pshape = _params(sku, shape)

@@ -1,4 +1,4 @@
-"""Bench workloads of the static quantize / dequantize family (see ``codegen.bench``).
+"""Bench workloads of the static quantize / dequantize family (see ``codegen.harness.bench``).
 
 Inputs are random (never all zeros): x ~ 3·N(0, 1) in the input dtype, scales in
 [0.5, 1.5), zero points in [-20, 20] (s8) / [100, 150] (u8). Scope parameters: channel is
@@ -12,6 +12,9 @@ documented cost, measured by the host-overhead figures.
 from __future__ import annotations
 
 import math
+
+from ..registry import bench_section
+from .base import nbytes
 
 OPS = ("quantize", "dequantize")
 GROUP_SIZE = 128
@@ -82,8 +85,9 @@ def expected_bytes(sku, shape) -> int:
     return n * (ITEMSIZE[sku.element] + ITEMSIZE[sku.aux_element]) + math.prod(pshape) * per_param
 
 
+@bench_section("static")
 def make(sku, shape):
-    """A workload dict for ``codegen.bench`` (``None`` for SKUs that are not static quantize/dequantize)."""
+    """A workload dict for ``codegen.harness.bench`` (``None`` for SKUs that are not static quantize/dequantize)."""
     if sku.op not in OPS or sku.scope is None:
         return None
     import runtime as sf
@@ -91,7 +95,6 @@ def make(sku, shape):
 
     from runtime.arrays import ITEMSIZE
 
-    from .bench import nbytes
     torch = _torch()
     axis, gs, pshape = _params(sku, shape)
     fkind = sku.element if sku.op == "quantize" else sku.aux_element

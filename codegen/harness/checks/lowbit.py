@@ -22,9 +22,8 @@ from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.scopes import QRANGE, param_shape
 
-from . import checks_dynamic
-from .checks import CHECKERS, CheckResult, strided_rows, to_device, to_host
-from .checks_training import record
+from ..registry import checker
+from .base import CheckResult, patterned, record, strided_rows, to_device, to_host
 
 KINDS = set(lowbit.KINDS)
 OPS = ("quantize", "dequantize", "dynamic_quantize")
@@ -290,7 +289,7 @@ def check_dynamic(sku, rng, preferred_fw="cupy") -> CheckResult:
                 if strided_ and (len(shape) < 2 or math.prod(shape) > 4_000_000 or mx is None):
                     continue
                 fw = _framework(preferred_fw, i)
-                x = checks_dynamic.patterned(shape, rng, fl, specials=scope != "tensor")
+                x = patterned(shape, rng, fl, specials=scope != "tensor")
                 if kind in lowbit.FP8 and x.size and i % 2:     # a power-of-two amax: exact scales, exact ties
                     with np.errstate(over="ignore"):
                         x.reshape(-1)[0] = ref.FP8_MAX[kind] * 2.0 ** int(rng.integers(-4, 5))
@@ -345,19 +344,7 @@ def _dynamic_case(res, sku, x, fw, rng, axis, gs, mx, strided_, label, qmin, qma
 LOWBIT_CHECKERS = {"quantize": check_quantize, "dequantize": check_dequantize, "dynamic_quantize": check_dynamic}
 
 
-def _install():
-    """Put the low-bit checkers in front of the s8/u8 ones for these ops (once)."""
-    for op in OPS:
-        prev = CHECKERS.get(op)
-        if getattr(prev, "lowbit_dispatch", False):
-            continue
-
-        def dispatch(sku, rng, preferred_fw="cupy", _op=op, _prev=prev):
-            if is_lowbit(sku):
-                return LOWBIT_CHECKERS[_op](sku, rng, preferred_fw)
-            return _prev(sku, rng, preferred_fw)
-        dispatch.lowbit_dispatch = True
-        CHECKERS[op] = dispatch
-
-
-_install()
+@checker(*OPS, when=is_lowbit)
+def dispatch(sku, rng, preferred_fw="cupy"):
+    """In front of the s8/u8 checkers of these ops: the low-bit SKUs (is_lowbit) come here."""
+    return LOWBIT_CHECKERS[sku.op](sku, rng, preferred_fw)

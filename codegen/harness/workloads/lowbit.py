@@ -1,4 +1,4 @@
-"""Bench workloads of the low-bit dynamic quantization (issue 5), for ``codegen.bench``.
+"""Bench workloads of the low-bit dynamic quantization (issue 5), for ``codegen.harness.bench``.
 
 The issue's two targets: dynamic per-group(128) bf16 -> fp8_e4m3 and bf16 -> s4, >= 85 % of a
 device copy on (65536, 4096), side by side with ``torch.compile`` of the eager composite. Every
@@ -11,11 +11,14 @@ once (fp8 one byte, int4 half a byte per element) + scales written once (and zer
 The composites are SPEC §5 in eager PyTorch (upcast, per-group amax, eps floor, ``1 / scale``,
 fp8: clamp to ±max then the RNE cast; int4: round half to even, clamp, pack two per byte), pure
 functions so ``torch.compile`` compiles each once. q comes back as its uint8 bytes on both sides,
-so ``codegen.bench`` counts the elements where they differ.
+so ``codegen.harness.bench`` counts the elements where they differ.
 """
 from __future__ import annotations
 
 import math
+
+from ..registry import bench_section
+from .base import random_input
 
 OPS = ("dynamic_quantize",)
 GROUP_SIZE = 128
@@ -96,8 +99,9 @@ def expected_bytes(sku, shape) -> int:
     return n * ITEMSIZE[fkind] + q_bytes + math.prod(pshape) * per_param
 
 
+@bench_section("lowbit")
 def make(sku, shape):
-    """A workload dict for ``codegen.bench`` (``None`` for SKUs this module does not handle)."""
+    """A workload dict for ``codegen.harness.bench`` (``None`` for SKUs this module does not handle)."""
     if not handles(sku):
         return None
     import runtime as sf
@@ -109,7 +113,6 @@ def make(sku, shape):
         return _static(sku, shape)
     torch = _torch()
     axis, gs, _ = _params(sku, shape)
-    from .bench_dynamic import random_input
     x = random_input(sku.element, shape)
     kw = dict(scope=sku.scope, mode=sku.mode, axis=axis, group_size=gs, out_dtype=sku.aux_element)
     fp8 = sku.aux_element in FP8_MAX
