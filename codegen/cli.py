@@ -1,4 +1,4 @@
-"""``python -m codegen``: build, check, list, show, compile (and the GPU commands).
+"""``python -m codegen``: build, check, list, show, compile, status (and the harness: audit, verify, bench).
 
 No argument builds ``generated/``. Every subcommand has ``--help``.
 """
@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from rich.console import Console
 from rich.table import Table
 
-from . import GENERATOR_VERSION
+from . import GENERATOR_VERSION, harness
 from .manifest import GENERATED, build, stale
 
 console = Console(highlight=False)
@@ -154,7 +154,7 @@ def cmd_compile(args) -> int:
         console.print(f"[red]FAILED[/red] {unit} sm_{arch}:\n{err}")
     console.print(f"{len(jobs)} compiles in {dt:.1f} s with {workers} workers; {len(failures)} failures")
     if getattr(args, "record", None) is not None:
-        from .audit import record_compile
+        from .harness.audit import record_compile
         path = record_compile(reg.manifest, results, args.record or None)
         console.print(f"recorded {len(results)} unit compiles in {path}")
     return 1 if failures else 0
@@ -235,12 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(every compile checks that no kernel uses local memory)")
     sp = sub.add_parser("status", help="generator, manifest, NVRTC and compile-cache status")
     sp.add_argument("--clear-cache", action="store_true", help="empty the cache of the current NVRTC version")
-    for name, mod in (("audit", "audit"), ("verify", "verify"), ("bench", "bench")):
-        try:
-            m = __import__(f"codegen.{mod}", fromlist=["add_parser"])
-        except ImportError:
-            continue
-        m.add_parser(sub)
+    harness.add_parsers(sub)
     return p
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .config import settings
 from .errors import SkuforgeError
 
 GENERATOR_VERSION = "0.1.0"  # kept equal to codegen.GENERATOR_VERSION (a test checks)
@@ -54,7 +55,7 @@ def supported_archs() -> tuple:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SKUFORGE_CACHE_DIR", Path.home() / ".cache" / "skuforge"))
+    return settings().cache_dir
 
 
 def _log(prog) -> str:

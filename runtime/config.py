@@ -1,4 +1,14 @@
-"""Runtime settings.
+"""Settings: every ``SKUFORGE_*`` environment variable is read here, once, and nowhere else.
+
+:func:`settings` returns the :class:`Settings` (a frozen dataclass, typed, each field documented;
+the table is docs/configuration.md). The environment is read on the first call; the value is
+kept. :func:`override` replaces fields inside a ``with`` block (tools and tests)::
+
+    with runtime.config.override(dynamic_config="block", columns_grid="1d"):
+        ...
+
+and forgets the remembered launches that depend on them (the functional fast path, the fused
+dynamic launches) on entry and on exit. :func:`reload` re-reads the environment.
 
 ``sync_checks``: the synchronous debug mode of the value checks. By default the kernels check the
 values they read from device arrays (scales, zero points, e8m0 codes, MoE offsets) themselves and
@@ -10,17 +20,23 @@ call that passed it, before anything runs. For debugging; never inside a CUDA gr
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import os
+import sys
 import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
-_env_sync = os.environ.get("SKUFORGE_SYNC_CHECKS", "") not in ("", "0")
 _local = threading.local()
 
 
 def sync_checks_on() -> bool:
     """Whether the synchronous value checks run for this thread's calls."""
-    return getattr(_local, "sync", _env_sync)
+    on = getattr(_local, "sync", None)
+    return settings().sync_checks if on is None else on
 
 
 class sync_checks:
@@ -51,3 +67,124 @@ class sync_checks:
             with sync_checks(self.on):
                 return fn(*args, **kwargs)
         return inner
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Tuning knobs and switches; ``env`` in each field's metadata names its variable."""
+
+    # -- runtime: where things are ------------------------------------------------------------
+    cache_dir: Path = dataclasses.field(
+        default=Path.home() / ".cache" / "skuforge", metadata={"env": "SKUFORGE_CACHE_DIR",
+        "doc": "NVRTC compile cache (``<cache_dir>/nvrtc-<ver>/sm_<arch>/``); read at each compile"})
+    generated: Path = dataclasses.field(
+        default=Path(__file__).resolve().parent.parent / "generated", metadata={"env": "SKUFORGE_GENERATED",
+        "doc": "generated sources + manifest.json the runtime loads (non-editable installs); read at import of "
+               "runtime.registry"})
+    # -- runtime: launch configuration switches (measurements, A/B) ---------------------------
+    columns_grid: str = dataclasses.field(
+        default="2d", metadata={"env": "SKUFORGE_COLUMNS_GRID",
+        "doc": "columns-layout grid of elementwise kernels: ``2d`` (column blocks in y) or ``1d``"})
+    dynamic_config: str = dataclasses.field(
+        default="auto", metadata={"env": "SKUFORGE_DYNAMIC_CONFIG",
+        "doc": "fused dynamic-quantize launch: ``auto`` or a runtime.dynamic.FusedConfig text "
+               "(``block``, ``t8,ch=4,threads=256``, ``...,fixed=0``)"})
+    dynamic_tensor: str = dataclasses.field(
+        default="auto", metadata={"env": "SKUFORGE_DYNAMIC_TENSOR",
+        "doc": "per-tensor dynamic quantization: ``auto`` (cooperative kernel where possible) or ``two_pass``"})
+    moe_config: str = dataclasses.field(
+        default="", metadata={"env": "SKUFORGE_MOE_CONFIG",
+        "doc": "MoE tile configuration per pass (``128x128x32s5`` or ``fwd=...,dgrad=...,wgrad=...``); "
+               "runtime.moe.CONFIG / use_config() win over it"})
+    sync_checks: bool = dataclasses.field(
+        default=False, metadata={"env": "SKUFORGE_SYNC_CHECKS",
+        "doc": "synchronous host checks of device-array values before each launch (debug mode; "
+               "``runtime.sync_checks()`` sets it per thread)"})
+    # -- codegen harness: records --------------------------------------------------------------
+    audit_dir: Optional[Path] = dataclasses.field(
+        default=None, metadata={"env": "SKUFORGE_AUDIT_DIR",
+        "doc": "records folder of verify / bench / audit / compile --record (None: <repo>/audit); read at import"})
+    commit: Optional[str] = dataclasses.field(
+        default=None, metadata={"env": "SKUFORGE_COMMIT",
+        "doc": "commit the records name, for copies of the tree without .git (a lent GPU machine)"})
+    dirty: bool = dataclasses.field(
+        default=False, metadata={"env": "SKUFORGE_DIRTY",
+        "doc": "with ``commit``: the tree had uncommitted changes (anything but ``0``, ``false``, empty)"})
+    # -- tests -----------------------------------------------------------------------------------
+    seed: Optional[int] = dataclasses.field(
+        default=None, metadata={"env": "SKUFORGE_SEED", "doc": "the tests' random seed (None: fresh, printed)"})
+    exhaustive: bool = dataclasses.field(
+        default=False, metadata={"env": "SKUFORGE_EXHAUSTIVE",
+        "doc": "tests: f32 -> fp8 over all 2**32 bit patterns (any non-empty value)"})
+    full_compile: bool = dataclasses.field(
+        default=False, metadata={"env": "SKUFORGE_FULL_COMPILE",
+        "doc": "tests: compile every low-bit unit for every arch (any non-empty value)"})
+
+
+def _flag(text: str) -> bool:
+    return text.strip().lower() not in ("", "0", "false")
+
+
+def from_environ(environ=None) -> Settings:
+    """:class:`Settings` from ``environ`` (default ``os.environ``): the one place that reads it."""
+    env = os.environ if environ is None else environ
+    values = {}
+    for f in dataclasses.fields(Settings):
+        text = env.get(f.metadata["env"])
+        if text is None:
+            continue
+        if f.name in ("cache_dir", "generated", "audit_dir"):
+            values[f.name] = Path(text)
+        elif f.name == "seed":
+            values[f.name] = int(text)
+        elif f.name in ("exhaustive", "full_compile"):
+            values[f.name] = bool(text)
+        elif f.name in ("dirty", "sync_checks"):
+            values[f.name] = _flag(text)
+        else:
+            values[f.name] = text
+    return Settings(**values)
+
+
+_SETTINGS: Optional[Settings] = None
+
+
+def settings() -> Settings:
+    """The current settings (the environment, read on the first call; or an :func:`override`)."""
+    s = _SETTINGS
+    return s if s is not None else reload()
+
+
+def reload(environ=None) -> Settings:
+    """Re-read the environment (and forget what depends on the settings)."""
+    global _SETTINGS
+    _SETTINGS = from_environ(environ)
+    _forget()
+    return _SETTINGS
+
+
+# What is remembered from the settings: (module, attribute) of dicts to clear when they change.
+# Looked up in sys.modules, so that this module imports nothing of the runtime.
+DEPENDENT_CACHES = (("runtime.quantization", "_FAST"), ("runtime.dynamic", "_LAUNCHES"))
+
+
+def _forget() -> None:
+    for module, attr in DEPENDENT_CACHES:
+        cache = getattr(sys.modules.get(module), attr, None)
+        if cache is not None:
+            cache.clear()
+
+
+@contextlib.contextmanager
+def override(**fields):
+    """``with override(dynamic_tensor="two_pass"): ...``: these fields replaced inside the block
+    (every thread: the settings are process-wide), the previous settings restored after."""
+    global _SETTINGS
+    prev = settings()
+    _SETTINGS = dataclasses.replace(prev, **fields)
+    _forget()
+    try:
+        yield _SETTINGS
+    finally:
+        _SETTINGS = prev
+        _forget()

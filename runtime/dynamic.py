@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
@@ -31,6 +30,7 @@ import numpy as np
 from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
 from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
                      launch_cooperative, load_function, memset_u32, param_format, properties, resident_blocks)
+from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
@@ -235,7 +235,7 @@ def _team(p, ch, threads, u, vrows, dense, chunks) -> Optional[TeamLaunch]:
 
 
 def fused_config() -> FusedConfig:
-    return FusedConfig.parse(DynamicFusedLauncher.config_text)
+    return FusedConfig.parse(settings().dynamic_config)
 
 
 def fused_grid(fn, work: int, per_block: int, threads: int, device: int, persistent: bool) -> int:
@@ -271,7 +271,7 @@ def fused_launch(launcher, plan, args, pack: int, formats):
     """(function, grid, block, parameter format, trailing parameters) of a fused launch: a team
     kernel (tx, ch, dense) or the block kernel (vec_ok). Cached per plan, configuration text and
     everything the choice depends on (sizes, strides, alignment, device): the host cost of a call."""
-    text = DynamicFusedLauncher.config_text
+    text = settings().dynamic_config
     key = (plan, text, args.xv.rows, args.xv.cols, args.group_size, args.xv.row_stride, args.qv.row_stride,
            args.x.ptr % 16, args.q.ptr % 16, args.x.device)
     hit = _LAUNCHES.get(key)
@@ -298,10 +298,8 @@ def fused_launch(launcher, plan, args, pack: int, formats):
 
 @launcher("dynamic_fused")
 class DynamicFusedLauncher(Launcher):
-    """Per-token / per-group: one launch of a fused kernel (dynamic_fused.cu.j2), as ``config_text``
-    says (a :class:`FusedConfig`; the low-bit fused launcher follows it too)."""
-
-    config_text = os.environ.get("SKUFORGE_DYNAMIC_CONFIG", "auto")
+    """Per-token / per-group: one launch of a fused kernel (dynamic_fused.cu.j2), as runtime.config's
+    ``dynamic_config`` says (a :class:`FusedConfig`; the low-bit fused launcher follows it too)."""
 
     def check(self, plan, args: DynamicArgs):
         _check_kinds(plan, args)
@@ -362,8 +360,8 @@ class DynamicReduceLauncher(Launcher):
     COOP_THREADS = 1024    # <symbol>_coop: threads per block
     COOP_BLOCKS = 2        # resident per SM (__launch_bounds__(1024, 2)); f64: 1
     # "auto": per-tensor over a contiguous x takes the cooperative kernel where the SKU has one and
-    # the device launches cooperatively; "two_pass": always the reduce + quantize launches (A/B).
-    tensor_path = os.environ.get("SKUFORGE_DYNAMIC_TENSOR", "auto")
+    # the device launches cooperatively; "two_pass": always the reduce + quantize launches (A/B);
+    # runtime.config's dynamic_tensor (SKUFORGE_DYNAMIC_TENSOR).
 
     def check(self, plan, args: DynamicArgs):
         _check_kinds(plan, args)
@@ -422,7 +420,7 @@ class DynamicReduceLauncher(Launcher):
         """The cooperative per-tensor launch, or None: a two-pass configuration, a SKU without the
         kernel (low-bit outputs), x or q not contiguous, x not 16-byte aligned, q not aligned to one
         vector of codes, or a device without cooperative launches."""
-        if self.tensor_path == "two_pass" or not plan.launch.get("coop"):
+        if settings().dynamic_tensor == "two_pass" or not plan.launch.get("coop"):
             return None
         rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
         contiguous = rows == 1 or (args.xv.row_stride == cols and args.qv.row_stride == cols)
@@ -563,7 +561,7 @@ def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, 
     """
     # the launch configuration is part of the key: a remembered launch is replayed as it was chosen
     static = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
-              DynamicFusedLauncher.config_text, DynamicReduceLauncher.tensor_path, out is None)
+              settings().dynamic_config, settings().dynamic_tensor, out is None)
     outs = _out_tuple(out, mode)
     args = (x,) + outs
     r = _replay("dynamic_quantize", static, args)

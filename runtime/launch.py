@@ -1,7 +1,6 @@
 """Launchers: how each launch kind turns plan arguments into a grid and kernel parameters."""
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -9,6 +8,7 @@ from typing import Union
 
 
 from .arrays import ArrayRef, stream_handle
+from .config import settings
 from .device import launch, load_function, param_format, properties, resident_blocks
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
@@ -25,10 +25,10 @@ def ptr(a) -> int:
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 # Columns layout grid: "2d" (column blocks in y: a thread owns one column vector) or "1d" (a block
-# covers the whole row width, a thread loops over column vectors): a measurement switch (docs/perf-notes.md).
-COLUMNS_GRID = os.environ.get("SKUFORGE_COLUMNS_GRID", "2d")
+# covers the whole row width, a thread loops over column vectors): a measurement switch (docs/perf-notes.md),
+# runtime.config's columns_grid (SKUFORGE_COLUMNS_GRID).
 # Verification hook: when set, elementwise grids are capped at this many blocks, so that small
-# test shapes exercise the kernels' grid-stride loops (codegen/checks.py sets it with grid_cap()).
+# test shapes exercise the kernels' grid-stride loops (codegen/harness/checks/ sets it with grid_cap()).
 GRID_CAP = [None]
 
 
@@ -120,7 +120,7 @@ class ElementwiseLauncher(Launcher):
             tx = min(threads, next_pow2(-(-args.cols // vec)))
             ty = threads // tx
             resident = properties(first.device)["sms"] * resident_blocks(fn, threads)
-            col_blocks = 1 if COLUMNS_GRID == "1d" else max(1, min(-(-args.cols // (tx * vec)), resident, MAX_GRID_Y))
+            col_blocks = 1 if settings().columns_grid == "1d" else max(1, min(-(-args.cols // (tx * vec)), resident, MAX_GRID_Y))
             grid = (max(1, min(-(-args.rows // (ty * unroll)), MAX_GRID_X, resident // col_blocks)), col_blocks)
         else:
             # columns per thread-iteration: U vectors (vector path) or one element (scalar path)

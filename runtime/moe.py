@@ -29,7 +29,6 @@ variable names another, per pass or for all: ``"128x128x32s5"`` or
 """
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
@@ -292,7 +291,7 @@ def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optio
         default = short
     key = PASS_OF[op]
     want = None
-    for src in (CONFIG, parse_config(os.environ.get(CONFIG_ENV, ""))):
+    for src in (CONFIG, parse_config(config.settings().moe_config)):
         want = src.get(key) or src.get("*")
         if want:
             break

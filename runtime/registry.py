@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from .config import settings
 from .errors import UnsupportedError
 from .sku import KernelSku
 
-GENERATED = Path(os.environ.get("SKUFORGE_GENERATED", Path(__file__).resolve().parent.parent / "generated"))
+GENERATED = settings().generated
 
 
 @dataclass(frozen=True)

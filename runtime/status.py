@@ -66,11 +66,13 @@ def _alloc() -> None:
             return
         from .device import cupy
         rt = cupy().cuda.runtime
-        # cudaHostAllocPortable | cudaHostAllocMapped: one allocation serves every device
-        ptr = rt.hostAlloc(4 * MAX_DEVICES, 1 | 2)
+        # portable and mapped: one allocation serves every device; with unified addressing its
+        # device address is its host address (asked for all the same)
+        ptr = rt.hostAlloc(4 * MAX_DEVICES, rt.hostAllocPortable | rt.hostAllocMapped)
         ctypes.memset(ptr, 0, 4 * MAX_DEVICES)
-        _base = rt.hostGetDevicePointer(ptr, 0)
-        _words = (ctypes.c_uint32 * MAX_DEVICES).from_address(ptr)
+        words = (ctypes.c_uint32 * MAX_DEVICES).from_address(ptr)
+        _base = rt.pointerGetAttributes(ptr).devicePointer or ptr
+        _words = words
 
 
 def pointer(device: int) -> int:

@@ -1,7 +1,9 @@
-import os
+import contextlib
 
 import numpy as np
 import pytest
+
+from runtime import config as runtime_config
 
 
 def _has_gpu() -> bool:
@@ -43,7 +45,16 @@ def host_status_words(monkeypatch):
 @pytest.fixture
 def rng(request):
     # fresh random inputs on every run; the seed is printed on failure to reproduce
-    seed = int(os.environ.get("SKUFORGE_SEED", np.random.SeedSequence().entropy % (2**32)))
+    seed = runtime_config.settings().seed
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2**32))
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def override_settings():
+    """``override_settings(dynamic_tensor="two_pass")``: runtime.config.override for the rest of the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **fields: stack.enter_context(runtime_config.override(**fields))

@@ -8,8 +8,10 @@ import types
 import numpy as np
 import pytest
 
-from codegen import audit, bench, bench_static, verify
-from codegen.audit import read_json, write_json
+from codegen.harness import audit, bench, records, verify
+from codegen.harness.records import read_json, write_json
+from codegen.harness.workloads import base as workloads_base
+from codegen.harness.workloads import static as bench_static
 from runtime.sku import KernelSku
 
 P = "f32.acc-f32.det.stable"
@@ -197,9 +199,9 @@ def _write_records(tmp_path, verified=True):
     m = manifest()
     (gen / "manifest.json").write_text(json.dumps(m))
     rec = tmp_path / "audit"
-    audit.write_json(rec / "compiled.json", audit.merge_compile_record(None, m, [("q.cu", 80, None, 1.0)], "13.0", "d"))
+    records.write_json(rec / "compiled.json", audit.merge_compile_record(None, m, [("q.cu", 80, None, 1.0)], "13.0", "d"))
     if verified:
-        audit.write_json(rec / "verified" / "gpu-a.json",
+        records.write_json(rec / "verified" / "gpu-a.json",
                          verified_record("GPU A", [(S_TOK, "t" * 64, True, ""), (S_GRP, "g" * 64, True, ""),
                                                    (S_DEQ, "d" * 64, True, "")]))
     return gen, rec
@@ -238,7 +240,7 @@ def test_update_readme_creates_then_replaces_the_block(tmp_path, capsys):
     assert text.startswith("# Title\n\nProse by the lead.\n\n<!-- audit:begin -->")
     assert text.rstrip().endswith("<!-- audit:end -->") and "verified 0 (0.0%)" in text
     readme.write_text(text + "\n## After\n\nMore prose.\n")
-    audit.write_json(rec / "verified" / "gpu-a.json", verified_record("GPU A", [(S_TOK, "t" * 64, True, "")]))
+    records.write_json(rec / "verified" / "gpu-a.json", verified_record("GPU A", [(S_TOK, "t" * 64, True, "")]))
     assert _audit_cli(gen, rec, "--format", "md", "--update-readme", "--readme", str(readme)) == 0
     text2 = readme.read_text()
     assert text2.count("<!-- audit:begin -->") == 1 and "verified 1 (25.0%)" in text2 and "verified 0 (0.0%)" not in text2
@@ -330,13 +332,13 @@ def test_verify_refuses_generated_that_does_not_match_the_manifest(tmp_path):
 
 
 def test_gpu_slug():
-    assert audit.slug("NVIDIA H200") == "nvidia-h200"
-    assert audit.slug("NVIDIA GeForce RTX 4090 (PCIe)") == "nvidia-geforce-rtx-4090-pcie"
+    assert records.slug("NVIDIA H200") == "nvidia-h200"
+    assert records.slug("NVIDIA GeForce RTX 4090 (PCIe)") == "nvidia-geforce-rtx-4090-pcie"
 
 
 # -- bench arithmetic ------------------------------------------------------------------------------------------
 def test_bench_bytes_gbps_pct_geomean():
-    assert bench.nbytes(np.zeros((4, 8), np.float32), None, np.zeros(3, np.int8), 2.0) == 4 * 8 * 4 + 3
+    assert workloads_base.nbytes(np.zeros((4, 8), np.float32), None, np.zeros(3, np.int8), 2.0) == 4 * 8 * 4 + 3
     assert bench.gbps(4e9, 1.0) == pytest.approx(4000.0)
     assert bench.tflops(2e12, 1000.0) == pytest.approx(2.0)
     assert bench.pct(4000.0, 5000.0) == pytest.approx(80.0)
@@ -499,7 +501,7 @@ def test_bench_plan_discovers_modules_and_default_subset():
 
 def test_bench_modules_are_discovered():
     mods = bench.workload_modules()
-    assert "codegen.bench_static" in [m.__name__ for m in mods]
+    assert "codegen.harness.workloads.static" in [m.__name__ for m in mods]
     sku = KernelSku.parse(S_TOK)
     assert bench.module_for(sku, mods) is bench_static
 

@@ -106,8 +106,9 @@ def test_cli_compile_one_unit():
     assert "sm_80: 1 units, 1 kernels compiled" in out.stdout
 
 
-def test_cli_status_reports_cache_and_nvrtc(tmp_path, monkeypatch):
-    monkeypatch.setenv("SKUFORGE_CACHE_DIR", str(tmp_path / "c"))
+def test_cli_status_reports_cache_and_nvrtc(tmp_path, monkeypatch, override_settings):
+    monkeypatch.setenv("SKUFORGE_CACHE_DIR", str(tmp_path / "c"))     # the subprocesses
+    override_settings(cache_dir=tmp_path / "c")                       # this process
     from runtime import compiler
     compiler.compile_cached('extern "C" __global__ void k() {}\n', "quantization/x.cu", 80)
     out = subprocess.run([sys.executable, "-m", "codegen", "status"], capture_output=True, text=True,

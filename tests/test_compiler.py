@@ -3,15 +3,15 @@ import multiprocessing as mp
 
 import pytest
 
-from runtime import compiler
+from runtime import compiler, config
 
 SRC = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] *= 2.0f; }\n'
 
 
 @pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("SKUFORGE_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+def cache_dir(tmp_path):
+    with config.override(cache_dir=tmp_path / "cache"):
+        yield tmp_path / "cache"
 
 
 def test_compiles_without_gpu_for_sm80_and_sm90():
@@ -56,10 +56,11 @@ def test_cache_hit_layout_and_corrupt_entry_recovery(cache_dir):
 
 def _worker(args):
     d, src = args
-    import os
-    os.environ["SKUFORGE_CACHE_DIR"] = d
+    from pathlib import Path
+
     from runtime import compiler as c
-    return c.compile_cached(src, "race.cu", 80).cubin
+    with config.override(cache_dir=Path(d)):
+        return c.compile_cached(src, "race.cu", 80).cubin
 
 
 def test_concurrent_processes_agree(cache_dir):

@@ -104,7 +104,7 @@ def test_reference_invariant_random(rng):
         np.testing.assert_array_equal(q, quantize(x, s, zp, scope="group", group_size=16, qmin=qmin, qmax=qmax))
         y = sf.reference.dequantize(q, s, zp, scope="group", group_size=16)
         # within scale/2 up to f32 rounding of the scale, zero point and y: the bound of the GPU
-        # check (codegen/checks_dynamic.py); 1 + 1e-5 failed about once in 700 seeds (0.500025 · s)
+        # check (codegen/harness/checks/dynamic.py); 1 + 1e-5 failed about once in 700 seeds (0.500025 · s)
         assert (np.abs(y - x) <= np.repeat(s.reshape(33, -1), 16, -1) * (0.5 + 1e-4)).all()
 
 
@@ -381,14 +381,14 @@ def test_coop_on_chip_share_8192_bf16(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["two_pass", "no_kernel", "strided_x", "strided_q", "misaligned", "no_coop_device"])
-def test_coop_falls_back_to_two_passes(monkeypatch, case):
+def test_coop_falls_back_to_two_passes(monkeypatch, override_settings, case):
     _coop_patch(monkeypatch, coop=case != "no_coop_device")
     monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 8)
     plan = _coop_plan()
     shape = (64, 512)
     args = _args(shape, "tensor", strides=(1024, 1) if case == "strided_x" else None)
     if case == "two_pass":
-        monkeypatch.setattr(dyn.DynamicReduceLauncher, "tensor_path", "two_pass")
+        override_settings(dynamic_tensor="two_pass")
     if case == "no_kernel":
         plan.launch["coop"] = False
     if case == "strided_q":
@@ -590,8 +590,8 @@ def test_team_partition_covers_every_element_once(monkeypatch, shape, scope, gs,
     assert dyn.row_grid(vrows, t.per_block) * t.per_block >= vrows     # grid=full covers it in one step
 
 
-def test_fused_launch_follows_the_config_text(monkeypatch):
-    """The launcher's choice (cached per problem and configuration) changes with config_text."""
+def test_fused_launch_follows_the_config_text(monkeypatch, override_settings):
+    """The launcher's choice (cached per problem and configuration) changes with the dynamic_config setting."""
     monkeypatch.setattr(dyn, "properties", lambda device: H200)
     monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
     monkeypatch.setattr(dyn, "load_function", lambda reg, unit, symbol, device: symbol)
@@ -601,7 +601,7 @@ def test_fused_launch_follows_the_config_text(monkeypatch):
     args = _team_args((65536, 4096), "token")
     got = {}
     for text in ("auto", "t8,grid=full", "block"):
-        monkeypatch.setattr(dyn.DynamicFusedLauncher, "config_text", text)
+        override_settings(dynamic_config=text)
         got[text] = dyn.fused_launch(dyn.DynamicFusedLauncher(), plan, args, 1, dyn._fused_format)
     # auto: t16 on a full grid (one block per 4 rows of 65536), the measured best on an H200
     assert got["auto"] == ("k_t16", 65536 // 4, (128,), dyn._fused_format(False, team=True), (32, 16, 1, 1))

@@ -7,6 +7,7 @@ exactly what the slow path launches for the same arrays: the same kernels, grids
 every parameter value, with the same results returned.
 """
 import ctypes
+import dataclasses
 import itertools
 import math
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from runtime import arrays
+from runtime import arrays, config
 from runtime import dynamic as dyn
 from runtime import launch as launch_mod
 from runtime import quantization as qz
@@ -317,7 +318,9 @@ def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
     def call(d):
         return sf.dynamic_quantize(d.a((16, 4096), "float16"), scope="token")
     auto = replay_matches_slow_path(dev, call)
-    monkeypatch.setattr(dyn.DynamicFusedLauncher, "config_text", "block")
+    # swapped without runtime.config.override (which would also forget the remembered launches):
+    # the key alone must tell the configurations apart
+    monkeypatch.setattr(config, "_SETTINGS", dataclasses.replace(config.settings(), dynamic_config="block"))
     dev.hits = 0
     block = _run(dev, call, 0x7F8000000000)
     assert dev.hits == 0 and len(qz._FAST) == 2                        # a miss, then remembered apart
@@ -406,11 +409,11 @@ def test_pointer_counter_is_unique():
 
 
 @pytest.mark.parametrize("grid_kind, want", [("2d", (132, 4)), ("1d", (528, 1))])
-def test_columns_layout_grid(dev, monkeypatch, grid_kind, want):
+def test_columns_layout_grid(dev, override_settings, grid_kind, want):
     """Group scope on (8192, 8192) f16 (VEC 8, 256 threads): the columns layout's persistent grid.
     2d (default): 8192 / (256 * 8) = 4 column blocks in y, and resident / 4 row blocks in x, so a
     thread owns one column vector; 1d: one block covers the row, threads loop over columns."""
-    monkeypatch.setattr(launch_mod, "COLUMNS_GRID", grid_kind)
+    override_settings(columns_grid=grid_kind)
     dev.at(0x7F0000000000).launches = []
     sf.quantize(dev.a((8192, 8192), "float16"), dev.a((8192, 64)), scope="group", group_size=128)
     (fn, grid, block, fmt, values), = dev.launches

@@ -1,11 +1,12 @@
 """GPU: every dynamic_quantize SKU bit-exact against the NumPy reference (random + edge cases,
-via codegen.checks_dynamic), the quantize/dequantize invariants, run-to-run determinism,
+via codegen.harness.checks.dynamic), the quantize/dequantize invariants, run-to-run determinism,
 streams, the plan API, and > 2**31 elements (slow)."""
 import numpy as np
 import pytest
 
 import runtime as sf
-from codegen import checks
+from codegen.harness import verify
+from codegen.harness.checks import base as checks
 
 pytestmark = pytest.mark.gpu
 
@@ -19,7 +20,7 @@ def test_dynamic_sku_bit_exact(sku, rng):
     fw = "torch" if sku.element in ("bf16", "f16") else "cupy"
     if fw == "torch":
         pytest.importorskip("torch")
-    res = checks.check(sku, rng, fw)
+    res = verify.check(sku, rng, fw)
     assert res.passed, f"{res.detail}: {res.failures[:5]}"
 
 
@@ -40,7 +41,7 @@ def test_deterministic_run_to_run(scope, kw, mode, rng):
 
 @pytest.mark.parametrize("element,mode,shape", [("bf16", "symmetric", (8192, 8192)), ("f32", "asymmetric", (3, 100003)),
                                                 ("f16", "symmetric", (1, 1001)), ("f64", "asymmetric", (4096, 515))])
-def test_tensor_one_launch_equals_two_passes(element, mode, shape, rng, monkeypatch):
+def test_tensor_one_launch_equals_two_passes(element, mode, shape, rng, monkeypatch, override_settings):
     """Per-tensor: the cooperative kernel (shared memory + L2 reuse, tail elements) and the
     reduce + static quantize launches give the same bits; the default takes the cooperative one."""
     import cupy as cp
@@ -56,7 +57,7 @@ def test_tensor_one_launch_equals_two_passes(element, mode, shape, rng, monkeypa
     args = dyn.DynamicArgs(xr, rows_view(xr, "x"), xr, rows_view(xr, "x"), None, None, "tensor", mode, -128, 127, 0, 1e-8)
     assert dyn.DynamicReduceLauncher().coop_config(plan, args) is not None   # this GPU takes the one launch
     one = sf.dynamic_quantize(x, scope="tensor", mode=mode)
-    monkeypatch.setattr(dyn.DynamicReduceLauncher, "tensor_path", "two_pass")
+    override_settings(dynamic_tensor="two_pass")
     two = sf.dynamic_quantize(x, scope="tensor", mode=mode)
     for a, b in zip(one, two):
         if a is not None:
@@ -160,7 +161,8 @@ def test_more_than_2_pow_31_elements():
     ("f16", "asymmetric", "group", 32, (9, 96)), ("f32", "asymmetric", "token", None, (130, 520)),
     ("bf16", "asymmetric", "group", 64, (33, 512)), ("f32", "symmetric", "group", 128, (20, 1024)),
     ("f16", "symmetric", "group", 256, (12, 2048)), ("f16", "asymmetric", "token", None, (5, 4096))])
-def test_every_fused_launch_configuration_is_bit_exact(config, element, mode, scope, gs, shape, rng, monkeypatch):
+def test_every_fused_launch_configuration_is_bit_exact(config, element, mode, scope, gs, shape, rng, monkeypatch,
+                                                      override_settings):
     """Each team kernel (t16 ... t2, every chunk split it takes, the fixed-TX entry points and, with
     fixed=0, the run-time-TX ones in their place) and the block kernel give the reference's bits,
     NaN / inf / constant rows included; a configuration that cannot take the problem falls back to
@@ -170,7 +172,7 @@ def test_every_fused_launch_configuration_is_bit_exact(config, element, mode, sc
     from runtime.arrays import numpy_dtype
     host = (rng.standard_normal(shape) * 10 ** rng.uniform(-2, 2, (shape[0], 1))).astype(numpy_dtype(element))
     host[1, 3], host[2, :], host[3, -1] = np.nan, 0.25, np.inf
-    monkeypatch.setattr(dyn.DynamicFusedLauncher, "config_text", config)
+    override_settings(dynamic_config=config)
     out = "int8" if mode == "symmetric" else "uint8"
     kw = {"group_size": gs} if gs else {}
     got = sf.dynamic_quantize(cp.asarray(host), scope=scope, mode=mode, out_dtype=out, **kw)

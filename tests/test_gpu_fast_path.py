@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen import checks
+from codegen.harness.checks import base as checks
 from runtime import quantization as qz
 
 pytestmark = pytest.mark.gpu

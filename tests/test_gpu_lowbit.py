@@ -1,6 +1,6 @@
 """GPU: the low-bit SKUs (docs/lowbit.md), bit-exact against the NumPy reference.
 
-- every low-bit SKU through ``codegen.checks_lowbit`` (each SKU itself: sm80 software SKUs run
+- every low-bit SKU through ``codegen.harness.checks.lowbit`` (each SKU itself: sm80 software SKUs run
   under ``runtime.lowbit.prefer_arch(80)`` on newer GPUs);
 - the hardware conversion (sm89 SKUs, ``cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32``) equals the
   software conversion (sm80 SKUs) on all 2**32 float32 bit patterns, and both equal the reference
@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen import checks, checks_lowbit
+from codegen.harness import verify
+from codegen.harness.checks import base as checks
+from codegen.harness.checks import lowbit as checks_lowbit
+from runtime import lowbit
 from runtime import reference as ref
 from runtime.arrays import kind_of
 
@@ -33,7 +36,7 @@ def _cc():
 def test_lowbit_sku_bit_exact(sku, rng):
     if sku.arch_number > _cc():
         pytest.skip(f"{sku.arch} kernel on an sm_{_cc()} device")
-    res = checks.check(sku, rng)
+    res = verify.check(sku, rng)
     assert res.passed, f"{res.detail}: {res.failures[:5]}"
 
 

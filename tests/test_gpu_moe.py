@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen import checks, checks_moe
+from codegen.harness import verify
+from codegen.harness.checks import base as checks
+from codegen.harness.checks import moe as checks_moe
 from runtime import reference_moe as ref
 
 pytestmark = pytest.mark.gpu
@@ -15,7 +17,7 @@ MOE = [s for s in REG.skus() if s.category == "moe"]
 
 @pytest.mark.parametrize("sku", MOE, ids=str)
 def test_moe_sku(sku, rng):
-    res = checks.check(sku, rng)
+    res = verify.check(sku, rng)
     assert res.passed, f"{res.detail}: {res.failures[:6]}"
 
 

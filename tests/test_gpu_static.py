@@ -4,7 +4,8 @@ import pytest
 
 import runtime as sf
 import runtime.reference  # noqa: F401  (sf.reference)
-from codegen import checks
+from codegen.harness import verify
+from codegen.harness.checks import base as checks
 
 pytestmark = pytest.mark.gpu
 
@@ -14,7 +15,7 @@ STATIC = [s for s in REG.skus() if s.op in ("quantize", "dequantize")]
 
 @pytest.mark.parametrize("sku", STATIC, ids=str)
 def test_static_sku_bit_exact(sku, rng):
-    res = checks.check(sku, rng)
+    res = verify.check(sku, rng)
     assert res.passed, f"{res.detail}: {res.failures[:5]}"
 
 

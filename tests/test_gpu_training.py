@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen import checks, checks_training as ct
+from codegen.harness import verify
+from codegen.harness.checks import base as checks
+from codegen.harness.checks import training as ct
 from runtime import reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -33,7 +35,7 @@ PARAMS = [pytest.param(s, "torch" if (HAS_TORCH and i % 3 == 1) else "cupy", id=
 
 @pytest.mark.parametrize("sku,fw", PARAMS)
 def test_training_sku_bit_exact(sku, fw, rng):
-    res = checks.check(sku, rng, fw)
+    res = verify.check(sku, rng, fw)
     assert res.passed, f"{res.detail}: {res.failures[:5]}"
 
 
@@ -57,11 +59,11 @@ def test_lsq_bits_do_not_depend_on_the_launch(case, kind, rng):
     first = [r.get() for r in runs[0]]
     for r in runs[1:]:
         for a, b in zip(first, (t.get() for t in r)):
-            assert (ct.same_bits(a, b)).all()
+            assert (checks.same_bits(a, b)).all()
     wdx, wds, wdz = ref.fake_quantize_learnable_backward(dy, x, scale, zp, **kw)
-    assert ct.same_bits(first[0], wdx).all()
-    assert ct.same_bits(first[1], wds).all()
-    assert ct.same_bits(first[2], wdz).all()
+    assert checks.same_bits(first[0], wdx).all()
+    assert checks.same_bits(first[1], wds).all()
+    assert checks.same_bits(first[2], wdz).all()
 
 
 # -- PyTorch's own ops, bit for bit --------------------------------------------------------------
@@ -289,14 +291,14 @@ def test_more_than_2_pow_31_elements():
     xs, dys = rows_of(x), rows_of(dy)
     y, m = sf.fake_quantize(x, 0.025, 3, scope="tensor", return_mask=True)
     wy, wm = ref.fake_quantize(xs, np.float32(0.025), np.int32(3), scope="tensor")
-    assert ct.same_bits(rows_of(y), wy).all() and (rows_of(m) == wm).all()
+    assert checks.same_bits(rows_of(y), wy).all() and (rows_of(m) == wm).all()
     del y, m
     dx = sf.fake_quantize_backward(dy, x, 0.025, 3, scope="tensor")
-    assert ct.same_bits(rows_of(dx), ref.fake_quantize_backward(dys, xs, np.float32(0.025), np.int32(3),
+    assert checks.same_bits(rows_of(dx), ref.fake_quantize_backward(dys, xs, np.float32(0.025), np.int32(3),
                                                                 scope="tensor")).all()
     del dx
     dq = sf.dequantize_backward(dy, 0.5, scope="tensor")
-    assert ct.same_bits(rows_of(dq), ref.dequantize_backward(dys, np.float32(0.5), scope="tensor")).all()
+    assert checks.same_bits(rows_of(dq), ref.dequantize_backward(dys, np.float32(0.5), scope="tensor")).all()
     del dq
     s = torch.full((rows,), 0.02, device="cuda")
     z = torch.full((rows,), -4, device="cuda", dtype=torch.int32)
@@ -304,7 +306,7 @@ def test_more_than_2_pow_31_elements():
     wdx, wds, wdz = ref.fake_quantize_learnable_backward(dys, xs, np.full(5, 0.02, np.float32),
                                                          np.full(5, -4, np.int32), scope="token", grad_factor=0.5)
     sel = lambda t: np.concatenate([host(t[:2]), host(t[-3:])])  # noqa: E731
-    assert ct.same_bits(rows_of(dx), wdx).all()
-    assert ct.same_bits(sel(ds), wds).all() and ct.same_bits(sel(dz), wdz).all()
+    assert checks.same_bits(rows_of(dx), wdx).all()
+    assert checks.same_bits(sel(ds), wds).all() and checks.same_bits(sel(dz), wdz).all()
     del dx, ds, dz, x, dy
     torch.cuda.empty_cache()

@@ -1,9 +1,9 @@
-"""CPU: the host-overhead timing of codegen/bench.py and tools/probe_host.py (the GPU runs them)."""
+"""CPU: the host-overhead timing of codegen/harness/bench.py and tools/probe_host.py (the GPU runs them)."""
 import importlib.util
 import types
 from pathlib import Path
 
-from codegen import bench
+from codegen.harness import bench
 
 
 def test_time_host_calls_schema():

@@ -376,14 +376,16 @@ def test_fused_config(monkeypatch, shape, gs, kind, vec_want):
 
 # -- bench workloads ---------------------------------------------------------------------------------
 def test_bench_module_selection_and_bytes():
-    from codegen import bench, bench_lowbit, matrix
+    from codegen import matrix
+    from codegen.harness import bench
+    from codegen.harness.workloads import lowbit as bench_lowbit
     mods = bench.workload_modules(lambda m: None)
     lowbit_skus = [c.sku for c in matrix.cells(matrix.lowbit_families()) if c.generated]
     for s in lowbit_skus:
         assert bench.module_for(s, mods) is bench_lowbit
     s8 = [s for s in sf.default_registry().skus() if s.op in ("quantize", "dynamic_quantize")
           and s.aux_element in ("s8", "u8")]
-    assert all(bench.module_for(s, mods).__name__ != "codegen.bench_lowbit" for s in s8)
+    assert all(bench.module_for(s, mods).__name__ != "codegen.harness.workloads.lowbit" for s in s8)
     todo = bench.plan(lowbit_skus, mods)
     chosen = sorted({str(s) for s, _, _ in todo})
     assert len(chosen) == 3 and all("/group/symmetric/bf16/" in c and "dynamic_quantize" in c for c in chosen)

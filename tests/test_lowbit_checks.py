@@ -1,4 +1,4 @@
-"""The low-bit GPU checkers (codegen/checks_lowbit.py), dry-run on the CPU.
+"""The low-bit GPU checkers (codegen/harness/checks/lowbit.py), dry-run on the CPU.
 
 The checkers reach the device through ``put`` / ``get`` / ``strided`` and the functional API; here
 those are replaced by a "device" that runs the NumPy reference, so every case the checkers
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen import checks, checks_lowbit, matrix
+from codegen import matrix
+from codegen.harness import registry, verify
+from codegen.harness.checks import lowbit as checks_lowbit
 from runtime import reference as ref
 from runtime.arrays import kind_of
 
@@ -94,11 +96,13 @@ def device(monkeypatch):
 
 
 def test_dispatch_keeps_the_s8_u8_checkers():
+    skus = sf.default_registry().skus()
     for op in checks_lowbit.OPS:
-        assert getattr(checks.CHECKERS[op], "lowbit_dispatch", False)
-    s8 = next(s for s in sf.default_registry().skus() if s.op == "quantize" and s.aux_element == "s8")
-    assert not checks_lowbit.is_lowbit(s8)
+        s8 = next(s for s in skus if s.op == op and "s8" in (s.element, s.aux_element))
+        assert not checks_lowbit.is_lowbit(s8)
+        assert registry.checker_for(s8) is registry.checkers()[op] is not checks_lowbit.dispatch
     assert all(checks_lowbit.is_lowbit(s) for s in LOWBIT)
+    assert all(registry.checker_for(s) is checks_lowbit.dispatch for s in LOWBIT)
 
 
 def test_sample_covers_the_matrix():
@@ -110,7 +114,7 @@ def test_sample_covers_the_matrix():
 @pytest.mark.parametrize("sku", SAMPLE, ids=str)
 def test_checker_passes_a_correct_device(device, sku, rng):
     device()
-    res = checks.check(sku, rng)
+    res = verify.check(sku, rng)
     assert res.passed, f"{res.detail}: {res.failures[:3]}"
     assert res.cases >= 8
 
@@ -125,7 +129,7 @@ def test_checker_passes_a_correct_device(device, sku, rng):
 def test_checker_catches_a_wrong_device(device, bug, pick, rng):
     device(bug)
     sku = next(s for s in LOWBIT if pick(s))
-    res = checks.check(sku, rng)
+    res = verify.check(sku, rng)
     assert not res.passed and res.mismatches > 0, (bug, res.detail)
 
 

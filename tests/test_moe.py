@@ -244,33 +244,33 @@ def test_variants_in_manifest_and_sources():
             assert meta["dynamic_smem"] == t["STAGES"] * (t["BM"] + t["BN"]) * t["BK"] * 2 <= 160 * 1024
 
 
-def test_variant_selection(monkeypatch):
+def test_variant_selection(monkeypatch, override_settings):
     op = "grouped_matmul_backward_input"
     plan = plan_for(_args(op, 64, 64, 64, 4, "bf16"), "mma", 90)
     names = sf.moe.variant_names(plan)
     default = plan.launch["default_variant"]
     other = next(n for n in names if n != default)
-    monkeypatch.delenv(sf.moe.CONFIG_ENV, raising=False)
+    override_settings(moe_config="")
     assert sf.moe.variant_for(plan, op)[0] == default
-    monkeypatch.setenv(sf.moe.CONFIG_ENV, other)
+    override_settings(moe_config=other)
     assert sf.moe.variant_for(plan, op)[0] == other
-    monkeypatch.setenv(sf.moe.CONFIG_ENV, f"fwd={default}, dgrad={other}")
+    override_settings(moe_config=f"fwd={default}, dgrad={other}")
     assert sf.moe.variant_for(plan, op)[0] == other
-    monkeypatch.setenv(sf.moe.CONFIG_ENV, f"wgrad={other}")
+    override_settings(moe_config=f"wgrad={other}")
     assert sf.moe.variant_for(plan, op)[0] == default
     with sf.moe.use_config(dgrad="128x128x32s5"):     # CONFIG wins over the environment
         assert sf.moe.variant_for(plan, op)[0] == "128x128x32s5"
         assert sf.moe.variant_for(plan, op)[1]["tile"]["BM"] == 128
     assert sf.moe.CONFIG == {}
-    monkeypatch.setenv(sf.moe.CONFIG_ENV, "nope")
+    override_settings(moe_config="nope")
     err(lambda: sf.moe.variant_for(plan, op), InvalidProblemError, "'nope'", "128x128x32s5")
-    monkeypatch.setenv(sf.moe.CONFIG_ENV, "bwd=x")
+    override_settings(moe_config="bwd=x")
     err(lambda: sf.moe.variant_for(plan, op), InvalidProblemError, "'bwd'", "fwd, dgrad, wgrad")
-    monkeypatch.setenv(sf.moe.CONFIG_ENV, "default")
+    override_settings(moe_config="default")
     assert sf.moe.variant_for(plan, op)[0] == default
     wg = "grouped_matmul_backward_weight"
     wplan = plan_for(_args(wg, 64, 64, 64, 4, "bf16", out_kind="f32"), "mma", 90)
-    monkeypatch.delenv(sf.moe.CONFIG_ENV, raising=False)
+    override_settings(moe_config="")
     assert "short_variant" not in wplan.launch          # the switch is off in the shipped matrix
     monkeypatch.setitem(wplan.launch, "short_variant", "128x128x32s5p")
     monkeypatch.setitem(wplan.launch, "short_rows", 1024)
@@ -284,10 +284,10 @@ def test_variant_selection(monkeypatch):
     assert sf.moe.variant_for(simt, op)[1]["symbol"] == simt.entry.symbol
 
 
-def test_variant_fallback_on_small_shared_memory(monkeypatch):
+def test_variant_fallback_on_small_shared_memory(monkeypatch, override_settings):
     op = "grouped_matmul"
     plan = plan_for(_args(op, 64, 64, 64, 4, "bf16"), "mma", 90)
-    monkeypatch.delenv(sf.moe.CONFIG_ENV, raising=False)
+    override_settings(moe_config="")
     monkeypatch.setitem(sf.moe._smem_limit, 7, 100 * 1024)      # e.g. sm_86 / sm_89: 99-100 KB per block
     name, meta = sf.moe.variant_for(plan, op, 7)
     assert meta["dynamic_smem"] <= 96 * 1024

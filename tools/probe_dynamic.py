@@ -6,12 +6,12 @@ On the GPU machine (torch, cupy, numpy; about a minute, kernel compiles included
 
 Cases: bf16 / f16 / f32 -> s8, token and group(128), symmetric and asymmetric; bf16 -> fp8_e4m3 and
 bf16 -> s4, group(128), symmetric; on (65536, 4096) and (8192, 8192). Variants: launch
-configurations of runtime.dynamic.FusedConfig (``DynamicFusedLauncher.config_text``), all among
+configurations of runtime.dynamic.FusedConfig (runtime.config's ``dynamic_config``, set with ``config.override``), all among
 kernels compiled into the same SKUs. Per case the ``block`` variant (the previous kernel) is the
 reference: its q / scale / zero point are checked against the NumPy reference (runtime.reference)
 on the first and last 64 rows (the first rows hold NaN, +-inf, a zero row, a constant row and an
 outlier), and every other variant must equal it bit for bit on the whole tensor. Times: CUDA
-events, median of >= 50 launches after warm-up (codegen.bench.Timer), two input sets rotated so
+events, median of >= 50 launches after warm-up (codegen.harness.bench.Timer), two input sets rotated so
 that L2 is not what is measured; "% copy" is against a device-to-device copy of the same bytes
 (x read once + q written once + scales and zero points) measured in the same run.
 
@@ -145,7 +145,7 @@ def reference_mismatches(case, x, outs) -> int:
     """Elements of q / scale / zero point that differ from runtime.reference on the row bands."""
     import numpy as np
 
-    from codegen.checks import to_host
+    from codegen.harness.checks.base import to_host
     from runtime import reference as ref
     el, qk, scope, mode = case
     gs = GROUP if scope == "group" else None
@@ -222,8 +222,8 @@ def expected_bytes(case, shape) -> int:
 def run_case(case, shape, plan, timer, variants, torch):
     """Every variant on one case: the first (``block`` by default) checked against NumPy on the row
     bands, every one against the first bit for bit on the whole tensor, then timed."""
-    from codegen.bench import gbps, same_size_copy
-    from runtime.dynamic import DynamicFusedLauncher
+    from codegen.harness.bench import gbps, same_size_copy
+    from runtime import config
     el, qk, scope, mode = case
     pack = 2 if qk in ("s4", "u4") else 1
     xs = [random_x(el, shape, torch, specials=(i == 0)) for i in range(2)]
@@ -232,26 +232,25 @@ def run_case(case, shape, plan, timer, variants, torch):
     copy = same_size_copy(timer, nbytes)
     ref_outs, ref_bad = None, None
     for v in variants:
-        DynamicFusedLauncher.config_text = v
         r = {"case": "/".join(case), "shape": list(shape), "variant": v, "bytes": nbytes, "copy_gbps": copy["gbps"]}
-        try:
-            r["launch"] = describe(plan, sets[0][0], plan.launcher, pack)
-            poison(sets[0][1], torch)
-            plan.run(sets[0][0])
-            torch.cuda.synchronize()
-            if ref_outs is None:
-                ref_outs = [None if o is None else o.clone() for o in sets[0][1]]
-                ref_bad = reference_mismatches(case, xs[0], ref_outs)
-            r["numpy_mismatches"] = ref_bad
-            r["exact"] = ref_bad == 0 and all(bits_equal(o, w, torch) for o, w in zip(sets[0][1], ref_outs))
-            m = timer.measure([lambda s=s: plan.run(s[0]) for s in sets])
-            r.update(m)
-            r["gbps"] = gbps(nbytes, m["ms"])
-            r["pct_copy"] = 100.0 * r["gbps"] / copy["gbps"]
-        except Exception as e:  # noqa: BLE001 - one variant's failure is recorded, not fatal
-            r["error"] = f"{type(e).__name__}: {e}"[:400]
+        with config.override(dynamic_config=v):
+            try:
+                r["launch"] = describe(plan, sets[0][0], plan.launcher, pack)
+                poison(sets[0][1], torch)
+                plan.run(sets[0][0])
+                torch.cuda.synchronize()
+                if ref_outs is None:
+                    ref_outs = [None if o is None else o.clone() for o in sets[0][1]]
+                    ref_bad = reference_mismatches(case, xs[0], ref_outs)
+                r["numpy_mismatches"] = ref_bad
+                r["exact"] = ref_bad == 0 and all(bits_equal(o, w, torch) for o, w in zip(sets[0][1], ref_outs))
+                m = timer.measure([lambda s=s: plan.run(s[0]) for s in sets])
+                r.update(m)
+                r["gbps"] = gbps(nbytes, m["ms"])
+                r["pct_copy"] = 100.0 * r["gbps"] / copy["gbps"]
+            except Exception as e:  # noqa: BLE001 - one variant's failure is recorded, not fatal
+                r["error"] = f"{type(e).__name__}: {e}"[:400]
         yield r
-    DynamicFusedLauncher.config_text = "auto"
     del xs, sets, ref_outs
     torch.cuda.empty_cache()
 
@@ -271,8 +270,8 @@ def main() -> int:
     t_start = time.perf_counter()
     import cupy as cp
 
-    from codegen.bench import Timer, copy_bandwidth
-    from codegen.verify import environment
+    from codegen.harness.bench import Timer, copy_bandwidth
+    from codegen.harness.verify import environment
     dev = 0
     env = environment(dev)
     arch = int(env["gpu"]["cc"].replace(".", ""))

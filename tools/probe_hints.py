@@ -13,8 +13,8 @@ dynamic bf16 / f16 -> s8 units are those of DIR (a generated/ tree rendered from
 an A/B of a template change in the same run); ``--config NAME=TEXT`` runs variant NAME under a
 fused launch configuration (e.g. ``auto,fixed=0``: the run-time-TX team kernels); ``--variants``
 and ``--cases`` pick what runs. Every variant must give the shipped kernel's bits (checked on the
-whole output); times are CUDA events (codegen.bench.Timer, two input sets rotated) and "% copy" is
-against the bench's device copy (codegen.bench.copy_bandwidth), as ``codegen bench`` reports it.
+whole output); times are CUDA events (codegen.harness.bench.Timer, two input sets rotated) and "% copy" is
+against the bench's device copy (codegen.harness.bench.copy_bandwidth), as ``codegen bench`` reports it.
 """
 from __future__ import annotations
 
@@ -92,9 +92,9 @@ def main() -> int:
                     if any(k in "/".join(c) + " " + "x".join(map(str, s)) for k in a.cases.split(","))]
     import cupy as cp
 
-    from codegen.bench import Timer, copy_bandwidth, gbps
-    from codegen.verify import environment
-    from runtime import dynamic as dyn
+    from codegen.harness.bench import Timer, copy_bandwidth, gbps
+    from codegen.harness.verify import environment
+    from runtime import config
     from runtime.plans import Descriptor, Plan, Preference
     env = environment(0)
     arch = int(env["gpu"]["cc"].replace(".", ""))
@@ -115,23 +115,22 @@ def main() -> int:
             nbytes = pd.expected_bytes(case, shape)
             ref = None
             for v in VARIANTS:
-                dyn.DynamicFusedLauncher.config_text = configs.get(v, "auto")
-                plan = plans[(v, case)]
-                pd.poison(sets[0][1], torch)
-                plan.run(sets[0][0])
-                torch.cuda.synchronize()
-                outs = [None if o is None else o.clone() for o in sets[0][1]]
-                ref = ref or outs
-                exact = all(pd.bits_equal(o, w, torch) for o, w in zip(outs, ref))
-                m = timer.measure([lambda s=s, p=plan: p.run(s[0]) for s in sets])
-                r = {"case": "/".join(case), "shape": list(shape), "variant": v, "exact": exact, "us": m["ms"] * 1e3,
-                     "gbps": gbps(nbytes, m["ms"]), "pct_copy": 100 * gbps(nbytes, m["ms"]) / copy["gbps"]}
-                results.append(r)
-                print(f"{r['case']:28s} {'x'.join(map(str, shape)):>10} {v:8s} {r['us']:8.1f} us {r['gbps']:6.0f} GB/s "
-                      f"{r['pct_copy']:5.1f}% exact={'yes' if exact else 'NO'}", flush=True)
+                with config.override(dynamic_config=configs.get(v, "auto")):
+                    plan = plans[(v, case)]
+                    pd.poison(sets[0][1], torch)
+                    plan.run(sets[0][0])
+                    torch.cuda.synchronize()
+                    outs = [None if o is None else o.clone() for o in sets[0][1]]
+                    ref = ref or outs
+                    exact = all(pd.bits_equal(o, w, torch) for o, w in zip(outs, ref))
+                    m = timer.measure([lambda s=s, p=plan: p.run(s[0]) for s in sets])
+                    r = {"case": "/".join(case), "shape": list(shape), "variant": v, "exact": exact, "us": m["ms"] * 1e3,
+                         "gbps": gbps(nbytes, m["ms"]), "pct_copy": 100 * gbps(nbytes, m["ms"]) / copy["gbps"]}
+                    results.append(r)
+                    print(f"{r['case']:28s} {'x'.join(map(str, shape)):>10} {v:8s} {r['us']:8.1f} us {r['gbps']:6.0f} GB/s "
+                          f"{r['pct_copy']:5.1f}% exact={'yes' if exact else 'NO'}", flush=True)
             del xs, sets, ref
             torch.cuda.empty_cache()
-    dyn.DynamicFusedLauncher.config_text = "auto"
     Path(a.out).write_text(json.dumps({"env": env, "copy": copy, "results": results}, indent=1))
     return 0
 

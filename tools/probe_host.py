@@ -3,17 +3,17 @@
     PYTHONPATH=. python3 tools/probe_host.py --out probe_host.json
 
 Per call, in µs: the median of 5 x 2000 calls of the same call on the same (16, 4096) arrays,
-synchronizing before the host clock is read (codegen/bench.py's host-overhead timing, whose
+synchronizing before the host clock is read (codegen/harness/bench.py's host-overhead timing, whose
 ``api_host_calls`` lists the calls): quantize, dequantize, fake_quantize (channel),
-dynamic_quantize (token), with CuPy arrays and torch tensors, with the default device value
-checks and under ``runtime.trusted()``; and the floor, a bare CuPy RawKernel launch.
+dynamic_quantize (token), with CuPy arrays and torch tensors, default settings; and the floor,
+a bare CuPy RawKernel launch.
 
-``components`` splits a trusted quantize call into its parts, to tell what is left to cut: the
+``components`` splits a quantize call into its parts, to tell what is left to cut: the
 prepared launch alone (runtime.device.launch), the output allocation, the stream query, the
-cache key (attribute reads), the replay without launch or allocation. Runs in well under a
+cache key (attribute reads), the status-word read, the replay without launch or allocation. Runs in well under a
 minute (kernels are compiled in parallel first; the NVRTC disk cache makes reruns faster).
 
-``--profile dynamic_quantize,torch, runtime.trusted``: cProfile of the matching calls (label parts),
+``--profile dynamic_quantize,torch``: cProfile of the matching calls (label parts),
 top functions by own and cumulative time, in ``<out>.profile.txt``.
 """
 from __future__ import annotations
@@ -28,25 +28,20 @@ from pathlib import Path
 
 
 def _median_us(call, synchronize, n_calls: int, repeats: int) -> dict:
-    from codegen.bench import time_host_calls
+    from codegen.harness.bench import time_host_calls
     r = time_host_calls([{"label": "", "call": call, "target": False}], synchronize, n_calls, repeats)[0]
     return {k: r.get(k) for k in ("us", "min_us", "error") if k in r}
 
 
-def _trusted_block():
-    import runtime as sf
-    with sf.trusted():
-        pass
-
-
 def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
-    """The parts of a trusted quantize token bf16->s8 call on (16, 4096), per framework."""
+    """The parts of a quantize token bf16->s8 call on (16, 4096), per framework."""
     import cupy as cp
     import ml_dtypes
 
     import runtime as sf
     from runtime import arrays
     from runtime import quantization as qz
+    from runtime import status
     out = {}
     fws = {"cupy": lambda: ((cp.random.standard_normal((16, 4096), dtype=cp.float32)).astype(ml_dtypes.bfloat16),
                             cp.random.random(16, dtype=cp.float32) + 0.5)}
@@ -61,40 +56,40 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
     for fw, make in fws.items():
         x, s = make()
         args = (x, s, None, None)
-        with sf.trusted():
-            qz._FAST.clear()      # the remembered launch then points at x and q0, both alive below
-            q0 = sf.quantize(x, s, scope="token", out_dtype="int8")
-            key, vals = qz._key("quantize", static, args)
-            entry = qz._FAST.get(key)
-            if entry is None or not entry.launches:
-                out[fw] = {"error": "the call was not remembered (no fast path)"}
-                continue
-            prep, template, _ = entry.launches[0]
-            alloc = entry.allocs[0][0]
-            stream = entry.stream()
-            xr = arrays.as_array(x, "x")
-            res = {
-                "call (trusted)": _median_us(lambda: sf.quantize(x, s, scope="token", out_dtype="int8"),
-                                             synchronize, n_calls, repeats),
-                "runtime.device.launch of the prepared kernel": _median_us(lambda: prep.launch(stream, template),
-                                                                           synchronize, n_calls, repeats),
-                "output allocation (fast path's allocator)": _median_us(alloc, synchronize, n_calls, repeats),
-                "output allocation (runtime.arrays.empty)": _median_us(lambda: arrays.empty(xr, (16, 4096), "s8"),
+        qz._FAST.clear()      # the remembered launch then points at x and q0, both alive below
+        q0 = sf.quantize(x, s, scope="token", out_dtype="int8")
+        key, vals = qz._key("quantize", static, args)
+        entry = qz._FAST.get(key)
+        if entry is None or not entry.launches:
+            out[fw] = {"error": "the call was not remembered (no fast path)"}
+            continue
+        prep, template, _ = entry.launches[0]
+        alloc = entry.allocs[0][0]
+        stream = entry.stream()
+        xr = arrays.as_array(x, "x")
+        res = {
+            "call": _median_us(lambda: sf.quantize(x, s, scope="token", out_dtype="int8"),
+                                         synchronize, n_calls, repeats),
+            "runtime.device.launch of the prepared kernel": _median_us(lambda: prep.launch(stream, template),
                                                                        synchronize, n_calls, repeats),
-                "stream query": _median_us(entry.stream, synchronize, n_calls, repeats),
-                "cache key (_key: attribute reads of 4 arguments)": _median_us(
-                    lambda: qz._key("quantize", static, args), synchronize, n_calls, repeats),
-                "with runtime.trusted(): (enter + exit)": _median_us(_trusted_block, synchronize, n_calls, repeats),
-            }
-            if fw == "torch":
-                dt, dev = torch.int8, x.device
-                res["torch.empty(shape, dtype=, device=)"] = _median_us(
-                    lambda: torch.empty((16, 4096), dtype=dt, device=dev), synchronize, n_calls, repeats)
-                res["x.new_empty(shape, dtype=)"] = _median_us(lambda: x.new_empty((16, 4096), dtype=dt),
-                                                              synchronize, n_calls, repeats)
-            else:
-                res["cupy.empty(shape, dtype)"] = _median_us(lambda: cp.empty((16, 4096), cp.int8), synchronize,
-                                                             n_calls, repeats)
+            "output allocation (fast path's allocator)": _median_us(alloc, synchronize, n_calls, repeats),
+            "output allocation (runtime.arrays.empty)": _median_us(lambda: arrays.empty(xr, (16, 4096), "s8"),
+                                                                   synchronize, n_calls, repeats),
+            "stream query": _median_us(entry.stream, synchronize, n_calls, repeats),
+            "cache key (_key: attribute reads of 4 arguments)": _median_us(
+                lambda: qz._key("quantize", static, args), synchronize, n_calls, repeats),
+            "status word read (runtime.status.raise_pending)": _median_us(
+                lambda: status.raise_pending(xr.device), synchronize, n_calls, repeats),
+        }
+        if fw == "torch":
+            dt, dev = torch.int8, x.device
+            res["torch.empty(shape, dtype=, device=)"] = _median_us(
+                lambda: torch.empty((16, 4096), dtype=dt, device=dev), synchronize, n_calls, repeats)
+            res["x.new_empty(shape, dtype=)"] = _median_us(lambda: x.new_empty((16, 4096), dtype=dt),
+                                                          synchronize, n_calls, repeats)
+        else:
+            res["cupy.empty(shape, dtype)"] = _median_us(lambda: cp.empty((16, 4096), cp.int8), synchronize,
+                                                         n_calls, repeats)
         out[fw] = res
         del q0
     return out
@@ -147,10 +142,10 @@ def main(argv=None) -> int:
     except ImportError:
         torch = None
 
-    from codegen import bench
-    from codegen.audit import git_info, now
+    from codegen.harness import bench
+    from codegen.harness.records import git_info, now
     from codegen.manifest import GENERATED
-    from codegen.verify import _precompile, environment
+    from codegen.harness.verify import _precompile, environment
     from runtime.registry import Registry
 
     cp.cuda.Device(args.device).use()
@@ -186,7 +181,7 @@ def main(argv=None) -> int:
             "  ok" if h["us"] <= h["target_us"] else "  MISS")
         print(f"  {h['label']:<{width}}  " + (f"{h['us']:7.1f}{mark}" if h.get("us") is not None else h.get("error")))
     for fw, parts in comps.items():
-        print(f"components of a trusted quantize call, {fw}:")
+        print(f"components of a quantize call, {fw}:")
         for k, v in (parts.items() if "error" not in parts else [("error", {"error": parts["error"]})]):
             print(f"  {k:<52} " + (f"{v['us']:7.2f}" if v.get("us") is not None else str(v.get("error"))))
     if profiles:

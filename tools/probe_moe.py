@@ -6,15 +6,15 @@ For each mma tile configuration compiled into the bf16 SKUs (runtime.moe variant
 1. compiles the three bf16 units (forward, backward-input, backward-weight with dw float32) for
    the device's arch in parallel processes (an empty NVRTC cache: compile time counts) and reads
    ptxas's registers / spills of every kernel (runtime.compiler.resource_report);
-2. runs the edge cases of codegen/checks_moe.py (padding rows, row_experts with uint32 ids,
+2. runs the edge cases of codegen/harness/checks/moe.py (padding rows, row_experts with uint32 ids,
    K tails, empty experts, strided rows, E = 1024, partial tiles) on every configuration into
    NaN-poisoned outputs, against the float64 NumPy reference (SPEC §6: rel. Frobenius <= 1e-2),
    with exact zeros where required and, for the backward, identical bits on a second run;
 3. on the SPEC §6 shapes (E8 M16384 N4096 K4096, E64 M32768 N2048 K7168, E128 M16384 N1536
-   K2048; balanced and skewed offsets routing; codegen/bench_moe.py's data), checks each pass
+   K2048; balanced and skewed offsets routing; codegen/harness/workloads/moe.py's data), checks each pass
    against a float32 per-expert torch.mm loop (poisoned outputs, rel. Frobenius <= 1e-2; the
    backward twice, bit-identical), times the public call (routing + output allocation included,
-   as codegen/bench_moe.py) by CUDA events (warm-up, median of --reps) and torch._grouped_mm on
+   as codegen/harness/workloads/moe.py) by CUDA events (warm-up, median of --reps) and torch._grouped_mm on
    the same pass in the same process (before and after our configurations);
 4. prints one line per measurement, then a compact table (% of torch per shape, min over shapes,
    all checks ok) per pass and configuration, and writes everything to --out as JSON.
@@ -134,8 +134,8 @@ def edge_cases(variants, passes, budget, emit=None, skip=()):
     import torch
 
     import runtime as sf
-    from codegen import checks_moe as cm
-    from codegen.checks import to_host
+    from codegen.harness.checks import moe as cm
+    from codegen.harness.checks.base import to_host
     from runtime import reference_moe as ref
     from runtime.arrays import numpy_dtype
     rng = np.random.default_rng(2026)
@@ -290,7 +290,7 @@ def bench_shapes(shapes, variants, passes, reps, budget, dw_bf16, rows):
     import torch
 
     import runtime as sf
-    from codegen import bench_moe
+    from codegen.harness.workloads import moe as bench_moe
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     for shape in shapes:
@@ -508,8 +508,7 @@ def write(path: str, out: dict) -> None:
 def probe(args, out: dict) -> int:
     import torch
 
-    import runtime as sf
-    from codegen import bench_moe
+    from runtime import config
     from runtime.compiler import nvrtc_version
     from runtime.device import compile_arch, properties
     dev = torch.cuda.current_device()
@@ -517,15 +516,20 @@ def probe(args, out: dict) -> int:
     out["env"] = {"device": properties(dev), "torch": torch.__version__, "cuda": torch.version.cuda,
                   "nvrtc": "%d.%d" % nvrtc_version(), "python": platform.python_version(),
                   "grouped_mm": hasattr(torch, "_grouped_mm"), "arch": arch, "SKUFORGE_MOE_CONFIG":
-                  os.environ.get("SKUFORGE_MOE_CONFIG")}
+                  config.settings().moe_config or None}
     try:
         import cupy
         out["env"]["cupy"] = cupy.__version__
     except Exception:
         pass
     log(f"device {out['env']['device']['name']} sm_{arch}, torch {torch.__version__}, NVRTC {out['env']['nvrtc']}")
-    os.environ.pop("SKUFORGE_MOE_CONFIG", None)   # the probe chooses the configurations itself
+    with config.override(moe_config=""):   # the probe chooses the configurations itself
+        return _probe(args, out, arch)
 
+
+def _probe(args, out: dict, arch: int) -> int:
+    import runtime as sf
+    from codegen.harness.workloads import moe as bench_moe
     reg = sf.default_registry()
     passes = [p for p in args.passes.split(",") if p]
     skus = {k: reg.lookup(sku_of(PASSES[k], args.dw_bf16)) for k in passes}

@@ -10,7 +10,7 @@ On the GPU machine:
 Cases: dynamic_quantize token / group(128) bf16 -> s8 under each fused launch configuration
 (runtime.dynamic.FusedConfig), per-tensor (one cooperative launch and the two-pass path), the static
 quantize token bf16 -> s8, and the torch.compile of each composite, timed the way ``codegen bench``
-times (codegen.bench.Timer: CUDA events, GPU time per call, L2-rotated input sets). ``--ncu``: each
+times (codegen.harness.bench.Timer: CUDA events, GPU time per call, L2-rotated input sets). ``--ncu``: each
 case a few times with no timing, for Nsight Compute's in-kernel durations (what the events add).
 """
 from __future__ import annotations
@@ -27,9 +27,10 @@ FUSED = ("auto", "auto,fixed=0", "block", "t4", "t8", "t4,threads=64", "t4,threa
 
 
 def cases(torch, sf):
-    """(label, our call, torch composite or None) for every case; inputs rotate over 8 sets."""
-    from codegen import bench_dynamic, bench_static
-    from runtime import dynamic as dyn
+    """(label, our call, torch composite or None, runtime.config fields) for every case; inputs rotate
+    over 8 sets."""
+    from codegen.harness.workloads import dynamic as bench_dynamic
+    from codegen.harness.workloads import static as bench_static
     from runtime.registry import default_registry
     reg = default_registry()
     sku_of = {(s.op, s.scope, s.mode, s.element, s.aux_element): s for s in reg.skus() if s.arch == "sm80"}
@@ -39,24 +40,21 @@ def cases(torch, sf):
         ws = [bench_dynamic.make(sku, SHAPE) for _ in range(8)]
         variants = FUSED if scope != "tensor" else ("auto", "two_pass")
         for v in variants:
-            def call(ws=ws, v=v, scope=scope, i=[0]):
-                if scope == "tensor":
-                    dyn.DynamicReduceLauncher.tensor_path = v
-                else:
-                    dyn.DynamicFusedLauncher.config_text = v
+            def call(ws=ws, i=[0]):
                 i[0] += 1
                 return ws[i[0] % 8]["call"]()
-            out.append((f"dynamic {scope} {v}", call, None))
+            fields = {"dynamic_tensor": v} if scope == "tensor" else {"dynamic_config": v}
+            out.append((f"dynamic {scope} {v}", call, None, fields))
         compiled = torch.compile(ws[0]["torch_fn"], fullgraph=True, dynamic=False)
         out.append((f"dynamic {scope} torch.compile", None,
-                    lambda ws=ws, c=compiled, i=[0]: (i.__setitem__(0, i[0] + 1), c(*ws[i[0] % 8]["torch_args"]))))
+                    lambda ws=ws, c=compiled, i=[0]: (i.__setitem__(0, i[0] + 1), c(*ws[i[0] % 8]["torch_args"])), {}))
     sku = sku_of[("quantize", "token", "symmetric", "bf16", "s8")]
     ws = [bench_static.make(sku, SHAPE) for _ in range(8)]
-    out.append(("quantize token", lambda ws=ws, i=[0]: (i.__setitem__(0, i[0] + 1), ws[i[0] % 8]["call"]()), None))
+    out.append(("quantize token", lambda ws=ws, i=[0]: (i.__setitem__(0, i[0] + 1), ws[i[0] % 8]["call"]()), None, {}))
     if ws[0].get("torch_fn") is not None:
         compiled = torch.compile(ws[0]["torch_fn"], fullgraph=True, dynamic=False)
         out.append(("quantize token torch.compile", None,
-                    lambda ws=ws, c=compiled, i=[0]: (i.__setitem__(0, i[0] + 1), c(*ws[i[0] % 8]["torch_args"]))))
+                    lambda ws=ws, c=compiled, i=[0]: (i.__setitem__(0, i[0] + 1), c(*ws[i[0] % 8]["torch_args"])), {}))
     return out
 
 
@@ -70,26 +68,25 @@ def main(argv=None) -> int:
     import torch
 
     import runtime as sf
-    from codegen.bench import Timer
-    from runtime import dynamic as dyn
+    from codegen.harness.bench import Timer
+    from runtime import config
     results = []
-    for label, ours, theirs in cases(torch, sf):
+    for label, ours, theirs, fields in cases(torch, sf):
         fn = ours or theirs
         if a.ncu:
-            for _ in range(4):
-                fn()
-            torch.cuda.synchronize()
+            with config.override(**fields):
+                for _ in range(4):
+                    fn()
+                torch.cuda.synchronize()
             print(label, flush=True)
             continue
         stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        with stream:
+        with stream, config.override(**fields):
             r = Timer(stream, a.samples, 5.0).measure([fn])
         results.append({"label": label, "us": round(r["ms"] * 1e3, 2), "p10_us": round(r["p10_ms"] * 1e3, 2),
                         "p90_us": round(r["p90_ms"] * 1e3, 2)})
         print(f"{label:40s} {results[-1]['us']:7.2f} µs  (p10 {results[-1]['p10_us']:.2f}, p90 {results[-1]['p90_us']:.2f})",
               flush=True)
-    dyn.DynamicFusedLauncher.config_text = "auto"
-    dyn.DynamicReduceLauncher.tensor_path = "auto"
     if a.out and results:
         with open(a.out, "w") as f:
             json.dump({"shape": SHAPE, "results": results}, f, indent=1)

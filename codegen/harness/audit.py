@@ -13,21 +13,17 @@ self-contained heat map). ``--update-readme`` rewrites the block of README.md be
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import fnmatch
 import html as _html
 import io
 import json
-import os
-import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-AUDIT_DIR = Path(os.environ.get("SKUFORGE_AUDIT_DIR", ROOT / "audit"))
+from .records import AUDIT_DIR, ROOT, now, read_json, write_json
+
 README = ROOT / "README.md"
 BEGIN, END = "<!-- audit:begin -->", "<!-- audit:end -->"
 SCHEMA = 1
@@ -35,51 +31,8 @@ DEFAULT_ARCHS = ("sm_80", "sm_90")
 SCOPE_ORDER = ("tensor", "channel", "token", "group", "-")
 
 
-# -- shared record helpers (also used by verify and bench) --------------------------------------
-def slug(name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"nvidia-h200"``: the file name of a GPU's records."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-gpu"
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-
-
-def read_json(path: Path, default=None):
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return default
-
-
-def write_json(path: Path, obj) -> None:
-    """Atomic write (temp file + rename), stable key order, trailing newline."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def git_info() -> dict:
-    """``{"commit": sha or None, "dirty": bool or None}``; ``SKUFORGE_COMMIT`` overrides
-    (for copies of the tree without ``.git``, e.g. on a lent GPU machine)."""
-    env = os.environ.get("SKUFORGE_COMMIT")
-    if env:
-        return {"commit": env, "dirty": os.environ.get("SKUFORGE_DIRTY", "0") not in ("0", "", "false")}
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return {"commit": None, "dirty": None}
-        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=30)
-        return {"commit": head.stdout.strip(), "dirty": bool(st.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-
-
 def load_manifest(root: Optional[Path] = None) -> dict:
-    from .manifest import GENERATED, MANIFEST
+    from ..manifest import GENERATED, MANIFEST
     path = Path(root or GENERATED) / MANIFEST
     m = read_json(path)
     if m is None:

@@ -1,7 +1,7 @@
 """GPU checks of the training ops: every SKU bit-exact against the NumPy reference.
 
-Registered for ``python -m codegen verify`` through :mod:`codegen.checks`. Each checker runs the
-scope's shapes of :func:`codegen.checks._shapes` (aligned, odd, rank up to 8), contiguous and
+Registered for ``python -m codegen verify`` through :mod:`codegen.harness.registry`. Each checker runs the
+scope's shapes of :func:`codegen.harness.checks.base._shapes` (aligned, odd, rank up to 8), contiguous and
 strided rows, power-of-two scales (exact .5 ties) and arbitrary ones, several quantization ranges,
 NaN/±inf, an empty tensor, and, where PyTorch is installed, bit-exactness with PyTorch's own
 fake-quant ops (float32). NaN compares equal to NaN whatever its payload (the GPU writes the
@@ -20,62 +20,12 @@ from runtime.arrays import numpy_dtype
 from runtime.launch import grid_cap
 from runtime.scopes import param_shape
 
-from .checks import (CheckResult, _pow2_scales, _random_floats, _shapes, checker, strided_rows, to_device,
-                     to_host)
+from ..registry import checker
+from .base import (CheckResult, _pow2_scales, _random_floats, _shapes, record, record_close, same_bits, strided_rows,
+                   to_device, to_host)
 
 FQ_RANGES = ((-128, 127), (0, 255), (-8, 7), (-127, 127), (0, 15), (-1000, 3000))
 LSQ_RANGES = ((-128, 127), (0, 255), (-8, 7), (-127, 127), (0, 15))
-
-
-# -- comparison ------------------------------------------------------------------------------
-def same_bits(got, want) -> np.ndarray:
-    """Elementwise: identical bits, or both NaN (any payload)."""
-    got, want = np.asarray(got), np.asarray(want)
-    if got.dtype == np.bool_ or want.dtype == np.bool_:
-        return got.astype(bool) == want.astype(bool)
-    if got.dtype != want.dtype:
-        return np.zeros(got.shape, bool)
-    u = np.dtype(f"u{got.dtype.itemsize}")
-    eq = got.view(u) == want.view(u)
-    gn = np.isnan(got.astype(np.float64))
-    wn = np.isnan(want.astype(np.float64))
-    return eq | (gn & wn)
-
-
-def record(res: CheckResult, label: str, got, want):
-    """Count one case: shape, dtype and bits (NaN == NaN)."""
-    got, want = np.asarray(got), np.asarray(want)
-    res.cases += 1
-    if got.shape != want.shape or (got.dtype != want.dtype and want.dtype != np.bool_):
-        res.mismatches += 1
-        res.failures.append(f"{label}: got {got.dtype}{got.shape}, want {want.dtype}{want.shape}")
-        return
-    bad = ~same_bits(got, want)
-    n = int(bad.sum())
-    if got.size and got.dtype != np.bool_:
-        with np.errstate(all="ignore"):
-            err = np.abs(got.astype(np.float64) - want.astype(np.float64))
-        err = np.where(np.isnan(err), 0, err)
-        res.max_error = max(res.max_error, float(err.max()))
-    if n:
-        res.mismatches += n
-        idx = np.argwhere(bad)[0]
-        res.failures.append(f"{label}: {n} of {got.size} elements differ (first at {tuple(idx)}: "
-                            f"got {got[tuple(idx)]!r}, want {want[tuple(idx)]!r})")
-
-
-def record_close(res: CheckResult, label: str, got, want, scale, rtol):
-    """Count one case compared with a tolerance: |got - want| <= rtol * scale (NaN == NaN)."""
-    got = np.asarray(got, np.float64)
-    want = np.asarray(want, np.float64)
-    res.cases += 1
-    with np.errstate(all="ignore"):
-        err = np.abs(got - want)
-        bad = ~((err <= rtol * np.asarray(scale, np.float64) + 1e-30) | (np.isnan(got) & np.isnan(want)))
-    n = int(bad.sum())
-    if n:
-        res.mismatches += n
-        res.failures.append(f"{label}: {n} of {got.size} sums outside rtol {rtol:g} (max |err| {np.nanmax(err):g})")
 
 
 # -- inputs ------------------------------------------------------------------------------------

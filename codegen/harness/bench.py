@@ -9,8 +9,9 @@ enqueues a batch of calls behind a short spin kernel, so what is timed is the GP
 call, not Python's; the median of many calls is reported. When a workload fits in 4x the L2
 cache, several input sets are rotated so that the cache is not what is measured.
 
-Workloads come from modules ``codegen/bench_*.py``. Each exposes ``make(sku, shape)`` returning
-``None`` (not mine) or a dict:
+Workloads come from the bench sections that the modules of ``codegen/harness/workloads/``
+register (``@bench_section(name)`` on their ``make``: ``codegen.harness.registry``). Each
+section module exposes ``make(sku, shape)`` returning ``None`` (not mine) or a dict:
 
     call          zero-arg callable: runs the skuforge kernel (required)
     bytes | flops bytes moved (bandwidth kernels) or floating-point operations (compute kernels)
@@ -36,16 +37,15 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import importlib
 import math
-import pkgutil
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
-from .audit import AUDIT_DIR, git_info, now, read_json, slug, write_json
+from . import registry
+from .records import AUDIT_DIR, git_info, now, read_json, slug, write_json
 
 SCHEMA = 1
 # SPEC §6 shapes; the first two are the bandwidth shapes of the targets, the last is latency.
@@ -75,19 +75,6 @@ extern "C" __global__ void sf_bench_spin(unsigned long long ns) {
 
 
 # -- the arithmetic (unit-tested on the CPU) ------------------------------------------------------
-def nbytes(*arrays) -> int:
-    """Bytes of the given arrays (CuPy, NumPy, torch; ``None`` and Python numbers count 0)."""
-    total = 0
-    for a in arrays:
-        if a is None or isinstance(a, (int, float)):
-            continue
-        n = getattr(a, "nbytes", None)
-        if n is None and hasattr(a, "element_size"):
-            n = a.numel() * a.element_size()
-        total += int(n)
-    return total
-
-
 def gbps(nbytes_: int, ms: float) -> float:
     return nbytes_ / (ms * 1e-3) / 1e9
 
@@ -367,17 +354,9 @@ def chart(rec: dict, path: Path) -> Optional[Path]:
 
 # -- workload discovery ---------------------------------------------------------------------------------
 def workload_modules(warn=print) -> list:
-    """Every ``codegen.bench_*`` module that imports (a broken one is reported and skipped)."""
-    import codegen
-    mods = []
-    for info in sorted(pkgutil.iter_modules(codegen.__path__), key=lambda i: i.name):
-        if not info.name.startswith("bench_"):
-            continue
-        try:
-            mods.append(importlib.import_module(f"codegen.{info.name}"))
-        except Exception as e:  # noqa: BLE001 - one family's bench must not stop the others
-            warn(f"bench: skipping codegen.{info.name}: {type(e).__name__}: {e}")
-    return mods
+    """The registered bench sections' modules, by section name (``codegen.harness.registry``;
+    a family module that fails to import is reported and skipped)."""
+    return list(registry.sections(warn=lambda text: warn(f"bench: {text}")).values())
 
 
 def module_for(sku, modules):
@@ -594,8 +573,7 @@ def api_host_calls(device: int = 0) -> list:
     """Repeated calls of each functional API that has a fast path on (16, 4096) inputs (target: <= 15 µs per call):
     quantize / dequantize / fake_quantize (channel, axis 0) / dynamic_quantize (token), bf16 data
     and float32 scales, quantize and dynamic_quantize also into preallocated outputs (``out=``),
-    with CuPy arrays and (when importable) torch tensors, with the default
-    device value checks and under ``runtime.trusted()``. Items as ``host_calls()``."""
+    with CuPy arrays and (when importable) torch tensors, default settings. Items as ``host_calls()``."""
     import cupy as cp
     import ml_dtypes
 
@@ -633,15 +611,9 @@ def api_host_calls(device: int = 0) -> list:
     out = []
     for fw, d in data.items():
         for name, call in calls:
-            def checked(call=call, d=d):
+            def default(call=call, d=d):
                 return call(d)
-
-            def trusted(call=call, d=d):
-                with sf.trusted():
-                    return call(d)
-            out.append({"label": f"{name} {shape}, {fw}, value checks on (default)", "framework": fw,
-                        "call": checked})
-            out.append({"label": f"{name} {shape}, {fw}, runtime.trusted()", "framework": fw, "call": trusted})
+            out.append({"label": f"{name} {shape}, {fw}, default settings", "framework": fw, "call": default})
     return out
 
 
@@ -652,7 +624,7 @@ def host_items(timer: "Timer", modules, api: bool = True, device: int = 0):
     items = [dict(label="cupy RawKernel launch (floor)", framework="cupy", call=lambda: timer.spin_ns(0))]
     sources = [(f"{m.__name__}.host_calls()", m.host_calls) for m in modules if hasattr(m, "host_calls")]
     if api:
-        sources.append(("codegen.bench.api_host_calls()", lambda: api_host_calls(device)))
+        sources.append(("codegen.harness.bench.api_host_calls()", lambda: api_host_calls(device)))
     for name, get in sources:
         try:
             seen = {i["label"] for i in items}
@@ -763,7 +735,7 @@ def cmd_bench(args) -> int:
 
     from runtime.registry import Registry
 
-    from .manifest import GENERATED
+    from ..manifest import GENERATED
     console = Console(highlight=False, stderr=True)
     reg = Registry.load(GENERATED)
     skus = [s for s in reg.skus() if fnmatch.fnmatchcase(str(s), args.filter)]

@@ -1,4 +1,4 @@
-"""Bench workloads of the static quantize / dequantize family (see ``codegen.bench``).
+"""Bench workloads of the static quantize / dequantize family (see ``codegen.harness.bench``).
 
 Inputs are random (never all zeros): x ~ 3·N(0, 1) in the input dtype, scales in
 [0.5, 1.5), zero points in [-20, 20] (s8) / [100, 150] (u8). Scope parameters: channel is
@@ -6,12 +6,14 @@ per column (``axis=-1``: every element needs its own scale, the harder access pa
 group size 128. The PyTorch composite is the same math as SPEC §5 (upcast, multiply by
 ``1 / scale``, round half to even, add the zero point, NaN → zero point, clamp, cast), as a
 pure function so that ``torch.compile`` compiles it once per dtype and shape. The skuforge
-call runs under ``runtime.trusted()``: the device-side value checks are a separate,
-documented cost, measured by the host-overhead figures.
+call is the default one: its kernels check the scale and zero-point values as they load them.
 """
 from __future__ import annotations
 
 import math
+
+from ..registry import bench_section
+from .base import nbytes
 
 OPS = ("quantize", "dequantize")
 GROUP_SIZE = 128
@@ -82,8 +84,9 @@ def expected_bytes(sku, shape) -> int:
     return n * (ITEMSIZE[sku.element] + ITEMSIZE[sku.aux_element]) + math.prod(pshape) * per_param
 
 
+@bench_section("static")
 def make(sku, shape):
-    """A workload dict for ``codegen.bench`` (``None`` for SKUs that are not static quantize/dequantize)."""
+    """A workload dict for ``codegen.harness.bench`` (``None`` for SKUs that are not static quantize/dequantize)."""
     if sku.op not in OPS or sku.scope is None:
         return None
     import runtime as sf
@@ -91,7 +94,6 @@ def make(sku, shape):
 
     from runtime.arrays import ITEMSIZE
 
-    from .bench import nbytes
     torch = _torch()
     axis, gs, pshape = _params(sku, shape)
     fkind = sku.element if sku.op == "quantize" else sku.aux_element
@@ -122,12 +124,10 @@ def make(sku, shape):
     kw = dict(scope=sku.scope, axis=axis, group_size=gs)
     if sku.op == "quantize":
         def call():
-            with sf.trusted():
-                return sf.quantize(x, scale, zp, out_dtype=qkind, **kw)
+            return sf.quantize(x, scale, zp, out_dtype=qkind, **kw)
     else:
         def call():
-            with sf.trusted():
-                return sf.dequantize(x, scale, zp, out_dtype=fkind, **kw)
+            return sf.dequantize(x, scale, zp, out_dtype=fkind, **kw)
     where = {"tensor": "", "channel": " axis=-1", "token": "", "group": f" g{GROUP_SIZE}"}[sku.scope]
     w = {"call": call, "bytes": nbytes(x, scale, zp) + out_bytes,
          "label": f"{sku.element}->{sku.aux_element} {sku.scope}{where} {sku.mode[:4]}"}
@@ -146,7 +146,7 @@ def make(sku, shape):
 
 def host_calls():
     """Repeated functional calls on (16, 4096) bf16 -> s8, per token, CuPy and torch inputs,
-    with the default device-side value checks and under ``runtime.trusted()``."""
+    with default settings (the kernels check the device values: no sync)."""
     import cupy as cp
     import ml_dtypes
 
@@ -161,14 +161,8 @@ def host_calls():
     for fw in xs:
         x, s = xs[fw], ss[fw]
 
-        def checked(x=x, s=s):
+        def call(x=x, s=s):
             return sf.quantize(x, s, scope="token", out_dtype="int8")
-
-        def trusted(x=x, s=s):
-            with sf.trusted():
-                return sf.quantize(x, s, scope="token", out_dtype="int8")
-        out.append({"label": f"quantize token bf16->s8 (16, 4096), {fw}, value checks on (default)",
-                    "framework": fw, "call": checked})
-        out.append({"label": f"quantize token bf16->s8 (16, 4096), {fw}, runtime.trusted()",
-                    "framework": fw, "call": trusted})
+        out.append({"label": f"quantize token bf16->s8 (16, 4096), {fw}, default settings",
+                    "framework": fw, "call": call})
     return out

@@ -1,4 +1,4 @@
-"""Bench workloads of the low-bit dynamic quantization (docs/lowbit.md), for ``codegen.bench``.
+"""Bench workloads of the low-bit dynamic quantization (docs/lowbit.md), for ``codegen.harness.bench``.
 
 The two targets: dynamic per-group(128) bf16 -> fp8_e4m3 and bf16 -> s4, >= 85 % of a
 device copy on (65536, 4096), side by side with ``torch.compile`` of the eager composite. Every
@@ -11,11 +11,14 @@ once (fp8 one byte, int4 half a byte per element) + scales written once (and zer
 The composites are SPEC §5 in eager PyTorch (upcast, per-group amax, eps floor, ``1 / scale``,
 fp8: clamp to ±max then the RNE cast; int4: round half to even, clamp, pack two per byte), pure
 functions so ``torch.compile`` compiles each once. q comes back as its uint8 bytes on both sides,
-so ``codegen.bench`` counts the elements where they differ.
+so ``codegen.harness.bench`` counts the elements where they differ.
 """
 from __future__ import annotations
 
 import math
+
+from ..registry import bench_section
+from .base import random_input
 
 OPS = ("dynamic_quantize",)
 GROUP_SIZE = 128
@@ -96,8 +99,9 @@ def expected_bytes(sku, shape) -> int:
     return n * ITEMSIZE[fkind] + q_bytes + math.prod(pshape) * per_param
 
 
+@bench_section("lowbit")
 def make(sku, shape):
-    """A workload dict for ``codegen.bench`` (``None`` for SKUs this module does not handle)."""
+    """A workload dict for ``codegen.harness.bench`` (``None`` for SKUs this module does not handle)."""
     if not handles(sku):
         return None
     import runtime as sf
@@ -109,7 +113,6 @@ def make(sku, shape):
         return _static(sku, shape)
     torch = _torch()
     axis, gs, _ = _params(sku, shape)
-    from .bench_dynamic import random_input
     x = random_input(sku.element, shape)
     kw = dict(scope=sku.scope, mode=sku.mode, axis=axis, group_size=gs, out_dtype=sku.aux_element)
     fp8 = sku.aux_element in FP8_MAX
@@ -158,7 +161,7 @@ def _static(sku, shape):
         x = _float_input(sku.element, shape)
 
         def call():
-            with sf.trusted(), lowbit.prefer_arch(sku.arch_number):
+            with lowbit.prefer_arch(sku.arch_number):
                 return sf.quantize(x, scale, zp, out_dtype=qkind, **kw)
     else:
         cshape = lowbit.packed_shape(shape, qkind)
@@ -167,7 +170,7 @@ def _static(sku, shape):
             q[(q & 0x7F) >= (0x7F if qkind == "fp8_e4m3" else 0x7C)] = 0x38   # finite codes only
 
         def call():
-            with sf.trusted(), lowbit.prefer_arch(sku.arch_number):
+            with lowbit.prefer_arch(sku.arch_number):
                 return sf.dequantize(q, scale, zp, in_dtype=qkind, out_dtype=fkind, **kw)
     where = {"tensor": "", "channel": " axis=-1", "token": "", "group": f" g{GROUP_SIZE}"}[sku.scope]
     return {"call": call, "bytes": expected_bytes(sku, shape),

@@ -1,7 +1,8 @@
 """``python -m codegen verify``: run every selected SKU against the NumPy reference on a GPU.
 
-Each SKU goes through ``codegen.checks.check(sku, rng)`` (random inputs plus the edge cases
-of SPEC §6; bit-exact for quantization ops). The results are merged into
+Each SKU goes through :func:`check` ``(sku, rng)``: the checker its family registered
+(``codegen.harness.registry``; random inputs plus the edge cases of SPEC §6; bit-exact for
+quantization ops). The results are merged into
 ``audit/verified/<gpu-slug>.json``: records of SKUs not selected this time are kept, a
 selected SKU's record is replaced. Every SKU gets its own generator seeded from
 ``(--seed, crc32(sku))``, so ``--filter SKU --seed N`` reproduces one result. Exit 1 when a
@@ -17,10 +18,27 @@ import time
 import zlib
 from pathlib import Path
 
-from .audit import AUDIT_DIR, git_info, now, read_json, slug, write_json
+from . import registry
+from .records import AUDIT_DIR, git_info, now, read_json, slug, write_json
 
 SCHEMA = 1
 MAX_RUNS_KEPT = 50
+
+
+def check(sku, rng=None, preferred_fw="cupy"):
+    """Run the registered checker of ``sku`` -> ``CheckResult`` (checks/base.py); a crash is a
+    failed result, with its message."""
+    import numpy as np
+
+    from .checks.base import CheckResult
+    rng = rng or np.random.default_rng()
+    fn = registry.checker_for(sku)
+    if fn is None:
+        return CheckResult(str(sku), False, detail=f"no checker for op {sku.op}")
+    try:
+        return fn(sku, rng, preferred_fw)
+    except Exception as e:  # noqa: BLE001 - a crash is a failed verification, recorded
+        return CheckResult(str(sku), False, detail=f"{type(e).__name__}: {e}")
 
 
 def sku_seed(seed: int, sku: str) -> list:
@@ -76,7 +94,7 @@ def merge(old, env: dict, run: dict, results: dict) -> dict:
 
 def _unit_mismatches(reg, skus) -> list:
     """Units of the selected SKUs whose file on disk does not match the manifest's sha256."""
-    from .render import sha256
+    from ..render import sha256
     bad = []
     for unit in sorted({reg.entries[s].unit for s in skus}):
         if sha256(reg.unit_source(unit)) != reg.units[unit]["sha256"]:
@@ -107,7 +125,6 @@ def run_checks(skus, seed: int, framework: str, progress_console=None):
     import numpy as np
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from . import checks
     results, interrupted = {}, False
     cols = (TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[failed]} failed  {task.fields[sku]}"))
@@ -118,7 +135,7 @@ def run_checks(skus, seed: int, framework: str, progress_console=None):
             for sku in skus:
                 progress.update(task, sku=str(sku))
                 t0 = time.perf_counter()
-                res = checks.check(sku, np.random.default_rng(sku_seed(seed, str(sku))), framework)
+                res = check(sku, np.random.default_rng(sku_seed(seed, str(sku))), framework)
                 results[str(sku)] = {"passed": bool(res.passed), "cases": int(res.cases),
                                      "mismatches": int(res.mismatches), "max_error": float(res.max_error),
                                      "detail": res.detail + ("; " + "; ".join(res.failures[:3]) if res.failures else ""),
@@ -136,7 +153,7 @@ def cmd_verify(args) -> int:
 
     from runtime.registry import Registry
     console = Console(highlight=False, stderr=True)
-    from .manifest import GENERATED
+    from ..manifest import GENERATED
     reg = Registry.load(GENERATED)
     skus = [s for s in reg.skus() if fnmatch.fnmatchcase(str(s), args.filter)]
     if not skus:

@@ -1,5 +1,5 @@
 """Benchmark workloads of the moe grouped matmul (SPEC §6), for ``python -m codegen bench`` and
-standalone: ``python -m codegen.bench_moe [--quick]`` prints TFLOP/s against ``torch._grouped_mm``.
+standalone: ``python -m codegen.harness.workloads.moe [--quick]`` prints TFLOP/s against ``torch._grouped_mm``.
 
 Shapes: (E, M, N, K, routing) with routing ``balanced`` (M / E rows each) or ``skewed`` (rows
 per expert ~ 1 / (e + 1)^1.2, fixed seed); rows sorted by expert and given as offsets, as
@@ -11,6 +11,8 @@ import statistics
 import sys
 
 import numpy as np
+
+from ..registry import bench_section
 
 OPS = ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
 SPEC_SHAPES = ((8, 16384, 4096, 4096), (64, 32768, 2048, 7168), (128, 16384, 1536, 2048))
@@ -77,6 +79,7 @@ def calls(op: str, data: dict, backend: str = "mma", dw_dtype: str = "float32"):
     return ours, ref
 
 
+@bench_section("moe")
 def make(sku, shape):
     """dict(call, flops, torch_ref, label, footprint) for one SKU on one shape, or None."""
     if sku.category != "moe":
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
     import fnmatch
 
     import runtime as sf
-    ap = argparse.ArgumentParser(prog="python -m codegen.bench_moe")
+    ap = argparse.ArgumentParser(prog="python -m codegen.harness.workloads.moe")
     ap.add_argument("--filter", default="moe/*")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=30)

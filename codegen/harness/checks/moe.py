@@ -14,7 +14,8 @@ import runtime as sf
 from runtime import reference_moe as ref
 from runtime.arrays import numpy_dtype
 
-from .checks import CheckResult, checker, strided_rows, to_device, to_host
+from ..registry import checker
+from .base import CheckResult, strided_rows, to_device, to_host
 
 # (label, E, M, N, K, routing, strided); routing in balanced / skewed / empty / padding /
 # padding_u32 / offsets_i64

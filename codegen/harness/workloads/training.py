@@ -1,10 +1,10 @@
 """Bench workloads of the training ops (docs/training.md), for ``python -m codegen bench``, and a standalone
-measurement of their targets (``python -m codegen.bench_training``).
+measurement of their targets (``python -m codegen.harness.workloads.training``).
 
 Inputs are random (never all zeros): x ~ 3·N(0, 1), dy ~ N(0, 1), scales in [0.02, 0.05) so that
 a few percent of x saturates, zero points in [-20, 20]. Channel scope is per row (``axis=0``,
-PyTorch's QAT weight layout); group size 128. Every skuforge call runs under
-``runtime.trusted()`` (the device-side value checks are measured by the host-overhead figures).
+PyTorch's QAT weight layout); group size 128. Every skuforge call is a default one (its kernels
+check the scale and zero-point values as they load them).
 
 PyTorch baselines (same data, same run): ``fake_quantize`` (forward + mask) against
 ``aten.fake_quantize_per_{tensor,channel}_affine_cachemask`` (what PyTorch's autograd runs) or,
@@ -15,6 +15,9 @@ the other ops against their composites. Bytes = inputs read once + outputs writt
 from __future__ import annotations
 
 import math
+
+from ..registry import bench_section
+from .base import nbytes
 
 OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
        "fake_quantize_learnable_backward")
@@ -92,13 +95,13 @@ def mask_backward(dy, mask):
     return dy * mask
 
 
+@bench_section("training")
 def make(sku, shape):
-    """A workload dict for ``codegen.bench`` (None for SKUs of other families)."""
+    """A workload dict for ``codegen.harness.bench`` (None for SKUs of other families)."""
     if sku.op not in OPS:
         return None
     import runtime as sf
     from runtime.arrays import ITEMSIZE
-    from .bench import nbytes
 
     torch = _torch()
     axis, gs, pshape = _params(sku, shape)
@@ -129,25 +132,21 @@ def make(sku, shape):
     w = {}
     if sku.op == "fake_quantize":
         def call():
-            with sf.trusted():
-                return sf.fake_quantize(x, scale, zp, **kw, **fq, return_mask=True)
+            return sf.fake_quantize(x, scale, zp, **kw, **fq, return_mask=True)
         w = {"call": call, "bytes": n * (2 * item + 1) + params, "label": label + " +mask"}
     elif sku.op in ("fake_quantize_backward", "quantize_backward"):
         fn = sf.fake_quantize_backward if sku.op == "fake_quantize_backward" else sf.quantize_backward
 
         def call():
-            with sf.trusted():
-                return fn(dy, x, scale, zp, **kw, **fq)
+            return fn(dy, x, scale, zp, **kw, **fq)
         w = {"call": call, "bytes": 3 * n * item + params, "label": label}
     elif sku.op == "dequantize_backward":
         def call():
-            with sf.trusted():
-                return sf.dequantize_backward(dy, scale, **kw)
+            return sf.dequantize_backward(dy, scale, **kw)
         w = {"call": call, "bytes": 2 * n * item + params, "label": label}
     else:
         def call():
-            with sf.trusted():
-                return sf.fake_quantize_learnable_backward(dy, x, scale, zp, **kw, **fq, grad_factor=0.01)
+            return sf.fake_quantize_learnable_backward(dy, x, scale, zp, **kw, **fq, grad_factor=0.01)
         w = {"call": call, "bytes": 3 * n * item + params + math.prod(pshape) * (ITEMSIZE["f64" if kind == "f64" else "f32"] + (4 if asym else 0)),
              "label": label}
     if torch is None:
@@ -217,8 +216,7 @@ def host_profile(n=2000):
     z = torch.randint(-20, 21, (16,), device="cuda", dtype=torch.int32)
 
     def call():
-        with sf.trusted():
-            sf.fake_quantize(x, s, z, scope="channel", axis=0, return_mask=True)
+        sf.fake_quantize(x, s, z, scope="channel", axis=0, return_mask=True)
     for _ in range(200):
         call()
     torch.cuda.synchronize()
@@ -234,7 +232,7 @@ def host_profile(n=2000):
     pr.disable()
     buf = io.StringIO()
     pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(14)
-    print(f"host: {us:.1f} us per fake_quantize(+mask) call, torch tensors, trusted")
+    print(f"host: {us:.1f} us per fake_quantize(+mask) call, torch tensors")
     print(buf.getvalue()[-3500:])
     return us
 

@@ -1,4 +1,4 @@
-"""Bench workloads of dynamic_quantize (docs/dynamic.md), for ``codegen.bench``.
+"""Bench workloads of dynamic_quantize (docs/dynamic.md), for ``codegen.harness.bench``.
 
 Inputs: x ~ 3·N(0, 1) in the input dtype (never zeros), on the current torch device (CuPy
 when torch is missing). Scope parameters: group size 128; channel per column (``axis=-1``).
@@ -14,6 +14,9 @@ NaN where skuforge ignores it; on the bench's finite data both agree.)
 from __future__ import annotations
 
 import math
+
+from ..registry import bench_section
+from .base import random_input
 
 OPS = ("dynamic_quantize",)
 GROUP_SIZE = 128
@@ -64,21 +67,6 @@ def dynamic_composite(x, scope: str, group: int, symmetric: bool, qmin: int, qma
     return q, scale.squeeze(dims), None if zp is None else zp.squeeze(dims)
 
 
-def random_input(element: str, shape):
-    """x ~ 3·N(0, 1) in ``element`` on the current device: a torch tensor when torch is present
-    (so the torch baselines run on the same data), else a CuPy array. Never all zeros."""
-    torch = _torch()
-    if torch is not None:
-        from runtime.arrays import torch_dtype
-        dev = torch.device("cuda", torch.cuda.current_device())
-        mdt = torch.float64 if element == "f64" else torch.float32
-        return (torch.randn(shape, device=dev, dtype=mdt) * 3).to(torch_dtype(element))
-    import cupy as cp
-
-    from runtime.arrays import numpy_dtype
-    return (cp.random.standard_normal(shape, dtype=cp.float32) * 3).astype(numpy_dtype(element))
-
-
 def _params(sku, shape):
     from runtime.scopes import param_shape
     axis = CHANNEL_AXIS if sku.scope == "channel" else None
@@ -94,8 +82,9 @@ def expected_bytes(sku, shape) -> int:
     return math.prod(shape) * (ITEMSIZE[sku.element] + ITEMSIZE[sku.aux_element]) + math.prod(pshape) * per_param
 
 
+@bench_section("dynamic")
 def make(sku, shape):
-    """A workload dict for ``codegen.bench`` (``None`` for other ops): call, bytes, label, the
+    """A workload dict for ``codegen.harness.bench`` (``None`` for other ops): call, bytes, label, the
     torch composite (``torch_fn`` + ``torch_args``) and ``torch_eager`` / ``torch_inputs``."""
     if sku.op not in OPS:
         return None

@@ -1,0 +1,25 @@
+"""The verification / benchmark / audit harness (``python -m codegen verify | bench | audit``).
+
+Kept apart from the generator (``codegen.matrix`` -> ``render`` -> ``manifest``, the build
+commands in ``codegen.cli``): it may use the generator and the runtime, nothing in the
+generator uses it (import-linter contracts in pyproject.toml).
+
+    registry.py        per-family checkers (@checker) and bench sections (@bench_section) register here
+    records.py         audit/ records shared by the commands: paths, JSON, commit, GPU slug
+    checks/base.py     what the checkers share; checks/<family>.py: one family each
+    workloads/base.py  what the bench workloads share; workloads/<family>.py: one family each
+    verify.py          `verify`: every selected SKU through its registered checker, recorded
+    bench.py           `bench`: the registered workloads against a device copy and PyTorch, recorded
+    audit.py           `audit`: the coverage table from the manifest and the records
+"""
+from __future__ import annotations
+
+from . import audit, bench, verify
+
+COMMANDS = (audit, verify, bench)
+
+
+def add_parsers(sub) -> None:
+    """Add the harness subcommands (audit, verify, bench) to the CLI's subparsers."""
+    for module in COMMANDS:
+        module.add_parser(sub)

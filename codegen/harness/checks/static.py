@@ -1,0 +1,69 @@
+"""Checker of the static quantize / dequantize SKUs (s8 / u8; the low-bit ones: lowbit.py)."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+import runtime as sf
+from runtime import reference as ref
+from runtime.arrays import numpy_dtype
+from runtime.launch import grid_cap
+from runtime.scopes import QRANGE
+
+from ..registry import checker
+from .base import CheckResult, _pow2_scales, _random_floats, _record, _shapes, framework_for, strided_rows, to_device, \
+    to_host
+
+
+@checker("quantize", "dequantize")
+def check_static(sku, rng, preferred_fw="cupy") -> CheckResult:
+    res = CheckResult(str(sku), False)
+    float_kind = sku.element if sku.op == "quantize" else sku.aux_element
+    qkind = sku.aux_element if sku.op == "quantize" else sku.element
+    math_kind = "f64" if float_kind == "f64" else "f32"
+    fw = framework_for(float_kind, preferred_fw)
+    lo, hi = QRANGE[qkind]
+    for shape, axis, gs in _shapes(sku.scope, rng):
+        for strided in (False, True):
+            if strided and len(shape) < 2:
+                continue
+            pshape = sf.quantization.param_shape(shape, sku.scope, None if axis is None else axis % len(shape), gs)
+            scale = _pow2_scales(pshape, rng, math_kind)
+            qmin, qmax = (lo, hi) if rng.random() < 0.5 else (lo + 3, hi - 5)
+            zp = rng.integers(qmin, qmax + 1, size=pshape).astype(np.int32) if sku.mode == "asymmetric" else None
+            label = f"{shape} axis={axis} gs={gs} strided={strided}"
+            # strided cases also run on a 2-block grid: every row loop of the kernel strides
+            with grid_cap(2) if strided else contextlib.nullcontext():
+                _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qmax, qkind, float_kind,
+                             pshape, fw, rng)
+    res.passed = res.mismatches == 0 and res.cases > 0
+    res.detail = f"{res.cases} cases, {res.mismatches} mismatching elements"
+    return res
+
+
+def _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qmax, qkind, float_kind, pshape, fw,
+                 rng):
+    """One quantize / dequantize case against the reference."""
+    lo, hi = QRANGE[qkind]
+    if sku.op == "quantize":
+        x = _random_floats(shape, ref.broadcast_param(scale.astype(np.float64), shape, sku.scope, axis, gs),
+                           rng, float_kind)
+        want = ref.quantize(x, scale, zp, scope=sku.scope, axis=axis, group_size=gs, out_dtype=qkind,
+                            qmin=qmin, qmax=qmax)
+        xd = to_device(x, fw)
+        if strided:
+            xd = strided_rows(xd, 8 + int(rng.integers(0, 8)), fw)
+        got = sf.quantize(xd, to_device(scale, fw) if pshape or rng.random() < 0.5 else float(scale),
+                          None if zp is None else to_device(zp, fw), scope=sku.scope, axis=axis,
+                          group_size=gs, out_dtype=qkind, qmin=qmin, qmax=qmax)
+    else:
+        q = rng.integers(lo, hi + 1, size=shape).astype(numpy_dtype(qkind))
+        want = ref.dequantize(q, scale, zp, scope=sku.scope, axis=axis, group_size=gs, in_kind=qkind,
+                              out_dtype=float_kind)
+        qd = to_device(q, fw)
+        if strided:
+            qd = strided_rows(qd, 16 + int(rng.integers(0, 8)), fw)
+        got = sf.dequantize(qd, to_device(scale, fw), None if zp is None else to_device(zp, fw),
+                            scope=sku.scope, axis=axis, group_size=gs, out_dtype=float_kind)
+    _record(res, label, to_host(got), want)
