@@ -20,6 +20,7 @@ from runtime import quantization as qz
 from runtime import training
 from tests.fakes import FakeDeviceArray, err
 
+STATUS_BASE = 0x7E0000000000
 H200 = {"sms": 132, "max_threads_per_sm": 2048, "cc": 90, "name": "fake"}
 
 
@@ -126,6 +127,12 @@ def dev(monkeypatch):
         d.hits += r is not qz._MISS
         return r
     monkeypatch.setattr(qz._Entry, "run", counted)
+    # the status word (runtime/status.py) in host memory at a made-up device address: a constant
+    # launch parameter of every kernel that checks device values
+    import ctypes
+    from runtime import status
+    monkeypatch.setattr(status, "_words", (ctypes.c_uint32 * status.MAX_DEVICES)())
+    monkeypatch.setattr(status, "_base", STATUS_BASE)
     qz._FAST.clear()
     yield d
     qz._FAST.clear()
@@ -140,7 +147,7 @@ def _ptrs(result):
 def _run(dev, call, base, trusted):
     dev.at(base).launches = []
     if trusted:
-        with sf.trusted():
+        with sf.sync_checks(False):
             result = call(dev)
     else:
         result = call(dev)
@@ -221,14 +228,21 @@ def test_replay_launches_what_the_slow_path_launches(dev, name):
 
 
 @pytest.mark.parametrize("name", [n for n, (_, device_params) in CALLS.items() if device_params])
-def test_device_parameters_need_trusted_mode(dev, unchecked, name):
+def test_device_parameters_replay_unless_sync_checks(dev, unchecked, name):
+    """Device scales / zero points are checked by the kernels (runtime/status.py): a replay checks
+    nothing on the host and passes the status word as a constant; under runtime.sync_checks() the
+    call takes the slow path, which checks the values on the host."""
+    from runtime import status
     call, _ = CALLS[name]
-    _run(dev, call, 0x7F0000000000, trusted=False)      # remembered (the value checks ran: fakes pass them)
+    first = _run(dev, call, 0x7F0000000000, trusted=False)
     assert len(qz._FAST) == 1
-    _run(dev, call, 0x7F4000000000, trusted=False)
-    assert dev.hits == 0, "device values must be checked again"
-    _run(dev, call, 0x7F4000000000, trusted=True)
+    assert any(status.pointer(0) in values for _, _, _, _, values in first[0]), "the status word is passed"
+    with sf.sync_checks():
+        _run(dev, call, 0x7F4000000000, trusted=False)
+    assert dev.hits == 0, "sync_checks: device values are checked again, on the slow path"
+    again = _run(dev, call, 0x7F4000000000, trusted=False)
     assert dev.hits == 1
+    assert any(status.pointer(0) in values for _, _, _, _, values in again[0])
 
 
 @pytest.fixture
@@ -252,7 +266,7 @@ def test_device_scale_is_refilled_into_its_pointer_slot(dev, unchecked):
     x, s, out = D((8, 64), ptr=0x7F0000000000), D((8,), ptr=0x7F0000100000), D((8, 64), "int8", ptr=0x7F0000200000)
     sf.quantize(x, s, scope="token", out=out)
     x2, s2, out2 = D((8, 64), ptr=0x7F0000300000), D((8,), ptr=0x7F0000400000), D((8, 64), "int8", ptr=0x7F0000500000)
-    with sf.trusted():
+    with sf.sync_checks(False):
         assert sf.quantize(x2, s2, scope="token", out=out2) is out2
     assert dev.hits == 1
     v = dev.launches[-1][4]
@@ -272,7 +286,7 @@ def test_bad_scalars_take_the_slow_path_and_its_errors(dev):
 
 def test_keyword_arguments_of_another_type_are_validated(dev):
     x, s = D((8, 64)), D((8, 4))
-    with sf.trusted():
+    with sf.sync_checks(False):
         sf.quantize(x, s, scope="group", group_size=16)
         for bad in (16.0, np.int64(16)):
             err(lambda: sf.quantize(x, s, scope="group", group_size=bad), sf.InvalidProblemError, "group_size")
@@ -284,7 +298,7 @@ def test_keyword_arguments_of_another_type_are_validated(dev):
 
 def test_any_difference_in_layout_misses(dev, unchecked):
     x, s = D((8, 64)), D((8,), ptr=0x7F0000100000)
-    with sf.trusted():
+    with sf.sync_checks(False):
         sf.quantize(x, s, scope="token")
         for other in (D((8, 64), ptr=0x7F0000200004),                    # alignment: the vector path
                       D((8, 64), strides=(128, 1), ptr=0x7F0000200000),  # row stride
@@ -303,7 +317,7 @@ def test_alignment_decides_the_vector_path_of_a_replay(dev, unchecked):
     qz._FAST.clear()
     dev.hits = 0
     misaligned = replay_matches_slow_path(dev, call(4), trusted=True)
-    assert aligned[0][0][4][-1] != misaligned[0][0][4][-1]          # the vec_ok parameter
+    assert aligned[0][0][4][-2] != misaligned[0][0][4][-2]          # the vec_ok parameter (status last)
 
 
 def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
@@ -323,7 +337,7 @@ def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
 
 def test_in_place_calls_are_not_replayed_but_run(dev, unchecked):
     x, s = D((8, 64)), D((8,), ptr=0x7F0000100000)
-    with sf.trusted():
+    with sf.sync_checks(False):
         for _ in range(2):
             assert sf.fake_quantize(x, s, scope="token", out=x) is x
     assert dev.hits == 0 and len(dev.launches) == 2 and not qz._FAST
@@ -371,19 +385,20 @@ def test_unknown_array_types_have_no_fast_path():
     assert qz._FastCall("quantize", ("tensor",), (np.zeros(4), 0.5, None, None), scale_at=1).key is None
 
 
-def test_trusted_nests_and_decorates():
+def test_sync_checks_nest_and_decorate(monkeypatch):
     from runtime import config
-    assert config.values_checked()
-    with sf.trusted():
-        with sf.trusted():
-            assert not config.values_checked()
-        assert not config.values_checked()
-    assert config.values_checked()
+    monkeypatch.setattr(config, "_env_sync", False)
+    assert not config.sync_checks_on()
+    with sf.sync_checks():
+        with sf.sync_checks(False):
+            assert not config.sync_checks_on()
+        assert config.sync_checks_on()
+    assert not config.sync_checks_on()
 
-    @sf.trusted()
+    @sf.sync_checks()
     def f():
-        return config.values_checked()
-    assert f() is False and config.values_checked()
+        return config.sync_checks_on()
+    assert f() is True and not config.sync_checks_on()
 
 
 def test_pointer_counter_is_unique():
@@ -400,7 +415,7 @@ def test_columns_layout_grid(dev, monkeypatch, grid_kind, want):
     thread owns one column vector; 1d: one block covers the row, threads loop over columns."""
     monkeypatch.setattr(launch_mod, "COLUMNS_GRID", grid_kind)
     dev.at(0x7F0000000000).launches = []
-    with sf.trusted():                             # no device value checks on fake arrays
+    with sf.sync_checks(False):                             # no device value checks on fake arrays
         sf.quantize(dev.a((8192, 8192), "float16"), dev.a((8192, 64)), scope="group", group_size=128)
     (fn, grid, block, fmt, values), = dev.launches
     assert block == (256, 1) and grid == want      # resident: 132 SMs x 4 blocks (the fixture)
