@@ -11,9 +11,15 @@ rows sorted by expert). Routing runs on the device in the same stream as the pro
 no host round trip (templates/moe/_routing.cu.j2): a stable counting sort for ``row_experts``,
 a validating clamp for ``offsets``. Invalid offsets (not starting at 0, not ending at M, or
 decreasing) make every element of the outputs NaN — checked on the device, never an
-out-of-bounds access; ``validate_offsets`` gives a typed error instead, at the cost of a sync.
-``trusted_offsets=True`` (or ``runtime.trusted()``) skips the validation: the offsets are then
-clamped into [0, M] and made monotone, so accesses stay in bounds whatever they hold.
+out-of-bounds access — and the routing kernel writes ``status.code(op, "offsets")`` to the
+device's status word (runtime/status.py; ``op`` is the pass that routed: ``grouped_matmul``, or
+``grouped_matmul_backward_input`` / ``_weight``, the first pass the backward runs): the next call
+on the device, or ``runtime.check()``, raises :class:`runtime.DeviceValueError`, without a host
+sync. ``validate_offsets`` gives a typed error at once instead, at the cost of a sync (every call
+runs it under ``runtime.sync_checks()``).
+``trusted_offsets=True`` (the only way) skips the validation: the offsets are then clamped into
+[0, M] and made monotone, so accesses stay in bounds whatever they hold; nothing is reported.
+``row_experts`` needs no check: ids outside [0, E) are padding rows (SPEC §5).
 
 Strategies are SKU backends: ``simt`` (every dtype, any shape) and ``mma`` (tensor cores,
 f16/bf16, sm_80+; needs N and K multiples of 8 and 16-byte aligned operands). ``auto`` picks
@@ -35,7 +41,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import config
+from . import config, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .errors import InvalidProblemError, UnsupportedError
 from .device import launch, param_format
@@ -89,6 +95,7 @@ class MoeArgs:
     E: int
     workspace: Optional[ArrayRef] = None
     routed: bool = False
+    status: int = 0     # the device's status word (runtime/status.py) for invalid offsets; 0: not reported
 
 
 # -- workspace ---------------------------------------------------------------------------------
@@ -333,7 +340,7 @@ def _p(ref) -> int:
 # Parameter layouts (templates/moe/grouped_matmul.cu.j2), packed for runtime.device.launch.
 _FMT_MAIN = param_format(("ptr", "i64", "ptr", "i64", "i64", "ptr", "i64", "ptr", "i64", "i64", "i64", "i32")
                          + ("ptr",) * 5)
-_FMT_OFFSETS = param_format(("ptr", "i32", "i64", "i32", "i32", "ptr", "ptr", "ptr", "ptr"))
+_FMT_OFFSETS = param_format(("ptr", "i32", "i64", "i32", "i32", "ptr", "ptr", "ptr", "ptr", "ptr"))  # last: status word
 _FMT_COUNT = param_format(("ptr", "i64", "i32", "i64", "i64", "ptr"))
 _FMT_SCAN = param_format(("ptr", "i32", "i64", "i64", "i32") + ("ptr",) * 5)
 _FMT_SCATTER = param_format(("ptr", "i64", "i32", "i64", "i64", "ptr", "ptr"))
@@ -377,7 +384,7 @@ class MoeLauncher(Launcher):
             kern = fn("offsets_i64" if r.offsets.kind == "i64" else "offsets_i32")
             launch(kern, (1,), (threads,), _FMT_OFFSETS,
                    (r.offsets.ptr, E, M, bm, int(r.trusted), at["status"], at["row_start"], at["tile_start"],
-                    at["counters"]), stream)
+                    at["counters"], args.status), stream)
             return
         chunks, rows = route_chunks(M, E)
         grid = (-(-chunks // ROUTE_WARPS),)
@@ -479,8 +486,17 @@ def _prepare(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy):
     off_ref = None if offsets is None else as_array(offsets, "offsets")
     M, N, K, E = check_problem(xr, wr, dyr, re_ref, off_ref)
     trusted = bool(trusted_offsets)
+    if off_ref is not None and not trusted and config.sync_checks_on():
+        validate_offsets(off_ref.obj, M, E)      # the synchronous debug mode (runtime.sync_checks)
     routing = Routing(E, M, re_ref, off_ref, trusted)
     return xr, wr, dyr, routing, (M, N, K, E)
+
+
+def _status(device: int) -> int:
+    """Raise what an earlier call's kernels reported on ``device`` (no sync), then the address of
+    its status word: the offsets routing reports invalid offsets there."""
+    status.raise_pending(device)
+    return status.pointer(device)
 
 
 def _arch(ref: ArrayRef) -> int:
@@ -517,6 +533,7 @@ def grouped_matmul(x, w, *, row_experts=None, offsets=None, strategy="auto", tru
     args = _args("grouped_matmul", xr, wr, None, y, routing, dims)
     plan = plan_for(args, strategy, _arch(xr))
     if y.size:
+        args.status = _status(xr.device)
         plan.run(args)
     return y.obj
 
@@ -542,6 +559,9 @@ def grouped_matmul_backward(x, w, dy, *, row_experts=None, offsets=None, strateg
         jobs.append((plan_for(a, strategy, arch), a))
     jobs = [(p, a) for p, a in jobs if a.out.size]
     if jobs:
+        word = _status(xr.device)
+        for _, a in jobs:
+            a.status = word
         plan0, a0 = jobs[0]
         ws = as_array(empty(xr, (plan0.workspace_size(a0),), "u8"), "workspace")
         for i, (plan, a) in enumerate(jobs):
@@ -572,13 +592,15 @@ def run_into(op: str, out, x, w, dy=None, *, row_experts=None, offsets=None, str
     args = _args(op, xr, wr, dyr, o, routing, dims)
     plan = plan_for(args, strategy, _arch(xr))
     if o.size:
+        args.status = _status(xr.device)
         plan.run(args)
     return plan
 
 
 def validate_offsets(offsets, M: int, E: Optional[int] = None) -> None:
     """Host-side check of offsets (one device->host copy): a typed error when they are not
-    E+1 non-decreasing prefix sums from 0 to M. The kernels check on the device anyway."""
+    E+1 non-decreasing prefix sums from 0 to M. The kernels check on the device anyway (unless
+    ``trusted_offsets=True``) and report to the status word; this is the synchronous alternative."""
     ref = as_array(offsets, "offsets")
     if ref.ndim != 1 or (E is not None and ref.shape[0] != E + 1):
         raise InvalidProblemError(f"offsets must have shape (E+1,); got {tuple(ref.shape)}")

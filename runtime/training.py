@@ -13,6 +13,10 @@ Gradients and fake-quantized values come back in the input dtype; ``ds`` in the 
 (``None`` in symmetric mode). ``zero_point=None`` is symmetric mode: quantize_backward implies
 quantize's zero point (0 for int8, 128 for uint8); the fake-quant ops imply ``(qmin + qmax + 1) // 2``.
 Every check happens before any launch; errors are typed and name the argument. See docs/training.md.
+Values held in device arrays (scales, zero points) are checked by the kernels as they read them,
+without a host sync: an invalid scale element poisons its outputs (NaN) and is reported as a
+:class:`runtime.DeviceValueError` by the next call on the device or by ``runtime.check()``
+(runtime/status.py); ``runtime.sync_checks()`` checks them on the host before the launch instead.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from . import status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .device import load_function, param_format, properties
 from .errors import InvalidProblemError, UnsupportedError
@@ -264,6 +269,7 @@ class LsqArgs:
     ds_part: Optional[ArrayRef] = None   # workspace (tensor, channel): partial sums
     dz_part: Optional[ArrayRef] = None
     max_blocks: Optional[int] = None     # caps the grid; the results do not depend on it
+    status: int = 0                      # the device's status word (runtime/status.py), or 0: no value checks
 
 
 def lsq_partials(rows: int, cols: int, scope: str, chan_last: bool) -> int:
@@ -294,6 +300,9 @@ class LsqLauncher(Launcher):
             raise InvalidProblemError(f"ds has dtype {args.ds.kind}; {plan.sku} writes {math_kind}")
         if plan.sku.mode == "asymmetric" and (args.dz is None or args.dz.kind != "f32"):
             raise InvalidProblemError(f"{plan.sku} needs a float32 dz output")
+        if plan.sku.scope != "group" and args.seg_len != args.cols:
+            raise InvalidProblemError(f"seg_len={args.seg_len}: {plan.sku} takes one segment per row "
+                                      f"(seg_len == cols == {args.cols})")
         need = lsq_partials(args.rows, args.cols, plan.sku.scope, args.chan_last)
         for name in ("ds_part", "dz_part") if plan.sku.mode == "asymmetric" else ("ds_part",):
             a = getattr(args, name)
@@ -339,7 +348,7 @@ class LsqLauncher(Launcher):
         values += (_ptr(args.scale), scale_value, _ptr(args.zero_point), args.zp_value, _ptr(args.ds),
                    _ptr(args.dz), _ptr(args.ds_part), _ptr(args.dz_part), args.rows, args.cols, args.seg_len,
                    args.chan_inner, args.chan_count, int(args.chan_last), team, LSQ_TILE_ROWS, args.qmin,
-                   args.qmax, args.grad_factor, int(self.vec_ok(plan, args)))
+                   args.qmax, args.grad_factor, int(self.vec_ok(plan, args)), args.status)
         fn = plan.registry.kernel(plan.sku, dev)
         out = [PreparedLaunch(fn, (max(1, grid),), (threads,), _lsq_format(f64), values)]
         if not plan.launch.get("finish"):
@@ -370,10 +379,11 @@ class LsqLauncher(Launcher):
 
 
 def _lsq_format(f64: bool) -> str:
-    """Parameter layout of the LSQ kernel (templates/quantization/fake_quantize_learnable_backward.cu.j2)."""
+    """Parameter layout of the LSQ kernel (templates/quantization/fake_quantize_learnable_backward.cu.j2);
+    the last one is the status word (a constant of the device for the fast path)."""
     m = "f64" if f64 else "f32"
     return param_format(("ptr", "i64") * 3 + ("ptr", m, "ptr", "i32") + ("ptr",) * 4 + ("i64",) * 5
-                        + ("i32", "i32", "i64", "i32", "i32", m, "i32"))
+                        + ("i32", "i32", "i64", "i32", "i32", m, "i32", "ptr"))
 
 
 _FINISH_FORMAT = param_format(("ptr",) * 4 + ("i64",) * 3 + ("i32",))
@@ -393,6 +403,12 @@ def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ax
     ``dscale`` has the scale's shape and dtype, ``dzero_point`` the zero point's shape in float32
     (``None`` when ``zero_point`` is None). The sums per scale element use one fixed order (no
     atomics): the same inputs give the same bits on every run, whatever the launch configuration.
+
+    The kernel checks every scale element it loads (scale positive and finite; asymmetric: zero
+    point in [qmin, qmax]) without a host sync: an invalid one makes dx NaN over its elements and
+    its ds (and dz) NaN, and the next call on the device (or ``runtime.check()``) raises
+    :class:`runtime.DeviceValueError` (``op="fake_quantize_learnable_backward"``, ``arg="scale"`` or
+    ``"zero_point"``). Under ``runtime.sync_checks()`` the values are checked on the host first.
     """
     static, args = (scope, axis, group_size, qmin, qmax, grad_factor, _max_blocks), (dy, x, scale, zero_point, out)
     r = _replay("fake_quantize_learnable_backward", static, args)
@@ -419,6 +435,8 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
         ds = _zeros(xr, ds_shape, mk)
         dz = None if zero_point is None else _zeros(xr, dz_shape, "f32")
         return outr.obj, ds, dz
+    dev = xr.device
+    status.raise_pending(dev)       # what an earlier call's kernels found (no sync)
     ds = as_array(empty(xr, ds_shape, mk), "dscale")
     dz = None if zero_point is None else as_array(empty(xr, dz_shape, "f32"), "dzero_point")
     ov = rows_view(outr, "out")
@@ -430,7 +448,7 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
                    zp_value=p.zp_value, ds=ds, dz=dz, rows=xv.rows, cols=xv.cols,
                    seg_len=group_size if scope == "group" else xv.cols, chan_inner=inner, chan_count=count,
                    chan_last=last, qmin=qmin, qmax=qmax, grad_factor=g, ds_part=ds_part, dz_part=dz_part,
-                   max_blocks=max_blocks)
+                   max_blocks=max_blocks, status=status.pointer(dev))
     plan = cached_plan(Descriptor("fake_quantize_learnable_backward", scope, p.mode, xr.kind, xr.kind))
     plan.launcher.check(plan, args)
     stream = stream_handle(dyr)

@@ -117,28 +117,99 @@ def test_against_per_expert_mm_loop(dtype, rng):
     assert torch.all(y[pad] == 0) and torch.all(dx[pad] == 0)
 
 
+def _clear_pending():
+    """Wait for the device and drop what earlier tests' kernels reported (runtime/status.py)."""
+    try:
+        sf.check()
+    except sf.DeviceValueError:
+        pass
+
+
 @pytest.mark.parametrize("strategy", ["mma", "simt"])
 def test_invalid_offsets_give_nan_and_trusted_stays_in_bounds(strategy):
+    """Invalid offsets: every output element NaN, no exception from the call itself; the routing
+    kernel reports them to the status word, so the next call (or runtime.check()) raises
+    DeviceValueError naming the pass that routed and ``offsets``. trusted_offsets=True: clamped,
+    finite, nothing reported."""
     import cupy as cp
     E, M, N, K = 4, 64, 32, 32
     x = cp.random.standard_normal((M, K), dtype=cp.float32).astype(cp.float16)
     w = cp.random.standard_normal((E, N, K), dtype=cp.float32).astype(cp.float16)
     dy = cp.random.standard_normal((M, N), dtype=cp.float32).astype(cp.float16)
+    good = cp.asarray(np.array([0, 16, 32, 48, 64], np.int64))
+    _clear_pending()
     for bad in ([0, 10, 5, 30, 64], [1, 10, 20, 30, 64], [0, 10, 20, 30, 63], [0, 10, 20, 30, 1 << 30],
                 [-5, 10, 20, 30, 64]):
         offs = cp.asarray(np.array(bad, np.int64))
         y = sf.grouped_matmul(x, w, offsets=offs, strategy=strategy)
+        cp.cuda.Device().synchronize()
+        assert bool(cp.all(cp.isnan(y))), bad
+        with pytest.raises(sf.DeviceValueError) as ei:           # the next call on the device
+            sf.grouped_matmul(x, w, offsets=good, strategy=strategy)
+        assert (ei.value.op, ei.value.arg) == ("grouped_matmul", "offsets"), bad
+        assert "grouped_matmul" in str(ei.value) and "offsets" in str(ei.value)
         dx, dw = sf.grouped_matmul_backward(x, w, dy, offsets=offs, strategy=strategy)
-        for out in (y, dx, dw):
+        for out in (dx, dw):
             assert bool(cp.all(cp.isnan(out))), bad
+        with pytest.raises(sf.DeviceValueError) as ei:           # the explicit check point
+            sf.check()
+        assert (ei.value.op, ei.value.arg) == ("grouped_matmul_backward_input", "offsets"), bad
+        _, dw = sf.grouped_matmul_backward(x, w, dy, offsets=offs, strategy=strategy, need_input=False)
+        assert bool(cp.all(cp.isnan(dw))), bad
+        with pytest.raises(sf.DeviceValueError) as ei:
+            sf.check()
+        assert (ei.value.op, ei.value.arg) == ("grouped_matmul_backward_weight", "offsets"), bad
         with pytest.raises(sf.InvalidProblemError, match="offsets"):
             sf.moe.validate_offsets(offs, M, E)
         y = sf.grouped_matmul(x, w, offsets=offs, strategy=strategy, trusted_offsets=True)
         assert bool(cp.all(cp.isfinite(y))), bad
-        with sf.trusted():
-            _, dw = sf.grouped_matmul_backward(x, w, dy, offsets=offs, strategy=strategy, need_input=False)
+        _, dw = sf.grouped_matmul_backward(x, w, dy, offsets=offs, strategy=strategy, need_input=False,
+                                           trusted_offsets=True)
         assert bool(cp.all(cp.isfinite(dw))), bad
-    cp.cuda.Device().synchronize()
+        sf.check()                                               # trusted: nothing reported
+    y = sf.grouped_matmul(x, w, offsets=good, strategy=strategy)  # valid offsets run normally
+    sf.check()
+    assert bool(cp.all(cp.isfinite(y)))
+
+
+def test_invalid_offsets_sync_checks_raise_at_the_call():
+    """runtime.sync_checks(): the offsets are validated on the host before the launch."""
+    import cupy as cp
+    E, M, N, K = 2, 32, 16, 16
+    x = cp.ones((M, K), cp.float32)
+    w = cp.ones((E, N, K), cp.float32)
+    _clear_pending()
+    with sf.sync_checks():
+        with pytest.raises(sf.InvalidProblemError, match="offsets"):
+            sf.grouped_matmul(x, w, offsets=cp.asarray(np.array([0, 20, 10], np.int64)))
+        y = sf.grouped_matmul(x, w, offsets=cp.asarray(np.array([0, 20, 32], np.int64)))
+    sf.check()
+    assert bool(cp.all(y == K))
+
+
+@pytest.mark.parametrize("routing", ["offsets", "row_experts"])
+def test_default_calls_do_not_synchronize(routing):
+    """Offsets are validated on the device and row_experts need no check: no host sync."""
+    torch = pytest.importorskip("torch")
+    E, M, N, K = 4, 128, 64, 64
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    if routing == "offsets":
+        kw = dict(offsets=torch.tensor([0, 10, 60, 60, M], device="cuda", dtype=torch.int64))
+    else:
+        kw = dict(row_experts=torch.randint(-1, E + 1, (M,), device="cuda", dtype=torch.int32))
+    sf.grouped_matmul(x, w, **kw)                     # warm: compile and module load may sync
+    sf.grouped_matmul_backward(x, w, dy, **kw)
+    _clear_pending()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = sf.grouped_matmul(x, w, **kw)
+        dx, dw = sf.grouped_matmul_backward(x, w, dy, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    sf.check()
+    assert bool(torch.isfinite(y).all()) and bool(torch.isfinite(dx).all()) and bool(torch.isfinite(dw).all())
 
 
 def test_backward_is_deterministic(rng):

@@ -310,3 +310,107 @@ def test_more_than_2_pow_31_elements():
     assert checks.same_bits(sel(ds), wds).all() and checks.same_bits(sel(dz), wdz).all()
     del dx, ds, dz, x, dy
     torch.cuda.empty_cache()
+
+
+# -- device-side value checks (runtime/status.py): no sync, poisoned outputs, the next call raises -----
+def _clear_pending():
+    """Wait for the device and drop what earlier tests' kernels reported."""
+    try:
+        sf.check()
+    except sf.DeviceValueError:
+        pass
+
+
+# (scope, shape, axis of the call, axis of x along which the scale elements run)
+LSQ_BAD_CASES = [("token", (8, 256), None, 0), ("channel", (64, 40), -1, 1), ("channel", (6, 96), 0, 0),
+                 ("tensor", (33, 70), None, None)]
+LSQ_BAD_VALUES = [("symmetric", "nan", "scale"), ("symmetric", "zero", "scale"), ("asymmetric", "nan", "scale"),
+                  ("asymmetric", "zero", "scale"), ("asymmetric", "zp_high", "zero_point"),
+                  ("asymmetric", "zp_low", "zero_point")]
+
+
+@pytest.mark.parametrize("case", LSQ_BAD_CASES, ids=lambda c: f"{c[0]}{c[1]}")
+@pytest.mark.parametrize("mode,bad,arg", LSQ_BAD_VALUES, ids=lambda v: str(v))
+@pytest.mark.parametrize("then", ["next_call", "check"])
+def test_lsq_invalid_scale_element_poisons_and_is_reported(case, mode, bad, arg, then, rng):
+    """An invalid scale element (NaN or 0 scale, zero point outside [qmin, qmax]): the call returns
+    without raising, that element's dx / ds / dz are NaN and every other element equals the
+    reference; the next call (or runtime.check()) raises DeviceValueError naming op and argument;
+    the call after that runs normally."""
+    import cupy as cp
+    scope, shape, axis, along = case
+    sku = REG.select(category="quantization", op="fake_quantize_learnable_backward", scope=scope, mode=mode,
+                     element="f32", aux_element="f32")
+    x, dy, scale, zp, qmin, qmax, g = ct.lsq_inputs(sku, shape, axis, None, rng)
+    kw = dict(scope=scope, axis=axis, qmin=qmin, qmax=qmax, grad_factor=g)
+    i = 0 if scope == "tensor" else 2
+    s_bad, z_bad = np.array(scale, copy=True), (None if zp is None else np.array(zp, copy=True))
+    flat_s = s_bad.reshape(-1)
+    if bad == "nan":
+        flat_s[i] = np.nan
+    elif bad == "zero":
+        flat_s[i] = 0
+    else:
+        z_bad.reshape(-1)[i] = qmax + 1 if bad == "zp_high" else qmin - 1
+    xd, dyd = cp.asarray(x), cp.asarray(dy)
+    sd, zd = cp.asarray(scale), (None if zp is None else cp.asarray(zp))
+    sbd, zbd = cp.asarray(s_bad), (None if z_bad is None else cp.asarray(z_bad))
+    _clear_pending()
+
+    dx, ds, dz = sf.fake_quantize_learnable_backward(dyd, xd, sbd, zbd, **kw)     # does not raise
+    cp.cuda.Device().synchronize()          # the kernel has written the status word
+    dx, ds = dx.get(), ds.get()
+    dz = None if dz is None else dz.get()
+    sel = np.zeros(shape, bool)             # the elements of scale element i
+    if along is None:
+        sel[...] = True
+    else:
+        np.moveaxis(sel, along, 0)[i] = True
+    wdx, wds, wdz = ref.fake_quantize_learnable_backward(dy, x, scale, zp, **kw)   # valid inputs
+    assert np.isnan(dx[sel]).all()
+    assert ct.same_bits(dx[~sel], wdx[~sel]).all()
+    assert np.isnan(ds.reshape(-1)[i])
+    others = np.arange(ds.size) != i
+    assert ct.same_bits(ds.reshape(-1)[others], wds.reshape(-1)[others]).all()
+    if mode == "asymmetric":
+        assert np.isnan(dz.reshape(-1)[i])
+        assert ct.same_bits(dz.reshape(-1)[others], wdz.reshape(-1)[others]).all()
+    else:
+        assert dz is None
+
+    with pytest.raises(sf.DeviceValueError) as ei:
+        if then == "check":
+            sf.check()
+        else:
+            sf.fake_quantize_learnable_backward(dyd, xd, sd, zd, **kw)
+    assert ei.value.op == "fake_quantize_learnable_backward" and ei.value.arg == arg
+    assert "fake_quantize_learnable_backward" in str(ei.value) and arg in str(ei.value)
+    got = sf.fake_quantize_learnable_backward(dyd, xd, sd, zd, **kw)   # reported once: runs normally
+    for a, b in zip(got, (wdx, wds, wdz)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert ct.same_bits(a.get(), b).all()
+    sf.check()                              # nothing new reported
+
+
+@pytest.mark.parametrize("mode", ["symmetric", "asymmetric"])
+def test_lsq_default_call_does_not_synchronize(mode, rng):
+    """The default path checks values in the kernel: no host sync, on the slow path (first call of
+    a signature) or the replay, under torch's sync debug mode."""
+    torch = pytest.importorskip("torch")
+    from runtime import quantization as qz
+    x = torch.randn(64, 256, device="cuda")
+    dy = torch.randn(64, 256, device="cuda")
+    s = torch.rand(256, device="cuda") * 0.05 + 0.01
+    zp = torch.zeros(256, dtype=torch.int32, device="cuda") if mode == "asymmetric" else None
+    kw = dict(scope="channel", axis=-1, qmin=-128, qmax=127)
+    sf.fake_quantize_learnable_backward(dy, x, s, zp, **kw)     # warm: compile and module load may sync
+    _clear_pending()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        qz._FAST.clear()
+        sf.fake_quantize_learnable_backward(dy, x, s, zp, **kw)  # slow path
+        sf.fake_quantize_learnable_backward(dy, x, s, zp, **kw)  # replay
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    sf.check()

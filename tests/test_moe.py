@@ -312,3 +312,88 @@ def test_run_into_checks_the_output():
 def test_mma_blockers_large_extents():
     a = _args("grouped_matmul", 16, 64, 2**31, 2, "bf16")
     assert any("2**31" in r for r in mma_blockers(a))
+
+
+# -- device-side report of invalid offsets (runtime/status.py) --------------------------------------
+def _c_params(src, symbol):
+    """The C parameter list of an extern "C" kernel, as struct format letters."""
+    sig = re.search(re.escape(symbol) + r"\((.*?)\)\s*\{", src, re.S).group(1)
+    out = ""
+    for p in sig.split(","):
+        p = p.strip()
+        out += "Q" if "*" in p else {"i64_t": "q", "int": "i"}[p.split()[0]]
+    return out
+
+
+def test_offsets_routing_reports_to_the_status_word():
+    """The offsets entry points take the status word last and write status.code(op, "offsets")
+    for the SKU's own op; the launcher's format matches the signature."""
+    from runtime import moe, status
+    for s in MOE:
+        src = REG.source(s)
+        code = status.code(s.op, "offsets")
+        for kind in ("i32", "i64"):
+            sym = f"{REG.lookup(s).symbol}_route_offsets_{kind}"
+            fmt = _c_params(src, sym)
+            assert moe._FMT_OFFSETS == sf.device.param_format(
+                tuple({"Q": "ptr", "q": "i64", "i": "i32"}[c] for c in fmt))
+            call = src[src.index(sym + "("):]
+            call = call[:call.index("\n}")]
+            assert call.split("{", 1)[0].rstrip().endswith("u32_t* status)")
+            assert f"{code}u" in call and "trusted, ws_status" in call
+        assert "if (bad && !trusted && report) *(volatile u32_t*)report = bad_code;" in src
+    assert moe._FMT_OFFSETS.endswith("Q")
+
+
+def test_route_passes_the_status_word(monkeypatch):
+    """MoeLauncher.route hands args.status to the offsets entry point (and trusted as a flag)."""
+    from runtime import device, moe
+    calls = []
+    monkeypatch.setattr(device, "load_function", lambda reg, unit, symbol, dev=None: symbol)
+    monkeypatch.setattr(moe, "launch", lambda fn, grid, block, fmt, values, stream, smem=0:
+                        calls.append((fn, fmt, tuple(values))))
+    args = _args("grouped_matmul", 64, 32, 32, 4, "f16")
+    args.routing = Routing(4, 64, offsets=_ref((5,), "i64"), trusted=False)
+    args.status = 0x7E0000000004
+    plan = plan_for(args, "simt", 80)
+    ws = _ref((moe.workspace_layout(64, 4, "offsets")["total"],), "u8", 0x7F0000200000)
+    plan.launcher.route(plan, args, ws, 0, 64)
+    (fn, fmt, values), = calls
+    assert fn.endswith("_route_offsets_i64") and fmt == moe._FMT_OFFSETS
+    assert values[-1] == 0x7E0000000004 and values[4] == 0
+    import struct
+    struct.pack("@" + fmt, *values)
+
+
+def test_moe_ops_raise_pending_reports_before_launching(monkeypatch):
+    """grouped_matmul / _backward / run_into read the status word before anything launches."""
+    import ctypes
+    from runtime import moe, status
+    words = (ctypes.c_uint32 * status.MAX_DEVICES)()
+    monkeypatch.setattr(status, "_words", words)
+    monkeypatch.setattr(status, "_base", 0x7E0000000000)
+    ran = []
+    monkeypatch.setattr(moe, "empty", lambda like, shape, kind: D(shape, {"f16": "float16", "f32": "float32",
+                                                                          "u8": "uint8"}[kind]))
+    monkeypatch.setattr(moe, "_arch", lambda ref: 80)
+    monkeypatch.setattr(sf.plans.Plan, "run", lambda self, args, stream=None: ran.append(args.status), raising=False)
+    x, w, dy = D((64, 32), "float16"), D((4, 32, 32), "float16"), D((64, 32), "float16")
+    offs = D((5,), "int64")
+    calls = [lambda: sf.grouped_matmul(x, w, offsets=offs, strategy="simt"),
+             lambda: sf.grouped_matmul_backward(x, w, dy, offsets=offs, strategy="simt"),
+             lambda: sf.moe.run_into("grouped_matmul", D((64, 32), "float16"), x, w, offsets=offs, strategy="simt")]
+    for call in calls:
+        words[0] = status.code("grouped_matmul", "offsets")
+        with pytest.raises(sf.DeviceValueError) as ei:
+            call()
+        assert (ei.value.op, ei.value.arg) == ("grouped_matmul", "offsets") and not ran
+        call()                                  # reported once
+        assert ran and set(ran) == {status.pointer(0)}
+        ran.clear()
+
+
+def test_trusted_is_gone_and_trusted_offsets_skips_validation():
+    assert not hasattr(sf, "trusted")
+    r = sf.moe._prepare("grouped_matmul", D((8, 16), "float32"), D((2, 4, 16), "float32"), None, None,
+                        D((3,), "int32"), True, "simt")[3]
+    assert r.trusted and r.mode == "offsets"

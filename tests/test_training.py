@@ -189,9 +189,16 @@ def test_every_training_cell_is_generated():
 
 # -- bad input: typed errors before any launch --------------------------------------------------------
 @pytest.fixture(autouse=True)
-def no_device_value_checks():
-    with sf.trusted():
-        yield
+def status_word(monkeypatch):
+    """The status word (runtime/status.py) in ordinary host memory at a made-up device address: the
+    real one is mapped pinned memory, which needs a GPU. Every op reads it before it launches
+    (values in device arrays are checked by the kernels, never on the host by default)."""
+    import ctypes
+    from runtime import status
+    words = (ctypes.c_uint32 * status.MAX_DEVICES)()
+    monkeypatch.setattr(status, "_words", words)
+    monkeypatch.setattr(status, "_base", 0x7E0000000000)
+    return words
 
 
 X = D((8, 64), "float32")
@@ -375,7 +382,9 @@ def test_lsq_launches_match_the_kernels(fake_gpu, scope, shape, axis, gs, mode, 
     else:
         assert len(calls) == 1
     assert (dz is None) == (mode == "symmetric")
-    team = calls[0][4][-6]
+    team = calls[0][4][-7]
+    from runtime import status
+    assert calls[0][4][-1] == status.pointer(0) and status.is_status_pointer(calls[0][4][-1])
     assert team & (team - 1) == 0 and 1 <= team <= 256 and calls[0][2] == (256,)
 
 
@@ -405,3 +414,81 @@ def test_elementwise_launches_match_the_kernels(fake_gpu, op, scope):
     if op == "fake_quantize":
         mask_ptr = fake_gpu.calls[0][4][4]
         assert mask_ptr == 0 and fake_gpu.calls[1][4][4] != 0     # no mask: a null pointer
+
+
+# -- device-side value checks (runtime/status.py) ---------------------------------------------------------
+def test_status_codes_round_trip_and_errors_name_op_and_argument():
+    from runtime import status
+    seen = set()
+    for op in status.OPS:
+        for arg in status.ARGS:
+            c = status.code(op, arg)
+            assert status.decode(c) == (op, arg) and c not in seen and 0 < c < 2**31
+            seen.add(c)
+            e = sf.DeviceValueError(3, c)
+            assert (e.op, e.arg, e.device, e.code) == (op, arg, 3, c)
+            assert isinstance(e, InvalidProblemError)
+            assert op in str(e) and arg in str(e) and "cuda:3" in str(e)
+
+
+def test_lsq_sources_check_scale_and_zero_point():
+    """Every LSQ kernel takes the status word last and renders its op's codes."""
+    from runtime import status
+    import re
+    reg = sf.default_registry()
+    skus = reg.query(op="fake_quantize_learnable_backward")
+    assert skus
+    for s in skus:
+        src = reg.source(s)
+        sig = re.search(re.escape(s.symbol) + r"\((.*?)\)\s*\{", src, re.S).group(1)
+        assert sig.split(",")[-1].split() == ["u32_t*", "__restrict__", "status"]
+        body = src[src.index(s.symbol + "("):]
+        code_s = status.code("fake_quantize_learnable_backward", "scale")
+        code_z = status.code("fake_quantize_learnable_backward", "zero_point")
+        assert f"BAD_SCALE = {code_s}, BAD_ZP = {code_z};" in body
+        asym = "true" if s.mode == "asymmetric" else "false"
+        assert f"param_bad<{asym}>(status, s" in body
+        assert "poison_nan<" in body
+
+
+def test_lsq_format_ends_with_the_status_pointer():
+    from runtime.training import _lsq_format
+    for f64 in (False, True):
+        assert _lsq_format(f64).endswith("Q")
+
+
+def test_pending_report_raises_before_any_launch(fake_gpu, status_word):
+    """A code an earlier kernel wrote raises DeviceValueError at the next LSQ call, before it
+    launches anything (slow path and replay alike); reported once."""
+    from runtime import status
+    x = D((8, 64), "float32")
+    args = (D((8, 64)), x, D((8,)), D((8,), "int32"))
+    kw = dict(scope="token", out=D((8, 64)))
+    sf.fake_quantize_learnable_backward(*args, **kw)
+    n = len(fake_gpu.calls)
+    assert n == 1
+    for arg in ("scale", "zero_point"):
+        status_word[0] = status.code("fake_quantize_learnable_backward", arg)
+        with pytest.raises(sf.DeviceValueError) as ei:
+            sf.fake_quantize_learnable_backward(*args, **kw)
+        assert (ei.value.op, ei.value.arg) == ("fake_quantize_learnable_backward", arg)
+        assert status_word[0] == 0 and len(fake_gpu.calls) == n
+        sf.fake_quantize_learnable_backward(*args, **kw)
+        n += 1
+        assert len(fake_gpu.calls) == n
+
+
+def test_lsq_host_checks_only_under_sync_checks(monkeypatch, fake_gpu):
+    """The default path never evaluates device values on the host; sync_checks() does (one
+    synchronizing reduction per array)."""
+    from runtime import quantization
+    seen = []
+    monkeypatch.setattr(quantization, "_device_check", lambda ref, arg, pred, what: seen.append(arg))
+    x = D((8, 64), "float32")
+    call = lambda: sf.fake_quantize_learnable_backward(D((8, 64)), x, D((8,)), D((8,), "int32"), scope="token",
+                                                       out=D((8, 64)))
+    call()
+    assert seen == []
+    with sf.sync_checks():
+        call()
+    assert seen == ["scale", "zero_point"]

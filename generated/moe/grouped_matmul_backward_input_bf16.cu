@@ -250,10 +250,13 @@ __device__ void finish_tiles(int E, int bm, const i64_t* row_start, i64_t* tile_
     if (threadIdx.x == 0) tile_start[E + 1] = total;
 }
 
-// Offsets mode: clamp into [0, M], make monotone (prefix max), validate unless trusted.
+// Offsets mode: clamp into [0, M], make monotone (prefix max), validate unless trusted; invalid:
+// the workspace status is 1 (the main kernels poison their output) and `bad_code` goes to the
+// device status word `report` (when not null).
 template <typename OFF>
 __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int bm, int trusted,
-                              i32_t* status, i64_t* row_start, i64_t* tile_start, u64_t* counters) {
+                              i32_t* status, i64_t* row_start, i64_t* tile_start, u64_t* counters,
+                              u32_t* report, u32_t bad_code) {
     __shared__ i64_t smem[33];
     if (threadIdx.x < 4) counters[threadIdx.x] = 0;
     const int n = E + 1;
@@ -274,7 +277,10 @@ __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int b
     }
     if (threadIdx.x == 0) row_start[E + 1] = M;   // rows past off[E] (trusted only): padding
     bad = __syncthreads_or(bad);
-    if (threadIdx.x == 0) *status = (bad && !trusted) ? 1 : 0;
+    if (threadIdx.x == 0) {
+        *status = (bad && !trusted) ? 1 : 0;
+        if (bad && !trusted && report) *(volatile u32_t*)report = bad_code;
+    }
     __syncthreads();
     finish_tiles(E, bm, row_start, tile_start, smem);
 }
@@ -728,16 +734,17 @@ __device__ void run(const Problem& p) {
     }
 }
 }  // namespace sf_grouped_matmul_backward_input_bf16_sm80_mma_ns
-
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_input_bf16_sm80_mma_route_offsets_i32(
-    const i32_t* off, int E, i64_t M, int bm, int trusted, i32_t* status, i64_t* row_start,
-    i64_t* tile_start, u64_t* counters) {
-    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::route_offsets(off, E, M, bm, trusted, status, row_start, tile_start, counters);
+    const i32_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
+    i64_t* tile_start, u64_t* counters, u32_t* status) {
+    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+        147u /* status.code("grouped_matmul_backward_input", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_input_bf16_sm80_mma_route_offsets_i64(
-    const i64_t* off, int E, i64_t M, int bm, int trusted, i32_t* status, i64_t* row_start,
-    i64_t* tile_start, u64_t* counters) {
-    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::route_offsets(off, E, M, bm, trusted, status, row_start, tile_start, counters);
+    const i64_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
+    i64_t* tile_start, u64_t* counters, u32_t* status) {
+    sf_grouped_matmul_backward_input_bf16_sm80_mma_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+        147u /* status.code("grouped_matmul_backward_input", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_input_bf16_sm80_mma_route_count(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, i32_t* hist) {
@@ -943,10 +950,13 @@ __device__ void finish_tiles(int E, int bm, const i64_t* row_start, i64_t* tile_
     if (threadIdx.x == 0) tile_start[E + 1] = total;
 }
 
-// Offsets mode: clamp into [0, M], make monotone (prefix max), validate unless trusted.
+// Offsets mode: clamp into [0, M], make monotone (prefix max), validate unless trusted; invalid:
+// the workspace status is 1 (the main kernels poison their output) and `bad_code` goes to the
+// device status word `report` (when not null).
 template <typename OFF>
 __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int bm, int trusted,
-                              i32_t* status, i64_t* row_start, i64_t* tile_start, u64_t* counters) {
+                              i32_t* status, i64_t* row_start, i64_t* tile_start, u64_t* counters,
+                              u32_t* report, u32_t bad_code) {
     __shared__ i64_t smem[33];
     if (threadIdx.x < 4) counters[threadIdx.x] = 0;
     const int n = E + 1;
@@ -967,7 +977,10 @@ __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int b
     }
     if (threadIdx.x == 0) row_start[E + 1] = M;   // rows past off[E] (trusted only): padding
     bad = __syncthreads_or(bad);
-    if (threadIdx.x == 0) *status = (bad && !trusted) ? 1 : 0;
+    if (threadIdx.x == 0) {
+        *status = (bad && !trusted) ? 1 : 0;
+        if (bad && !trusted && report) *(volatile u32_t*)report = bad_code;
+    }
     __syncthreads();
     finish_tiles(E, bm, row_start, tile_start, smem);
 }
@@ -1185,16 +1198,17 @@ __device__ void run(const Problem& p) {
     }
 }
 }  // namespace sf_grouped_matmul_backward_input_bf16_sm80_simt_ns
-
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_input_bf16_sm80_simt_route_offsets_i32(
-    const i32_t* off, int E, i64_t M, int bm, int trusted, i32_t* status, i64_t* row_start,
-    i64_t* tile_start, u64_t* counters) {
-    sf_grouped_matmul_backward_input_bf16_sm80_simt_ns::route_offsets(off, E, M, bm, trusted, status, row_start, tile_start, counters);
+    const i32_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
+    i64_t* tile_start, u64_t* counters, u32_t* status) {
+    sf_grouped_matmul_backward_input_bf16_sm80_simt_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+        147u /* status.code("grouped_matmul_backward_input", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_input_bf16_sm80_simt_route_offsets_i64(
-    const i64_t* off, int E, i64_t M, int bm, int trusted, i32_t* status, i64_t* row_start,
-    i64_t* tile_start, u64_t* counters) {
-    sf_grouped_matmul_backward_input_bf16_sm80_simt_ns::route_offsets(off, E, M, bm, trusted, status, row_start, tile_start, counters);
+    const i64_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
+    i64_t* tile_start, u64_t* counters, u32_t* status) {
+    sf_grouped_matmul_backward_input_bf16_sm80_simt_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+        147u /* status.code("grouped_matmul_backward_input", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_input_bf16_sm80_simt_route_count(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, i32_t* hist) {

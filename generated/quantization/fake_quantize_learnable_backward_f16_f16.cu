@@ -204,8 +204,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     float* __restrict__ ds, float* __restrict__ dz,
     float* __restrict__ ds_part, float* __restrict__ dz_part,
     i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok)
+    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
+    u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
     constexpr int VEC = 8;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)ds; (void)dz; (void)ds_part; (void)dz_part; (void)chan_inner; (void)chan_count; (void)chan_last;
@@ -222,12 +225,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
             const int n = (int)(cols - c0 < VEC ? cols - c0 : VEC);
             float s[VEC], inv[VEC], acc_s[VEC], acc_z[VEC];
             int zp[VEC];
+            bool bad[VEC];
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
                 const i64_t sidx = c0 + (i < n ? i : 0);
                 s[i] = scale ? scale[sidx] : scale_value;
-                inv[i] = (float)1 / s[i];
+                inv[i] = recip(s[i]);   // correctly rounded: 1 / s
                 zp[i] = zero_point ? zero_point[sidx] : zp_value;
+                bad[i] = param_bad<true>(status, s[i], zp[i], qmin, qmax, BAD_SCALE, BAD_ZP);
                 acc_s[i] = 0;
                 acc_z[i] = 0;
             }
@@ -242,7 +247,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad[i] ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv[i]) + (float)zp[i];   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -250,6 +256,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                 acc_z[i] = acc_z[i] + ((-gv) * s[i]) * grad_factor;
                             } else {
                                 acc_s[i] = acc_s[i] + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp[i]) * s[i] - xv)) * inv[i]) * grad_factor;
+                                if (bad[i]) acc_z[i] = acc_z[i] + gv;   // in range: dz term 0, but poisoned
                             }
                         }
                     store_vec<f16_t, VEC>(dx_r, dxv);
@@ -258,7 +265,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     for (int i = 0; i < VEC; ++i) {
                         if (i < n)
                             {
-                                const float xv = to_f32(x_r[i]), gv = to_f32(dy_r[i]);
+                                const float xv = to_f32(x_r[i]);
+                                const float gv = bad[i] ? poison_nan<float>() : to_f32(dy_r[i]);   // NaN: invalid scale element
                                 const float v = rne_bounded(xv * inv[i]) + (float)zp[i];   // only compared or clamped
                                 dx_r[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                                 if (v < qlo || v > qhi) {
@@ -266,14 +274,18 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                     acc_z[i] = acc_z[i] + ((-gv) * s[i]) * grad_factor;
                                 } else {
                                     acc_s[i] = acc_s[i] + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp[i]) * s[i] - xv)) * inv[i]) * grad_factor;
+                                    if (bad[i]) acc_z[i] = acc_z[i] + gv;   // in range: dz term 0, but poisoned
                                 }
                             }
                     }
                 }
             }
-            for (int i = 0; i < n; ++i) {
-                ds_part[tile * cols + c0 + i] = acc_s[i];
-                dz_part[tile * cols + c0 + i] = acc_z[i];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {   // constant indices: the sums stay in registers
+                if (i < n) {
+                    ds_part[tile * cols + c0 + i] = acc_s[i];
+                    dz_part[tile * cols + c0 + i] = acc_z[i];
+                }
             }
         }
         return;
@@ -289,11 +301,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
         float acc_s = 0, acc_z = 0;
         (void)acc_z;
         if (item < items) {
-            const i64_t row = item / nseg, c0 = (item - row * nseg) * seg_len;
+            const i64_t row = item, c0 = 0;   // one segment per row (seg_len == cols)
             const i64_t sidx = (row / chan_inner) % chan_count;
             const float s = scale ? scale[sidx] : scale_value;
-            const float inv = (float)1 / s;
+            const float inv = recip(s);   // correctly rounded: 1 / s
             const int zp = zero_point ? zero_point[sidx] : zp_value;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             const f16_t* dy_r = dy + row * dy_rs + c0;
             const f16_t* x_r = x + row * x_rs + c0;
             f16_t* dx_r = dx + row * dx_rs + c0;
@@ -305,7 +318,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -313,6 +327,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                 acc_z = acc_z + ((-gv) * s) * grad_factor;
                             } else {
                                 acc_s = acc_s + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp) * s - xv)) * inv) * grad_factor;
+                                if (bad) acc_z = acc_z + gv;   // in range: dz term 0, but poisoned
                             }
                         }
                     store_vec<f16_t, VEC>(dx_r + c, dxv);
@@ -320,7 +335,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     const int n = (int)(seg_len - c < VEC ? seg_len - c : VEC);
                     for (int i = 0; i < n; ++i)
                         {
-                            const float xv = to_f32(x_r[c + i]), gv = to_f32(dy_r[c + i]);
+                            const float xv = to_f32(x_r[c + i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dy_r[c + i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dx_r[c + i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -328,6 +344,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                 acc_z = acc_z + ((-gv) * s) * grad_factor;
                             } else {
                                 acc_s = acc_s + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp) * s - xv)) * inv) * grad_factor;
+                                if (bad) acc_z = acc_z + gv;   // in range: dz term 0, but poisoned
                             }
                         }
                 }
@@ -454,8 +471,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     float* __restrict__ ds, float* __restrict__ dz,
     float* __restrict__ ds_part, float* __restrict__ dz_part,
     i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok)
+    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
+    u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
     constexpr int VEC = 8;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)ds; (void)dz; (void)ds_part; (void)dz_part; (void)chan_inner; (void)chan_count; (void)chan_last;
@@ -471,12 +491,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
             const int n = (int)(cols - c0 < VEC ? cols - c0 : VEC);
             float s[VEC], inv[VEC], acc_s[VEC], acc_z[VEC];
             int zp[VEC];
+            bool bad[VEC];
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
                 const i64_t sidx = c0 + (i < n ? i : 0);
                 s[i] = scale ? scale[sidx] : scale_value;
-                inv[i] = (float)1 / s[i];
+                inv[i] = recip(s[i]);   // correctly rounded: 1 / s
                 zp[i] = zp_value;
+                bad[i] = param_bad<false>(status, s[i], zp[i], qmin, qmax, BAD_SCALE, BAD_ZP);
                 acc_s[i] = 0;
                 acc_z[i] = 0;
             }
@@ -491,7 +513,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad[i] ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv[i]) + (float)zp[i];   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -506,7 +529,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     for (int i = 0; i < VEC; ++i) {
                         if (i < n)
                             {
-                                const float xv = to_f32(x_r[i]), gv = to_f32(dy_r[i]);
+                                const float xv = to_f32(x_r[i]);
+                                const float gv = bad[i] ? poison_nan<float>() : to_f32(dy_r[i]);   // NaN: invalid scale element
                                 const float v = rne_bounded(xv * inv[i]) + (float)zp[i];   // only compared or clamped
                                 dx_r[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                                 if (v < qlo || v > qhi) {
@@ -518,8 +542,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     }
                 }
             }
-            for (int i = 0; i < n; ++i) {
-                ds_part[tile * cols + c0 + i] = acc_s[i];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {   // constant indices: the sums stay in registers
+                if (i < n) {
+                    ds_part[tile * cols + c0 + i] = acc_s[i];
+                }
             }
         }
         return;
@@ -535,11 +562,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
         float acc_s = 0, acc_z = 0;
         (void)acc_z;
         if (item < items) {
-            const i64_t row = item / nseg, c0 = (item - row * nseg) * seg_len;
+            const i64_t row = item, c0 = 0;   // one segment per row (seg_len == cols)
             const i64_t sidx = (row / chan_inner) % chan_count;
             const float s = scale ? scale[sidx] : scale_value;
-            const float inv = (float)1 / s;
+            const float inv = recip(s);   // correctly rounded: 1 / s
             const int zp = zp_value;  // symmetric: the implied zero point
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             const f16_t* dy_r = dy + row * dy_rs + c0;
             const f16_t* x_r = x + row * x_rs + c0;
             f16_t* dx_r = dx + row * dx_rs + c0;
@@ -551,7 +579,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -565,7 +594,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     const int n = (int)(seg_len - c < VEC ? seg_len - c : VEC);
                     for (int i = 0; i < n; ++i)
                         {
-                            const float xv = to_f32(x_r[c + i]), gv = to_f32(dy_r[c + i]);
+                            const float xv = to_f32(x_r[c + i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dy_r[c + i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dx_r[c + i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -682,8 +712,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     float* __restrict__ ds, float* __restrict__ dz,
     float* __restrict__ ds_part, float* __restrict__ dz_part,
     i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok)
+    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
+    u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
     constexpr int VEC = 8;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)ds; (void)dz; (void)ds_part; (void)dz_part; (void)chan_inner; (void)chan_count; (void)chan_last;
@@ -704,8 +737,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
             const i64_t row = item / nseg, c0 = (item - row * nseg) * seg_len;
             const i64_t sidx = item;
             const float s = scale ? scale[sidx] : scale_value;
-            const float inv = (float)1 / s;
+            const float inv = recip(s);   // correctly rounded: 1 / s
             const int zp = zero_point ? zero_point[sidx] : zp_value;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             const f16_t* dy_r = dy + row * dy_rs + c0;
             const f16_t* x_r = x + row * x_rs + c0;
             f16_t* dx_r = dx + row * dx_rs + c0;
@@ -717,7 +751,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -725,6 +760,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                 acc_z = acc_z + ((-gv) * s) * grad_factor;
                             } else {
                                 acc_s = acc_s + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp) * s - xv)) * inv) * grad_factor;
+                                if (bad) acc_z = acc_z + gv;   // in range: dz term 0, but poisoned
                             }
                         }
                     store_vec<f16_t, VEC>(dx_r + c, dxv);
@@ -732,7 +768,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     const int n = (int)(seg_len - c < VEC ? seg_len - c : VEC);
                     for (int i = 0; i < n; ++i)
                         {
-                            const float xv = to_f32(x_r[c + i]), gv = to_f32(dy_r[c + i]);
+                            const float xv = to_f32(x_r[c + i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dy_r[c + i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dx_r[c + i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -740,6 +777,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                 acc_z = acc_z + ((-gv) * s) * grad_factor;
                             } else {
                                 acc_s = acc_s + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp) * s - xv)) * inv) * grad_factor;
+                                if (bad) acc_z = acc_z + gv;   // in range: dz term 0, but poisoned
                             }
                         }
                 }
@@ -799,8 +837,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     float* __restrict__ ds, float* __restrict__ dz,
     float* __restrict__ ds_part, float* __restrict__ dz_part,
     i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok)
+    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
+    u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
     constexpr int VEC = 8;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)ds; (void)dz; (void)ds_part; (void)dz_part; (void)chan_inner; (void)chan_count; (void)chan_last;
@@ -820,8 +861,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
             const i64_t row = item / nseg, c0 = (item - row * nseg) * seg_len;
             const i64_t sidx = item;
             const float s = scale ? scale[sidx] : scale_value;
-            const float inv = (float)1 / s;
+            const float inv = recip(s);   // correctly rounded: 1 / s
             const int zp = zp_value;  // symmetric: the implied zero point
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             const f16_t* dy_r = dy + row * dy_rs + c0;
             const f16_t* x_r = x + row * x_rs + c0;
             f16_t* dx_r = dx + row * dx_rs + c0;
@@ -833,7 +875,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -847,7 +890,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     const int n = (int)(seg_len - c < VEC ? seg_len - c : VEC);
                     for (int i = 0; i < n; ++i)
                         {
-                            const float xv = to_f32(x_r[c + i]), gv = to_f32(dy_r[c + i]);
+                            const float xv = to_f32(x_r[c + i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dy_r[c + i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dx_r[c + i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -906,8 +950,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     float* __restrict__ ds, float* __restrict__ dz,
     float* __restrict__ ds_part, float* __restrict__ dz_part,
     i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok)
+    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
+    u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
     constexpr int VEC = 8;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)ds; (void)dz; (void)ds_part; (void)dz_part; (void)chan_inner; (void)chan_count; (void)chan_last;
@@ -925,11 +972,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
         float acc_s = 0, acc_z = 0;
         (void)acc_z;
         if (item < items) {
-            const i64_t row = item / nseg, c0 = (item - row * nseg) * seg_len;
+            const i64_t row = item, c0 = 0;   // one segment per row (seg_len == cols)
             const i64_t sidx = 0;
             const float s = scale ? scale[sidx] : scale_value;
-            const float inv = (float)1 / s;
+            const float inv = recip(s);   // correctly rounded: 1 / s
             const int zp = zero_point ? zero_point[sidx] : zp_value;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             const f16_t* dy_r = dy + row * dy_rs + c0;
             const f16_t* x_r = x + row * x_rs + c0;
             f16_t* dx_r = dx + row * dx_rs + c0;
@@ -941,7 +989,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -949,6 +998,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                 acc_z = acc_z + ((-gv) * s) * grad_factor;
                             } else {
                                 acc_s = acc_s + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp) * s - xv)) * inv) * grad_factor;
+                                if (bad) acc_z = acc_z + gv;   // in range: dz term 0, but poisoned
                             }
                         }
                     store_vec<f16_t, VEC>(dx_r + c, dxv);
@@ -956,7 +1006,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     const int n = (int)(seg_len - c < VEC ? seg_len - c : VEC);
                     for (int i = 0; i < n; ++i)
                         {
-                            const float xv = to_f32(x_r[c + i]), gv = to_f32(dy_r[c + i]);
+                            const float xv = to_f32(x_r[c + i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dy_r[c + i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dx_r[c + i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -964,6 +1015,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                 acc_z = acc_z + ((-gv) * s) * grad_factor;
                             } else {
                                 acc_s = acc_s + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp) * s - xv)) * inv) * grad_factor;
+                                if (bad) acc_z = acc_z + gv;   // in range: dz term 0, but poisoned
                             }
                         }
                 }
@@ -1090,8 +1142,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     float* __restrict__ ds, float* __restrict__ dz,
     float* __restrict__ ds_part, float* __restrict__ dz_part,
     i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok)
+    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
+    u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
     constexpr int VEC = 8;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)ds; (void)dz; (void)ds_part; (void)dz_part; (void)chan_inner; (void)chan_count; (void)chan_last;
@@ -1108,11 +1163,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
         float acc_s = 0, acc_z = 0;
         (void)acc_z;
         if (item < items) {
-            const i64_t row = item / nseg, c0 = (item - row * nseg) * seg_len;
+            const i64_t row = item, c0 = 0;   // one segment per row (seg_len == cols)
             const i64_t sidx = 0;
             const float s = scale ? scale[sidx] : scale_value;
-            const float inv = (float)1 / s;
+            const float inv = recip(s);   // correctly rounded: 1 / s
             const int zp = zp_value;  // symmetric: the implied zero point
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             const f16_t* dy_r = dy + row * dy_rs + c0;
             const f16_t* x_r = x + row * x_rs + c0;
             f16_t* dx_r = dx + row * dx_rs + c0;
@@ -1124,7 +1180,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -1138,7 +1195,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     const int n = (int)(seg_len - c < VEC ? seg_len - c : VEC);
                     for (int i = 0; i < n; ++i)
                         {
-                            const float xv = to_f32(x_r[c + i]), gv = to_f32(dy_r[c + i]);
+                            const float xv = to_f32(x_r[c + i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dy_r[c + i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dx_r[c + i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -1255,8 +1313,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     float* __restrict__ ds, float* __restrict__ dz,
     float* __restrict__ ds_part, float* __restrict__ dz_part,
     i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok)
+    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
+    u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
     constexpr int VEC = 8;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)ds; (void)dz; (void)ds_part; (void)dz_part; (void)chan_inner; (void)chan_count; (void)chan_last;
@@ -1274,11 +1335,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
         float acc_s = 0, acc_z = 0;
         (void)acc_z;
         if (item < items) {
-            const i64_t row = item / nseg, c0 = (item - row * nseg) * seg_len;
+            const i64_t row = item, c0 = 0;   // one segment per row (seg_len == cols)
             const i64_t sidx = row;
             const float s = scale ? scale[sidx] : scale_value;
-            const float inv = (float)1 / s;
+            const float inv = recip(s);   // correctly rounded: 1 / s
             const int zp = zero_point ? zero_point[sidx] : zp_value;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             const f16_t* dy_r = dy + row * dy_rs + c0;
             const f16_t* x_r = x + row * x_rs + c0;
             f16_t* dx_r = dx + row * dx_rs + c0;
@@ -1290,7 +1352,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -1298,6 +1361,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                 acc_z = acc_z + ((-gv) * s) * grad_factor;
                             } else {
                                 acc_s = acc_s + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp) * s - xv)) * inv) * grad_factor;
+                                if (bad) acc_z = acc_z + gv;   // in range: dz term 0, but poisoned
                             }
                         }
                     store_vec<f16_t, VEC>(dx_r + c, dxv);
@@ -1305,7 +1369,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     const int n = (int)(seg_len - c < VEC ? seg_len - c : VEC);
                     for (int i = 0; i < n; ++i)
                         {
-                            const float xv = to_f32(x_r[c + i]), gv = to_f32(dy_r[c + i]);
+                            const float xv = to_f32(x_r[c + i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dy_r[c + i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dx_r[c + i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -1313,6 +1378,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                                 acc_z = acc_z + ((-gv) * s) * grad_factor;
                             } else {
                                 acc_s = acc_s + ((gv * ((clamp_q(v, qlo, qhi) - (float)zp) * s - xv)) * inv) * grad_factor;
+                                if (bad) acc_z = acc_z + gv;   // in range: dz term 0, but poisoned
                             }
                         }
                 }
@@ -1372,8 +1438,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     float* __restrict__ ds, float* __restrict__ dz,
     float* __restrict__ ds_part, float* __restrict__ dz_part,
     i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok)
+    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
+    u32_t* __restrict__ status)
 {
+    // status: this device's status word (runtime/status.py), or null (no value checks)
+    constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
     constexpr int VEC = 8;
     const float qlo = (float)qmin, qhi = (float)qmax;
     (void)ds; (void)dz; (void)ds_part; (void)dz_part; (void)chan_inner; (void)chan_count; (void)chan_last;
@@ -1390,11 +1459,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
         float acc_s = 0, acc_z = 0;
         (void)acc_z;
         if (item < items) {
-            const i64_t row = item / nseg, c0 = (item - row * nseg) * seg_len;
+            const i64_t row = item, c0 = 0;   // one segment per row (seg_len == cols)
             const i64_t sidx = row;
             const float s = scale ? scale[sidx] : scale_value;
-            const float inv = (float)1 / s;
+            const float inv = recip(s);   // correctly rounded: 1 / s
             const int zp = zp_value;  // symmetric: the implied zero point
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             const f16_t* dy_r = dy + row * dy_rs + c0;
             const f16_t* x_r = x + row * x_rs + c0;
             f16_t* dx_r = dx + row * dx_rs + c0;
@@ -1406,7 +1476,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
                         {
-                            const float xv = to_f32(xv4.v[i]), gv = to_f32(dyv.v[i]);
+                            const float xv = to_f32(xv4.v[i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dyv.v[i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dxv.v[i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
@@ -1420,7 +1491,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
                     const int n = (int)(seg_len - c < VEC ? seg_len - c : VEC);
                     for (int i = 0; i < n; ++i)
                         {
-                            const float xv = to_f32(x_r[c + i]), gv = to_f32(dy_r[c + i]);
+                            const float xv = to_f32(x_r[c + i]);
+                            const float gv = bad ? poison_nan<float>() : to_f32(dy_r[c + i]);   // NaN: invalid scale element
                             const float v = rne_bounded(xv * inv) + (float)zp;   // only compared or clamped
                             dx_r[c + i] = from_f32<f16_t>(gv * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));
                             if (v < qlo || v > qhi) {
