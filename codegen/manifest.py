@@ -25,7 +25,7 @@ def expected_files(families=FAMILIES) -> dict:
     all_cells = cells(families)
     units = render(all_cells)
     pre = prelude()
-    files, kernels, unit_meta = {}, {}, {}
+    files, kernels, unit_meta, abi = {}, {}, {}, {}
     for unit in units:
         text = unit.text(pre)
         files[unit.path] = text
@@ -44,6 +44,7 @@ def expected_files(families=FAMILIES) -> dict:
                 "sha256": k.sha256,
                 "launch": k.launch,
             }
+            abi.update(k.abi)
     excluded = {str(c.sku): {"family": c.family.name, "reason": c.reason}
                 for c in all_cells if not c.generated}
     manifest = {
@@ -51,6 +52,7 @@ def expected_files(families=FAMILIES) -> dict:
         "generator": f"skuforge-codegen {GENERATOR_VERSION}",
         "counts": {"generated": len(kernels), "excluded": len(excluded), "units": len(units)},
         "kernels": kernels,
+        "abi": abi,           # parameter lists of the entry points (codegen/abi.py), by id
         "excluded": excluded,
         "units": unit_meta,
     }

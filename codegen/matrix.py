@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Union
 
 from runtime.sku import KernelSku, Precision
 
@@ -62,13 +62,16 @@ class Family:
     modes: tuple = (None,)
     arches: tuple = ("sm80",)
     backends: tuple = ("simt",)
-    launch: str = "elementwise"         # the runtime launcher that drives these kernels
+    # the runtime launcher that drives these kernels (its kind also names the kernels' parameter
+    # lists, codegen/abi.py): one kind, or a function of the SKU
+    launch: Union[str, Callable] = "elementwise"
     ins: tuple = ()
     outs: tuple = ()
     nvrtc_options: tuple = ("--fmad=false",)  # exact IEEE products: bit-equal to NumPy
     exclusions: tuple = ()
     # Optional hook: (cell, ctx) -> dict of extra template context; a "launch" key in the
-    # returned dict is merged into the kernel's manifest launch metadata.
+    # returned dict is merged into the kernel's manifest launch metadata (its kind and parameter
+    # lists come from ``launch`` and codegen/abi.py alone).
     extra_context: Optional[Callable] = None
     precision: Optional[Callable] = None   # sku fields -> Precision; default: exact math of SPEC §5
     headers: tuple = ()                 # extra shared headers (templates/...) after the prelude in its units
@@ -90,6 +93,9 @@ class Family:
         """Translation unit (one NVRTC compile) that holds the kernel: by op and dtypes."""
         parts = [sku.op, sku.element] + ([sku.aux_element] if sku.aux_element else [])
         return f"{self.category}/{'_'.join(parts)}.cu"
+
+    def launch_kind(self, sku: KernelSku) -> str:
+        return self.launch(sku) if callable(self.launch) else self.launch
 
     def template_for(self, sku: KernelSku) -> str:
         return self.template.format(op=sku.op)
@@ -167,11 +173,11 @@ def _dynamic_context(cell, ctx):
         min_blocks = 2 if cell.sku.mode == "symmetric" and SIZE[el] <= 4 else 1
         team = _team_context(cell.sku, fixed=True)
         return {"ch_vec": ch_vec, "ch_scalar": ch_scalar, "min_blocks": min_blocks, **team,
-                "launch": {"kind": "dynamic_fused", "max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar,
+                "launch": {"max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar,
                            "team_chunks": team["team_chunks"], "team_fixed": team["team_fixed"]}}
     coop = cell.sku.scope == "tensor" and cell.sku.aux_element in ("s8", "u8")
     return {"rvec": 16 // SIZE[el], "coop": coop, "coop_batch": COOP_BATCH[cell.sku.mode],
-            "launch": {"kind": "dynamic_reduce", "rvec": 16 // SIZE[el], "coop": coop}}
+            "launch": {"rvec": 16 // SIZE[el], "coop": coop}}
 
 
 DYNAMIC_QUANTIZE = Family(
@@ -182,7 +188,7 @@ DYNAMIC_QUANTIZE = Family(
     pairs=tuple(itertools.product(FLOATS, INTS)),          # low-bit kinds: LOWBIT_* below
     scopes=QUANT_SCOPES,
     modes=QUANT_MODES,
-    launch="dynamic_fused",
+    launch=lambda sku: "dynamic_fused" if sku.scope in ("token", "group") else "dynamic_reduce",
     ins=(Stream("x", "element"),),
     outs=(Stream("q", "aux"),),
     extra_context=_dynamic_context,
@@ -242,7 +248,7 @@ def _moe_context(cell, ctx):
         tile = dict(MOE_TILES[sku.backend])
         variants = [{"name": "default", "symbol": sku.symbol, "tile": tile, "dynamic_smem": 0}]
     tile, smem = variants[0]["tile"], variants[0]["dynamic_smem"]
-    launch = {"kind": "moe_gemm", "block_threads": tile["THREADS"], "tile": tile, "dynamic_smem": smem,
+    launch = {"block_threads": tile["THREADS"], "tile": tile, "dynamic_smem": smem,
               "out": out_kind, "route_threads": 1024,
               "route": {r: f"{sku.symbol}_route_{r}" for r in MOE_ROUTE}}
     if sku.backend == "mma":
@@ -426,7 +432,7 @@ def _lowbit_dynamic_context(cell, ctx):
     team = _team_context(sku)
     out.update({"ch_vec": ch_vec, "ch_scalar": ch_scalar,
                 "min_blocks": 2 if sku.mode == "symmetric" and SIZE[el] <= 4 else 1, **team,
-                "launch": {"kind": "lowbit_dynamic_fused", "max_threads": 512, "ch_vec": ch_vec,
+                "launch": {"max_threads": 512, "ch_vec": ch_vec,
                            "ch_scalar": ch_scalar, "pack": pack, "mx": out["mx"], "team_chunks": team["team_chunks"]}})
     return out
 
@@ -449,7 +455,8 @@ def lowbit_families() -> tuple:
     dynamic = LowBitFamily(
         name="lowbit-dynamic-quantize", category="quantization", ops=("dynamic_quantize",),
         template="quantization/lowbit_{op}.cu.j2", pairs=tuple(itertools.product(FLOATS, LOW_BIT)),
-        scopes=QUANT_SCOPES, modes=QUANT_MODES, arches=LOWBIT_ARCHES, launch="lowbit_dynamic_fused",
+        scopes=QUANT_SCOPES, modes=QUANT_MODES, arches=LOWBIT_ARCHES,
+        launch=lambda sku: "lowbit_dynamic_fused" if sku.scope in ("token", "group") else "dynamic_reduce",
         ins=(Stream("x", "element"),), outs=(Stream("q", "aux"),), exclusions=ex,
         extra_context=_lowbit_dynamic_context,
         precision=lambda op, scope, mode, el, aux, arch, backend: Precision(math_of(el), math_of(el)))
@@ -457,6 +464,35 @@ def lowbit_families() -> tuple:
 
 
 LOWBIT_QUANTIZE, LOWBIT_DEQUANTIZE, LOWBIT_DYNAMIC_QUANTIZE = lowbit_families()
+
+@dataclass(frozen=True)
+class LocalMemory:
+    """Kernels (a glob on the symbol) allowed a small stack frame, at most ``max_bytes``, and why.
+    ``python -m codegen compile`` fails any other kernel that uses local memory: a thread's data
+    belongs in registers, and local memory is where out-of-bounds reads of a thread's arrays hide."""
+    pattern: str
+    max_bytes: int
+    reason: str
+
+
+_CALL_SAVES = ("registers saved around calls to the 64-bit division / reciprocal slow-path routines "
+               "(no local arrays)")
+LOCAL_MEMORY = (
+    LocalMemory("sf_grouped_matmul*_route_offsets_i*", 16, "MoE routing prologue (one block): " + _CALL_SAVES),
+    LocalMemory("sf_grouped_matmul*_route_count", 16, "MoE routing prologue: " + _CALL_SAVES),
+    LocalMemory("sf_grouped_matmul_backward_input_*_simt", 16, "simt dgrad (the fallback path): " + _CALL_SAVES),
+    LocalMemory("sf_fake_quantize_learnable_backward_*", 16, "LSQ element pass: " + _CALL_SAVES),
+)
+
+
+def local_memory_allowed(symbol: str, stack_bytes: int) -> Optional[LocalMemory]:
+    """The LOCAL_MEMORY entry that allows ``symbol`` a stack frame of ``stack_bytes``, if any."""
+    import fnmatch
+    for entry in LOCAL_MEMORY:
+        if fnmatch.fnmatchcase(symbol, entry.pattern) and stack_bytes <= entry.max_bytes:
+            return entry
+    return None
+
 
 FAMILIES: tuple = (STATIC_QUANTIZE, STATIC_DEQUANTIZE, DYNAMIC_QUANTIZE, MOE_GEMM, MOE_WGRAD,
                   TRAINING_STE, TRAINING_DEQUANTIZE_BACKWARD, TRAINING_FAKE_QUANTIZE, TRAINING_LSQ,

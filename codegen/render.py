@@ -16,6 +16,7 @@ import jinja2
 from runtime.status import ARGS, code as status_code
 
 from . import GENERATOR_VERSION
+from .abi import signatures
 from .matrix import CTYPE, SIZE, Cell, Family
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,13 +93,17 @@ def kernel_context(cell: Cell) -> dict:
         extra = dict(fam.extra_context(cell, ctx))
         ctx["launch_extra"] = extra.pop("launch", {})
         ctx.update(extra)
+    ctx["launch_kind"] = fam.launch_kind(sku)
+    # the parameter lists of the kernel's entry points: {{ k.abi.<group> }} in its template
+    ctx["abi"] = signatures(ctx["launch_kind"], ctx)
     return ctx
 
 
 def launch_metadata(cell: Cell, ctx: dict) -> dict:
     """What the runtime launcher needs to know about a kernel, recorded in the manifest."""
     meta = {
-        "kind": cell.family.launch,
+        "kind": ctx["launch_kind"],
+        "abi": {group: sig.key(ctx["launch_kind"], group) for group, sig in ctx["abi"].items()},
         "vec": ctx["vec"],
         "unroll": ctx["unroll"],
         "block_threads": 256,
@@ -109,8 +114,8 @@ def launch_metadata(cell: Cell, ctx: dict) -> dict:
     return meta
 
 
-def render_kernel(cell: Cell) -> str:
-    ctx = kernel_context(cell)
+def render_kernel(cell: Cell, ctx: dict = None) -> str:
+    ctx = kernel_context(cell) if ctx is None else ctx
     text = environment().get_template(cell.family.template_for(cell.sku)).render(k=ctx)
     return text.strip("\n") + "\n"
 
@@ -125,6 +130,7 @@ class RenderedKernel:
     text: str
     sha256: str       # of prelude (+ family headers) + this kernel: changes when anything it compiles from changes
     launch: dict
+    abi: dict         # {abi id: [[name, packing], ...]} of its entry points' parameter lists
 
 
 @dataclass
@@ -152,8 +158,10 @@ def render(cells) -> list:
         if not cell.generated:
             continue
         ctx = kernel_context(cell)
-        text = render_kernel(cell)
-        kernel = RenderedKernel(cell, text, sha256(pre + headers(cell.family) + text), launch_metadata(cell, ctx))
+        text = render_kernel(cell, ctx)
+        meta = launch_metadata(cell, ctx)
+        abi = {meta["abi"][group]: sig.record() for group, sig in ctx["abi"].items()}
+        kernel = RenderedKernel(cell, text, sha256(pre + headers(cell.family) + text), meta, abi)
         path = cell.family.unit(cell.sku)
         units.setdefault(path, RenderedUnit(path, cell.family, [])).kernels.append(kernel)
     return [units[p] for p in sorted(units)]

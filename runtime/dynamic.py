@@ -29,7 +29,7 @@ import numpy as np
 
 from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
 from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
-                     launch_cooperative, load_function, memset_u32, param_format, properties, resident_blocks)
+                     launch_cooperative, load_function, memset_u32, properties, resident_blocks)
 from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
@@ -90,21 +90,6 @@ def _scalar(kind: str, value):
     return np.float64(value) if kind == "f64" else np.float32(value)
 
 
-# parameter layouts of the two kernels (templates/quantization/dynamic_{fused,reduce}.cu.j2)
-def _fused_format(f64: bool, team: bool = False) -> str:
-    """Block kernel: ... zp_value, vec_ok; team kernels: ... zp_value, tx, ch, dense, ngroups."""
-    return param_format(("ptr", "i64", "ptr", "i64", "ptr", "ptr", "i64", "i64", "i64", "f64" if f64 else "f32",
-                         "i32", "i32", "i32") + (("i32",) * 3 + ("i64",) if team else ("i32",)))
-
-
-def _reduce_format(f64: bool) -> str:
-    return param_format(("ptr", "i64", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i32", "i64", "i64",
-                         "i32", "f64" if f64 else "f32", "i32", "i32", "i32", "i32", "i32", "i32"))
-
-
-def _coop_format(f64: bool) -> str:
-    """<symbol>_coop: x, q, partial, count, scale, zero_point, n, keep_tiles, width, eps, qmin, qmax, zp_value."""
-    return param_format(("ptr",) * 6 + ("i64", "i32", "i32", "f64" if f64 else "f32", "i32", "i32", "i32"))
 
 
 
@@ -267,16 +252,17 @@ def block_config(plan, args, vec_ok: bool, unit: int) -> tuple:
 _LAUNCHES: dict = {}
 
 
-def fused_launch(launcher, plan, args, pack: int, formats):
-    """(function, grid, block, parameter format, trailing parameters) of a fused launch: a team
-    kernel (tx, ch, dense) or the block kernel (vec_ok). Cached per plan, configuration text and
-    everything the choice depends on (sizes, strides, alignment, device): the host cost of a call."""
+def fused_launch(launcher, plan, args, pack: int):
+    """(function, grid, block, parameter list, its kernel-specific parameters) of a fused launch: a
+    team kernel (tx, ch, dense, ngroups) or the block kernel (vec_ok). Cached per plan,
+    configuration text and everything the choice depends on (sizes, strides, alignment, device):
+    the host cost of a call."""
     text = settings().dynamic_config
     key = (plan, text, args.xv.rows, args.xv.cols, args.group_size, args.xv.row_stride, args.qv.row_stride,
            args.x.ptr % 16, args.q.ptr % 16, args.x.device)
     hit = _LAUNCHES.get(key)
     if hit is None:
-        cfg, dev, f64 = FusedConfig.parse(text), args.x.device, plan.sku.precision.math == "f64"
+        cfg, dev = FusedConfig.parse(text), args.x.device
         vec_ok, tx, ty, _ = launcher.config(plan, args)
         ngroups = args.xv.cols // (args.group_size if args.scope == "group" else args.xv.cols)
         work = args.xv.rows * ngroups
@@ -285,11 +271,11 @@ def fused_launch(launcher, plan, args, pack: int, formats):
             fn = load_function(plan.registry, plan.entry.unit, team_symbol(plan, team, cfg), dev)
             persistent = cfg.persistent if cfg.persistent is not None else team.chunks != 16
             hit = (fn, fused_grid(fn, work, team.per_block, team.threads, dev, persistent), (team.threads,),
-                   formats(f64, team=True), (team.tx, team.ch, int(team.dense), ngroups))
+                   plan.abi("team"), dict(tx=team.tx, ch=team.ch, dense=int(team.dense), ngroups=ngroups))
         else:
             fn = plan.registry.kernel(plan.sku, dev)
-            hit = (fn, fused_grid(fn, work, ty, tx * ty, dev, cfg.persistent is not False), (tx, ty), formats(f64),
-                   (int(vec_ok),))
+            hit = (fn, fused_grid(fn, work, ty, tx * ty, dev, cfg.persistent is not False), (tx, ty), plan.abi(),
+                   dict(vec_ok=int(vec_ok)))
         if len(_LAUNCHES) > 4096:
             _LAUNCHES.clear()
         _LAUNCHES[key] = hit
@@ -317,11 +303,13 @@ class DynamicFusedLauncher(Launcher):
         """The launch as a :class:`PreparedLaunch` (its pointer slots can be re-filled for a repeated
         call on same-shaped, same-aligned arrays: the functional fast path)."""
         rows, cols = args.xv.rows, args.xv.cols
-        fn, grid, block, fmt, tail = fused_launch(self, plan, args, 1, _fused_format)
-        values = (args.x.ptr, args.xv.row_stride, args.q.ptr, args.qv.row_stride, args.scale.ptr,
-                  ptr(args.zero_point), rows, cols, args.group_size if args.scope == "group" else cols,
-                  float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax, args.zp_value)
-        return PreparedLaunch(fn, (grid,), block, fmt, list(values + tail))
+        fn, grid, block, abi, own = fused_launch(self, plan, args, 1)
+        values = abi.values(x=args.x.ptr, x_rs=args.xv.row_stride, q=args.q.ptr, q_rs=args.qv.row_stride,
+                            scale=args.scale.ptr, zero_point=ptr(args.zero_point), rows=rows, cols=cols,
+                            group_size=args.group_size if args.scope == "group" else cols,
+                            eps=float(_scalar(plan.sku.precision.math, args.eps)), qmin=args.qmin, qmax=args.qmax,
+                            zp_value=args.zp_value, **own)
+        return PreparedLaunch(fn, (grid,), block, abi, values)
 
     def run(self, plan, args: DynamicArgs, stream=None):
         if args.xv.rows == 0 or args.xv.cols == 0:
@@ -456,27 +444,29 @@ class DynamicReduceLauncher(Launcher):
             return
         stream = stream if stream is not None else stream_handle(args.x)
         cfg = self.config(plan, args)
-        f64 = plan.sku.precision.math == "f64"
+        eps = float(_scalar(plan.sku.precision.math, args.eps))
         if cfg.coop:                          # one launch: reduce, grid barrier, quantize
             fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", args.x.device)
             ws = args.workspace.ptr
             memset_u32(ws, 0, 1, stream)      # the barrier counter
-            values = (args.x.ptr, args.q.ptr, ws + 16, ws, args.scale.ptr, ptr(args.zero_point), rows * cols,
-                      cfg.keep_tiles, cfg.width, float(_scalar(plan.sku.precision.math, args.eps)),
-                      args.qmin, args.qmax, args.zp_value)
-            launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, _coop_format(f64), values, stream, cfg.smem)
+            abi = plan.abi("coop")
+            values = abi.values(x=args.x.ptr, q=args.q.ptr, partial=ws + 16, count=ws, scale=args.scale.ptr,
+                                zero_point=ptr(args.zero_point), n=rows * cols, keep_tiles=cfg.keep_tiles,
+                                width=cfg.width, eps=eps, qmin=args.qmin, qmax=args.qmax, zp_value=args.zp_value)
+            launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, abi.fmt, values, stream, cfg.smem)
             return
         inner, count, last = _channel_params(args.x.shape, args.scope, args.axis)
         if args.scope == "tensor":
             count = 1
         fn = plan.registry.kernel(plan.sku, args.x.device)
-        fmt = _reduce_format(f64)
-        head = (args.x.ptr, args.xv.row_stride, args.workspace.ptr, args.scale.ptr, ptr(args.zero_point), rows, cols,
-                inner, count, int(last), cfg.row_parts, cfg.col_chunk, cfg.tx,
-                float(_scalar(plan.sku.precision.math, args.eps)), args.qmin, args.qmax,
-                args.zp_value, int(cfg.vec_ok), int(cfg.flat))
-        launch(fn, (cfg.grid0,), (self.BLOCK,), fmt, head + (0,), stream)
-        launch(fn, (cfg.grid1,), (self.BLOCK,), fmt, head + (1,), stream)
+        abi = plan.abi()
+        named = dict(x=args.x.ptr, x_rs=args.xv.row_stride, partial=args.workspace.ptr, scale=args.scale.ptr,
+                     zero_point=ptr(args.zero_point), rows=rows, cols=cols, chan_inner=inner, chan_count=count,
+                     chan_last=int(last), row_parts=cfg.row_parts, col_chunk=cfg.col_chunk, tx_width=cfg.tx,
+                     eps=eps, qmin=args.qmin, qmax=args.qmax, zp_value=args.zp_value, vec_ok=int(cfg.vec_ok),
+                     flat=int(cfg.flat))
+        launch(fn, (cfg.grid0,), (self.BLOCK,), abi.fmt, abi.values(**named, phase=0), stream)
+        launch(fn, (cfg.grid1,), (self.BLOCK,), abi.fmt, abi.values(**named, phase=1), stream)
         # quantize with the scales just written: the static kernel, so q == quantize(x, scale, zp)
         qargs = ElementwiseArgs(ins=[(args.x, args.xv)], outs=[(args.q, args.qv)], scale=args.scale,
                                 zero_point=args.zero_point, zp_value=args.zp_value, rows=rows, cols=cols,

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Union
 
 
 from .arrays import ArrayRef, stream_handle
 from .config import settings
-from .device import launch, load_function, param_format, properties, resident_blocks
+from .device import launch, load_function, properties, resident_blocks
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
 
@@ -130,16 +129,16 @@ class ElementwiseLauncher(Launcher):
             grid = (row_grid(args.rows, ty),)
         if GRID_CAP[0]:
             grid = tuple(min(g, GRID_CAP[0]) for g in grid)
-        f64 = plan.sku.precision.math == "f64"
-        values = []
-        for a, view in args.ins + args.outs:
-            values += (a.ptr, view.row_stride)
-        scale_value = 0.0 if isinstance(args.scale, ArrayRef) else args.scale
-        values += (ptr(args.scale), scale_value, ptr(args.zero_point), args.zp_value, args.rows, args.cols,
-                   args.group_size, args.chan_inner, args.chan_count, int(args.chan_last), args.qmin, args.qmax,
-                   int(vec_ok), args.status)
-        fmt = _elementwise_format(len(args.ins) + len(args.outs), f64)
-        return PreparedLaunch(fn, grid, (tx, ty), fmt, values)
+        streams = {}
+        for (a, view), spec in zip(args.ins + args.outs, plan.launch["ins"] + plan.launch["outs"]):
+            streams[spec["name"]], streams[spec["name"] + "_rs"] = a.ptr, view.row_stride
+        abi = plan.abi()
+        values = abi.values(
+            **streams, scale=ptr(args.scale), scale_value=0.0 if isinstance(args.scale, ArrayRef) else args.scale,
+            zero_point=ptr(args.zero_point), zp_value=args.zp_value, rows=args.rows, cols=args.cols,
+            group_size=args.group_size, chan_inner=args.chan_inner, chan_count=args.chan_count,
+            chan_last=int(args.chan_last), qmin=args.qmin, qmax=args.qmax, vec_ok=int(vec_ok), status=args.status)
+        return PreparedLaunch(fn, grid, (tx, ty), abi, values)
 
     def run(self, plan, args: ElementwiseArgs, stream=None):
         if args.rows == 0 or args.cols == 0:
@@ -150,18 +149,19 @@ class ElementwiseLauncher(Launcher):
 
 @dataclass
 class PreparedLaunch:
+    """A launch with its parameters packed in order (``abi``: their names and slots), replayed by
+    the functional fast path with its pointer slots re-filled."""
     fn: object
     grid: tuple
     block: tuple
-    fmt: str
+    abi: object            # runtime.abi.Abi
     values: list
+    shared_mem: int = 0
+
+    @property
+    def fmt(self) -> str:
+        return self.abi.fmt
 
     def launch(self, stream: int, values=None) -> None:
-        launch(self.fn, self.grid, self.block, self.fmt, self.values if values is None else values, stream)
-
-
-@lru_cache(maxsize=None)
-def _elementwise_format(streams: int, f64: bool) -> str:
-    """Parameter layout of templates/quantization/_elementwise.cu.j2 kernels."""
-    return param_format(("ptr", "i64") * streams + ("ptr", "f64" if f64 else "f32", "ptr", "i32")
-                        + ("i64",) * 5 + ("i32",) * 4 + ("ptr",))
+        launch(self.fn, self.grid, self.block, self.abi.fmt, self.values if values is None else values, stream,
+               self.shared_mem)

@@ -25,14 +25,13 @@ import numbers
 import sys
 import threading
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Optional
 
 import numpy as np
 
 from . import config, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
-from .device import launch, param_format, properties
+from .device import launch, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
@@ -214,29 +213,17 @@ class LowBitElementwiseLauncher(Launcher):
         tx = min(threads, next_pow2(units))
         ty = threads // tx
         grid = row_grid(args.rows, ty)
-        values = []
-        for a, view in args.ins + args.outs:
-            values += (a.ptr, view.row_stride)
-        scale_value = 0.0 if isinstance(args.scale, ArrayRef) else float(args.scale)
-        values += (ptr(args.scale), scale_value, ptr(getattr(args, "scale_e8m0", None)), ptr(args.zero_point),
-                   args.zp_value, args.rows, args.cols, args.group_size, args.chan_inner, args.chan_count,
-                   int(args.chan_last), args.qmin, args.qmax, int(vec_ok), args.status)
-        launch(fn, (grid,), (tx, ty), _elementwise_format(plan.sku.precision.math == "f64"), values,
-               stream if stream is not None else stream_handle(first))
-
-
-@lru_cache(maxsize=None)
-def _elementwise_format(f64: bool) -> str:
-    """Parameters of the low-bit static kernels (_lowbit_common.cu.j2 ``signature``)."""
-    return param_format(("ptr", "i64", "ptr", "i64", "ptr", "f64" if f64 else "f32", "ptr", "ptr", "i32")
-                        + ("i64",) * 5 + ("i32",) * 4 + ("ptr",))
-
-
-@lru_cache(maxsize=None)
-def _fused_format(f64: bool, team: bool = False) -> str:
-    """Block kernel: ... zp_value, vec_ok; team kernels: ... zp_value, tx, ch, dense, ngroups."""
-    return param_format(("ptr", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "i64", "i64", "i64",
-                         "f64" if f64 else "f32", "i32", "i32", "i32") + (("i32",) * 3 + ("i64",) if team else ("i32",)))
+        streams = {}
+        for (a, view), spec in zip(args.ins + args.outs, plan.launch["ins"] + plan.launch["outs"]):
+            streams[spec["name"]], streams[spec["name"] + "_rs"] = a.ptr, view.row_stride
+        abi = plan.abi()
+        values = abi.values(
+            **streams, scale=ptr(args.scale), scale_value=0.0 if isinstance(args.scale, ArrayRef) else float(args.scale),
+            scale_e8m0=ptr(getattr(args, "scale_e8m0", None)), zero_point=ptr(args.zero_point), zp_value=args.zp_value,
+            rows=args.rows, cols=args.cols, group_size=args.group_size, chan_inner=args.chan_inner,
+            chan_count=args.chan_count, chan_last=int(args.chan_last), qmin=args.qmin, qmax=args.qmax,
+            vec_ok=int(vec_ok), status=args.status)
+        launch(fn, (grid,), (tx, ty), abi.fmt, values, stream if stream is not None else stream_handle(first))
 
 
 @launcher("lowbit_dynamic_fused")
@@ -270,13 +257,15 @@ class LowBitFusedLauncher(Launcher):
         rows, cols = args.xv.rows, args.xv.cols
         if rows == 0 or cols == 0:
             return
-        fn, grid, block, fmt, tail = fused_launch(self, plan, args, plan.launch["pack"], _fused_format)
+        fn, grid, block, abi, own = fused_launch(self, plan, args, plan.launch["pack"])
         mx = args.scale.kind == E8M0
-        values = (args.x.ptr, args.xv.row_stride, args.q.ptr, args.qv.row_stride, 0 if mx else args.scale.ptr,
-                  args.scale.ptr if mx else 0, ptr(args.zero_point), rows, cols,
-                  args.group_size if args.scope == "group" else cols, float(_scalar(plan.sku.precision.math, args.eps)),
-                  args.qmin, args.qmax, args.zp_value)
-        launch(fn, (grid,), block, fmt, values + tail, stream if stream is not None else stream_handle(args.x))
+        values = abi.values(x=args.x.ptr, x_rs=args.xv.row_stride, q=args.q.ptr, q_rs=args.qv.row_stride,
+                            scale=0 if mx else args.scale.ptr, scale_e8m0=args.scale.ptr if mx else 0,
+                            zero_point=ptr(args.zero_point), rows=rows, cols=cols,
+                            group_size=args.group_size if args.scope == "group" else cols,
+                            eps=float(_scalar(plan.sku.precision.math, args.eps)), qmin=args.qmin, qmax=args.qmax,
+                            zp_value=args.zp_value, **own)
+        launch(fn, (grid,), block, abi.fmt, values, stream if stream is not None else stream_handle(args.x))
 
 
 # -- the functional API (called by runtime.quantize / dequantize / dynamic_quantize) -------------

@@ -44,7 +44,7 @@ import numpy as np
 from . import config, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .errors import InvalidProblemError, UnsupportedError
-from .device import launch, param_format
+from .device import launch
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 
 MOE_KINDS = ("f32", "f16", "bf16")
@@ -337,15 +337,6 @@ def _p(ref) -> int:
     return ref.ptr if ref is not None else 0
 
 
-# Parameter layouts (templates/moe/grouped_matmul.cu.j2), packed for runtime.device.launch.
-_FMT_MAIN = param_format(("ptr", "i64", "ptr", "i64", "i64", "ptr", "i64", "ptr", "i64", "i64", "i64", "i32")
-                         + ("ptr",) * 5)
-_FMT_OFFSETS = param_format(("ptr", "i32", "i64", "i32", "i32", "ptr", "ptr", "ptr", "ptr", "ptr"))  # last: status word
-_FMT_COUNT = param_format(("ptr", "i64", "i32", "i64", "i64", "ptr"))
-_FMT_SCAN = param_format(("ptr", "i32", "i64", "i64", "i32") + ("ptr",) * 5)
-_FMT_SCATTER = param_format(("ptr", "i64", "i32", "i64", "i64", "ptr", "ptr"))
-
-
 @launcher("moe_gemm")
 class MoeLauncher(Launcher):
     """Routing prologue (<symbol>_route_*) then the persistent grouped-matmul kernel."""
@@ -380,23 +371,24 @@ class MoeLauncher(Launcher):
         bm = bm or plan.launch["tile"]["BM"]
         threads = plan.launch["route_threads"]
         E, M = args.E, args.M
+        def go(name, grid, block, smem=0, **named):
+            abi = plan.abi("route_" + name)
+            launch(fn(name), grid, block, abi.fmt, abi.values(**named), stream, smem)
         if r.mode == "offsets":
-            kern = fn("offsets_i64" if r.offsets.kind == "i64" else "offsets_i32")
-            launch(kern, (1,), (threads,), _FMT_OFFSETS,
-                   (r.offsets.ptr, E, M, bm, int(r.trusted), at["status"], at["row_start"], at["tile_start"],
-                    at["counters"], args.status), stream)
+            go("offsets_i64" if r.offsets.kind == "i64" else "offsets_i32", (1,), (threads,), off=r.offsets.ptr,
+               E=E, M=M, bm=bm, trusted=int(r.trusted), ws_status=at["status"], row_start=at["row_start"],
+               tile_start=at["tile_start"], counters=at["counters"], status=args.status)
             return
         chunks, rows = route_chunks(M, E)
         grid = (-(-chunks // ROUTE_WARPS),)
         smem = ROUTE_WARPS * (E + 1) * 4
         ids = r.row_experts.ptr
-        launch(fn("count"), grid, (32 * ROUTE_WARPS,), _FMT_COUNT, (ids, M, E, rows, chunks, at["hist"]),
-               stream, smem)
-        launch(fn("scan"), (1,), (threads,), _FMT_SCAN,
-               (at["hist"], E, M, chunks, bm, at["base"], at["row_start"], at["tile_start"], at["status"],
-                at["counters"]), stream)
-        launch(fn("scatter"), grid, (32 * ROUTE_WARPS,), _FMT_SCATTER,
-               (ids, M, E, rows, chunks, at["base"], at["perm"]), stream, smem)
+        go("count", grid, (32 * ROUTE_WARPS,), smem, ids=ids, M=M, E=E, chunk_rows=rows, chunks=chunks,
+           hist=at["hist"])
+        go("scan", (1,), (threads,), hist=at["hist"], E=E, M=M, chunks=chunks, bm=bm, base=at["base"],
+           row_start=at["row_start"], tile_start=at["tile_start"], ws_status=at["status"], counters=at["counters"])
+        go("scatter", grid, (32 * ROUTE_WARPS,), smem, ids=ids, M=M, E=E, chunk_rows=rows, chunks=chunks,
+           base=at["base"], perm=at["perm"])
 
     def run(self, plan, args: MoeArgs, stream=None) -> None:
         from .device import properties
@@ -425,15 +417,15 @@ class MoeLauncher(Launcher):
         grid = max(1, min(upper, properties(dev)["sms"] * _blocks_per_sm(fn, threads, smem)))
         x, w, dy = args.x, args.w, args.dy
         perm = ws.ptr + lay["perm"] if args.routing.mode == "row_experts" else 0
-        values = (
-            _p(x), x.strides[0] if x is not None else 0,
-            _p(w), w.strides[0] if w is not None else 0, w.strides[1] if w is not None else 0,
-            _p(dy), dy.strides[0] if dy is not None else 0,
-            args.out.ptr, args.M, args.N, args.K, args.E,
-            perm, ws.ptr + lay["row_start"], ws.ptr + lay["tile_start"], ws.ptr + lay["status"],
-            ws.ptr + lay["counters"] + 8 * COUNTER_SLOT[args.op],
-        )
-        launch(fn, (grid,), (threads,), _FMT_MAIN, values, stream, smem)
+        abi = plan.abi("gemm")
+        values = abi.values(
+            x=_p(x), ldx=x.strides[0] if x is not None else 0,
+            w=_p(w), w_se=w.strides[0] if w is not None else 0, w_sn=w.strides[1] if w is not None else 0,
+            dy=_p(dy), lddy=dy.strides[0] if dy is not None else 0,
+            out=args.out.ptr, M=args.M, N=args.N, K=args.K, E=args.E, perm=perm, row_start=ws.ptr + lay["row_start"],
+            tile_start=ws.ptr + lay["tile_start"], ws_status=ws.ptr + lay["status"],
+            counter=ws.ptr + lay["counters"] + 8 * COUNTER_SLOT[args.op])
+        launch(fn, (grid,), (threads,), abi.fmt, values, stream, smem)
 
 
 # -- plan selection ----------------------------------------------------------------------------

@@ -86,6 +86,10 @@ class Plan:
     def __repr__(self) -> str:
         return f"Plan({self.sku})"
 
+    def abi(self, group: str = "main"):
+        """The parameter list of this kernel's ``group`` of entry points (runtime.abi.Abi)."""
+        return self.registry.abi(self.launch["abi"][group])
+
     @property
     def precision_guarantee(self) -> str:
         p = self.sku.precision

@@ -143,10 +143,7 @@ def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_va
     prep = plan.launcher.prepare(plan, args)
     prep.launch(stream_handle(ins[0][0]))
     if fast is not None:
-        # parameters: (pointer, row stride) per stream, then scale pointer, scale value, zero-point
-        # pointer, zero-point value (_elementwise_format)
-        n = 2 * (len(ins) + len(outs))
-        fast.add_launch(prep, ins[0][0], params=(n + 1, n + 3))
+        fast.add_launch(prep, ins[0][0], params=("scale_value", "zp_value"))
 
 
 # -- repeated-call fast path -------------------------------------------------------------------
@@ -358,7 +355,7 @@ class _FastCall:
 
     def add_launch(self, prep, stream_ref: ArrayRef, params=None):
         """A prepared launch of the slow path (``prep.launch(stream_handle(stream_ref))``) to replay.
-        ``params``: the value slots of a Python scalar scale and zero point in ``prep.values``, or
+        ``params``: the names of the parameters that take a Python scalar scale and zero point, or
         None when the kernel reads neither."""
         if self.key is not None:
             self.launches.append((prep, stream_ref, params))
@@ -445,7 +442,7 @@ class _FastCall:
                     slots.append((j, i))
             for which, i in scalars.items():
                 if params is not None:
-                    j = params[which]
+                    j = prep.abi.slot[params[which]]
                     if template[j] != args[i] or fmt[j] == "Q":
                         return         # the named slot does not hold the scalar
                     slots.append((j, i))

@@ -40,6 +40,7 @@ class Registry:
             sku = KernelSku.parse(text)
             self.entries[sku] = KernelEntry(sku, e["unit"], e["symbol"], e["family"], e["sha256"], e["launch"])
         self.excluded = {KernelSku.parse(t): e["reason"] for t, e in manifest["excluded"].items()}
+        self._abi = {}
         self.units = manifest["units"]
 
     @classmethod
@@ -101,6 +102,15 @@ class Registry:
                                        + ", ".join(sorted({s.backend for s in matches})))
             matches = fit
         return max(matches, key=lambda s: (s.arch_number, s.backend == "mma"))
+
+    def abi(self, abi_id: str):
+        """The parameter list ``abi_id`` of the manifest (codegen/abi.py declares it) as a
+        runtime.abi.Abi: names, packing format, slots."""
+        a = self._abi.get(abi_id)
+        if a is None:
+            from .abi import Abi
+            a = self._abi[abi_id] = Abi(abi_id, self.manifest["abi"][abi_id])
+        return a
 
     # -- sources and kernels -------------------------------------------------------------------
     def unit_source(self, unit: str) -> str:

@@ -28,7 +28,7 @@ from typing import Optional, Union
 
 from . import status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
-from .device import load_function, param_format, properties
+from .device import load_function, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
 from .plans import Descriptor, Launcher, cached_plan, launcher
@@ -333,7 +333,6 @@ class LsqLauncher(Launcher):
         threads = plan.launch["block_threads"]
         cap = args.max_blocks or props["sms"] * max(1, props["max_threads_per_sm"] // threads)
         vec = plan.launch["vec"]
-        f64 = plan.sku.precision.math == "f64"
         if args.chan_last:
             work = -(-args.rows // LSQ_TILE_ROWS) * -(-args.cols // vec)   # tiles x column vectors
             team, grid = 1, min(-(-work // threads), cap)
@@ -341,16 +340,18 @@ class LsqLauncher(Launcher):
             team = lsq_team(-(-args.seg_len // vec))
             items = args.rows * (args.cols // args.seg_len)
             grid = min(-(-items // (threads // team)), cap)
-        values = []
-        for a, view in (args.dy, args.x, args.dx):
-            values += (a.ptr, view.row_stride)
-        scale_value = 0.0 if isinstance(args.scale, ArrayRef) else args.scale
-        values += (_ptr(args.scale), scale_value, _ptr(args.zero_point), args.zp_value, _ptr(args.ds),
-                   _ptr(args.dz), _ptr(args.ds_part), _ptr(args.dz_part), args.rows, args.cols, args.seg_len,
-                   args.chan_inner, args.chan_count, int(args.chan_last), team, LSQ_TILE_ROWS, args.qmin,
-                   args.qmax, args.grad_factor, int(self.vec_ok(plan, args)), args.status)
+        abi = plan.abi()
+        values = abi.values(
+            dy=args.dy[0].ptr, dy_rs=args.dy[1].row_stride, x=args.x[0].ptr, x_rs=args.x[1].row_stride,
+            dx=args.dx[0].ptr, dx_rs=args.dx[1].row_stride, scale=_ptr(args.scale),
+            scale_value=0.0 if isinstance(args.scale, ArrayRef) else args.scale, zero_point=_ptr(args.zero_point),
+            zp_value=args.zp_value, ds=_ptr(args.ds), dz=_ptr(args.dz), ds_part=_ptr(args.ds_part),
+            dz_part=_ptr(args.dz_part), rows=args.rows, cols=args.cols, seg_len=args.seg_len,
+            chan_inner=args.chan_inner, chan_count=args.chan_count, chan_last=int(args.chan_last), team=team,
+            tile_rows=LSQ_TILE_ROWS, qmin=args.qmin, qmax=args.qmax, grad_factor=args.grad_factor,
+            vec_ok=int(self.vec_ok(plan, args)), status=args.status)
         fn = plan.registry.kernel(plan.sku, dev)
-        out = [PreparedLaunch(fn, (max(1, grid),), (threads,), _lsq_format(f64), values)]
+        out = [PreparedLaunch(fn, (max(1, grid),), (threads,), abi, values)]
         if not plan.launch.get("finish"):
             return out
         if args.chan_last:
@@ -362,13 +363,12 @@ class LsqLauncher(Launcher):
         team2 = lsq_team(n_items)
         grid2 = min(-(-count // (threads // team2)), cap)
         fin = load_function(plan.registry, plan.entry.unit, plan.entry.symbol + "_finish", dev)
-        out.append(PreparedLaunch(fin, (max(1, grid2),), (threads,), _FINISH_FORMAT,
-                                  [_ptr(args.ds_part), _ptr(args.dz_part), _ptr(args.ds), _ptr(args.dz), count,
-                                   inner, n_items, team2]))
+        finish = plan.abi("finish")
+        out.append(PreparedLaunch(fin, (max(1, grid2),), (threads,), finish,
+                                  finish.values(ds_part=_ptr(args.ds_part), dz_part=_ptr(args.dz_part),
+                                                ds=_ptr(args.ds), dz=_ptr(args.dz), count=count, inner=inner,
+                                                n_items=n_items, team=team2)))
         return out
-
-    # value slots of a Python scalar scale and zero point in the segment pass (after dy, x, dx)
-    PARAM_SLOTS = (7, 9)
 
     def run(self, plan, args: LsqArgs, stream=None):
         if args.rows == 0 or args.cols == 0:
@@ -376,17 +376,6 @@ class LsqLauncher(Launcher):
         stream = stream if stream is not None else stream_handle(args.dy[0])
         for prep in self.prepare(plan, args):
             prep.launch(stream)
-
-
-def _lsq_format(f64: bool) -> str:
-    """Parameter layout of the LSQ kernel (templates/quantization/fake_quantize_learnable_backward.cu.j2);
-    the last one is the status word (a constant of the device for the fast path)."""
-    m = "f64" if f64 else "f32"
-    return param_format(("ptr", "i64") * 3 + ("ptr", m, "ptr", "i32") + ("ptr",) * 4 + ("i64",) * 5
-                        + ("i32", "i32", "i64", "i32", "i32", m, "i32", "ptr"))
-
-
-_FINISH_FORMAT = param_format(("ptr",) * 4 + ("i64",) * 3 + ("i32",))
 
 
 def _zeros(like: ArrayRef, shape, kind: str):
@@ -454,7 +443,7 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
     stream = stream_handle(dyr)
     for k, prep in enumerate(plan.launcher.prepare(plan, args)):
         prep.launch(stream)
-        fast.add_launch(prep, dyr, params=LsqLauncher.PARAM_SLOTS if k == 0 else None)
+        fast.add_launch(prep, dyr, params=("scale_value", "zp_value") if k == 0 else None)
     result = (outr.obj, ds.obj, None if dz is None else dz.obj)
     fast.remember(result, (qmin, qmax))
     return result

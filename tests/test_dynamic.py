@@ -217,6 +217,9 @@ class _Plan:
                        "ch_vec": [c for c in (1, 2, 4, 8) if c * vec * SIZE[element] <= 64],
                        "ch_scalar": [c for c in (1, 4, 16) if c * SIZE[element] <= 64]}
 
+    def abi(self, group="main"):
+        return group          # the group stands for its parameter list here
+
 
 def _args(shape, scope, axis=None, gs=None, strides=None):
     from runtime.arrays import as_array
@@ -602,12 +605,12 @@ def test_fused_launch_follows_the_config_text(monkeypatch, override_settings):
     got = {}
     for text in ("auto", "t8,grid=full", "block"):
         override_settings(dynamic_config=text)
-        got[text] = dyn.fused_launch(dyn.DynamicFusedLauncher(), plan, args, 1, dyn._fused_format)
+        got[text] = dyn.fused_launch(dyn.DynamicFusedLauncher(), plan, args, 1)
     # auto: t16 on a full grid (one block per 4 rows of 65536), the measured best on an H200
-    assert got["auto"] == ("k_t16", 65536 // 4, (128,), dyn._fused_format(False, team=True), (32, 16, 1, 1))
-    assert got["t8,grid=full"] == ("k_t8", 65536 // 2, (128,), dyn._fused_format(False, team=True), (64, 8, 1, 1))
-    fn, grid, block, fmt, tail = got["block"]
-    assert fn == "k" and block == (128, 2) and grid == 132 * 4 and tail == (1,) and fmt == dyn._fused_format(False)
+    assert got["auto"] == ("k_t16", 65536 // 4, (128,), "team", dict(tx=32, ch=16, dense=1, ngroups=1))
+    assert got["t8,grid=full"] == ("k_t8", 65536 // 2, (128,), "team", dict(tx=64, ch=8, dense=1, ngroups=1))
+    fn, grid, block, abi, own = got["block"]
+    assert fn == "k" and block == (128, 2) and grid == 132 * 4 and own == dict(vec_ok=1) and abi == "main"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -16,6 +16,7 @@ import pytest
 
 import runtime as sf
 from runtime import arrays, config
+from runtime.abi import Abi
 from runtime import dynamic as dyn
 from runtime import launch as launch_mod
 from runtime import quantization as qz
@@ -341,13 +342,17 @@ def test_empty_inputs_are_not_remembered(dev):
     assert not dev.launches and not qz._FAST and dev.hits == 0
 
 
+ABI = Abi("test", [("x", "ptr"), ("x_rs", "i64"), ("q", "ptr"), ("q_rs", "i64"), ("scale", "ptr"),
+                   ("scale_value", "f32"), ("zero_point", "ptr"), ("zp_value", "i32")])
+
+
 def test_a_pointer_slot_that_matches_nothing_is_not_remembered(dev):
     """A launch parameter that is neither an argument nor an allocation (here, an offset pointer)
     would be replayed stale: the call is not remembered."""
     call = qz._FastCall("quantize", ("tensor",), (D((8, 64)), 0.5, None, None), scale_at=1)
     with call:
-        prep = launch_mod.PreparedLaunch("k", (1,), (1,), "QqQqQfQi", [D((8, 64)).ptr + 64, 64, 0, 64, 0, 0.5, 0, 0])
-        call.add_launch(prep, arrays.as_array(D((8, 64)), "x"), params=(5, 7))
+        prep = launch_mod.PreparedLaunch("k", (1,), (1,), ABI, [D((8, 64)).ptr + 64, 64, 0, 64, 0, 0.5, 0, 0])
+        call.add_launch(prep, arrays.as_array(D((8, 64)), "x"), params=("scale_value", "zp_value"))
         call.remember(None)
     assert not qz._FAST
 
@@ -357,14 +362,14 @@ def test_a_misnamed_scalar_slot_is_not_remembered(dev):
     call = qz._FastCall("quantize", ("tensor",), (x, 0.5, None, None), scale_at=1)
     with call:
         out = arrays.empty(arrays.as_array(x, "x"), (8, 64), "s8")
-        prep = launch_mod.PreparedLaunch("k", (1,), (1,), "QqQqQfQi", [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
-        call.add_launch(prep, arrays.as_array(x, "x"), params=(4, 7))     # 4 is the scale *pointer* slot
+        prep = launch_mod.PreparedLaunch("k", (1,), (1,), ABI, [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
+        call.add_launch(prep, arrays.as_array(x, "x"), params=("scale", "zp_value"))     # the scale *pointer*
         call.remember(out)
     assert not qz._FAST
     with call:
         out = arrays.empty(arrays.as_array(x, "x"), (8, 64), "s8")
-        prep = launch_mod.PreparedLaunch("k", (1,), (1,), "QqQqQfQi", [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
-        call.add_launch(prep, arrays.as_array(x, "x"), params=(5, 7))
+        prep = launch_mod.PreparedLaunch("k", (1,), (1,), ABI, [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
+        call.add_launch(prep, arrays.as_array(x, "x"), params=("scale_value", "zp_value"))
         call.remember(out)
     assert len(qz._FAST) == 1
 

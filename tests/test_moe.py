@@ -11,6 +11,7 @@ from codegen.matrix import FAMILIES, MOE_GEMM, MOE_WGRAD
 from runtime import InvalidProblemError, KernelSku, UnsupportedError
 from runtime import reference_moe as ref
 from runtime.arrays import ArrayRef
+from runtime.plans import Plan
 from runtime.moe import (MoeArgs, Routing, mma_blockers, plan_for, route_chunks,
                          workspace_layout)
 from tests.fakes import FakeDeviceArray as D
@@ -335,14 +336,13 @@ def test_offsets_routing_reports_to_the_status_word():
         for kind in ("i32", "i64"):
             sym = f"{REG.lookup(s).symbol}_route_offsets_{kind}"
             fmt = _c_params(src, sym)
-            assert moe._FMT_OFFSETS == sf.device.param_format(
-                tuple({"Q": "ptr", "q": "i64", "i": "i32"}[c] for c in fmt))
+            assert Plan(s).abi(f"route_offsets_{kind}").fmt == fmt
             call = src[src.index(sym + "("):]
             call = call[:call.index("\n}")]
             assert call.split("{", 1)[0].rstrip().endswith("u32_t* status)")
             assert f"{code}u" in call and "trusted, ws_status" in call
         assert "if (bad && !trusted && report) *(volatile u32_t*)report = bad_code;" in src
-    assert moe._FMT_OFFSETS.endswith("Q")
+        assert Plan(s).abi("route_offsets_i32").names[-1] == "status"
 
 
 def test_route_passes_the_status_word(monkeypatch):
@@ -359,8 +359,9 @@ def test_route_passes_the_status_word(monkeypatch):
     ws = _ref((moe.workspace_layout(64, 4, "offsets")["total"],), "u8", 0x7F0000200000)
     plan.launcher.route(plan, args, ws, 0, 64)
     (fn, fmt, values), = calls
-    assert fn.endswith("_route_offsets_i64") and fmt == moe._FMT_OFFSETS
-    assert values[-1] == 0x7E0000000004 and values[4] == 0
+    abi = plan.abi("route_offsets_i64")
+    assert fn.endswith("_route_offsets_i64") and fmt == abi.fmt
+    assert values[abi.slot["status"]] == 0x7E0000000004 and values[abi.slot["trusted"]] == 0
     import struct
     struct.pack("@" + fmt, *values)
 

@@ -451,10 +451,11 @@ def test_lsq_sources_check_scale_and_zero_point():
         assert "poison_nan<" in body
 
 
-def test_lsq_format_ends_with_the_status_pointer():
-    from runtime.training import _lsq_format
-    for f64 in (False, True):
-        assert _lsq_format(f64).endswith("Q")
+def test_lsq_parameters_end_with_the_status_pointer():
+    from runtime.plans import Plan
+    for s in sf.default_registry().query("*fake_quantize_learnable_backward/*"):
+        abi = Plan(s).abi()
+        assert abi.names[-1] == "status" and abi.fmt.endswith("Q")
 
 
 def test_pending_report_raises_before_any_launch(fake_gpu, status_word):

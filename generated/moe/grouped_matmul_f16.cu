@@ -746,142 +746,115 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_mma
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_f16_sm80_mma_route_scan(
     const i32_t* hist, int E, i64_t M, i64_t chunks, int bm, u32_t* base, i64_t* row_start,
-    i64_t* tile_start, i32_t* status, u64_t* counters) {
-    sf_grouped_matmul_f16_sm80_mma_ns::route_scan(hist, E, M, chunks, bm, base, row_start, tile_start, status, counters);
+    i64_t* tile_start, i32_t* ws_status, u64_t* counters) {
+    sf_grouped_matmul_f16_sm80_mma_ns::route_scan(hist, E, M, chunks, bm, base, row_start, tile_start, ws_status, counters);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_mma_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
     sf_grouped_matmul_f16_sm80_mma_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
 }extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_mma(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_mma_ns::poison(p);
         return;
     }
     sf_grouped_matmul_f16_sm80_mma_ns::run<sf_grouped_matmul_f16_sm80_mma_ns::Tile<128, 256, 64, 3, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_f16_sm80_mma__v128x128x32s5(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_mma_ns::poison(p);
         return;
     }
     sf_grouped_matmul_f16_sm80_mma_ns::run<sf_grouped_matmul_f16_sm80_mma_ns::Tile<128, 128, 32, 5, 0>>(p);
 }
 extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_f16_sm80_mma__v128x128x32s5i(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_mma_ns::poison(p);
         return;
     }
     sf_grouped_matmul_f16_sm80_mma_ns::run<sf_grouped_matmul_f16_sm80_mma_ns::Tile<128, 128, 32, 5, 1>>(p);
 }
 extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_f16_sm80_mma__v128x128x32s5p(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_mma_ns::poison(p);
         return;
     }
     sf_grouped_matmul_f16_sm80_mma_ns::run<sf_grouped_matmul_f16_sm80_mma_ns::Tile<128, 128, 32, 5, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_mma__v128x256x32s4(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_mma_ns::poison(p);
         return;
     }
     sf_grouped_matmul_f16_sm80_mma_ns::run<sf_grouped_matmul_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 0>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_mma__v128x256x32s4i(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_mma_ns::poison(p);
         return;
     }
     sf_grouped_matmul_f16_sm80_mma_ns::run<sf_grouped_matmul_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 1>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_mma__v128x256x32s4p(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_mma_ns::poison(p);
         return;
     }
     sf_grouped_matmul_f16_sm80_mma_ns::run<sf_grouped_matmul_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_mma__v128x256x32s6p(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_mma_ns::poison(p);
         return;
     }
     sf_grouped_matmul_f16_sm80_mma_ns::run<sf_grouped_matmul_f16_sm80_mma_ns::Tile<128, 256, 32, 6, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_mma__v256x128x32s4p(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_mma_ns::poison(p);
         return;
     }
@@ -1210,22 +1183,19 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_sim
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_f16_sm80_simt_route_scan(
     const i32_t* hist, int E, i64_t M, i64_t chunks, int bm, u32_t* base, i64_t* row_start,
-    i64_t* tile_start, i32_t* status, u64_t* counters) {
-    sf_grouped_matmul_f16_sm80_simt_ns::route_scan(hist, E, M, chunks, bm, base, row_start, tile_start, status, counters);
+    i64_t* tile_start, i32_t* ws_status, u64_t* counters) {
+    sf_grouped_matmul_f16_sm80_simt_ns::route_scan(hist, E, M, chunks, bm, base, row_start, tile_start, ws_status, counters);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_simt_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
     sf_grouped_matmul_f16_sm80_simt_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
 }extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm80_simt(
-    const f16_t* __restrict__ x, i64_t ldx,
-    const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy,
-    f16_t* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f16_sm80_simt_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f16_sm80_simt_ns::poison(p);
         return;
     }

@@ -516,22 +516,19 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f32_sm80_sim
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_f32_sm80_simt_route_scan(
     const i32_t* hist, int E, i64_t M, i64_t chunks, int bm, u32_t* base, i64_t* row_start,
-    i64_t* tile_start, i32_t* status, u64_t* counters) {
-    sf_grouped_matmul_f32_sm80_simt_ns::route_scan(hist, E, M, chunks, bm, base, row_start, tile_start, status, counters);
+    i64_t* tile_start, i32_t* ws_status, u64_t* counters) {
+    sf_grouped_matmul_f32_sm80_simt_ns::route_scan(hist, E, M, chunks, bm, base, row_start, tile_start, ws_status, counters);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f32_sm80_simt_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
     sf_grouped_matmul_f32_sm80_simt_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
 }extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f32_sm80_simt(
-    const float* __restrict__ x, i64_t ldx,
-    const float* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const float* __restrict__ dy, i64_t lddy,
-    float* __restrict__ out,
-    i64_t M, i64_t N, i64_t K, int E,
-    const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ status, u64_t* counter) {
+    const float* __restrict__ x, i64_t ldx, const float* __restrict__ w, i64_t w_se, i64_t w_sn,
+    const float* __restrict__ dy, i64_t lddy, float* __restrict__ out, i64_t M, i64_t N, i64_t K,
+    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
+    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
     sf_grouped_matmul_f32_sm80_simt_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*status) {  // invalid offsets (validated on the device): the whole output becomes NaN
+    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_f32_sm80_simt_ns::poison(p);
         return;
     }

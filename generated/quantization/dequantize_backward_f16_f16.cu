@@ -198,12 +198,10 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
 // columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    f16_t* __restrict__ dq, i64_t dq_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, f16_t* __restrict__ dq, i64_t dq_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;
@@ -287,12 +285,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
     }
 }
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel_f16_f16_sm80_simt_rows(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    f16_t* __restrict__ dq, i64_t dq_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, f16_t* __restrict__ dq, i64_t dq_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;
@@ -366,12 +362,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
 
 // SKU: quantization/dequantize_backward/group/-/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    f16_t* __restrict__ dq, i64_t dq_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, f16_t* __restrict__ dq, i64_t dq_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;
@@ -453,12 +447,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_f
 
 // SKU: quantization/dequantize_backward/tensor/-/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    f16_t* __restrict__ dq, i64_t dq_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, f16_t* __restrict__ dq, i64_t dq_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;
@@ -532,12 +524,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
 
 // SKU: quantization/dequantize_backward/token/-/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    f16_t* __restrict__ dq, i64_t dq_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, f16_t* __restrict__ dq, i64_t dq_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 49, BAD_ZP = 50;

@@ -414,9 +414,9 @@ __device__ __forceinline__ void decode_vec(const Vec<u8_t, V / PACK>& in, const 
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetric_fp8_e4m3_bf16_sm80_simt(
     const u8_t* __restrict__ q, i64_t q_rs, bf16_t* __restrict__ y, i64_t y_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_dequantize_channel_symmetric_fp8_e4m3_bf16_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -532,9 +532,9 @@ __device__ __forceinline__ void decode_vec(const Vec<u8_t, V / PACK>& in, const 
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_fp8_e4m3_bf16_sm80_simt(
     const u8_t* __restrict__ q, i64_t q_rs, bf16_t* __restrict__ y, i64_t y_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_dequantize_group_symmetric_fp8_e4m3_bf16_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -649,9 +649,9 @@ __device__ __forceinline__ void decode_vec(const Vec<u8_t, V / PACK>& in, const 
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric_fp8_e4m3_bf16_sm80_simt(
     const u8_t* __restrict__ q, i64_t q_rs, bf16_t* __restrict__ y, i64_t y_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_dequantize_tensor_symmetric_fp8_e4m3_bf16_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -766,9 +766,9 @@ __device__ __forceinline__ void decode_vec(const Vec<u8_t, V / PACK>& in, const 
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_fp8_e4m3_bf16_sm80_simt(
     const u8_t* __restrict__ q, i64_t q_rs, bf16_t* __restrict__ y, i64_t y_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_dequantize_token_symmetric_fp8_e4m3_bf16_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,

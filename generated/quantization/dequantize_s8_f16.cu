@@ -198,12 +198,10 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
 // columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetric_s8_f16_sm80_simt(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
@@ -288,12 +286,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     }
 }
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetric_s8_f16_sm80_simt_rows(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
@@ -369,12 +365,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
 // Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
 // columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetric_s8_f16_sm80_simt(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
@@ -458,12 +452,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     }
 }
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetric_s8_f16_sm80_simt_rows(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
@@ -537,12 +529,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
 
 // SKU: quantization/dequantize/group/asymmetric/s8/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric_s8_f16_sm80_simt(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
@@ -625,12 +615,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
 
 // SKU: quantization/dequantize/group/symmetric/s8/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_s8_f16_sm80_simt(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
@@ -712,12 +700,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
 
 // SKU: quantization/dequantize/tensor/asymmetric/s8/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetric_s8_f16_sm80_simt(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
@@ -791,12 +777,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
 
 // SKU: quantization/dequantize/tensor/symmetric/s8/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric_s8_f16_sm80_simt(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
@@ -870,12 +854,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
 
 // SKU: quantization/dequantize/token/asymmetric/s8/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric_s8_f16_sm80_simt(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
@@ -949,12 +931,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
 
 // SKU: quantization/dequantize/token/symmetric/s8/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_s8_f16_sm80_simt(
-    const s8_t* __restrict__ q, i64_t q_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const s8_t* __restrict__ q, i64_t q_rs, f16_t* __restrict__ y, i64_t y_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;

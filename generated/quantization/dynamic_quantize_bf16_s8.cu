@@ -366,10 +366,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_asymmetric_bf16_s8_sm80_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_asymmetric_bf16_s8_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -583,10 +582,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_bf16_s8_sm80_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_symmetric_bf16_s8_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -975,10 +973,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt(
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_impl;
     constexpr int VEC = 8;
@@ -1003,8 +1000,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_a
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t16(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_impl;
@@ -1021,8 +1018,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t8(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_impl;
@@ -1040,8 +1037,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 // compile time: row groups of up to 8 chunks (64 elements); parameters as for sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t8_tx2(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_impl;
@@ -1055,8 +1052,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 // compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t8_tx4(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_impl;
@@ -1070,8 +1067,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 // compile time: row groups of up to 32 chunks (256 elements); parameters as for sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t8_tx8(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_impl;
@@ -1084,8 +1081,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t4(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_impl;
@@ -1102,8 +1099,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t2(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_impl;
@@ -1121,8 +1118,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
 // compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t2.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_t2_tx8(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_bf16_s8_sm80_simt_impl;
@@ -1499,10 +1496,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt(
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_impl;
     constexpr int VEC = 8;
@@ -1527,8 +1523,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t16(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_impl;
@@ -1545,8 +1541,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_b
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t8(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_impl;
@@ -1564,8 +1560,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_b
 // compile time: row groups of up to 8 chunks (64 elements); parameters as for sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t8_tx2(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_impl;
@@ -1579,8 +1575,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_b
 // compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t8_tx4(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_impl;
@@ -1594,8 +1590,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_b
 // compile time: row groups of up to 32 chunks (256 elements); parameters as for sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t8_tx8(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_impl;
@@ -1608,8 +1604,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_b
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t4(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_impl;
@@ -1626,8 +1622,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_b
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t2(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_impl;
@@ -1645,8 +1641,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_b
 // compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t2.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_t2_tx8(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_bf16_s8_sm80_simt_impl;
@@ -1828,10 +1824,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_asymmetric_bf16_s8_sm80_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_bf16_s8_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -1947,10 +1942,9 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 // first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
 // whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
 extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor_asymmetric_bf16_s8_sm80_simt_coop(
-    const bf16_t* __restrict__ x, s8_t* __restrict__ q,
-    float* __restrict__ partial, u32_t* __restrict__ count,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t n, int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
+    const bf16_t* __restrict__ x, s8_t* __restrict__ q, float* __restrict__ partial,
+    u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t n,
+    int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_bf16_s8_sm80_simt_impl;
     constexpr int V = 8;            // elements of a 16-byte vector
@@ -2181,10 +2175,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_symmetric_bf16_s8_sm80_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_bf16_s8_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -2300,10 +2293,9 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 // first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
 // whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
 extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor_symmetric_bf16_s8_sm80_simt_coop(
-    const bf16_t* __restrict__ x, s8_t* __restrict__ q,
-    float* __restrict__ partial, u32_t* __restrict__ count,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t n, int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
+    const bf16_t* __restrict__ x, s8_t* __restrict__ q, float* __restrict__ partial,
+    u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t n,
+    int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_bf16_s8_sm80_simt_impl;
     constexpr int V = 8;            // elements of a 16-byte vector
@@ -2709,10 +2701,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt(
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_impl;
     constexpr int VEC = 8;
@@ -2737,8 +2728,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_a
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_t16(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_impl;
@@ -2755,8 +2746,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_t8(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_impl;
@@ -2773,8 +2764,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_t4(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_impl;
@@ -2791,8 +2782,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_t2(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_impl;
@@ -2810,8 +2801,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
 // compile time: row groups of up to 512 chunks (4096 elements); parameters as for sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_t2.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_t2_tx256(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_bf16_s8_sm80_simt_impl;
@@ -3188,10 +3179,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt(
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_impl;
     constexpr int VEC = 8;
@@ -3216,8 +3206,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_s
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_t16(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_impl;
@@ -3234,8 +3224,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_b
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_t8(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_impl;
@@ -3252,8 +3242,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_b
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_t4(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_impl;
@@ -3270,8 +3260,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_b
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_t2(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_impl;
@@ -3289,8 +3279,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_b
 // compile time: row groups of up to 512 chunks (4096 elements); parameters as for sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_t2.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_t2_tx256(
     const bf16_t* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_bf16_s8_sm80_simt_impl;

@@ -517,11 +517,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f16_fp8_e5m2_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -992,7 +991,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -1017,8 +1017,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_t16(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1035,8 +1035,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1053,8 +1053,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_t4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1071,8 +1071,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_t2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1244,11 +1244,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_symmetric_f16_fp8_e5m2_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -1704,7 +1703,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -1729,8 +1729,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_t16(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1747,8 +1747,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1765,8 +1765,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_t4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1783,8 +1783,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_t2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_fp8_e5m2_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]

@@ -360,11 +360,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -572,11 +571,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -960,10 +958,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
     constexpr int VEC = 8;
@@ -988,8 +985,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_a
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t16(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
@@ -1006,8 +1003,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
@@ -1025,8 +1022,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 // compile time: row groups of up to 8 chunks (64 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8_tx2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
@@ -1040,8 +1037,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 // compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8_tx4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
@@ -1055,8 +1052,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 // compile time: row groups of up to 32 chunks (256 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8_tx8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
@@ -1069,8 +1066,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
@@ -1087,8 +1084,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
@@ -1106,8 +1103,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
 // compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t2.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t2_tx8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
@@ -1481,10 +1478,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
     constexpr int VEC = 8;
@@ -1509,8 +1505,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t16(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
@@ -1527,8 +1523,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
@@ -1546,8 +1542,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
 // compile time: row groups of up to 8 chunks (64 elements); parameters as for sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8_tx2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
@@ -1561,8 +1557,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
 // compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8_tx4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
@@ -1576,8 +1572,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
 // compile time: row groups of up to 32 chunks (256 elements); parameters as for sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8_tx8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
@@ -1590,8 +1586,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
@@ -1608,8 +1604,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
@@ -1627,8 +1623,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
 // compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t2.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t2_tx8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
@@ -1804,11 +1800,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -1924,10 +1919,9 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 // first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
 // whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
 extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt_coop(
-    const f16_t* __restrict__ x, u8_t* __restrict__ q,
-    float* __restrict__ partial, u32_t* __restrict__ count,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t n, int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
+    const f16_t* __restrict__ x, u8_t* __restrict__ q, float* __restrict__ partial,
+    u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t n,
+    int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt_impl;
     constexpr int V = 8;            // elements of a 16-byte vector
@@ -2152,11 +2146,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt_impl;
     constexpr int RVEC = 8;         // 16 bytes of x per access
@@ -2272,10 +2265,9 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 // first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
 // whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
 extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt_coop(
-    const f16_t* __restrict__ x, u8_t* __restrict__ q,
-    float* __restrict__ partial, u32_t* __restrict__ count,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t n, int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
+    const f16_t* __restrict__ x, u8_t* __restrict__ q, float* __restrict__ partial,
+    u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t n,
+    int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt_impl;
     constexpr int V = 8;            // elements of a 16-byte vector
@@ -2676,10 +2668,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_impl;
     constexpr int VEC = 8;
@@ -2704,8 +2695,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_a
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_t16(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_impl;
@@ -2722,8 +2713,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_impl;
@@ -2740,8 +2731,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_t4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_impl;
@@ -2758,8 +2749,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_t2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_impl;
@@ -2777,8 +2768,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
 // compile time: row groups of up to 512 chunks (4096 elements); parameters as for sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_t2.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_t2_tx256(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f16_u8_sm80_simt_impl;
@@ -3152,10 +3143,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_impl;
     constexpr int VEC = 8;
@@ -3180,8 +3170,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_s
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_t16(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_impl;
@@ -3198,8 +3188,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_t8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_impl;
@@ -3216,8 +3206,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_t4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_impl;
@@ -3234,8 +3224,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_t2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_impl;
@@ -3253,8 +3243,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
 // compile time: row groups of up to 512 chunks (4096 elements); parameters as for sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_t2.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_t2_tx256(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f16_u8_sm80_simt_impl;

@@ -517,11 +517,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f32_fp8_e4m3_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     constexpr int RVEC = 4;         // 16 bytes of x per access
@@ -970,7 +969,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -995,8 +995,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1013,8 +1013,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1031,8 +1031,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1049,8 +1049,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt_t2(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1222,11 +1222,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_symmetric_f32_fp8_e4m3_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     constexpr int RVEC = 4;         // 16 bytes of x per access
@@ -1660,7 +1659,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -1685,8 +1685,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1703,8 +1703,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1721,8 +1721,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1739,8 +1739,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt_t2(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e4m3_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]

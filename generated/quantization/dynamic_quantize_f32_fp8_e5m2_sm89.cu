@@ -517,11 +517,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f32_fp8_e5m2_sm89_simt(
-    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     constexpr int RVEC = 4;         // 16 bytes of x per access
@@ -979,7 +978,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -1004,8 +1004,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1022,8 +1022,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1040,8 +1040,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1058,8 +1058,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t2(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1231,11 +1231,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_symmetric_f32_fp8_e5m2_sm89_simt(
-    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     constexpr int RVEC = 4;         // 16 bytes of x per access
@@ -1678,7 +1677,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -1703,8 +1703,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1721,8 +1721,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1739,8 +1739,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1757,8 +1757,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_t2(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]

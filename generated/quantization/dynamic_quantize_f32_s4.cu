@@ -517,11 +517,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_asymmetric_f32_s4_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_asymmetric_f32_s4_sm80_simt_impl;
     constexpr int RVEC = 4;         // 16 bytes of x per access
@@ -722,11 +721,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f32_s4_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_symmetric_f32_s4_sm80_simt_impl;
     constexpr int RVEC = 4;         // 16 bytes of x per access
@@ -1158,7 +1156,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -1183,8 +1182,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_a
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1201,8 +1200,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1219,8 +1218,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1237,8 +1236,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt_t2(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1641,7 +1640,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -1666,8 +1666,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1684,8 +1684,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1702,8 +1702,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1720,8 +1720,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt_t2(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -1893,11 +1893,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_asymmetric_f32_s4_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_f32_s4_sm80_simt_impl;
     constexpr int RVEC = 4;         // 16 bytes of x per access
@@ -2098,11 +2097,10 @@ __device__ __forceinline__ void reduce_columns(
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_symmetric_f32_s4_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    float eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f32_s4_sm80_simt_impl;
     constexpr int RVEC = 4;         // 16 bytes of x per access
@@ -2534,7 +2532,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -2559,8 +2558,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_a
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -2577,8 +2576,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_asymmetric_
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -2595,8 +2594,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_asymmetric_
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -2613,8 +2612,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt_t2(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -3017,7 +3016,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -3042,8 +3042,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_s
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt_t16(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -3060,8 +3060,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt_t8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -3078,8 +3078,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
@@ -3096,8 +3096,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt_t2(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f32_s4_sm80_simt_impl;
     __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]

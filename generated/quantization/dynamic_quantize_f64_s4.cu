@@ -518,10 +518,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_asymmetric_f64_s4_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, double* __restrict__ partial,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_asymmetric_f64_s4_sm80_simt_impl;
     constexpr int RVEC = 2;         // 16 bytes of x per access
@@ -723,10 +722,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f64_s4_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, double* __restrict__ partial,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_symmetric_f64_s4_sm80_simt_impl;
     constexpr int RVEC = 2;         // 16 bytes of x per access
@@ -1158,7 +1156,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_asymmetric_f64_s4_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     double* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f64_s4_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -1568,7 +1567,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_symmetric_f64_s4_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     double* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f64_s4_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -1748,10 +1748,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_asymmetric_f64_s4_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, double* __restrict__ partial,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_f64_s4_sm80_simt_impl;
     constexpr int RVEC = 2;         // 16 bytes of x per access
@@ -1953,10 +1952,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_symmetric_f64_s4_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, double* __restrict__ partial,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f64_s4_sm80_simt_impl;
     constexpr int RVEC = 2;         // 16 bytes of x per access
@@ -2388,7 +2386,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_asymmetric_f64_s4_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     double* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f64_s4_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
@@ -2798,7 +2797,8 @@ __device__ __forceinline__ void team_row_groups(
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_symmetric_f64_s4_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     double* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
+    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value,
+    int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f64_s4_sm80_simt_impl;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block

@@ -361,10 +361,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_asymmetric_f64_s8_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, double* __restrict__ partial,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_asymmetric_f64_s8_sm80_simt_impl;
     constexpr int RVEC = 2;         // 16 bytes of x per access
@@ -573,10 +572,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f64_s8_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, double* __restrict__ partial,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_channel_symmetric_f64_s8_sm80_simt_impl;
     constexpr int RVEC = 2;         // 16 bytes of x per access
@@ -960,10 +958,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 2 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_asymmetric_f64_s8_sm80_simt(
-    const double* __restrict__ x, i64_t x_rs,
-    s8_t* __restrict__ q, i64_t q_rs,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const double* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_asymmetric_f64_s8_sm80_simt_impl;
     constexpr int VEC = 2;
@@ -1327,10 +1324,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 2 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_symmetric_f64_s8_sm80_simt(
-    const double* __restrict__ x, i64_t x_rs,
-    s8_t* __restrict__ q, i64_t q_rs,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const double* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_group_symmetric_f64_s8_sm80_simt_impl;
     constexpr int VEC = 2;
@@ -1519,10 +1515,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_asymmetric_f64_s8_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, double* __restrict__ partial,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_f64_s8_sm80_simt_impl;
     constexpr int RVEC = 2;         // 16 bytes of x per access
@@ -1638,10 +1633,9 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 // first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
 // whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
 extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor_asymmetric_f64_s8_sm80_simt_coop(
-    const double* __restrict__ x, s8_t* __restrict__ q,
-    double* __restrict__ partial, u32_t* __restrict__ count,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t n, int keep_tiles, int width, double eps, int qmin, int qmax, int zp_value)
+    const double* __restrict__ x, s8_t* __restrict__ q, double* __restrict__ partial,
+    u32_t* __restrict__ count, double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t n,
+    int keep_tiles, int width, double eps, int qmin, int qmax, int zp_value)
 {
     using namespace sf_dynamic_quantize_tensor_asymmetric_f64_s8_sm80_simt_impl;
     constexpr int V = 2;            // elements of a 16-byte vector
@@ -1867,10 +1861,9 @@ __device__ __forceinline__ void reduce_columns(
 // Launch with 1-D blocks of 256.
 extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_tensor_symmetric_f64_s8_sm80_simt(
     const double* __restrict__ x, i64_t x_rs, double* __restrict__ partial,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last,
-    i64_t row_parts, i64_t col_chunk, int tx_width,
-    double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, double eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f64_s8_sm80_simt_impl;
     constexpr int RVEC = 2;         // 16 bytes of x per access
@@ -1986,10 +1979,9 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 // first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
 // whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
 extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_tensor_symmetric_f64_s8_sm80_simt_coop(
-    const double* __restrict__ x, s8_t* __restrict__ q,
-    double* __restrict__ partial, u32_t* __restrict__ count,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t n, int keep_tiles, int width, double eps, int qmin, int qmax, int zp_value)
+    const double* __restrict__ x, s8_t* __restrict__ q, double* __restrict__ partial,
+    u32_t* __restrict__ count, double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t n,
+    int keep_tiles, int width, double eps, int qmin, int qmax, int zp_value)
 {
     using namespace sf_dynamic_quantize_tensor_symmetric_f64_s8_sm80_simt_impl;
     constexpr int V = 2;            // elements of a 16-byte vector
@@ -2390,10 +2382,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 2 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_asymmetric_f64_s8_sm80_simt(
-    const double* __restrict__ x, i64_t x_rs,
-    s8_t* __restrict__ q, i64_t q_rs,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const double* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_asymmetric_f64_s8_sm80_simt_impl;
     constexpr int VEC = 2;
@@ -2757,10 +2748,9 @@ __device__ __forceinline__ void team_row_groups(
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 2 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_token_symmetric_f64_s8_sm80_simt(
-    const double* __restrict__ x, i64_t x_rs,
-    s8_t* __restrict__ q, i64_t q_rs,
-    double* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
+    const double* __restrict__ x, i64_t x_rs, s8_t* __restrict__ q, i64_t q_rs,
+    double* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
+    i64_t group_size, double eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     using namespace sf_dynamic_quantize_token_symmetric_f64_s8_sm80_simt_impl;
     constexpr int VEC = 2;

@@ -198,13 +198,11 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
 // columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_asymmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
@@ -296,13 +294,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     }
 }
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_asymmetric_f16_f16_sm80_simt_rows(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
@@ -386,13 +382,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
 // Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
 // columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_symmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
@@ -483,13 +477,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     }
 }
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_symmetric_f16_f16_sm80_simt_rows(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
@@ -571,13 +563,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
 
 // SKU: quantization/fake_quantize_backward/group/asymmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_group_asymmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
@@ -667,13 +657,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
 
 // SKU: quantization/fake_quantize_backward/group/symmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_group_symmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
@@ -762,13 +750,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
 
 // SKU: quantization/fake_quantize_backward/tensor/asymmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tensor_asymmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
@@ -850,13 +836,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
 
 // SKU: quantization/fake_quantize_backward/tensor/symmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tensor_symmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
@@ -938,13 +922,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
 
 // SKU: quantization/fake_quantize_backward/token/asymmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_token_asymmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
@@ -1026,13 +1008,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
 
 // SKU: quantization/fake_quantize_backward/token/symmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_token_symmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ dy, i64_t dy_rs,
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ dy, i64_t dy_rs, const f16_t* __restrict__ x, i64_t x_rs,
+    f16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;

@@ -198,13 +198,11 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
 // columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
@@ -299,13 +297,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     }
 }
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymmetric_f16_f16_sm80_simt_rows(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
@@ -392,13 +388,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
 // Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
 // columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
@@ -492,13 +486,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     }
 }
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symmetric_f16_f16_sm80_simt_rows(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
@@ -583,13 +575,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
 
 // SKU: quantization/fake_quantize/group/asymmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
@@ -682,13 +672,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
 
 // SKU: quantization/fake_quantize/group/symmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
@@ -780,13 +768,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
 
 // SKU: quantization/fake_quantize/tensor/asymmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
@@ -871,13 +857,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
 
 // SKU: quantization/fake_quantize/tensor/symmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
@@ -962,13 +946,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
 
 // SKU: quantization/fake_quantize/token/asymmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
@@ -1053,13 +1035,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
 
 // SKU: quantization/fake_quantize/token/symmetric/f16/f16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetric_f16_f16_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs,
-    f16_t* __restrict__ y, i64_t y_rs,
-    u8_t* __restrict__ mask, i64_t mask_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const f16_t* __restrict__ x, i64_t x_rs, f16_t* __restrict__ y, i64_t y_rs,
+    u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;

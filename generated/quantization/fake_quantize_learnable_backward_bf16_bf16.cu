@@ -196,16 +196,12 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 
 // SKU: quantization/fake_quantize_learnable_backward/channel/asymmetric/bf16/bf16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_channel_asymmetric_bf16_bf16_sm80_simt(
-    const bf16_t* __restrict__ dy, i64_t dy_rs,
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    bf16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    float* __restrict__ ds, float* __restrict__ dz,
-    float* __restrict__ ds_part, float* __restrict__ dz_part,
-    i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
-    u32_t* __restrict__ status)
+    const bf16_t* __restrict__ dy, i64_t dy_rs, const bf16_t* __restrict__ x, i64_t x_rs,
+    bf16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, float* __restrict__ ds,
+    float* __restrict__ dz, float* __restrict__ ds_part, float* __restrict__ dz_part, i64_t rows,
+    i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
+    i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
@@ -397,9 +393,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 // Finish pass of sf_fake_quantize_learnable_backward_channel_asymmetric_bf16_bf16_sm80_simt: output o sums the partials p = ((j / inner) * count + o) * inner + j % inner,
 // j = 0 .. n_items - 1, with the team scheme of the segment pass.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_channel_asymmetric_bf16_bf16_sm80_simt_finish(
-    const float* __restrict__ ds_part, const float* __restrict__ dz_part,
-    float* __restrict__ ds, float* __restrict__ dz,
-    i64_t count, i64_t inner, i64_t n_items, int team)
+    const float* __restrict__ ds_part, const float* __restrict__ dz_part, float* __restrict__ ds,
+    float* __restrict__ dz, i64_t count, i64_t inner, i64_t n_items, int team)
 {
     (void)dz_part; (void)dz;
     __shared__ float sh_s[8];
@@ -463,16 +458,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 
 // SKU: quantization/fake_quantize_learnable_backward/channel/symmetric/bf16/bf16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_channel_symmetric_bf16_bf16_sm80_simt(
-    const bf16_t* __restrict__ dy, i64_t dy_rs,
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    bf16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    float* __restrict__ ds, float* __restrict__ dz,
-    float* __restrict__ ds_part, float* __restrict__ dz_part,
-    i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
-    u32_t* __restrict__ status)
+    const bf16_t* __restrict__ dy, i64_t dy_rs, const bf16_t* __restrict__ x, i64_t x_rs,
+    bf16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, float* __restrict__ ds,
+    float* __restrict__ dz, float* __restrict__ ds_part, float* __restrict__ dz_part, i64_t rows,
+    i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
+    i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
@@ -647,9 +638,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 // Finish pass of sf_fake_quantize_learnable_backward_channel_symmetric_bf16_bf16_sm80_simt: output o sums the partials p = ((j / inner) * count + o) * inner + j % inner,
 // j = 0 .. n_items - 1, with the team scheme of the segment pass.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_channel_symmetric_bf16_bf16_sm80_simt_finish(
-    const float* __restrict__ ds_part, const float* __restrict__ dz_part,
-    float* __restrict__ ds, float* __restrict__ dz,
-    i64_t count, i64_t inner, i64_t n_items, int team)
+    const float* __restrict__ ds_part, const float* __restrict__ dz_part, float* __restrict__ ds,
+    float* __restrict__ dz, i64_t count, i64_t inner, i64_t n_items, int team)
 {
     (void)dz_part; (void)dz;
     __shared__ float sh_s[8];
@@ -704,16 +694,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 
 // SKU: quantization/fake_quantize_learnable_backward/group/asymmetric/bf16/bf16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_group_asymmetric_bf16_bf16_sm80_simt(
-    const bf16_t* __restrict__ dy, i64_t dy_rs,
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    bf16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    float* __restrict__ ds, float* __restrict__ dz,
-    float* __restrict__ ds_part, float* __restrict__ dz_part,
-    i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
-    u32_t* __restrict__ status)
+    const bf16_t* __restrict__ dy, i64_t dy_rs, const bf16_t* __restrict__ x, i64_t x_rs,
+    bf16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, float* __restrict__ ds,
+    float* __restrict__ dz, float* __restrict__ ds_part, float* __restrict__ dz_part, i64_t rows,
+    i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
+    i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
@@ -829,16 +815,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 
 // SKU: quantization/fake_quantize_learnable_backward/group/symmetric/bf16/bf16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_group_symmetric_bf16_bf16_sm80_simt(
-    const bf16_t* __restrict__ dy, i64_t dy_rs,
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    bf16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    float* __restrict__ ds, float* __restrict__ dz,
-    float* __restrict__ ds_part, float* __restrict__ dz_part,
-    i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
-    u32_t* __restrict__ status)
+    const bf16_t* __restrict__ dy, i64_t dy_rs, const bf16_t* __restrict__ x, i64_t x_rs,
+    bf16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, float* __restrict__ ds,
+    float* __restrict__ dz, float* __restrict__ ds_part, float* __restrict__ dz_part, i64_t rows,
+    i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
+    i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
@@ -942,16 +924,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 
 // SKU: quantization/fake_quantize_learnable_backward/tensor/asymmetric/bf16/bf16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_tensor_asymmetric_bf16_bf16_sm80_simt(
-    const bf16_t* __restrict__ dy, i64_t dy_rs,
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    bf16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    float* __restrict__ ds, float* __restrict__ dz,
-    float* __restrict__ ds_part, float* __restrict__ dz_part,
-    i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
-    u32_t* __restrict__ status)
+    const bf16_t* __restrict__ dy, i64_t dy_rs, const bf16_t* __restrict__ x, i64_t x_rs,
+    bf16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, float* __restrict__ ds,
+    float* __restrict__ dz, float* __restrict__ ds_part, float* __restrict__ dz_part, i64_t rows,
+    i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
+    i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
@@ -1068,9 +1046,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 // Finish pass of sf_fake_quantize_learnable_backward_tensor_asymmetric_bf16_bf16_sm80_simt: output o sums the partials p = ((j / inner) * count + o) * inner + j % inner,
 // j = 0 .. n_items - 1, with the team scheme of the segment pass.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_tensor_asymmetric_bf16_bf16_sm80_simt_finish(
-    const float* __restrict__ ds_part, const float* __restrict__ dz_part,
-    float* __restrict__ ds, float* __restrict__ dz,
-    i64_t count, i64_t inner, i64_t n_items, int team)
+    const float* __restrict__ ds_part, const float* __restrict__ dz_part, float* __restrict__ ds,
+    float* __restrict__ dz, i64_t count, i64_t inner, i64_t n_items, int team)
 {
     (void)dz_part; (void)dz;
     __shared__ float sh_s[8];
@@ -1134,16 +1111,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 
 // SKU: quantization/fake_quantize_learnable_backward/tensor/symmetric/bf16/bf16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_tensor_symmetric_bf16_bf16_sm80_simt(
-    const bf16_t* __restrict__ dy, i64_t dy_rs,
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    bf16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    float* __restrict__ ds, float* __restrict__ dz,
-    float* __restrict__ ds_part, float* __restrict__ dz_part,
-    i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
-    u32_t* __restrict__ status)
+    const bf16_t* __restrict__ dy, i64_t dy_rs, const bf16_t* __restrict__ x, i64_t x_rs,
+    bf16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, float* __restrict__ ds,
+    float* __restrict__ dz, float* __restrict__ ds_part, float* __restrict__ dz_part, i64_t rows,
+    i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
+    i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
@@ -1248,9 +1221,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 // Finish pass of sf_fake_quantize_learnable_backward_tensor_symmetric_bf16_bf16_sm80_simt: output o sums the partials p = ((j / inner) * count + o) * inner + j % inner,
 // j = 0 .. n_items - 1, with the team scheme of the segment pass.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_tensor_symmetric_bf16_bf16_sm80_simt_finish(
-    const float* __restrict__ ds_part, const float* __restrict__ dz_part,
-    float* __restrict__ ds, float* __restrict__ dz,
-    i64_t count, i64_t inner, i64_t n_items, int team)
+    const float* __restrict__ ds_part, const float* __restrict__ dz_part, float* __restrict__ ds,
+    float* __restrict__ dz, i64_t count, i64_t inner, i64_t n_items, int team)
 {
     (void)dz_part; (void)dz;
     __shared__ float sh_s[8];
@@ -1305,16 +1277,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 
 // SKU: quantization/fake_quantize_learnable_backward/token/asymmetric/bf16/bf16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_token_asymmetric_bf16_bf16_sm80_simt(
-    const bf16_t* __restrict__ dy, i64_t dy_rs,
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    bf16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    float* __restrict__ ds, float* __restrict__ dz,
-    float* __restrict__ ds_part, float* __restrict__ dz_part,
-    i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
-    u32_t* __restrict__ status)
+    const bf16_t* __restrict__ dy, i64_t dy_rs, const bf16_t* __restrict__ x, i64_t x_rs,
+    bf16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, float* __restrict__ ds,
+    float* __restrict__ dz, float* __restrict__ ds_part, float* __restrict__ dz_part, i64_t rows,
+    i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
+    i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;
@@ -1430,16 +1398,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
 
 // SKU: quantization/fake_quantize_learnable_backward/token/symmetric/bf16/bf16/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_backward_token_symmetric_bf16_bf16_sm80_simt(
-    const bf16_t* __restrict__ dy, i64_t dy_rs,
-    const bf16_t* __restrict__ x, i64_t x_rs,
-    bf16_t* __restrict__ dx, i64_t dx_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    float* __restrict__ ds, float* __restrict__ dz,
-    float* __restrict__ ds_part, float* __restrict__ dz_part,
-    i64_t rows, i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int team, i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok,
-    u32_t* __restrict__ status)
+    const bf16_t* __restrict__ dy, i64_t dy_rs, const bf16_t* __restrict__ x, i64_t x_rs,
+    bf16_t* __restrict__ dx, i64_t dx_rs, const float* __restrict__ scale, float scale_value,
+    const i32_t* __restrict__ zero_point, int zp_value, float* __restrict__ ds,
+    float* __restrict__ dz, float* __restrict__ ds_part, float* __restrict__ dz_part, i64_t rows,
+    i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
+    i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 97, BAD_ZP = 98;

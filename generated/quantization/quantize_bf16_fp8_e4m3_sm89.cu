@@ -429,9 +429,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_bf16_fp8_e4m3_sm89_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_channel_symmetric_bf16_fp8_e4m3_sm89_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -560,9 +560,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_bf16_fp8_e4m3_sm89_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_group_symmetric_bf16_fp8_e4m3_sm89_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -690,9 +690,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_bf16_fp8_e4m3_sm89_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_tensor_symmetric_bf16_fp8_e4m3_sm89_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -820,9 +820,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf16_fp8_e4m3_sm89_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_token_symmetric_bf16_fp8_e4m3_sm89_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,

@@ -418,9 +418,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_channel_asymmetric_f32_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -538,9 +538,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_channel_symmetric_f32_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -657,9 +657,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_group_asymmetric_f32_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -776,9 +776,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_group_symmetric_f32_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -895,9 +895,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_tensor_asymmetric_f32_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -1014,9 +1014,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_tensor_symmetric_f32_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -1133,9 +1133,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_token_asymmetric_f32_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
@@ -1252,9 +1252,9 @@ __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M>
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f32_s4_sm80_simt(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     const float* __restrict__ scale, float scale_value, const u8_t* __restrict__ scale_e8m0,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
+    i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
+    u32_t* __restrict__ status)
 {
     using namespace sf_quantize_token_symmetric_f32_s4_sm80_simt_impl;
     const Params P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,

@@ -198,12 +198,10 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
 // columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric_f32_u8_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
@@ -288,12 +286,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
     }
 }
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric_f32_u8_sm80_simt_rows(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
@@ -369,12 +365,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
 // Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
 // columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_f32_u8_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
@@ -458,12 +452,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
     }
 }
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_f32_u8_sm80_simt_rows(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
@@ -537,12 +529,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
 
 // SKU: quantization/quantize/group/asymmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f32_u8_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
@@ -625,12 +615,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
 
 // SKU: quantization/quantize/group/symmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f32_u8_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
@@ -712,12 +700,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f3
 
 // SKU: quantization/quantize/tensor/asymmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_f32_u8_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
@@ -791,12 +777,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
 
 // SKU: quantization/quantize/tensor/symmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f32_u8_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
@@ -870,12 +854,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
 
 // SKU: quantization/quantize/token/asymmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f32_u8_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
@@ -949,12 +931,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
 
 // SKU: quantization/quantize/token/symmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f32_u8_sm80_simt(
-    const float* __restrict__ x, i64_t x_rs,
-    u8_t* __restrict__ q, i64_t q_rs,
-    const float* __restrict__ scale, float scale_value,
-    const i32_t* __restrict__ zero_point, int zp_value,
-    i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
-    int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    const float* __restrict__ scale, float scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 1, BAD_ZP = 2;
