@@ -2,8 +2,9 @@
 
 A :class:`Family` is a block of the dtype x op x scope matrix that one template renders.
 Its cells are the product of its axes; an :class:`Exclusion` names cells that are *not*
-generated and says why (the manifest and the audit show the reason). Adding a dtype or a
-scope is a one-line change to a tuple below plus, at most, a template branch.
+generated and says why (the manifest and the audit show the reason). Adding a scope is a
+one-line change to a tuple below; adding a dtype is one ``Kind`` in ``runtime/kinds.py`` (the
+kind vocabulary: C type, size, ranges, groups) and one entry here; plus, at most, a template branch.
 """
 from __future__ import annotations
 
@@ -11,27 +12,15 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
+from runtime import kinds
 from runtime.sku import KernelSku, Precision
 
-# -- element kinds -------------------------------------------------------------------------
-FLOATS = ("f32", "f64", "f16", "bf16")
-INTS = ("s8", "u8")
-LOW_BIT = ("s4", "u4", "fp8_e4m3", "fp8_e5m2")          # docs/lowbit.md
+# -- element kinds: the groups of runtime/kinds.py (C types, sizes, ranges: kinds.CTYPE, .SIZE, .QRANGE)
+FLOATS = kinds.FLOAT
+INTS = kinds.INT8
+LOW_BIT = kinds.LOW_BIT          # docs/lowbit.md
 QUANT_SCOPES = ("tensor", "channel", "token", "group")
 QUANT_MODES = ("symmetric", "asymmetric")
-
-# C storage type and byte size of each element kind, as the templates spell them.
-CTYPE = {"f32": "float", "f64": "double", "f16": "f16_t", "bf16": "bf16_t",
-         "s8": "s8_t", "u8": "u8_t", "i32": "i32_t", "u32": "u32_t"}
-SIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "i32": 4, "u32": 4}
-# Full range of each integer kind (the default qmin/qmax of the static ops).
-QRANGE = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15)}
-
-
-def math_of(element: str) -> str:
-    """All math in float32 after upcasting f16/bf16 (float64 for f64): SPEC §5."""
-    return "f64" if element == "f64" else "f32"
-
 
 @dataclass(frozen=True)
 class Exclusion:
@@ -80,7 +69,7 @@ class Family:
         for op, scope, mode, (el, aux), arch, backend in itertools.product(
                 self.ops, self.scopes, self.modes, self.pairs, self.arches, self.backends):
             prec = (self.precision(op, scope, mode, el, aux, arch, backend) if self.precision
-                     else Precision(math_of(el if el in FLOATS else aux)))
+                     else Precision(kinds.math_kind(el if el in FLOATS else aux)))
             yield KernelSku(self.category, op, scope, mode, el, aux, arch, backend, prec)
 
     def excluded(self, sku: KernelSku) -> Optional[str]:
@@ -154,7 +143,7 @@ COOP_BATCH = {"symmetric": (4, 4), "asymmetric": (4, 2)}
 def _team_context(sku, fixed: bool = False) -> dict:
     if sku.element == "f64":
         return {"team_chunks": [], "team_registers": [], "team_fixed": []}
-    heavy = sku.mode == "asymmetric" or (sku.aux_element in ("fp8_e4m3", "fp8_e5m2") and sku.arch == "sm80")
+    heavy = sku.mode == "asymmetric" or (sku.aux_element in kinds.FP8 and sku.arch == "sm80")
     return {"team_chunks": list(TEAM_CHUNKS), "team_registers": list(TEAM_REGISTERS["heavy" if heavy else "light"]),
             "team_fixed": [list(f) for f in TEAM_FIXED.get(sku.scope, ())] if fixed else []}
 
@@ -167,17 +156,17 @@ def _dynamic_context(cell, ctx):
     ``min_blocks``: 2 (64 registers, 4 resident 256-thread blocks) where ptxas fits it unspilled."""
     el = cell.sku.element
     if cell.sku.scope in ("token", "group"):
-        ch_max = max(1, 64 // (ctx["vec"] * SIZE[el]))
+        ch_max = max(1, 64 // (ctx["vec"] * kinds.SIZE[el]))
         ch_vec = [c for c in (1, 2, 4, 8) if c <= ch_max]
-        ch_scalar = [c for c in (1, 4, 8) if c * SIZE[el] <= 64]
-        min_blocks = 2 if cell.sku.mode == "symmetric" and SIZE[el] <= 4 else 1
+        ch_scalar = [c for c in (1, 4, 8) if c * kinds.SIZE[el] <= 64]
+        min_blocks = 2 if cell.sku.mode == "symmetric" and kinds.SIZE[el] <= 4 else 1
         team = _team_context(cell.sku, fixed=True)
         return {"ch_vec": ch_vec, "ch_scalar": ch_scalar, "min_blocks": min_blocks, **team,
                 "launch": {"max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar,
                            "team_chunks": team["team_chunks"], "team_fixed": team["team_fixed"]}}
-    coop = cell.sku.scope == "tensor" and cell.sku.aux_element in ("s8", "u8")
-    return {"rvec": 16 // SIZE[el], "coop": coop, "coop_batch": COOP_BATCH[cell.sku.mode],
-            "launch": {"rvec": 16 // SIZE[el], "coop": coop}}
+    coop = cell.sku.scope == "tensor" and cell.sku.aux_element in kinds.INT8
+    return {"rvec": 16 // kinds.SIZE[el], "coop": coop, "coop_batch": COOP_BATCH[cell.sku.mode],
+            "launch": {"rvec": 16 // kinds.SIZE[el], "coop": coop}}
 
 
 DYNAMIC_QUANTIZE = Family(
@@ -193,7 +182,7 @@ DYNAMIC_QUANTIZE = Family(
     outs=(Stream("q", "aux"),),
     extra_context=_dynamic_context,
     # the reductions (min/max) run in the math precision too
-    precision=lambda op, scope, mode, el, aux, arch, backend: Precision(math_of(el), math_of(el)),
+    precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)),
 )
 
 # -- MoE grouped matmul (docs/moe.md) --------------------------------------------------------
@@ -234,7 +223,7 @@ def _moe_context(cell, ctx):
     mma_default = {"fwd": "128x256x64s3p", "dgrad": "128x256x64s3p", "wgrad": "128x128x32s5"}
     opkind = MOE_OPKIND[sku.op]
     out_kind = sku.aux_element or sku.element
-    size = SIZE[sku.element]
+    size = kinds.SIZE[sku.element]
     if sku.backend == "mma":
         default = mma_default[opkind]
         variants = []
@@ -255,14 +244,14 @@ def _moe_context(cell, ctx):
         launch["default_variant"] = variants[0]["name"]
         launch["variants"] = {v["name"]: {k: v[k] for k in ("symbol", "tile", "dynamic_smem")} for v in variants}
     return {
-        "ns": sku.symbol + "_ns", "T": CTYPE[sku.element], "OUT": CTYPE[out_kind], "out_kind": out_kind,
+        "ns": sku.symbol + "_ns", "T": kinds.CTYPE[sku.element], "OUT": kinds.CTYPE[out_kind], "out_kind": out_kind,
         "opkind": opkind, "tile": tile, "variants": variants, "route_threads": 1024, "launch": launch,
     }
 
 
 def _moe_precision(op, scope, mode, el, aux, arch, backend):
     # mma multiplies the f16/bf16 inputs as they are (exact products) into fp32 accumulators.
-    math = el if backend == "mma" and el in ("f16", "bf16") else math_of(el)
+    math = el if backend == "mma" and el in kinds.HALF else kinds.math_kind(el)
     return Precision(math, "f64" if el == "f64" else "f32", deterministic=True, bit_stable=False)
 
 
@@ -357,17 +346,16 @@ TRAINING_LSQ = Family(
     ins=(Stream("dy", "aux"), Stream("x", "element")),
     outs=(Stream("dx", "aux"),),
     # sums accumulate in the math precision (float64 for f64 inputs)
-    precision=lambda op, scope, mode, el, aux, arch, backend: Precision(math_of(el), math_of(el)),
+    precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)),
     extra_context=lambda cell, ctx: {"launch": {"finish": cell.sku.scope in ("tensor", "channel")}},
 )
 
 # -- low-bit formats: fp8 e4m3fn / e5m2, packed s4 / u4, e8m0 (MX) block scales (docs/lowbit.md) --
-FP8 = ("fp8_e4m3", "fp8_e5m2")
-INT4 = ("s4", "u4")
+FP8 = kinds.FP8
+INT4 = kinds.INT4
 FP8_FORMAT = {"fp8_e4m3": "Fp8E4M3", "fp8_e5m2": "Fp8E5M2"}   # templates/common/lowbit.cuh
-# Low-bit streams are byte containers: one fp8 code, or two int4 values (2i low nibble, 2i + 1 high).
-CTYPE.update({k: "u8_t" for k in LOW_BIT})
-SIZE.update({k: 1 for k in LOW_BIT})
+# Low-bit streams are byte containers (kinds.CTYPE "u8_t", kinds.SIZE 1): one fp8 code, or two int4
+# values (2i low nibble, 2i + 1 high; kinds.kind(k).pack == 2).
 LOWBIT_ARCHES = ("sm80", "sm89")   # sm80: software conversion; sm89: the cvt e4m3x2 / e5m2x2 instructions
 
 
@@ -402,8 +390,8 @@ LOWBIT_EXCLUSIONS = (
 def _lowbit_common(sku: KernelSku) -> dict:
     q = _lowbit_kind(sku)
     fl = sku.aux_element if q == sku.element else sku.element
-    return {"qkind": q, "fmt": FP8_FORMAT.get(q), "pack": 2 if q in INT4 else 1, "hw": sku.arch != "sm80",
-            "float_ctype": CTYPE[fl], "M_kind": sku.precision.math}
+    return {"qkind": q, "fmt": FP8_FORMAT.get(q), "pack": kinds.kind(q).pack, "hw": sku.arch != "sm80",
+            "float_ctype": kinds.CTYPE[fl], "M_kind": sku.precision.math}
 
 
 def _lowbit_static_context(cell, ctx):
@@ -426,12 +414,12 @@ def _lowbit_dynamic_context(cell, ctx):
         out.update(_dynamic_context(cell, ctx))
         return out
     el, pack = sku.element, out["pack"]
-    ch_max = max(1, 64 // (ctx["vec"] * SIZE[el]))
+    ch_max = max(1, 64 // (ctx["vec"] * kinds.SIZE[el]))
     ch_vec = [c for c in (1, 2, 4, 8) if c <= ch_max]
-    ch_scalar = [c for c in (1, 4, 8) if c * pack * SIZE[el] <= 64]
+    ch_scalar = [c for c in (1, 4, 8) if c * pack * kinds.SIZE[el] <= 64]
     team = _team_context(sku)
     out.update({"ch_vec": ch_vec, "ch_scalar": ch_scalar,
-                "min_blocks": 2 if sku.mode == "symmetric" and SIZE[el] <= 4 else 1, **team,
+                "min_blocks": 2 if sku.mode == "symmetric" and kinds.SIZE[el] <= 4 else 1, **team,
                 "launch": {"max_threads": 512, "ch_vec": ch_vec,
                            "ch_scalar": ch_scalar, "pack": pack, "mx": out["mx"], "team_chunks": team["team_chunks"]}})
     return out
@@ -459,7 +447,7 @@ def lowbit_families() -> tuple:
         launch=lambda sku: "lowbit_dynamic_fused" if sku.scope in ("token", "group") else "dynamic_reduce",
         ins=(Stream("x", "element"),), outs=(Stream("q", "aux"),), exclusions=ex,
         extra_context=_lowbit_dynamic_context,
-        precision=lambda op, scope, mode, el, aux, arch, backend: Precision(math_of(el), math_of(el)))
+        precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)))
     return quantize, dequantize, dynamic
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import jinja2
 
+from runtime.kinds import CTYPE, SIZE
 from runtime.status import ARGS, code as status_code
 
 from . import GENERATOR_VERSION
 from .abi import signatures
-from .matrix import CTYPE, SIZE, Cell, Family
+from .matrix import Cell, Family
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "templates"

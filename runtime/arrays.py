@@ -13,53 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import kinds
 from .errors import InvalidProblemError
 
-# element kind <-> numpy dtype name
-KIND_OF_NUMPY = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
-                 "int8": "s8", "uint8": "u8", "int32": "i32", "uint32": "u32", "int64": "i64",
-                 "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "float8_e8m0fnu": "e8m0"}
-NUMPY_OF_KIND = {v: k for k, v in KIND_OF_NUMPY.items()}
-ALIASES = {"float": "f32", "half": "f16", "double": "f64", "int": "i32", "s32": "i32",
-           "fp32": "f32", "fp16": "f16", "fp64": "f64", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
-           "float8_e4m3": "fp8_e4m3", "int4": "s4", "uint4": "u4"}
-ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "i32": 4, "u32": 4, "i64": 8,
-            "fp8_e4m3": 1, "fp8_e5m2": 1, "e8m0": 1, "s4": 1, "u4": 1}
-
-
-_KIND_CACHE: dict = {}
-
-
-def kind_of(dtype, arg: str = "dtype") -> str:
-    """Normalise a dtype spelling (``"int8"``, ``"s8"``, ``numpy.int8``, ``torch.int8``) to a kind."""
-    try:
-        return _KIND_CACHE[dtype]
-    except (KeyError, TypeError):
-        pass
-    kind = _kind_of(dtype, arg)
-    try:
-        _KIND_CACHE[dtype] = kind
-    except TypeError:
-        pass
-    return kind
-
-
-def _kind_of(dtype, arg: str) -> str:
-    if isinstance(dtype, str):
-        name = dtype.lower()
-    else:
-        name = str(getattr(dtype, "name", None) or dtype).replace("torch.", "")
-        if "bfloat16" in name:
-            name = "bfloat16"
-        name = {"float": "float32", "half": "float16", "double": "float64"}.get(name, name)
-    if name in ITEMSIZE:
-        return name
-    if name in ALIASES:
-        return ALIASES[name]
-    if name in KIND_OF_NUMPY:
-        return KIND_OF_NUMPY[name]
-    raise InvalidProblemError(f"{arg}={dtype!r} is not a dtype skuforge knows; known: "
-                              + ", ".join(sorted(KIND_OF_NUMPY)))
+# Normalise a dtype spelling (``"int8"``, ``"s8"``, ``numpy.int8``, ``torch.int8``) to a kind.
+kind_of = kinds.of
 
 
 @dataclass
@@ -85,7 +43,7 @@ class ArrayRef:
 
     @property
     def itemsize(self) -> int:
-        return ITEMSIZE[self.kind]
+        return kinds.SIZE[self.kind]
 
 
 def _torch():
@@ -248,7 +206,7 @@ _NUMPY_DTYPES: dict = {"bool": np.dtype(np.bool_)}
 
 
 def _numpy_dtype(kind: str):
-    name = NUMPY_OF_KIND.get(kind)
+    name = kinds.BY_NAME[kind].numpy if kind in kinds.BY_NAME else None
     if name is None:
         raise InvalidProblemError(f"dtype {kind!r} has no NumPy equivalent")
     if name in ("bfloat16",) or name.startswith("float8"):
@@ -257,13 +215,8 @@ def _numpy_dtype(kind: str):
     return np.dtype(name)
 
 
-_TORCH_NAMES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "s8": "int8",
-                "u8": "uint8", "i32": "int32", "u32": "uint32", "i64": "int64", "fp8_e4m3": "float8_e4m3fn",
-                "fp8_e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu", "bool": "bool"}
-
-
 def torch_dtype(kind: str):
-    return getattr(_torch(), _TORCH_NAMES[kind])
+    return getattr(_torch(), "bool" if kind == "bool" else kinds.BY_NAME[kind].torch)
 
 
 def stream_handle(ref: ArrayRef) -> int:

@@ -27,6 +27,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import kinds
 from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
 from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
                      launch_cooperative, load_function, memset_u32, properties, resident_blocks)
@@ -34,13 +35,12 @@ from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .quantization import (FLOAT_KINDS, INT_KINDS, _channel_params, _FastCall, _MISS, _math_kind, _out_arg, _replay,
+from .quantization import (_channel_params, _FastCall, _MISS, _out_arg, _replay,
                            _same_device, _overlap, byte_span, launcher_runner)
 from .reference import dynamic_qparams, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 
 MODES = ("symmetric", "asymmetric")
-LOW_BIT = ("s4", "u4", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass
@@ -188,7 +188,7 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
     # warps per SM step down to the kernel with the most warps, t2 last, in 128-thread blocks
     # (tools/probe_small.py, (16, 4096) bf16: token t2 5.18 us against t4 5.41,
     # group 4.70 against 5.38; 32- or 64-thread blocks measured the same or slower).
-    group_threads = 128 if plan.sku.aux_element in ("fp8_e4m3", "fp8_e5m2") else 256
+    group_threads = 128 if plan.sku.aux_element in kinds.FP8 else 256
     enough, best = 2 * properties(args.x.device)["sms"], None
     for p in (16, 8, 4, 2) if u >= 256 else (8, 4, 2):
         threads = cfg.threads or (None if u >= 256 or p == 2 else group_threads)
@@ -592,24 +592,24 @@ def _check_disjoint(fast, refs) -> None:
 
 def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, outs=()):
     xr = as_array(x, "x")
-    if xr.kind not in FLOAT_KINDS:
-        raise UnsupportedError(f"x has dtype {xr.kind}; dynamic_quantize takes {', '.join(FLOAT_KINDS)}")
+    if xr.kind not in kinds.FLOAT:
+        raise UnsupportedError(f"x has dtype {xr.kind}; dynamic_quantize takes {', '.join(kinds.FLOAT)}")
     qk = kind_of(out_dtype, "out_dtype")
     from . import lowbit   # fp8 / packed int4 outputs, MX e8m0 scales
     if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
         if outs:
             raise UnsupportedError(f"out= with out_dtype={out_dtype!r} / scale_dtype={scale_dtype!r}: dynamic_quantize "
-                                   f"writes into given arrays for {', '.join(INT_KINDS)} outputs with float scales only")
+                                   f"writes into given arrays for {', '.join(kinds.INT8)} outputs with float scales only")
         return lowbit.dynamic_quantize(xr, scope=scope, mode=mode, axis=axis, group_size=group_size, kind=qk,
                                        qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
-    if qk not in INT_KINDS:
-        raise UnsupportedError(f"out_dtype={out_dtype!r}; dynamic_quantize produces {', '.join(INT_KINDS)}"
-                               + (" (low-bit formats: docs/lowbit.md)" if qk in LOW_BIT else ""))
+    if qk not in kinds.INT8:
+        raise UnsupportedError(f"out_dtype={out_dtype!r}; dynamic_quantize produces {', '.join(kinds.INT8)}"
+                               + (" (low-bit formats: docs/lowbit.md)" if qk in kinds.LOW_BIT else ""))
     if mode not in MODES:
         raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
     axis = check_scope(xr.shape, scope, axis, group_size)
     qmin, qmax, zp_value = _resolve_range(qk, mode, qmin, qmax)
-    m = _math_kind(xr.kind)
+    m = kinds.math_kind(xr.kind)
     eps = _check_eps(eps, m)
     _check_scale_dtype(scale_dtype, xr.kind, m)
     xv = rows_view(xr, "x")                     # layout errors before anything is allocated

@@ -29,21 +29,21 @@ from typing import Optional
 
 import numpy as np
 
-from . import config, status
+from . import config, kinds, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .device import launch, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .quantization import (FLOAT_KINDS, _check_param_shape, _channel_params, _device_check, _math_kind, _out_arg,
+from .quantization import (_check_param_shape, _channel_params, _device_check, _out_arg,
                            _same_device, _scale_arg, _zero_point_arg)
-from .reference import FP8_MAX, MX_GROUP, dynamic_quantize_lowbit_ref
-from .scopes import QRANGE, check_range, check_scope, implied_zero_point, param_shape, rows_view
+from .reference import MX_GROUP, dynamic_quantize_lowbit_ref
+from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 
-FP8 = ("fp8_e4m3", "fp8_e5m2")
-INT4 = ("s4", "u4")
-KINDS = INT4 + FP8
-E8M0 = "e8m0"
+FP8 = kinds.FP8            # plain aliases of the kind groups (runtime/kinds.py)
+INT4 = kinds.INT4
+KINDS = kinds.LOW_BIT
+E8M0 = kinds.E8M0
 
 
 # -- which arch's kernels: the device's, or lower on request --------------------------------------
@@ -105,7 +105,7 @@ def _check_fp8_args(kind, zero_point, qmin, qmax, arg_zp="zero_point"):
                                   f"(q = fp8(x / scale)); pass {arg_zp}=None")
     if qmin is not None or qmax is not None:
         raise InvalidProblemError(f"qmin={qmin!r}, qmax={qmax!r}: a range applies to integer outputs; {kind} "
-                                  f"saturates at ±{FP8_MAX[kind]:g}")
+                                  f"saturates at ±{kinds.kind(kind).max:g}")
 
 
 def _check_mx(kind, scope, group_size):
@@ -280,7 +280,7 @@ def quantize(xr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_si
                                   and as_array(scale, "scale").kind == E8M0)
     if kind in FP8:
         _check_fp8_args(kind, zero_point, qmin, qmax)
-        qmin, qmax, zp_value, zp = -int(FP8_MAX[kind]), int(FP8_MAX[kind]), 0, None
+        qmin, qmax, zp_value, zp = -int(kinds.kind(kind).max), int(kinds.kind(kind).max), 0, None
     else:
         _check_int4(xr.shape, scope, group_size, kind, "x")
         qmin, qmax = check_range(kind, qmin, qmax)
@@ -291,7 +291,7 @@ def quantize(xr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_si
         _check_mx(kind, scope, group_size)
         s, e8 = 0.0, _e8m0_arg(scale, xr.shape, scope, axis, group_size)
     else:
-        s, e8 = _scale_arg(scale, xr, scope, axis, group_size, _math_kind(xr.kind)), None
+        s, e8 = _scale_arg(scale, xr, scope, axis, group_size, kinds.math_kind(xr.kind)), None
     mode = "symmetric" if zero_point is None else "asymmetric"
     _same_device([xr, s, e8, zp])
     outr = _lowbit_out(out, xr, packed_shape(xr.shape, kind), kind)
@@ -314,8 +314,8 @@ def dequantize(qr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_
     if kind not in KINDS:
         _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 input: UnsupportedError
     yk = kind_of(out_dtype, "out_dtype")
-    if yk not in FLOAT_KINDS:
-        raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(FLOAT_KINDS)}")
+    if yk not in kinds.FLOAT:
+        raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(kinds.FLOAT)}")
     qv = rows_view(qr, "q")
     shape = tuple(qr.shape[:-1]) + (2 * qr.shape[-1],) if kind in INT4 else tuple(qr.shape)
     axis = check_scope(shape, scope, axis, group_size, "q")
@@ -324,10 +324,10 @@ def dequantize(qr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_
                                   and as_array(scale, "scale").kind == E8M0)
     if kind in FP8:
         _check_fp8_args(kind, zero_point, None, None)
-        zp, zp_value, (lo, hi) = None, 0, (-int(FP8_MAX[kind]), int(FP8_MAX[kind]))
+        zp, zp_value, (lo, hi) = None, 0, (-int(kinds.kind(kind).max), int(kinds.kind(kind).max))
     else:
         _check_int4(shape, scope, group_size, kind, "q (unpacked)")
-        lo, hi = QRANGE[kind]
+        lo, hi = kinds.QRANGE[kind]
         zp = None if zero_point is None else _zero_point_arg(zero_point, shape, scope, axis, group_size, lo, hi, qr)
         zp_value = implied_zero_point(kind) if zp is None else (zp if isinstance(zp, int) else 0)
     if mx:
@@ -335,7 +335,7 @@ def dequantize(qr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_
         s, e8 = 0.0, _e8m0_arg(scale, shape, scope, axis, group_size)
     else:
         like = dataclasses.replace(qref, shape=shape)
-        s, e8 = _scale_arg(scale, like, scope, axis, group_size, _math_kind(yk)), None
+        s, e8 = _scale_arg(scale, like, scope, axis, group_size, kinds.math_kind(yk)), None
     mode = "symmetric" if zero_point is None else "asymmetric"
     _same_device([qr, s, e8, zp])
     outr = _out_arg(out, qr, shape, yk)
@@ -368,11 +368,11 @@ def dynamic_quantize(xr: ArrayRef, *, scope, mode="symmetric", axis=None, group_
             raise InvalidProblemError(f"mode={mode!r}: {kind} has no zero point; fp8 dynamic quantization is "
                                       "symmetric (scale = max(amax, eps) / fp8_max)")
         _check_fp8_args(kind, None, qmin, qmax)
-        qmin, qmax, zp_value = -int(FP8_MAX[kind]), int(FP8_MAX[kind]), 0
+        qmin, qmax, zp_value = -int(kinds.kind(kind).max), int(kinds.kind(kind).max), 0
     else:
         _check_int4(xr.shape, scope, group_size, kind, "x")
         qmin, qmax, zp_value = _resolve_range(kind, mode, qmin, qmax)
-    m = _math_kind(xr.kind)
+    m = kinds.math_kind(xr.kind)
     eps = _check_eps(eps, m)
     if mx:
         _check_mx(kind, scope, group_size)

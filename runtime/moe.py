@@ -41,14 +41,13 @@ from typing import Optional
 
 import numpy as np
 
-from . import config, status
+from . import config, kinds, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .errors import InvalidProblemError, UnsupportedError
 from .device import launch
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 
-MOE_KINDS = ("f32", "f16", "bf16")
-MMA_KINDS = ("f16", "bf16")
+MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (SPEC §5)
 STRATEGIES = ("auto", "simt", "mma")
 MAX_EXPERTS = 1024          # routing keeps one counter per expert per warp in shared memory
 MAX_ROWS = 2**31            # row indices are stored as int32 in the routing permutation
@@ -136,7 +135,7 @@ def _contiguous_last(ref: ArrayRef, arg: str):
 
 
 def _dtype_name(kind: str) -> str:
-    return {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}.get(kind, kind)
+    return kinds.kind(kind).numpy if kind in MOE_KINDS else kind
 
 
 def check_problem(x: ArrayRef, w: ArrayRef, dy: Optional[ArrayRef], row_experts, offsets) -> tuple:
@@ -447,7 +446,7 @@ def plan_for(args: MoeArgs, strategy: str = "auto", arch: Optional[int] = None):
     aux = args.out.kind if args.out.kind != element else None
     desc = Descriptor(args.op, element=element, aux_element=aux, category="moe")
     if strategy == "auto":
-        if element in MMA_KINDS and (arch is None or arch >= 80):
+        if element in kinds.HALF and (arch is None or arch >= 80):
             plan = cached_plan(desc, Preference("mma", arch))
             if plan.can_implement(args):
                 return plan

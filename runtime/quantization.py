@@ -11,21 +11,13 @@ import numbers
 import operator
 import sys
 
-from . import config, status
+from . import config, kinds, status
 from .arrays import (ArrayRef, allocator, as_array, empty, kind_of, recording_allocations, stream_getter,
                      stream_handle)
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs
 from .plans import Descriptor, cached_plan
-from .scopes import QRANGE, check_range, check_scope, implied_zero_point, param_shape, rows_view
-
-FLOAT_KINDS = ("f32", "f64", "f16", "bf16")
-INT_KINDS = ("s8", "u8")
-
-
-def _math_kind(float_kind: str) -> str:
-    return "f64" if float_kind == "f64" else "f32"
-
+from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 
 def _same_device(refs):
     devs = {(r.framework, r.device) for r in refs if isinstance(r, ArrayRef)}
@@ -531,21 +523,21 @@ def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, ou
 
 def _quantize(fast, x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax, out, scale_dtype):
     xr = as_array(x, "x")
-    if xr.kind not in FLOAT_KINDS:
-        raise UnsupportedError(f"x has dtype {xr.kind}; quantize takes {', '.join(FLOAT_KINDS)}")
+    if xr.kind not in kinds.FLOAT:
+        raise UnsupportedError(f"x has dtype {xr.kind}; quantize takes {', '.join(kinds.FLOAT)}")
     qk = kind_of(out_dtype, "out_dtype")
     from . import lowbit   # fp8 / packed int4, MX e8m0 scales
     if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
         return lowbit.quantize(xr, scale, zero_point, scope=scope, axis=axis, group_size=group_size, kind=qk,
                                qmin=qmin, qmax=qmax, out=out, scale_dtype=scale_dtype)
-    if qk not in INT_KINDS:
-        raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize produces {', '.join(INT_KINDS)}"
-                               + (" (low-bit formats: docs/lowbit.md)" if qk in ("s4", "u4", "fp8_e4m3", "fp8_e5m2") else ""))
-    _check_scale_dtype(scale_dtype, _math_kind(xr.kind), xr.kind)
+    if qk not in kinds.INT8:
+        raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize produces {', '.join(kinds.INT8)}"
+                               + (" (low-bit formats: docs/lowbit.md)" if qk in kinds.LOW_BIT else ""))
+    _check_scale_dtype(scale_dtype, kinds.math_kind(xr.kind), xr.kind)
     xv = rows_view(xr, "x")
     axis = check_scope(xr.shape, scope, axis, group_size)
     qmin, qmax = check_range(qk, qmin, qmax)
-    s = _scale_arg(scale, xr, scope, axis, group_size, _math_kind(xr.kind))
+    s = _scale_arg(scale, xr, scope, axis, group_size, kinds.math_kind(xr.kind))
     mode = "symmetric" if zero_point is None else "asymmetric"
     zp = None if zero_point is None else _zero_point_arg(zero_point, xr.shape, scope, axis, group_size, qmin, qmax, xr)
     _same_device([xr, s, zp])
@@ -591,16 +583,16 @@ def _dequantize(fast, q, scale, zero_point, scope, axis, group_size, out_dtype, 
     if low is not None or lowbit.is_e8m0(scale_dtype):
         return lowbit.dequantize(qr, scale, zero_point, scope=scope, axis=axis, group_size=group_size,
                                  kind=low or qr.kind, out_dtype=out_dtype, out=out, scale_dtype=scale_dtype)
-    if qr.kind not in INT_KINDS:
-        raise UnsupportedError(f"q has dtype {qr.kind}; dequantize takes {', '.join(INT_KINDS)}")
+    if qr.kind not in kinds.INT8:
+        raise UnsupportedError(f"q has dtype {qr.kind}; dequantize takes {', '.join(kinds.INT8)}")
     yk = kind_of(out_dtype, "out_dtype")
-    if yk not in FLOAT_KINDS:
-        raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(FLOAT_KINDS)}")
-    _check_scale_dtype(scale_dtype, _math_kind(yk), yk)
+    if yk not in kinds.FLOAT:
+        raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(kinds.FLOAT)}")
+    _check_scale_dtype(scale_dtype, kinds.math_kind(yk), yk)
     qv = rows_view(qr, "q")
     axis = check_scope(qr.shape, scope, axis, group_size, "q")
-    lo, hi = QRANGE[qr.kind]
-    s = _scale_arg(scale, qr, scope, axis, group_size, _math_kind(yk))
+    lo, hi = kinds.QRANGE[qr.kind]
+    s = _scale_arg(scale, qr, scope, axis, group_size, kinds.math_kind(yk))
     mode = "symmetric" if zero_point is None else "asymmetric"
     zp = None if zero_point is None else _zero_point_arg(zero_point, qr.shape, scope, axis, group_size, lo, hi, qr)
     _same_device([qr, s, zp])

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kinds
 from .arrays import numpy_dtype
-from .scopes import QRANGE, implied_zero_point
+from .scopes import implied_zero_point
 
 
 def math_dtype(kind_or_dtype) -> np.dtype:
@@ -33,7 +34,7 @@ def broadcast_param(p, shape, scope, axis=None, group_size=None):
 
 
 def _qparams(x_shape, scale, zero_point, scope, axis, group_size, math, out_kind, qmin, qmax):
-    lo, hi = QRANGE[out_kind]
+    lo, hi = kinds.QRANGE[out_kind]
     qmin = lo if qmin is None else qmin
     qmax = hi if qmax is None else qmax
     s = broadcast_param(np.asarray(scale).astype(math), x_shape, scope, axis, group_size)
@@ -82,7 +83,7 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
 def dynamic_range(kind: str, mode: str, qmin=None, qmax=None):
     """Effective (qmin, qmax, zp) of dynamic_quantize: symmetric defaults are the symmetric
     range (s8 -127..127, u8 1..255) with the implied zero point; asymmetric the full range."""
-    lo, hi = QRANGE[kind]
+    lo, hi = kinds.QRANGE[kind]
     if mode == "symmetric":
         z = implied_zero_point(kind)
         qmin = (2 * z - hi) if qmin is None else qmin
@@ -186,7 +187,7 @@ def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_
     """``dx = dy * (qmin <= v <= qmax)`` with quantize's ``v`` (SPEC §5), in x's dtype."""
     v, _, _ = quantize_values(np.asarray(x), scale, zero_point, scope=scope, axis=axis, group_size=group_size,
                               out_kind=out_dtype, qmin=qmin, qmax=qmax)
-    lo, hi = QRANGE[out_dtype]
+    lo, hi = kinds.QRANGE[out_dtype]
     qmin = lo if qmin is None else qmin
     qmax = hi if qmax is None else qmax
     return _masked(dy, _in_range(v, qmin, qmax), math_dtype(np.asarray(x).dtype))
@@ -329,19 +330,14 @@ def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ax
 
 
 # -- low-bit formats: fp8 e4m3fn / e5m2, packed int4, e8m0 (MX) block scales ------------
-FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
-INT4_KINDS = ("s4", "u4")
-FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
-FP8_MBITS = {"fp8_e4m3": 3, "fp8_e5m2": 2}
-FP8_EMIN = {"fp8_e4m3": -6, "fp8_e5m2": -14}     # exponent of the smallest normal
-FP8_EMAX = {"fp8_e4m3": 8, "fp8_e5m2": 15}       # of the largest normal: OCP MX "emax_elem"
+# fp8 formats (max, mantissa bits, emin, emax): runtime/kinds.py
 FP8_NAN = 0x7F                                    # the NaN code every conversion writes
 MX_GROUP = 32
 
 
 def _fp8_dtype(kind: str):
     import ml_dtypes
-    return np.dtype(ml_dtypes.float8_e4m3fn if kind == "fp8_e4m3" else ml_dtypes.float8_e5m2)
+    return np.dtype(getattr(ml_dtypes, kinds.kind(kind).numpy))
 
 
 def fp8_encode(t, kind: str) -> np.ndarray:
@@ -351,11 +347,11 @@ def fp8_encode(t, kind: str) -> np.ndarray:
     twice; so t is first rounded onto the fp8 grid here, exactly, and ml_dtypes encodes the
     grid value, which it represents exactly.)"""
     t = np.asarray(t)
-    mx = FP8_MAX[kind]
+    mx = kinds.kind(kind).max
     with np.errstate(all="ignore"):
         a = np.clip(t.astype(np.float64), -mx, mx)
         _, e = np.frexp(a)                                      # |a| = f * 2**e, 0.5 <= f < 1
-        qe = np.maximum(e - 1, FP8_EMIN[kind]) - FP8_MBITS[kind]   # exponent of the fp8 quantum
+        qe = np.maximum(e - 1, kinds.kind(kind).emin) - kinds.kind(kind).mbits   # exponent of the fp8 quantum
         r = np.ldexp(np.rint(np.ldexp(a, -qe)), qe)
         codes = r.astype(_fp8_dtype(kind)).view(np.uint8)
     return np.where(np.isnan(t), np.uint8(FP8_NAN), codes).astype(np.uint8)
@@ -373,7 +369,7 @@ def e8m0_from_amax(amax, kind: str) -> np.ndarray:
     with np.errstate(all="ignore"):
         _, e = np.frexp(a)
     fl = np.where(a == 0, -(1 << 20), np.where(np.isfinite(a), e.astype(np.int64) - 1, 1 << 20))
-    return (np.clip(fl - FP8_EMAX[kind], -127, 127) + 127).astype(np.uint8)
+    return (np.clip(fl - kinds.kind(kind).emax, -127, 127) + 127).astype(np.uint8)
 
 
 def e8m0_scale(codes, math=np.float32) -> np.ndarray:
@@ -409,7 +405,7 @@ def quantize_lowbit(x, scale, zero_point=None, *, scope, axis=None, group_size=N
     x = np.asarray(x)
     math = math_dtype(x.dtype)
     s = _params_math(scale, scale_dtype, math)
-    if out_dtype in FP8_KINDS:
+    if out_dtype in kinds.FP8:
         sb = broadcast_param(s, x.shape, scope, axis, group_size)
         inv = (math.type(1) / sb).astype(math)
         with np.errstate(all="ignore"):
@@ -427,7 +423,7 @@ def dequantize_lowbit(q, scale, zero_point=None, *, scope, axis=None, group_size
     math = math_dtype(out_dtype)
     q = np.asarray(q)
     s = _params_math(scale, scale_dtype, math)
-    if in_kind in FP8_KINDS:
+    if in_kind in kinds.FP8:
         vals = fp8_decode(q, in_kind, math)
         sb = broadcast_param(s, vals.shape, scope, axis, group_size)
         with np.errstate(all="ignore"):
@@ -466,14 +462,14 @@ def dynamic_quantize_lowbit_ref(x, *, scope, mode="symmetric", axis=None, group_
     or with ``scale_dtype="e8m0"`` the MX codes ``e8m0_from_amax`` (uint8, eps unused); s4/u4: the
     integer formulas of ``dynamic_qparams``. ``q == quantize_lowbit(x, scale, zp)`` by construction."""
     x = np.asarray(x)
-    if out_dtype in FP8_KINDS:
+    if out_dtype in kinds.FP8:
         amax = slice_amax(x, scope=scope, axis=axis, group_size=group_size)
         if scale_dtype == "e8m0":
             scale = e8m0_from_amax(amax, out_dtype)
         else:
             m = math_dtype(x.dtype).type
             with np.errstate(all="ignore"):
-                scale = (np.fmax(amax, m(eps)) / m(FP8_MAX[out_dtype])).astype(math_dtype(x.dtype))
+                scale = (np.fmax(amax, m(eps)) / m(kinds.kind(out_dtype).max)).astype(math_dtype(x.dtype))
         zp = None
     else:
         scale, zp, qmin, qmax = dynamic_qparams(x, scope=scope, mode=mode, axis=axis, group_size=group_size,

@@ -10,15 +10,15 @@ from __future__ import annotations
 import math as _math
 from dataclasses import dataclass
 
+from . import kinds
 from .errors import InvalidProblemError, UnsupportedError
 
-QRANGE = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15)}
 SCOPES = ("tensor", "channel", "token", "group")
 
 
 def implied_zero_point(kind: str) -> int:
     """Symmetric mode's zero point: the middle of the kind's range (0 signed, 128 for u8)."""
-    lo, hi = QRANGE[kind]
+    lo, hi = kinds.QRANGE[kind]
     return (lo + hi + 1) // 2
 
 
@@ -97,7 +97,7 @@ def check_scope(x_shape, scope, axis, group_size, arg="x"):
 
 def check_range(kind: str, qmin, qmax):
     """Effective (qmin, qmax) for an integer kind, validated."""
-    lo, hi = QRANGE[kind]
+    lo, hi = kinds.QRANGE[kind]
     qmin = lo if qmin is None else qmin
     qmax = hi if qmax is None else qmax
     for name, v in (("qmin", qmin), ("qmax", qmax)):

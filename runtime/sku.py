@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from . import kinds
 from .errors import InvalidProblemError
 
 CATEGORIES = ("quantization", "moe")
@@ -26,11 +27,8 @@ OPS = {
 }
 SCOPES = ("tensor", "channel", "token", "group")
 MODES = ("symmetric", "asymmetric")
-ELEMENTS = ("f16", "bf16", "f32", "f64", "s8", "u8", "s4", "u4",
-            "fp8_e4m3", "fp8_e5m2", "e8m0", "i32", "u32")
 ARCHES = ("sm80", "sm89", "sm90")
 BACKENDS = ("simt", "mma")
-MATH = ("f16", "bf16", "f32", "f64")
 
 NONE = "-"
 
@@ -47,8 +45,8 @@ class Precision:
     def __post_init__(self):
         for name in ("math", "accumulator"):
             value = getattr(self, name)
-            if value not in MATH:
-                raise InvalidProblemError(f"Precision.{name}={value!r}; supported: {', '.join(MATH)}")
+            if value not in kinds.MATH:
+                raise InvalidProblemError(f"Precision.{name}={value!r}; supported: {', '.join(kinds.MATH)}")
 
     def __str__(self) -> str:
         s = f"{self.math}.acc-{self.accumulator}"
@@ -94,8 +92,8 @@ class KernelSku:
         _check("op", self.op, OPS[self.category])
         _check("scope", self.scope, SCOPES)
         _check("mode", self.mode, MODES)
-        _check("element", self.element, ELEMENTS)
-        _check("aux_element", self.aux_element, ELEMENTS)
+        _check("element", self.element, kinds.ELEMENTS)
+        _check("aux_element", self.aux_element, kinds.ELEMENTS)
         _check("arch", self.arch, ARCHES)
         _check("backend", self.backend, BACKENDS)
 

@@ -26,13 +26,13 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from . import status
+from . import kinds, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .device import load_function, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
 from .plans import Descriptor, Launcher, cached_plan, launcher
-from .quantization import (FLOAT_KINDS, INT_KINDS, _MISS, _channel_params, _FastCall, _math_kind, _out_arg, _replay,
+from .quantization import (_MISS, _channel_params, _FastCall, _out_arg, _replay,
                            _same_device, _scale_arg, _zero_point_arg, launch_elementwise)
 from .reference import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
 from .scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
@@ -44,8 +44,8 @@ QLIMIT = 2 ** 24                         # |qmin|, |qmax| bound: integers float3
 # -- validation ---------------------------------------------------------------------------------
 def _float_array(a, arg: str, op: str) -> ArrayRef:
     ref = as_array(a, arg)
-    if ref.kind not in FLOAT_KINDS:
-        raise UnsupportedError(f"{arg} has dtype {ref.kind}; {op} takes {', '.join(FLOAT_KINDS)}")
+    if ref.kind not in kinds.FLOAT:
+        raise UnsupportedError(f"{arg} has dtype {ref.kind}; {op} takes {', '.join(kinds.FLOAT)}")
     return ref
 
 
@@ -111,7 +111,7 @@ def _empty_param(p, x: ArrayRef, scope, axis, group_size, arg: str, kind: str):
 
 def _params(x: ArrayRef, scale, zero_point, scope, axis, group_size, qmin, qmax, zp_symmetric) -> _Params:
     axis = check_scope(x.shape, scope, axis, group_size)
-    mk = _math_kind(x.kind)
+    mk = kinds.math_kind(x.kind)
     s = _empty_param(scale, x, scope, axis, group_size, "scale", mk) if x.size == 0 else None
     s = s or _scale_arg(scale, x, scope, axis, group_size, mk)
     if zero_point is None:
@@ -162,9 +162,9 @@ def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_
         xr = _float_array(x, "x", "quantize_backward")
         dyr = _grad_array(dy, xr)
         qk = kind_of(out_dtype, "out_dtype")
-        if qk not in INT_KINDS:
+        if qk not in kinds.INT8:
             raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize_backward follows quantize to "
-                                   f"{', '.join(INT_KINDS)}")
+                                   f"{', '.join(kinds.INT8)}")
         check_scope(xr.shape, scope, axis, group_size)
         qmin, qmax = check_range(qk, qmin, qmax)
         p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, implied_zero_point(qk))
@@ -413,7 +413,7 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
     qmin, qmax = fake_quant_range(qmin, qmax, learnable=True)
     g = _grad_factor(grad_factor)
     p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
-    mk = _math_kind(xr.kind)
+    mk = kinds.math_kind(xr.kind)
     pshape = param_shape(xr.shape, scope, p.axis, group_size)
     xv, dyv = rows_view(xr, "x"), rows_view(dyr, "dy")
     outr = _out_arg(out, xr, xr.shape, xr.kind)

@@ -207,7 +207,7 @@ H200 = {"name": "fake", "cc": 90, "sms": 132, "max_threads_per_sm": 2048}
 
 class _Plan:
     def __init__(self, scope, mode="symmetric", element="bf16"):
-        from codegen.matrix import SIZE
+        from runtime.kinds import SIZE
         from runtime.sku import KernelSku, Precision
         vec = 16 // SIZE[element]
         self.sku = KernelSku("quantization", "dynamic_quantize", scope, mode, element, "s8",

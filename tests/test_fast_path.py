@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from runtime import arrays, config
+from runtime import arrays, config, kinds
 from runtime.abi import Abi
 from runtime import dynamic as dyn
 from runtime import launch as launch_mod
@@ -64,7 +64,7 @@ class Device:
         return D(shape, dtype, strides, ptr=self.ptr(n, offset))
 
     def new(self, shape, kind):
-        dt = "bool" if kind == "bool" else (arrays.NUMPY_OF_KIND[kind] if kind != "bf16" else "float16")
+        dt = "bool" if kind == "bool" else (kinds.kind(kind).numpy if kind != "bf16" else "float16")
         return D(shape, dt, ptr=self.ptr(math.prod(shape) * np.dtype(dt).itemsize))
 
     def launch(self, fn, grid, block, fmt, values, stream, shared_mem=0):

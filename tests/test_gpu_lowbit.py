@@ -15,7 +15,7 @@ import runtime as sf
 from codegen.harness import verify
 from codegen.harness.checks import base as checks
 from codegen.harness.checks import lowbit as checks_lowbit
-from runtime import lowbit
+from runtime import kinds, lowbit
 from runtime import reference as ref
 from runtime.arrays import kind_of
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 
 REG = sf.default_registry()
 LOWBIT = [s for s in REG.skus() if checks_lowbit.is_lowbit(s)]
-FP8 = ("fp8_e4m3", "fp8_e5m2")
+FP8 = kinds.FP8
 
 
 def _cc():

@@ -13,6 +13,7 @@ import runtime as sf
 from codegen import matrix
 from codegen.harness import registry, verify
 from codegen.harness.checks import lowbit as checks_lowbit
+from runtime import kinds
 from runtime import reference as ref
 from runtime.arrays import kind_of
 
@@ -52,9 +53,9 @@ class ReferenceDevice:
             scale = np.asarray(scale).astype(np.float32) if scale_dtype is None else scale
         q = ref.quantize_lowbit(xm, scale, zero_point, scope=scope, axis=axis, group_size=group_size, out_dtype=k,
                                 qmin=qmin, qmax=qmax, scale_dtype=scale_dtype)
-        if self.bug == "signed-nan" and k in checks_lowbit.lowbit.FP8:
+        if self.bug == "signed-nan" and k in kinds.FP8:
             q = np.where(np.isnan(xm) & np.signbit(xm), np.uint8(0xFF), q)
-        if self.bug == "nibbles" and k in checks_lowbit.lowbit.INT4:
+        if self.bug == "nibbles" and k in kinds.INT4:
             q = ((q >> 4) | (q << 4)).astype(np.uint8)
         return q
 
@@ -63,7 +64,7 @@ class ReferenceDevice:
         k = kind_of(in_dtype)
         y = ref.dequantize_lowbit(q, scale, zero_point, scope=scope, axis=axis, group_size=group_size, in_kind=k,
                                   out_dtype=kind_of(out_dtype), scale_dtype=scale_dtype)
-        if self.bug == "subnormal-flush" and k in checks_lowbit.lowbit.FP8:
+        if self.bug == "subnormal-flush" and k in kinds.FP8:
             codes = np.asarray(q).view(np.uint8)
             y = np.where(((codes & 0x7F) >> (3 if k == "fp8_e4m3" else 2)) == 0, y.dtype.type(0), y)
         return y

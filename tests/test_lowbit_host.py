@@ -19,7 +19,7 @@ import pytest
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from runtime import config  # noqa: E402
+from runtime import config, kinds  # noqa: E402
 from runtime import reference as ref  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,7 +120,7 @@ def enc(lib, x, kind):
 
 def ml_encode_f32(x, kind):
     """ml_dtypes' own float32 cast (a single rounding), plus satfinite and the canonical NaN code."""
-    mx = np.float32(ref.FP8_MAX[kind])
+    mx = np.float32(kinds.kind(kind).max)
     with np.errstate(invalid="ignore"):
         codes = np.clip(x, -mx, mx).astype(ML[kind]).view(np.uint8)
     return np.where(np.isnan(x), np.uint8(0x7F), codes)
@@ -157,8 +157,8 @@ CHUNK = 1 << 24
 def _binade_ranges(kind):
     """Bit ranges (start, count) of every float32 with an exponent from a quarter of the smallest
     fp8 subnormal to twice the largest fp8 value, both signs."""
-    lo_exp = ref.FP8_EMIN[kind] - ref.FP8_MBITS[kind] - 2
-    hi_exp = ref.FP8_EMAX[kind] + 1
+    lo_exp = kinds.kind(kind).emin - kinds.kind(kind).mbits - 2
+    hi_exp = kinds.kind(kind).emax + 1
     start = (lo_exp + 127) << 23
     end = (hi_exp + 128) << 23
     return [(sign | start, end - start) for sign in (0, 1 << 31)]
@@ -179,7 +179,7 @@ def test_encode_f32_every_float_of_the_fp8_range(lib, kind):
 
 @pytest.mark.parametrize("kind", FORMATS)
 def test_encode_f32_edges_and_random(lib, kind, rng):
-    mx = ref.FP8_MAX[kind]
+    mx = kinds.kind(kind).max
     edges = np.array([0.0, -0.0, mx, -mx, np.nextafter(np.float32(mx), np.float32(np.inf)), -np.nextafter(np.float32(mx), np.float32(np.inf)),
                       1e30, -1e30, np.inf, -np.inf, np.float32(3.4e38), 1e-45, -1e-45, 1.1754942e-38], np.float32)
     nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF], np.uint32).view(np.float32)
@@ -209,7 +209,7 @@ def _exact_f64_encode(x, kind):
     """A third, independent definition: round |x| with Python integers/fractions."""
     from fractions import Fraction
     out = []
-    mb, emin, mx = ref.FP8_MBITS[kind], ref.FP8_EMIN[kind], ref.FP8_MAX[kind]
+    mb, emin, mx = kinds.kind(kind).mbits, kinds.kind(kind).emin, kinds.kind(kind).max
     grid = np.arange(256, dtype=np.uint8).view(ML[kind]).astype(np.float64)
     for v in x:
         if np.isnan(v):

@@ -339,8 +339,8 @@ def fake_gpu(monkeypatch):
     rec = _Launches()
 
     def fake_empty(like, shape, kind):
-        from runtime.arrays import NUMPY_OF_KIND
-        return D(shape, NUMPY_OF_KIND[kind] if kind not in ("bf16",) else "float16", ptr=0x7F0000100000)
+        from runtime import kinds
+        return D(shape, kinds.kind(kind).numpy if kind not in ("bf16",) else "float16", ptr=0x7F0000100000)
 
     monkeypatch.setattr(launch_mod, "launch", rec.launch)
     monkeypatch.setattr(training, "empty", fake_empty)

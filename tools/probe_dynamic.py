@@ -106,7 +106,8 @@ def make_args(case, shape, x, torch):
     from runtime.arrays import as_array
     from runtime.dynamic import DynamicArgs
     from runtime.lowbit import packed_shape
-    from runtime.reference import FP8_MAX, dynamic_range
+    from runtime import kinds
+    from runtime.reference import dynamic_range
     from runtime.scopes import param_shape, rows_view
     el, qk, scope, mode = case
     gs = GROUP if scope == "group" else None
@@ -116,8 +117,8 @@ def make_args(case, shape, x, torch):
     q = torch.empty(packed_shape(shape, qk), dtype=qdtype, device=dev)
     scale = torch.empty(pshape, dtype=torch.float32, device=dev)
     zp = torch.empty(pshape, dtype=torch.int32, device=dev) if mode == "asymmetric" else None
-    if qk in FP8_MAX:
-        qmin, qmax, zpv = -int(FP8_MAX[qk]), int(FP8_MAX[qk]), 0
+    if qk in kinds.FP8:
+        qmin, qmax, zpv = -int(kinds.kind(qk).max), int(kinds.kind(qk).max), 0
     else:
         qmin, qmax, zpv = dynamic_range(qk, mode)
         zpv = zpv or 0
@@ -213,19 +214,20 @@ def describe(plan, args, launcher, pack: int) -> dict:
 
 def expected_bytes(case, shape) -> int:
     el, qk, scope, mode = case
+    from runtime import kinds
     n = math.prod(shape)
-    isz = {"bf16": 2, "f16": 2, "f32": 4}[el]
+    isz = kinds.SIZE[el]
     groups = n // (GROUP if scope == "group" else shape[-1])
-    return n * isz + (n // 2 if qk in ("s4", "u4") else n) + groups * (8 if mode == "asymmetric" else 4)
+    return n * isz + n // kinds.kind(qk).pack + groups * (8 if mode == "asymmetric" else 4)
 
 
 def run_case(case, shape, plan, timer, variants, torch):
     """Every variant on one case: the first (``block`` by default) checked against NumPy on the row
     bands, every one against the first bit for bit on the whole tensor, then timed."""
     from codegen.harness.bench import gbps, same_size_copy
-    from runtime import config
+    from runtime import config, kinds
     el, qk, scope, mode = case
-    pack = 2 if qk in ("s4", "u4") else 1
+    pack = kinds.kind(qk).pack
     xs = [random_x(el, shape, torch, specials=(i == 0)) for i in range(2)]
     sets = [make_args(case, shape, x, torch) for x in xs]
     nbytes = expected_bytes(case, shape)

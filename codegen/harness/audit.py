@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from runtime import kinds
+
 from .records import AUDIT_DIR, ROOT, now, read_json, write_json
 
 README = ROOT / "README.md"
@@ -292,8 +294,7 @@ def op_table(audit: Audit, category: str, op: str):
     return varying, scopes, rows
 
 
-_VOCAB = ("f16", "bf16", "f32", "f64", "s8", "u8", "s4", "u4", "fp8_e4m3", "fp8_e5m2", "e8m0", "i32", "u32",
-          "symmetric", "asymmetric", "sm80", "sm89", "sm90", "simt", "mma", "-")
+_VOCAB = kinds.ELEMENTS + ("symmetric", "asymmetric", "sm80", "sm89", "sm90", "simt", "mma", "-")
 
 
 def row_order(key) -> tuple:

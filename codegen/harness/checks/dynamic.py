@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 import runtime as sf
+from runtime import kinds
 from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.reference import dynamic_quantize_ref, dynamic_range
@@ -46,7 +47,7 @@ def _ranges(qkind, mode, rng):
     if rng.random() < 0.7:
         return None, None
     if mode == "symmetric":
-        return (-128, 127) if qkind == "s8" else (0, 255)
+        return kinds.QRANGE[qkind]
     lo, hi = dynamic_range(qkind, "asymmetric")[:2]
     return lo + int(rng.integers(0, 20)), hi - int(rng.integers(0, 20))
 

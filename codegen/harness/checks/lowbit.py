@@ -16,15 +16,15 @@ import math
 import numpy as np
 
 import runtime as sf
-from runtime import lowbit
+from runtime import kinds, lowbit
 from runtime import reference as ref
 from runtime.arrays import numpy_dtype
-from runtime.scopes import QRANGE, param_shape
+from runtime.scopes import param_shape
 
 from ..registry import checker
 from .base import CheckResult, patterned, record, strided_rows, to_device, to_host
 
-KINDS = set(lowbit.KINDS)
+KINDS = set(kinds.LOW_BIT)
 OPS = ("quantize", "dequantize", "dynamic_quantize")
 
 
@@ -36,10 +36,10 @@ def is_lowbit(sku) -> bool:
 #    on the CPU against a reference "device") ----------------------------------------------------------
 def put(a: np.ndarray, fw: str, kind: str = None):
     """Host -> device; ``kind`` (fp8) with torch gives a float8 tensor, else uint8 codes stay uint8."""
-    if kind in lowbit.FP8 and fw == "torch":
+    if kind in kinds.FP8 and fw == "torch":
         import torch
         t = torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).cuda()
-        return t.view(torch.float8_e4m3fn if kind == "fp8_e4m3" else torch.float8_e5m2)
+        return t.view(getattr(torch, kinds.kind(kind).torch))
     return to_device(np.ascontiguousarray(a), fw)
 
 
@@ -81,7 +81,7 @@ def shapes(scope: str, kind: str):
         "channel": [((40, 256), 1, None), ((40, 256), 0, None), ((3, 6, 5, 32), 1, None), ((2, 3, 4, 5, 7), -1, None),
                     ((2, 2, 2, 2, 2, 2, 2, 16), 3, None), ((0, 8), 1, None)],
     }[scope]
-    if kind not in lowbit.INT4:
+    if kind not in kinds.INT4:
         return base
     out = []
     for shape, axis, gs in base:
@@ -97,7 +97,7 @@ def fp8_values(n: int, kind: str, rng) -> np.ndarray:
     """float64 values (before scaling) that exercise fp8 rounding: random magnitudes from deep in the
     subnormals to far past the max, every tie between neighbouring codes, ±max, the next double
     above max, ±0, ±inf, NaN."""
-    mx = ref.FP8_MAX[kind]
+    mx = kinds.kind(kind).max
     grid = np.arange(256, dtype=np.uint8).view(ref._fp8_dtype(kind)).astype(np.float64)
     g = np.unique(np.abs(grid[np.isfinite(grid)]))
     ties = (g[:-1] + g[1:]) / 2
@@ -114,7 +114,7 @@ def fp8_values(n: int, kind: str, rng) -> np.ndarray:
 
 def int4_values(n: int, kind: str, rng) -> np.ndarray:
     """float64 values (before scaling) around the int4 grid: ties at .5, saturation, NaN/±inf, ±0."""
-    lo, hi = QRANGE[kind]
+    lo, hi = kinds.QRANGE[kind]
     pick = rng.random(n)
     v = rng.uniform(lo - 3, hi + 3, n)
     v = np.where(pick < 0.35, rng.integers(lo - 2, hi + 2, n) + 0.5, v)
@@ -127,7 +127,7 @@ def int4_values(n: int, kind: str, rng) -> np.ndarray:
 
 def _float_data(shape, kind, float_kind, rng, scale_full):
     n = math.prod(shape)
-    v = (fp8_values if kind in lowbit.FP8 else int4_values)(n, kind, rng).reshape(shape)
+    v = (fp8_values if kind in kinds.FP8 else int4_values)(n, kind, rng).reshape(shape)
     with np.errstate(all="ignore"):
         return (v * scale_full).astype(numpy_dtype(float_kind))
 
@@ -173,7 +173,7 @@ def check_quantize(sku, rng, preferred_fw="cupy") -> CheckResult:
         return res
     kind, fl = sku.aux_element, sku.element
     m = "f64" if fl == "f64" else "f32"
-    mx_ok = kind in lowbit.FP8 and sku.scope == "group"
+    mx_ok = kind in kinds.FP8 and sku.scope == "group"
     cases = [(s, a, g, False) for s, a, g in shapes(sku.scope, kind)]
     if mx_ok:
         cases += [((12, 256), None, 32, True), ((3, 5, 64), None, 32, True), ((0, 32), None, 32, True)]
@@ -190,8 +190,8 @@ def check_quantize(sku, rng, preferred_fw="cupy") -> CheckResult:
                 x = _float_data(shape, kind, fl, rng, ref.broadcast_param(s_vals, shape, sku.scope, axis, gs))
                 zp = None
                 qmin = qmax = None
-                if kind in lowbit.INT4:
-                    lo, hi = QRANGE[kind]
+                if kind in kinds.INT4:
+                    lo, hi = kinds.QRANGE[kind]
                     qmin, qmax = (lo, hi) if rng.random() < 0.5 else (lo + 1, hi - 2)
                     if sku.mode == "asymmetric":
                         zp = rng.integers(qmin, qmax + 1, size=pshape).astype(np.int32)
@@ -226,7 +226,7 @@ def check_dequantize(sku, rng, preferred_fw="cupy") -> CheckResult:
     kind, fl = sku.element, sku.aux_element
     m = "f64" if fl == "f64" else "f32"
     cases = [(s, a, g, False) for s, a, g in shapes(sku.scope, kind)]
-    if kind in lowbit.FP8 and sku.scope == "group":
+    if kind in kinds.FP8 and sku.scope == "group":
         cases += [((12, 256), None, 32, True), ((0, 32), None, 32, True)]
     with lowbit.prefer_arch(sku.arch_number):
         for i, (shape, axis, gs, mx) in enumerate(cases):
@@ -240,11 +240,11 @@ def check_dequantize(sku, rng, preferred_fw="cupy") -> CheckResult:
                 q = _codes(shape, kind, rng)
                 zp = None
                 if sku.mode == "asymmetric":
-                    lo, hi = QRANGE[kind]
+                    lo, hi = kinds.QRANGE[kind]
                     zp = rng.integers(lo, hi + 1, size=pshape).astype(np.int32)
                 want = ref.dequantize_lowbit(q, scale, zp, scope=sku.scope, axis=axis, group_size=gs, in_kind=kind,
                                              out_dtype=fl, scale_dtype="e8m0" if mx else None)
-                typed = kind in lowbit.FP8 and fw == "torch" and i % 4 == 1    # a torch fp8 tensor, no in_dtype
+                typed = kind in kinds.FP8 and fw == "torch" and i % 4 == 1    # a torch fp8 tensor, no in_dtype
                 qd = put(q, fw, kind if typed else None)
                 if strided_:
                     qd = strided(qd, 16 + int(rng.integers(0, 8)), fw)
@@ -279,7 +279,7 @@ def check_dynamic(sku, rng, preferred_fw="cupy") -> CheckResult:
         return res
     kind, fl, mode, scope = sku.aux_element, sku.element, sku.mode, sku.scope
     cases = [(s, a, g, False) for s, a, g in DYN_SHAPES[scope]]
-    if kind in lowbit.FP8 and scope == "group":
+    if kind in kinds.FP8 and scope == "group":
         cases += [((12, 256), None, 32, True), ((70001, 32), None, 32, True), ((3, 4, 64), None, 32, True)]
     cases += [(s, a, g, None) for s, a, g in DYN_EMPTY[scope]]
     with lowbit.prefer_arch(sku.arch_number):
@@ -289,12 +289,12 @@ def check_dynamic(sku, rng, preferred_fw="cupy") -> CheckResult:
                     continue
                 fw = _framework(preferred_fw, i)
                 x = patterned(shape, rng, fl, specials=scope != "tensor")
-                if kind in lowbit.FP8 and x.size and i % 2:     # a power-of-two amax: exact scales, exact ties
+                if kind in kinds.FP8 and x.size and i % 2:     # a power-of-two amax: exact scales, exact ties
                     with np.errstate(over="ignore"):
-                        x.reshape(-1)[0] = ref.FP8_MAX[kind] * 2.0 ** int(rng.integers(-4, 5))
+                        x.reshape(-1)[0] = kinds.kind(kind).max * 2.0 ** int(rng.integers(-4, 5))
                 qmin = qmax = None
-                if kind in lowbit.INT4 and mode == "asymmetric" and rng.random() < 0.3:
-                    lo, hi = QRANGE[kind]
+                if kind in kinds.INT4 and mode == "asymmetric" and rng.random() < 0.3:
+                    lo, hi = kinds.QRANGE[kind]
                     qmin, qmax = lo + 1, hi - 1
                 label = f"{shape} axis={axis} gs={gs} mx={bool(mx)} strided={strided_} {fw}"
                 _dynamic_case(res, sku, x, fw, rng, axis, gs, bool(mx), strided_, label, qmin, qmax)
@@ -323,7 +323,7 @@ def _dynamic_case(res, sku, x, fw, rng, axis, gs, mx, strided_, label, qmin, qma
     if x.size == 0:
         return
     # the invariant q == quantize(x, scale, zp) on the device, and dequantize == the reference
-    if kind in lowbit.INT4:
+    if kind in kinds.INT4:
         eff_min, eff_max, _ = ref.dynamic_range(kind, mode, qmin, qmax)
     else:
         eff_min = eff_max = None

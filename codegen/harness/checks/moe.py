@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 import runtime as sf
+from runtime import kinds
 from runtime import reference_moe as ref
 from runtime.arrays import numpy_dtype
 
@@ -80,8 +81,7 @@ def _dev(a, fw, strided, rng):
 
 
 def _dw_dtype(sku):
-    return "float32" if (sku.aux_element == "f32" or sku.element == "f32") else \
-        {"f16": "float16", "bf16": "bfloat16"}[sku.element]
+    return "float32" if (sku.aux_element == "f32" or sku.element == "f32") else kinds.kind(sku.element).numpy
 
 
 def _same_bits(a, b) -> bool:

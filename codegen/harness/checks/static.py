@@ -6,10 +6,10 @@ import contextlib
 import numpy as np
 
 import runtime as sf
+from runtime import kinds
 from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.launch import grid_cap
-from runtime.scopes import QRANGE
 
 from ..registry import checker
 from .base import CheckResult, _pow2_scales, _random_floats, _record, _shapes, framework_for, strided_rows, to_device, \
@@ -23,7 +23,7 @@ def check_static(sku, rng, preferred_fw="cupy") -> CheckResult:
     qkind = sku.aux_element if sku.op == "quantize" else sku.element
     math_kind = "f64" if float_kind == "f64" else "f32"
     fw = framework_for(float_kind, preferred_fw)
-    lo, hi = QRANGE[qkind]
+    lo, hi = kinds.QRANGE[qkind]
     for shape, axis, gs in _shapes(sku.scope, rng):
         for strided in (False, True):
             if strided and len(shape) < 2:
@@ -45,7 +45,7 @@ def check_static(sku, rng, preferred_fw="cupy") -> CheckResult:
 def _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qmax, qkind, float_kind, pshape, fw,
                  rng):
     """One quantize / dequantize case against the reference."""
-    lo, hi = QRANGE[qkind]
+    lo, hi = kinds.QRANGE[qkind]
     if sku.op == "quantize":
         x = _random_floats(shape, ref.broadcast_param(scale.astype(np.float64), shape, sku.scope, axis, gs),
                            rng, float_kind)

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 import runtime as sf
+from runtime import kinds
 from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.launch import grid_cap
@@ -115,7 +116,7 @@ def check_training_elementwise(sku, rng, preferred_fw="cupy") -> CheckResult:
                 continue
             if sku.op == "quantize_backward":
                 qk = "s8" if rng.random() < 0.5 else "u8"
-                lo, hi = ref.QRANGE[qk]
+                lo, hi = kinds.QRANGE[qk]
                 qmin, qmax = (lo, hi) if rng.random() < 0.5 else (lo + 3, hi - 5)
                 rkw = dict(out_dtype=qk, qmin=qmin, qmax=qmax)
                 center = ref.implied_zero_point(qk)

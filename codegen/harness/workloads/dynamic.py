@@ -76,10 +76,10 @@ def _params(sku, shape):
 
 def expected_bytes(sku, shape) -> int:
     """SPEC §6 bytes of one call: x read once, q written once, scales (and zero points) written once."""
-    from runtime.arrays import ITEMSIZE
+    from runtime import kinds
     _, _, pshape = _params(sku, shape)
     per_param = (8 if sku.element == "f64" else 4) + (4 if sku.mode == "asymmetric" else 0)
-    return math.prod(shape) * (ITEMSIZE[sku.element] + ITEMSIZE[sku.aux_element]) + math.prod(pshape) * per_param
+    return math.prod(shape) * (kinds.SIZE[sku.element] + kinds.SIZE[sku.aux_element]) + math.prod(pshape) * per_param
 
 
 @bench_section("dynamic")

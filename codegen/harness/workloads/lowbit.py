@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from runtime import kinds
+
 from ..registry import bench_section
 from .base import random_input
 
@@ -34,18 +36,14 @@ def TARGET_PCT(sku):
     """The target, 85% of copy, for the kernels that have one (fp8 with the hardware conversion,
     packed int4); the sm80 software-conversion fp8 kernels are the fallback of GPUs without fp8
     instructions, instruction-bound by design, and carry no target (docs/lowbit.md)."""
-    if sku.aux_element in FP8_MAX or sku.element in FP8_MAX:
+    if sku.aux_element in kinds.FP8 or sku.element in kinds.FP8:
         return None if sku.arch == FP8_SOFTWARE else 85.0
     return 85.0
 
 
-LOW_BIT = ("s4", "u4", "fp8_e4m3", "fp8_e5m2")
-FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
-
-
 def handles(sku) -> bool:
     """Low-bit dynamic_quantize, and low-bit static quantize / dequantize (no composite: ``--all`` only)."""
-    return sku.op in OPS + ("quantize", "dequantize") and bool({sku.element, sku.aux_element} & set(LOW_BIT))
+    return sku.op in OPS + ("quantize", "dequantize") and bool({sku.element, sku.aux_element} & set(kinds.LOW_BIT))
 
 
 def default(sku) -> bool:
@@ -90,13 +88,12 @@ def _params(sku, shape):
 def expected_bytes(sku, shape) -> int:
     """SPEC §6 bytes of one call: x (or q) read once, q (or y) written once (int4: half a byte per
     element), scales (and zero points) once."""
-    from runtime.arrays import ITEMSIZE
     _, _, pshape = _params(sku, shape)
     n = math.prod(shape)
     fkind, qkind = (sku.aux_element, sku.element) if sku.op == "dequantize" else (sku.element, sku.aux_element)
-    q_bytes = n // 2 if qkind in ("s4", "u4") else n
+    q_bytes = n // kinds.kind(qkind).pack
     per_param = (8 if fkind == "f64" else 4) + (4 if sku.mode == "asymmetric" else 0)
-    return n * ITEMSIZE[fkind] + q_bytes + math.prod(pshape) * per_param
+    return n * kinds.SIZE[fkind] + q_bytes + math.prod(pshape) * per_param
 
 
 @bench_section("lowbit")
@@ -115,7 +112,7 @@ def make(sku, shape):
     axis, gs, _ = _params(sku, shape)
     x = random_input(sku.element, shape)
     kw = dict(scope=sku.scope, mode=sku.mode, axis=axis, group_size=gs, out_dtype=sku.aux_element)
-    fp8 = sku.aux_element in FP8_MAX
+    fp8 = sku.aux_element in kinds.FP8
 
     def call():
         with lowbit.prefer_arch(sku.arch_number):
@@ -132,7 +129,7 @@ def make(sku, shape):
         if fp8:
             from runtime.arrays import torch_dtype
             w["torch_fn"] = fp8_composite
-            w["torch_args"] = (x, group, FP8_MAX[sku.aux_element], 1e-8, torch_dtype(sku.aux_element))
+            w["torch_args"] = (x, group, kinds.kind(sku.aux_element).max, 1e-8, torch_dtype(sku.aux_element))
         else:
             qmin, qmax, _ = dynamic_range(sku.aux_element, "symmetric")
             w["torch_fn"] = int4_composite
@@ -144,8 +141,6 @@ def _static(sku, shape):
     """Low-bit quantize / dequantize on random data with scales in [0.5, 1.5) (no PyTorch composite)."""
     import runtime as sf
     from runtime import lowbit
-    from runtime import reference as ref
-    from runtime.scopes import QRANGE
 
     import cupy as cp
     axis, gs, pshape = _params(sku, shape)
@@ -154,7 +149,7 @@ def _static(sku, shape):
     scale = cp.random.random(pshape, dtype=mdt) + 0.5
     zp = None
     if sku.mode == "asymmetric":
-        lo, hi = QRANGE[qkind]
+        lo, hi = kinds.QRANGE[qkind]
         zp = cp.random.randint(lo, hi + 1, pshape, dtype=cp.int32)
     kw = dict(scope=sku.scope, axis=axis, group_size=gs)
     if sku.op == "quantize":
@@ -166,7 +161,7 @@ def _static(sku, shape):
     else:
         cshape = lowbit.packed_shape(shape, qkind)
         q = cp.random.randint(0, 256, cshape, dtype=cp.int32).astype(cp.uint8)
-        if qkind in ref.FP8_KINDS:
+        if qkind in kinds.FP8:
             q[(q & 0x7F) >= (0x7F if qkind == "fp8_e4m3" else 0x7C)] = 0x38   # finite codes only
 
         def call():

@@ -12,6 +12,8 @@ import sys
 
 import numpy as np
 
+from runtime import kinds
+
 from ..registry import bench_section
 
 OPS = ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
@@ -87,7 +89,7 @@ def make(sku, shape):
     E, M, N, K, routing = shape
     data = inputs(shape, sku.element)
     x, w, dy = data["x"], data["w"], data["dy"]
-    dw_dtype = "float32" if sku.aux_element == "f32" else {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[sku.element]
+    dw_dtype = "float32" if sku.aux_element == "f32" else kinds.kind(sku.element).numpy
     call, ref = calls(sku.op, data, sku.backend, dw_dtype)
     out_bytes = {"grouped_matmul": M * N * x.element_size(), "grouped_matmul_backward_input": M * K * x.element_size(),
                  "grouped_matmul_backward_weight": E * N * K * (4 if dw_dtype == "float32" else x.element_size())}[sku.op]

@@ -76,12 +76,12 @@ def _bview(p, scope, shape):
 
 def expected_bytes(sku, shape) -> int:
     """SPEC §6 bytes of one call: x read once, the output written once, scales (and zero points) read once."""
-    from runtime.arrays import ITEMSIZE
+    from runtime import kinds
     n = math.prod(shape)
     _, _, pshape = _params(sku, shape)
     fkind = sku.element if sku.op == "quantize" else sku.aux_element
-    per_param = ITEMSIZE["f64" if fkind == "f64" else "f32"] + (4 if sku.mode == "asymmetric" else 0)
-    return n * (ITEMSIZE[sku.element] + ITEMSIZE[sku.aux_element]) + math.prod(pshape) * per_param
+    per_param = kinds.SIZE["f64" if fkind == "f64" else "f32"] + (4 if sku.mode == "asymmetric" else 0)
+    return n * (kinds.SIZE[sku.element] + kinds.SIZE[sku.aux_element]) + math.prod(pshape) * per_param
 
 
 @bench_section("static")
@@ -90,15 +90,15 @@ def make(sku, shape):
     if sku.op not in OPS or sku.scope is None:
         return None
     import runtime as sf
-    from runtime.scopes import QRANGE, implied_zero_point
+    from runtime.scopes import implied_zero_point
 
-    from runtime.arrays import ITEMSIZE
+    from runtime import kinds
 
     torch = _torch()
     axis, gs, pshape = _params(sku, shape)
     fkind = sku.element if sku.op == "quantize" else sku.aux_element
     qkind = sku.aux_element if sku.op == "quantize" else sku.element
-    lo, hi = QRANGE[qkind]
+    lo, hi = kinds.QRANGE[qkind]
     zlo, zhi = (-20, 20) if lo < 0 else (100, 150)
     if torch is not None:
         from runtime.arrays import torch_dtype
@@ -120,7 +120,7 @@ def make(sku, shape):
             x = (cp.random.standard_normal(shape, dtype=cp.float32) * 3).astype(numpy_dtype(fkind))
         else:
             x = cp.random.randint(lo, hi + 1, shape, dtype=cp.int32).astype(numpy_dtype(qkind))
-    out_bytes = math.prod(shape) * ITEMSIZE[sku.aux_element]      # the output, written once
+    out_bytes = math.prod(shape) * kinds.SIZE[sku.aux_element]      # the output, written once
     kw = dict(scope=sku.scope, axis=axis, group_size=gs)
     if sku.op == "quantize":
         def call():

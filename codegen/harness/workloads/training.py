@@ -101,7 +101,7 @@ def make(sku, shape):
     if sku.op not in OPS:
         return None
     import runtime as sf
-    from runtime.arrays import ITEMSIZE
+    from runtime import kinds
 
     torch = _torch()
     axis, gs, pshape = _params(sku, shape)
@@ -125,7 +125,7 @@ def make(sku, shape):
         zp = cp.random.randint(-20, 21, pshape, dtype=cp.int32) if asym else None
     kw = dict(scope=sku.scope, axis=axis, group_size=gs)
     fq = dict(qmin=QMIN, qmax=QMAX)
-    item = ITEMSIZE[kind]
+    item = kinds.SIZE[kind]
     where = {"tensor": "", "channel": f" axis={CHANNEL_AXIS}", "token": "", "group": f" g{GROUP_SIZE}"}[sku.scope]
     label = f"{kind} {sku.scope}{where} {sku.mode[:4] if sku.mode else ''}".rstrip()
     params = nbytes(scale, zp)
@@ -147,7 +147,7 @@ def make(sku, shape):
     else:
         def call():
             return sf.fake_quantize_learnable_backward(dy, x, scale, zp, **kw, **fq, grad_factor=0.01)
-        w = {"call": call, "bytes": 3 * n * item + params + math.prod(pshape) * (ITEMSIZE["f64" if kind == "f64" else "f32"] + (4 if asym else 0)),
+        w = {"call": call, "bytes": 3 * n * item + params + math.prod(pshape) * (kinds.SIZE["f64" if kind == "f64" else "f32"] + (4 if asym else 0)),
              "label": label}
     if torch is None:
         return w
@@ -243,6 +243,7 @@ def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=
     ``torch.fake_quantize_per_channel_affine``; one table."""
     import torch
 
+    from runtime.arrays import torch_dtype
     from runtime.registry import default_registry
     reg = default_registry()
     rows = []
@@ -299,7 +300,7 @@ def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=
                  "gbps": w["bytes"] / (t_ours * 1e-3) / 1e9}
             r["pct_copy"] = 100 * r["gbps"] / copy
             try:
-                x = torch.randn(shape, device="cuda").to(getattr(torch, {"f32": "float32", "bf16": "bfloat16"}[kind]))
+                x = torch.randn(shape, device="cuda").to(torch_dtype(kind))
                 dy = torch.randn_like(x)
                 n = shape[0] if scope == "channel" else 1
                 sc = torch.rand(n, device="cuda") * 0.03 + 0.02
