@@ -152,7 +152,7 @@ class _PlainProgress:
               f"{self.last - self.t0:.0f} s", flush=True)
 
     def _beat(self) -> None:
-        while not self.stop.wait(1.0):
+        while not self.stop.wait(min(1.0, PROGRESS_EVERY_S / 4)):
             with self.lock:
                 if time.perf_counter() - self.last >= PROGRESS_EVERY_S:
                     self._line()

@@ -215,7 +215,7 @@ def _read_entry(path: Path) -> tuple:
     for a corrupt one."""
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no entry (or no cache folder: a file in its place)
         return None, None
     except OSError as e:
         return None, f"unreadable: {e}"
