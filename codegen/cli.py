@@ -1,6 +1,8 @@
 """``python -m codegen``: build, check, list, show, compile, status (and the harness: audit, verify, bench).
 
-No argument builds ``generated/``. Every subcommand has ``--help``.
+No argument builds ``generated/``. Every subcommand has ``--help``. Exit status: 0 on success,
+1 when something failed or a ``--filter`` / ``--arch`` selected nothing, 2 on a typed skuforge
+error (printed as ``error: <Type>: <message>``).
 """
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ console = Console(highlight=False)
 
 def cmd_build(args) -> int:
     t0 = time.perf_counter()
-    rep = build()
+    out = getattr(args, "out", None)
+    rep = build(out)
     c = rep.manifest["counts"]
     console.print(f"skuforge codegen {GENERATOR_VERSION}: {c['generated']} kernels in {c['units']} translation units, "
-                  f"{c['excluded']} excluded cells (with reasons) -> {GENERATED}")
+                  f"{c['excluded']} excluded cells (with reasons) -> {out or GENERATED}")
     console.print(f"wrote {len(rep.written)} files, removed {len(rep.removed)}, {rep.unchanged} unchanged "
                   f"({time.perf_counter() - t0:.2f} s)")
     for p in rep.written:
@@ -61,6 +64,10 @@ def cmd_list(args) -> int:
     skus = _selected(reg, args.filter)
     excluded = sorted((s, r) for s, r in reg.excluded.items() if fnmatch.fnmatchcase(str(s), args.filter)) \
         if args.excluded else []
+    if not skus and not excluded:
+        print(f"error: no SKU matches --filter {args.filter!r} (`python -m codegen list` lists them all)",
+              file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps({"kernels": [{"sku": str(s), **{k: v for k, v in reg.manifest["kernels"][str(s)].items()}}
                                       for s in skus],
@@ -85,19 +92,23 @@ def _compile_one(job):
     # per-kernel report (registers, stack frame, spills, shared memory). A kernel that uses local
     # memory (a stack frame or spills) fails the unit unless codegen.matrix.LOCAL_MEMORY allows it
     # (a few bytes of saved registers, with the reason): local memory is where out-of-bounds reads
-    # of a thread's arrays hide.
-    unit, source, arch, options = job
-    from runtime.compiler import local_memory_use, resource_report
+    # of a thread's arrays hide. With a 5th element ``keep`` set, the (checked) cubin comes back
+    # too, for --out / --fill-cache.
+    unit, source, arch, options = job[:4]
+    keep = len(job) > 4 and job[4]
+    from runtime.compiler import compile_with_report, local_memory_use
 
     from .matrix import local_memory_allowed
     t0 = time.perf_counter()
     try:
-        report = resource_report(source, unit, arch, options)
+        cubin, report = compile_with_report(source, unit, arch, options)
     except Exception as e:  # noqa: BLE001 - reported per unit
         return unit, arch, str(e), time.perf_counter() - t0, None
     local = {sym: what for sym, what in local_memory_use(report).items()
              if not local_memory_allowed(sym, report[sym]["stack"])}
     err = "local memory in " + "; ".join(f"{sym}: {what}" for sym, what in sorted(local.items())) if local else None
+    if keep:
+        return unit, arch, err, time.perf_counter() - t0, report, (None if err else cubin)
     return unit, arch, err, time.perf_counter() - t0, report
 
 
@@ -118,27 +129,103 @@ def parse_archs(text: str) -> list:
     for a in text.split(","):
         a = a.strip().lower().replace("sm_", "").replace("sm", "")
         if not a.isdigit():
-            raise SystemExit(f"--arch: {text!r} is not a list like sm_80,sm_90")
+            raise SystemExit(f"error: --arch {text!r} is not a list like sm_80,sm_90")
         out.append(int(a))
     return out
 
 
+PROGRESS_EVERY_S = 15.0   # non-terminal output (CI logs): a plain progress line at least this often
+PROGRESS_EVERY_N = 10     # ... and every this many units
+
+
+class _PlainProgress:
+    """Progress for logs: ``compile: 12/40 units, 0 failed, 31 s`` every N units or every
+    ``PROGRESS_EVERY_S`` seconds (a heartbeat thread prints while a long unit compiles)."""
+
+    def __init__(self, total: int, label: str):
+        import threading
+        self.total, self.label, self.done, self.failed = total, label, 0, 0
+        self.t0 = self.last = time.perf_counter()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _line(self) -> None:
+        self.last = time.perf_counter()
+        print(f"{self.label}: {self.done}/{self.total} units, {self.failed} failed, "
+              f"{self.last - self.t0:.0f} s", flush=True)
+
+    def _beat(self) -> None:
+        while not self.stop.wait(min(1.0, PROGRESS_EVERY_S / 4)):
+            with self.lock:
+                if time.perf_counter() - self.last >= PROGRESS_EVERY_S:
+                    self._line()
+
+    def __enter__(self):
+        print(f"{self.label}: {self.total} units to compile", flush=True)
+        self.thread.start()
+        return self
+
+    def advance(self, failed: bool) -> None:
+        with self.lock:
+            self.done += 1
+            self.failed += bool(failed)
+            if self.done % PROGRESS_EVERY_N == 0 or self.done == self.total \
+                    or time.perf_counter() - self.last >= PROGRESS_EVERY_S:
+                self._line()
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        return False
+
+
+class _RichProgress:
+    def __init__(self, total: int, label: str):
+        from rich.progress import Progress
+        self.progress = Progress(console=console, transient=True)
+        self.total, self.label = total, label
+
+    def __enter__(self):
+        self.progress.__enter__()
+        self.task = self.progress.add_task(self.label, total=self.total)
+        return self
+
+    def advance(self, failed: bool) -> None:
+        self.progress.advance(self.task)
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+
 def cmd_compile(args) -> int:
-    from rich.progress import Progress
     reg = _registry()
     archs = parse_archs(args.arch)
     jobs = compile_jobs(reg, archs, args.filter)
+    if not jobs:
+        matched = _selected(reg, args.filter)
+        why = (f"no SKU matches --filter {args.filter!r}" if not matched else
+               f"the {len(matched)} SKUs matching --filter {args.filter!r} need "
+               f"{min(s.arch for s in matched)} or newer; --arch {args.arch!r} selects none of them")
+        print(f"error: nothing to compile: {why}", file=sys.stderr)
+        return 1
+    keep = bool(args.out or args.fill_cache)
+    if keep:
+        jobs = [(*j, True) for j in jobs]
     workers = args.jobs or os.cpu_count() or 1
     t0 = time.perf_counter()
     failures, done, results = [], {a: 0 for a in archs}, []
     kernels = {a: 0 for a in archs}
-    with Progress(console=console, transient=not console.is_terminal) as progress, \
+    built = []
+    progress_cls = _RichProgress if console.is_terminal else _PlainProgress
+    with progress_cls(len(jobs), f"NVRTC x{workers}") as progress, \
             ProcessPoolExecutor(max_workers=workers) as pool:
-        task = progress.add_task(f"NVRTC x{workers}", total=len(jobs))
         futures = [pool.submit(_compile_one, j) for j in jobs]
         reports = []
         for f in as_completed(futures):
-            unit, arch, err, dt, report = f.result()
+            unit, arch, err, dt, report, *cubin = f.result()
+            if cubin and cubin[0] is not None:
+                built.append((unit, arch, cubin[0]))
             if report and args.resources:
                 reports.append((unit, arch, report))
             results.append((unit, arch, err, dt))
@@ -148,8 +235,10 @@ def cmd_compile(args) -> int:
                 done[arch] += 1
                 kernels[arch] += sum(1 for s in reg.units[unit]["skus"]
                                      if fnmatch.fnmatchcase(s, args.filter) and int(s.split("/")[6][2:]) <= arch)
-            progress.advance(task)
+            progress.advance(bool(err))
     dt = time.perf_counter() - t0
+    if built:
+        _store(reg, built, args)
     if reports:
         _print_resources(reg, reports, args.filter)
     for a in archs:
@@ -162,6 +251,21 @@ def cmd_compile(args) -> int:
         path = record_compile(reg.manifest, results, args.record or None)
         console.print(f"recorded {len(results)} unit compiles in {path}")
     return 1 if failures else 0
+
+
+def _store(reg, built, args) -> None:
+    """Write the compiled (and checked) cubins: a prebuilt folder (--out) and/or the cache (--fill-cache)."""
+    from runtime import compiler
+    built = sorted(built)
+    items = [{"unit": u, "arch": a, "source": reg.unit_source(u), "options": tuple(reg.units[u]["nvrtc_options"]),
+              "cubin": c, "skus": reg.units[u]["skus"]} for u, a, c in built]
+    if args.out:
+        index = compiler.write_prebuilt(args.out, items)
+        console.print(f"wrote {len(items)} cubins and {index} (load them with SKUFORGE_PREBUILT={args.out})")
+    if args.fill_cache:
+        for it in items:
+            compiler.store_entry(it["source"], it["unit"], it["arch"], it["options"], it["cubin"])
+        console.print(f"filled the compile cache {compiler.cache_dir()} with {len(items)} entries")
 
 
 def _print_resources(reg, reports, pattern) -> None:
@@ -183,10 +287,10 @@ def _print_resources(reg, reports, pattern) -> None:
 
 def cmd_status(args) -> int:
     """Where things are: generator, manifest counts, NVRTC, the compile cache (after FlashInfer's
-    ``status``). ``--clear-cache`` empties the cache for the current NVRTC version."""
+    ``status``). ``--clear-cache`` empties the compile cache."""
     import shutil
 
-    from runtime import compiler
+    from runtime import compiler, config
     reg = _registry()
     c = reg.manifest["counts"]
     table = Table(show_header=False, box=None)
@@ -200,37 +304,66 @@ def cmd_status(args) -> int:
     except Exception as e:  # noqa: BLE001 - reported, not fatal
         table.add_row("NVRTC", f"[red]not available: {e}[/red]")
         major = minor = None
+    s = config.settings()
     root = compiler.cache_dir()
     table.add_row("cache", str(root))
-    if root.exists():
-        for d in sorted(p for p in root.glob("nvrtc-*/sm_*") if p.is_dir()):
-            files = list(d.glob("*.cubin"))
+    if root.is_dir():
+        for d in sorted(p for p in root.glob(f"{compiler.CACHE_LAYOUT}/sm_*") if p.is_dir()):
+            files = [f for f in d.iterdir() if compiler.is_entry(f)]
             size = sum(f.stat().st_size for f in files)
-            table.add_row("", f"{d.relative_to(root)}: {len(files)} cubins, {size / 2**20:.1f} MiB")
+            orphans = len(list(d.glob(".tmp-*.cubin")))
+            table.add_row("", f"{d.relative_to(root)}: {len(files)} cubins, {size / 2**20:.1f} MiB"
+                              + (f" ({orphans} temporary files)" if orphans else ""))
+        old = [p for p in root.glob("nvrtc-*") if p.is_dir()]
+        if old:
+            table.add_row("", f"{len(old)} folders of the previous cache layout (nvrtc-*): --clear-cache removes them")
+    elif root.exists():
+        table.add_row("", "[red]not a folder: kernels are cached in memory only[/red]")
+    if s.prebuilt_dir is not None:
+        n = len(compiler._prebuilt_index(s.prebuilt_dir))
+        table.add_row("prebuilt", f"{s.prebuilt_dir}: {n} entries")
+    table.add_row("JIT", "disabled (SKUFORGE_DISABLE_JIT)" if s.disable_jit else "enabled")
     console.print(table)
-    if args.clear_cache and major is not None:
-        target = root / f"nvrtc-{major}.{minor}"
-        if target.exists():
-            shutil.rmtree(target)
-        console.print(f"cleared {target}")
+    if args.clear_cache:
+        for target in [root / compiler.CACHE_LAYOUT, *root.glob("nvrtc-*")]:
+            if target.is_dir():
+                shutil.rmtree(target)
+                console.print(f"cleared {target}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m codegen", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m codegen", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version",
+                   version=f"skuforge {_dist_version()} (codegen {GENERATOR_VERSION}, data: {_data_where()})",
+                   help="print the version and where the templates / generated sources are, then exit")
     sub = p.add_subparsers(dest="cmd")
-    sub.add_parser("build", help="render generated/ (the default)")
+    sp = sub.add_parser("build", help="render generated/ (the default); refused in an installed copy without --out")
+    sp.add_argument("--out", metavar="DIR", default=None,
+                    help="render into DIR instead of the source checkout's generated/ (required when skuforge is "
+                         "installed from a wheel: installed files are never rewritten)")
     sub.add_parser("check", help="exit 1 when generated/ or the manifest is stale")
     sp = sub.add_parser("list", help="list generated SKUs")
-    sp.add_argument("--filter", default="*", help="glob on the SKU string, e.g. '*quantize/token/*bf16*'")
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--filter", default="*", help="glob on the SKU string, e.g. '*quantize/token/*bf16*' "
+                                                  "(exit 1 when it matches nothing)")
+    sp.add_argument("--json", action="store_true", help="print the manifest entries of the SKUs as JSON")
     sp.add_argument("--excluded", action="store_true", help="also list excluded cells with their reasons")
     sp = sub.add_parser("show", help="print the generated source of one SKU")
-    sp.add_argument("sku")
+    sp.add_argument("sku", help="a SKU string as `list` prints it")
     sp = sub.add_parser("compile", help="compile with NVRTC on the CPU (no GPU needed)")
-    sp.add_argument("--arch", default="sm_80,sm_90")
-    sp.add_argument("--filter", default="*")
-    sp.add_argument("--jobs", type=int, default=0)
+    sp.add_argument("--arch", default="sm_80,sm_90",
+                    help="comma-separated target archs, e.g. sm_90 or sm_80,sm_90 (default sm_80,sm_90); "
+                         "a unit is compiled for every given arch at or above its minimum")
+    sp.add_argument("--filter", default="*", help="glob on the SKU string: compile the units holding matching SKUs "
+                                                  "(exit 1 when nothing matches)")
+    sp.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per CPU core)")
+    sp.add_argument("--out", metavar="DIR", default=None,
+                    help="write the cubins and DIR/index.json (unit, arch, NVRTC options, source sha256, cache key, "
+                         "file): a prebuilt folder the runtime loads without NVRTC (SKUFORGE_PREBUILT=DIR)")
+    sp.add_argument("--fill-cache", action="store_true",
+                    help="also store the cubins in the runtime's compile cache (SKUFORGE_CACHE_DIR), so that later "
+                         "runs on this machine never compile")
     sp.add_argument("--record", nargs="?", const="", default=None, metavar="FILE",
                     help="record per unit and arch ok/failed with the sha256s, for `audit` "
                          "(default FILE: audit/compiled.json)")
@@ -241,6 +374,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--clear-cache", action="store_true", help="empty the cache of the current NVRTC version")
     harness.add_parsers(sub)
     return p
+
+
+def _dist_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("skuforge")
+    except Exception:  # noqa: BLE001 - a source tree without an install
+        return GENERATOR_VERSION
+
+
+def _data_where() -> str:
+    from runtime.config import data_root, installed
+    return f"{data_root()} ({'installed' if installed() else 'source checkout'})"
 
 
 def main(argv=None) -> int:
@@ -255,3 +401,9 @@ def main(argv=None) -> int:
     except SkuforgeError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`python -m codegen list | head`): not an error of ours. Point stdout
+        # at /dev/null so that the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0

@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.config import installed
+from runtime.errors import InstalledTreeError
+
 from . import GENERATOR_VERSION
 from .matrix import FAMILIES, cells
 from .render import ROOT, prelude, render, sha256
@@ -94,7 +97,18 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def build(root: Path = GENERATED, families=FAMILIES) -> BuildReport:
+def build(root: Path = None, families=FAMILIES) -> BuildReport:
+    """Render into ``root`` (default ``generated/`` of the source checkout). An installed copy (a
+    wheel) is never rewritten in place: :class:`InstalledTreeError` unless ``root`` is given
+    (``python -m codegen build --out DIR``)."""
+    if root is None:
+        if installed():
+            raise InstalledTreeError(
+                f"skuforge is installed as a package ({GENERATED} is its packaged copy, not a source checkout): the "
+                f"generator does not rewrite installed files. Render elsewhere with `python -m codegen build --out DIR`, "
+                f"or work in a source checkout (`pip install -e .`)")
+        root = GENERATED
+    root = Path(root)
     want = expected_files(families)
     have = _on_disk(root)
     report = BuildReport(manifest=json.loads(want[MANIFEST]))

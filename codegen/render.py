@@ -7,12 +7,15 @@ translation unit, which NVRTC compiles once.
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 
+from runtime.config import data_root
+from runtime.errors import TemplateError
 from runtime.kinds import CTYPE, SIZE
 from runtime.status import ARGS, code as status_code
 
@@ -20,9 +23,45 @@ from . import GENERATOR_VERSION
 from .abi import signatures
 from .matrix import Cell, Family
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = data_root()               # the repository root, or runtime/_data in an installed wheel
 TEMPLATES = ROOT / "templates"
 PRELUDE = "common/prelude.cuh"
+
+
+def _template_line(tb, fallback: str):
+    """(file, line) of the innermost template frame of a traceback (Jinja rewrites tracebacks so
+    that template frames carry the template's file name and line)."""
+    where = None
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        if fname.endswith((".j2", ".cuh", ".cu")) or fname.startswith(str(TEMPLATES)):
+            where = (fname, tb.tb_lineno)
+        tb = tb.tb_next
+    return where or (fallback, None)
+
+
+def _get(name: str, what: str = "") -> jinja2.Template:
+    try:
+        return environment().get_template(name)
+    except jinja2.TemplateNotFound as e:
+        raise TemplateError(f"template {e.name!r} not found under {TEMPLATES}{what}") from None
+    except jinja2.TemplateSyntaxError as e:
+        raise TemplateError(f"{e.filename or name}:{e.lineno}: template syntax error: {e.message}{what}") from None
+
+
+def _render(name: str, what: str = "", **ctx) -> str:
+    """Render one template; :class:`TemplateError` naming the template file and line on any Jinja
+    error (not found, syntax, undefined variable, an error raised inside the template)."""
+    template = _get(name, what)
+    try:
+        return template.render(**ctx)
+    except jinja2.TemplateSyntaxError as e:  # an included template
+        raise TemplateError(f"{e.filename or name}:{e.lineno}: template syntax error: {e.message}{what}") from None
+    except jinja2.TemplateNotFound as e:
+        raise TemplateError(f"template {e.name!r} (included from {TEMPLATES / name}) not found{what}") from None
+    except (jinja2.UndefinedError, jinja2.TemplateError, TypeError, KeyError, ValueError, AttributeError) as e:
+        fname, line = _template_line(sys.exc_info()[2], str(TEMPLATES / name))
+        raise TemplateError(f"{fname}:{line if line is not None else '?'}: {type(e).__name__}: {e}{what}") from None
 
 
 @lru_cache(maxsize=1)
@@ -38,13 +77,13 @@ def environment() -> jinja2.Environment:
 
 
 def prelude() -> str:
-    return environment().get_template(PRELUDE).render()
+    return _render(PRELUDE)
 
 
 def headers(family: Family) -> str:
     """The family's extra shared headers (``Family.headers``), each followed by a blank line;
     empty for families without any, whose units are then exactly prelude + kernels."""
-    return "".join(environment().get_template(h).render() + "\n" for h in family.headers)
+    return "".join(_render(h) + "\n" for h in family.headers)
 
 
 def _stream_kind(stream, sku) -> str:
@@ -117,7 +156,7 @@ def launch_metadata(cell: Cell, ctx: dict) -> dict:
 
 def render_kernel(cell: Cell, ctx: dict = None) -> str:
     ctx = kernel_context(cell) if ctx is None else ctx
-    text = environment().get_template(cell.family.template_for(cell.sku)).render(k=ctx)
+    text = _render(cell.family.template_for(cell.sku), f" (rendering {cell.sku})", k=ctx)
     return text.strip("\n") + "\n"
 
 

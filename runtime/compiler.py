@@ -1,32 +1,58 @@
-"""NVRTC compilation with a content-keyed disk cache.
+"""NVRTC compilation with a content-keyed disk cache, and prebuilt (ahead-of-time) kernels.
 
 No GPU is needed to compile: NVIDIA's ``cuda-bindings`` NVRTC wrapper finds ``libnvrtc``
 (the ``nvidia-cuda-nvrtc`` wheel) through ``cuda-pathfinder``. The generated sources need
 no CUDA headers.
 
-Cache layout (after FlashInfer's JIT): ``$SKUFORGE_CACHE_DIR`` (default
-``~/.cache/skuforge``) / ``nvrtc-<major.minor>`` / ``<arch>`` / ``<unit-name>-<key>.cubin``,
-where ``key`` = sha256 of (source, options, NVRTC version, arch, generator version). An
-entry is written to a temporary file and ``os.replace``d into place (atomic, after CuPy's
-compiler cache), under a per-entry ``filelock`` so that concurrent processes compile once;
-every entry carries the sha256 of its payload and a corrupt entry is recompiled.
+Where a unit's cubin comes from (:func:`compile_cached`), in this order:
+
+1. the prebuilt folder ``SKUFORGE_PREBUILT`` (``python -m codegen compile --out DIR``: cubins +
+   ``index.json``), looked up by cache key;
+2. the disk cache ``$SKUFORGE_CACHE_DIR`` (default ``~/.cache/skuforge``) / ``cubin-v2`` /
+   ``sm_<arch>`` / ``<unit-name>-<key>.cubin`` (after FlashInfer's JIT), or this process's memory
+   where the cache folder cannot be written;
+3. NVRTC, unless ``SKUFORGE_DISABLE_JIT=1`` (then :class:`KernelNotPrebuiltError`).
+
+``key`` = sha256 of (source, options, arch, generator version): it is computed without NVRTC, so
+neither a prebuilt kernel nor a cache hit loads NVRTC. The NVRTC version that produced an entry is
+recorded inside it (and in the prebuilt index); ``python -m codegen status --clear-cache`` empties
+the cache after an NVRTC upgrade. An entry is written to a temporary file and ``os.replace``d
+into place (atomic, after CuPy's compiler cache), under a per-entry ``filelock`` (wait bounded
+by ``SKUFORGE_LOCK_TIMEOUT``) so that concurrent processes compile once; every entry carries the
+sha256 of its payload and a corrupt entry is rebuilt with one :class:`CacheWarning`. A cache
+folder that cannot be created or written (read-only, a file in its place) makes this process
+keep its kernels in memory, with one :class:`CacheWarning`. Temporary files older than
+:data:`ORPHAN_AGE_S` (a process killed while writing) are removed.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tempfile
+import threading
+import time
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 from .config import settings
-from .errors import SkuforgeError
+from .errors import (CacheLockTimeoutError, CacheWarning, KernelNotPrebuiltError, SkuforgeError,
+                     ToolchainUnavailableError)
 
 GENERATOR_VERSION = "0.1.0"  # kept equal to codegen.GENERATOR_VERSION (a test checks)
-_MAGIC = b"SKUFORGE-CUBIN1\n"
+_MAGIC = b"SKUFORGE-CUBIN2\n"
 BASE_OPTIONS = ("-std=c++17",)
+CACHE_LAYOUT = "cubin-v2"      # <cache_dir>/cubin-v2/sm_<arch>/<unit>-<key>.cubin
+ORPHAN_AGE_S = 600             # temporary files older than this are a killed writer's leftovers
+INDEX = "index.json"           # the prebuilt folder's index
+INSTALL_HINT = ("install NVRTC with `pip install cuda-bindings nvidia-cuda-nvrtc` (skuforge's own "
+                "dependencies: `pip install skuforge`), or run from prebuilt kernels: "
+                "`python -m codegen compile --arch sm_XX --out DIR` on a machine with NVRTC, then "
+                "SKUFORGE_PREBUILT=DIR (docs/deploy.md)")
 
 
 class CompileError(SkuforgeError):
@@ -34,9 +60,23 @@ class CompileError(SkuforgeError):
 
 
 @lru_cache(maxsize=1)
-def _nvrtc():
+def _load_nvrtc():
     from cuda.bindings import nvrtc  # imported lazily: `import runtime` stays cheap
+    err, major, minor = nvrtc.nvrtcVersion()  # loads libnvrtc: fails here when it is missing
+    if int(err) != 0:
+        raise RuntimeError(f"nvrtcVersion failed: {err}")
     return nvrtc
+
+
+def _nvrtc():
+    """The NVRTC bindings, loaded; :class:`ToolchainUnavailableError` with the install hint where
+    ``cuda-bindings`` or ``libnvrtc`` is missing."""
+    try:
+        return _load_nvrtc()
+    except ToolchainUnavailableError:
+        raise
+    except Exception as e:  # ImportError, RuntimeError from cuda-pathfinder, OSError from dlopen
+        raise ToolchainUnavailableError(f"NVRTC is not available ({type(e).__name__}: {e}); {INSTALL_HINT}") from e
 
 
 @lru_cache(maxsize=1)
@@ -55,7 +95,8 @@ def supported_archs() -> tuple:
 
 
 def cache_dir() -> Path:
-    return settings().cache_dir
+    """The cache folder, absolute (resolved once, when the settings are read)."""
+    return Path(settings().cache_dir).absolute()
 
 
 def _log(prog) -> str:
@@ -105,7 +146,13 @@ def resource_report(source: str, name: str, arch: int, options=()) -> dict:
     memory), from an uncached compile with ``--ptxas-options=-v``: the first thing to read about
     a kernel's speed, and the machine-code check of ``python -m codegen compile`` (a kernel with a
     stack frame or spills keeps data in local memory)."""
-    log = _compile(source, name, arch, options, True)[1]
+    return compile_with_report(source, name, arch, options)[1]
+
+
+def compile_with_report(source: str, name: str, arch: int, options=()) -> tuple:
+    """(cubin, :func:`resource_report`) from one uncached compile (``compile --out`` / ``--fill-cache``
+    keep the cubin that was checked)."""
+    cubin, log = _compile(source, name, arch, options, True)
     out, current = {}, None
     for line in log.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)
@@ -116,7 +163,7 @@ def resource_report(source: str, name: str, arch: int, options=()) -> dict:
                 m = re.search(pat, line)
                 if m:
                     current[key] = int(m.group(1))
-    return out
+    return cubin, out
 
 
 def local_memory_use(report: dict) -> dict:
@@ -127,65 +174,295 @@ def local_memory_use(report: dict) -> dict:
 
 
 def cache_key(source: str, arch: int, options=()) -> str:
+    """sha256 of (source, options, arch, generator version): found without NVRTC."""
     h = hashlib.sha256()
-    for part in (source, "\0".join((*BASE_OPTIONS, *options)), "%d.%d" % nvrtc_version(),
-                 f"sm_{arch}", GENERATOR_VERSION):
+    for part in (source, "\0".join((*BASE_OPTIONS, *options)), f"sm_{arch}", GENERATOR_VERSION):
         h.update(part.encode())
         h.update(b"\x1f")
     return h.hexdigest()
 
 
+def full_options(arch: int, options=()) -> list:
+    """The NVRTC options a unit is compiled with (recorded in entries and the prebuilt index)."""
+    return [f"--gpu-architecture=sm_{arch}", *BASE_OPTIONS, *options]
+
+
 @dataclass
 class CompileResult:
     cubin: bytes
-    path: Path
-    cached: bool
+    path: Optional[Path]          # None: held in memory only
+    cached: bool                  # True: not compiled by this call
+    origin: str = "compiled"      # "prebuilt" | "cache" | "memory" | "compiled"
+
+
+def _stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name.rsplit(".", 1)[0])
 
 
 def _entry_path(name: str, arch: int, key: str) -> Path:
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name.rsplit(".", 1)[0])
+    return cache_dir() / CACHE_LAYOUT / f"sm_{arch}" / f"{_stem(name)}-{key[:24]}.cubin"
+
+
+def _meta(source: str, arch: int, options, key: str, cubin: bytes) -> dict:
     major, minor = nvrtc_version()
-    return cache_dir() / f"nvrtc-{major}.{minor}" / f"sm_{arch}" / f"{stem}-{key[:24]}.cubin"
+    return {"arch": arch, "nvrtc_options": full_options(arch, options), "nvrtc_version": f"{major}.{minor}",
+            "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "cache_key": key,
+            "generator": GENERATOR_VERSION, "cubin_sha256": hashlib.sha256(cubin).hexdigest()}
 
 
-def _read_entry(path: Path):
+def _read_entry(path: Path) -> tuple:
+    """(payload, None) for a good entry, (None, None) where there is none, (None, what is wrong)
+    for a corrupt one."""
     try:
         data = path.read_bytes()
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):  # no entry (or no cache folder: a file in its place)
+        return None, None
+    except OSError as e:
+        return None, f"unreadable: {e}"
+    if not data.startswith(_MAGIC):
+        return None, "not a skuforge cache entry (bad header)"
+    nl = data.find(b"\n", len(_MAGIC))
+    try:
+        meta = json.loads(data[len(_MAGIC):nl])
+        payload = data[nl + 1:]
+        ok = nl > 0 and hashlib.sha256(payload).hexdigest() == meta["cubin_sha256"]
+    except (ValueError, KeyError, TypeError):
+        return None, "unreadable header"
+    if not ok:
+        return None, "checksum mismatch (truncated or modified)"
+    return payload, None
+
+
+def entry_meta(path: Path) -> Optional[dict]:
+    """The metadata recorded in a cache entry (NVRTC version, options, sha256s), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        return json.loads(head[len(_MAGIC):head.index(b"\n", len(_MAGIC))]) if head.startswith(_MAGIC) else None
+    except (OSError, ValueError):
         return None
-    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 65:
-        return None
-    digest, payload = data[len(_MAGIC):len(_MAGIC) + 64], data[len(_MAGIC) + 65:]
-    if hashlib.sha256(payload).hexdigest().encode() != digest:
-        return None  # corrupt or truncated: recompile
-    return payload
 
 
-def compile_cached(source: str, name: str, arch: int, options=()) -> CompileResult:
-    """Compile through the disk cache: safe across threads and processes."""
-    from filelock import FileLock
+# -- faults: one warning each ------------------------------------------------------------------
+_state_lock = threading.Lock()
+_MEMORY: dict = {}        # (cache root, key) -> cubin, where the cache folder is unusable
+_UNUSABLE: dict = {}      # cache root -> why (warned once)
+_WARNED: set = set()      # corrupt entries / prebuilt folders already warned about
+_CLEANED: set = set()     # folders already swept for orphans
 
-    key = cache_key(source, arch, options)
-    path = _entry_path(name, arch, key)
-    payload = _read_entry(path)
-    if payload is not None:
-        return CompileResult(payload, path, True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        payload = _read_entry(path)  # another process may have finished meanwhile
-        if payload is not None:
-            return CompileResult(payload, path, True)
-        cubin = nvrtc_compile(source, name, arch, options)
-        blob = _MAGIC + hashlib.sha256(cubin).hexdigest().encode() + b"\n" + cubin
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, path)
-        except BaseException:
+
+def _disable(root: Path, err: BaseException) -> None:
+    with _state_lock:
+        if root in _UNUSABLE:
+            return
+        _UNUSABLE[root] = err
+    warnings.warn(f"skuforge compile cache {root} is not usable ({type(err).__name__}: {err}); compiled kernels "
+                  f"are kept in memory for this process (set SKUFORGE_CACHE_DIR to a writable folder)",
+                  CacheWarning, stacklevel=3)
+
+
+def _warn_once(tag, message: str) -> None:
+    with _state_lock:
+        if tag in _WARNED:
+            return
+        _WARNED.add(tag)
+    warnings.warn(message, CacheWarning, stacklevel=3)
+
+
+def reset_faults() -> None:
+    """Forget the remembered faults (unusable folders, warnings given) and the in-memory kernels (tests)."""
+    with _state_lock:
+        _MEMORY.clear()
+        _UNUSABLE.clear()
+        _WARNED.clear()
+        _CLEANED.clear()
+        _INDEXES.clear()
+
+
+def clean_orphans(folder: Path, max_age_s: float = ORPHAN_AGE_S) -> list:
+    """Remove ``.tmp-*.cubin`` files older than ``max_age_s`` (left by a killed writer)."""
+    removed, now = [], time.time()
+    try:
+        for p in folder.glob(".tmp-*.cubin"):
             try:
-                os.unlink(tmp)
+                if now - p.stat().st_mtime > max_age_s:
+                    p.unlink()
+                    removed.append(p)
             except OSError:
                 pass
-            raise
-        return CompileResult(cubin, path, False)
+    except OSError:
+        pass
+    return removed
+
+
+def is_entry(path: Path) -> bool:
+    """A cache entry (not a temporary file or a lock)."""
+    return path.suffix == ".cubin" and not path.name.startswith(".tmp-")
+
+
+def _write_atomic(path: Path, blob: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# -- prebuilt kernels ----------------------------------------------------------------------------
+_INDEXES: dict = {}
+
+
+def _prebuilt_index(folder: Path) -> dict:
+    """cache key -> index entry of a prebuilt folder (re-read when index.json changes)."""
+    path = Path(folder) / INDEX
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError as e:
+        _warn_once(("prebuilt", str(folder)), f"SKUFORGE_PREBUILT={folder} has no readable {INDEX} ({e}): "
+                                              f"write it with `python -m codegen compile --out {folder}`")
+        return {}
+    hit = _INDEXES.get(path)
+    if hit is None or hit[0] != stamp:
+        try:
+            entries = json.loads(path.read_text())["entries"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            _warn_once(("prebuilt", str(path), stamp), f"prebuilt index {path} is unreadable ({e}); ignored")
+            entries = []
+        hit = _INDEXES[path] = (stamp, {e["cache_key"]: e for e in entries if "cache_key" in e})
+    return hit[1]
+
+
+def prebuilt_lookup(folder: Path, key: str):
+    """(path, cubin) of a prebuilt entry with this cache key, or None (a file whose sha256 does not
+    match its index entry is ignored with one warning)."""
+    entry = _prebuilt_index(folder).get(key)
+    if entry is None:
+        return None
+    path = Path(folder) / entry["file"]
+    try:
+        cubin = path.read_bytes()
+    except OSError as e:
+        _warn_once(("prebuilt", str(path)), f"prebuilt kernel {path} is unreadable ({e}); ignored")
+        return None
+    if hashlib.sha256(cubin).hexdigest() != entry.get("cubin_sha256"):
+        _warn_once(("prebuilt", str(path)), f"prebuilt kernel {path} does not match its index entry; ignored")
+        return None
+    return path, cubin
+
+
+def write_prebuilt(folder: Path, items) -> Path:
+    """Write cubins and merge their entries into ``folder/index.json``. ``items``: dicts with unit,
+    source, arch, options, cubin, skus. Returns the index path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    index_path = folder / INDEX
+    try:
+        old = json.loads(index_path.read_text())["entries"]
+    except (OSError, ValueError, KeyError, TypeError):
+        old = []
+    entries = {(e["unit"], e["arch"]): e for e in old if "unit" in e and "arch" in e}
+    for it in items:
+        key = cache_key(it["source"], it["arch"], it["options"])
+        rel = f"sm_{it['arch']}/{_stem(it['unit'])}-{key[:24]}.cubin"
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(folder / rel, it["cubin"])
+        prev = entries.get((it["unit"], it["arch"]))
+        if prev is not None and prev.get("file") != rel:
+            try:
+                (folder / prev["file"]).unlink()
+            except OSError:
+                pass
+        entries[(it["unit"], it["arch"])] = {"unit": it["unit"], "skus": list(it.get("skus", ())), "file": rel,
+                                             **_meta(it["source"], it["arch"], it["options"], key, it["cubin"])}
+    index = {"schema": 1, "generator": GENERATOR_VERSION,
+             "entries": [entries[k] for k in sorted(entries)]}
+    _write_atomic(index_path, (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
+    return index_path
+
+
+def store_entry(source: str, name: str, arch: int, options, cubin: bytes) -> Path:
+    """Put a cubin compiled elsewhere (``compile --fill-cache``) into the disk cache."""
+    key = cache_key(source, arch, options)
+    path = _entry_path(name, arch, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = _meta(source, arch, options, key, cubin)
+    _write_atomic(path, _MAGIC + json.dumps(meta, sort_keys=True).encode() + b"\n" + cubin)
+    return path
+
+
+def _not_prebuilt(name: str, arch: int, skus, s) -> KernelNotPrebuiltError:
+    what = f"{name}" + (f" (SKUs {', '.join(skus[:3])}{', ...' if len(skus) > 3 else ''})" if skus else "")
+    pattern = skus[0] if skus else "*"
+    where = f"SKUFORGE_PREBUILT={s.prebuilt_dir}" if s.prebuilt_dir else "SKUFORGE_PREBUILT is not set"
+    return KernelNotPrebuiltError(
+        f"{what} for sm_{arch} is not prebuilt ({where}) nor in the compile cache {cache_dir()}, and run-time "
+        f"compilation is off (SKUFORGE_DISABLE_JIT=1): build it with "
+        f"`python -m codegen compile --arch sm_{arch} --filter '{pattern}' --out DIR` and set SKUFORGE_PREBUILT=DIR "
+        f"(or `--fill-cache`)")
+
+
+def compile_cached(source: str, name: str, arch: int, options=(), *, skus=()) -> CompileResult:
+    """A unit's cubin for ``sm_<arch>``: prebuilt, cached, or compiled (and cached); safe across threads
+    and processes. ``skus`` (for messages) are the SKUs the unit holds."""
+    from filelock import FileLock, Timeout
+
+    s = settings()
+    skus = list(skus)
+    key = cache_key(source, arch, options)
+    if s.prebuilt_dir is not None:
+        hit = prebuilt_lookup(s.prebuilt_dir, key)
+        if hit is not None:
+            return CompileResult(hit[1], hit[0], True, "prebuilt")
+    root = cache_dir()
+    mem = _MEMORY.get((root, key))
+    if mem is not None:
+        return CompileResult(mem, None, True, "memory")
+    path = _entry_path(name, arch, key)
+    payload, problem = _read_entry(path)
+    if payload is not None:
+        return CompileResult(payload, path, True, "cache")
+    if problem is not None:
+        _warn_once(("corrupt", str(path)), f"corrupt compile-cache entry {path} ({problem}): rebuilding it")
+    if s.disable_jit:
+        raise _not_prebuilt(name, arch, skus, s)
+    if root not in _UNUSABLE:
+        lock_path = str(path) + ".lock"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(lock_path, timeout=s.lock_timeout)
+            lock.acquire()
+        except Timeout:
+            raise CacheLockTimeoutError(
+                f"waited {s.lock_timeout:g} s for the compile-cache lock {lock_path} (another process compiling "
+                f"{name} for sm_{arch}, or a stale lock on a network filesystem): remove the lock file if no "
+                f"process holds it, or raise SKUFORGE_LOCK_TIMEOUT") from None
+        except OSError as e:
+            _disable(root, e)
+        else:
+            try:
+                payload, _ = _read_entry(path)  # another process may have finished meanwhile
+                if payload is not None:
+                    return CompileResult(payload, path, True, "cache")
+                if path.parent not in _CLEANED:
+                    _CLEANED.add(path.parent)
+                    clean_orphans(path.parent)
+                cubin = nvrtc_compile(source, name, arch, options)
+                meta = _meta(source, arch, options, key, cubin)
+                try:
+                    _write_atomic(path, _MAGIC + json.dumps(meta, sort_keys=True).encode() + b"\n" + cubin)
+                except OSError as e:
+                    _disable(root, e)
+                    _MEMORY[(root, key)] = cubin
+                    return CompileResult(cubin, None, False, "compiled")
+                return CompileResult(cubin, path, False, "compiled")
+            finally:
+                lock.release()
+    cubin = nvrtc_compile(source, name, arch, options)
+    _MEMORY[(root, key)] = cubin
+    return CompileResult(cubin, None, False, "compiled")

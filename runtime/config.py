@@ -69,18 +69,51 @@ class sync_checks:
         return inner
 
 
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def data_root() -> Path:
+    """Where ``templates/`` and ``generated/`` are: the repository root in a source checkout (or an
+    editable install), ``runtime/_data`` in an installed wheel (setup.py's build hook copies them
+    there; the repository layout is unchanged)."""
+    packaged = _PACKAGE / "_data"
+    return packaged if (packaged / "generated" / "manifest.json").is_file() else _PACKAGE.parent
+
+
+def installed() -> bool:
+    """Whether this is an installed copy (a wheel / ``pip install .``), not a source checkout."""
+    return data_root() != _PACKAGE.parent
+
+
+def default_cache_dir() -> Path:
+    return (Path.home() / ".cache" / "skuforge").absolute()
+
+
 @dataclass(frozen=True)
 class Settings:
     """Tuning knobs and switches; ``env`` in each field's metadata names its variable."""
 
     # -- runtime: where things are ------------------------------------------------------------
     cache_dir: Path = dataclasses.field(
-        default=Path.home() / ".cache" / "skuforge", metadata={"env": "SKUFORGE_CACHE_DIR",
-        "doc": "NVRTC compile cache (``<cache_dir>/nvrtc-<ver>/sm_<arch>/``); read at each compile"})
+        default_factory=default_cache_dir, metadata={"env": "SKUFORGE_CACHE_DIR",
+        "doc": "NVRTC compile cache (``<cache_dir>/cubin-v2/sm_<arch>/``), an absolute path; empty: the default; "
+               "read at each compile"})
     generated: Path = dataclasses.field(
-        default=Path(__file__).resolve().parent.parent / "generated", metadata={"env": "SKUFORGE_GENERATED",
+        default_factory=lambda: data_root() / "generated", metadata={"env": "SKUFORGE_GENERATED",
         "doc": "generated sources + manifest.json the runtime loads (non-editable installs); read at import of "
                "runtime.registry"})
+    prebuilt_dir: Optional[Path] = dataclasses.field(
+        default=None, metadata={"env": "SKUFORGE_PREBUILT",
+        "doc": "folder written by ``python -m codegen compile --out DIR`` (cubins + index.json): kernels found "
+               "there are loaded without NVRTC; read at each compile"})
+    disable_jit: bool = dataclasses.field(
+        default=False, metadata={"env": "SKUFORGE_DISABLE_JIT",
+        "doc": "never compile at run time: a kernel that is neither prebuilt nor cached is a "
+               "runtime.errors.KernelNotPrebuiltError naming the unit, the arch and the command that builds it"})
+    lock_timeout: float = dataclasses.field(
+        default=120.0, metadata={"env": "SKUFORGE_LOCK_TIMEOUT",
+        "doc": "seconds a process waits for a compile-cache entry's lock before a "
+               "runtime.errors.CacheLockTimeoutError naming the lock file"})
     # -- runtime: launch configuration switches (measurements, A/B) ---------------------------
     columns_grid: str = dataclasses.field(
         default="2d", metadata={"env": "SKUFORGE_COLUMNS_GRID",
@@ -133,13 +166,19 @@ def from_environ(environ=None) -> Settings:
         text = env.get(f.metadata["env"])
         if text is None:
             continue
-        if f.name in ("cache_dir", "generated", "audit_dir"):
-            values[f.name] = Path(text)
+        if f.name in ("cache_dir", "generated", "audit_dir", "prebuilt_dir"):
+            if not text.strip():
+                continue  # empty: the default
+            path = Path(text).expanduser()
+            # the cache and the prebuilt folder are resolved once, here: a later chdir does not move them
+            values[f.name] = path.absolute() if f.name in ("cache_dir", "prebuilt_dir") else path
+        elif f.name == "lock_timeout":
+            values[f.name] = float(text) if text.strip() else 120.0
         elif f.name == "seed":
             values[f.name] = int(text)
         elif f.name in ("exhaustive", "full_compile"):
             values[f.name] = bool(text)
-        elif f.name in ("dirty", "sync_checks"):
+        elif f.name in ("dirty", "sync_checks", "disable_jit"):
             values[f.name] = _flag(text)
         else:
             values[f.name] = text

@@ -19,10 +19,28 @@ def cupy():
         raise DeviceRequiredError("skuforge kernels run through CuPy: pip install cupy-cuda13x") from e
 
 
+def _no_device(e: BaseException) -> DeviceRequiredError:
+    return DeviceRequiredError(f"no usable CUDA device ({type(e).__name__}: {e}): skuforge's kernels need an "
+                               f"NVIDIA GPU and its driver; compiling (`python -m codegen compile`) does not")
+
+
+def current_device() -> int:
+    """The current CUDA device; :class:`DeviceRequiredError` where CuPy finds no driver or device
+    (cudaErrorInsufficientDriver, cudaErrorNoDevice, ...)."""
+    cp = cupy()
+    try:
+        return cp.cuda.runtime.getDevice()
+    except cp.cuda.runtime.CUDARuntimeError as e:
+        raise _no_device(e) from e
+
+
 @lru_cache(maxsize=None)
 def properties(device: int) -> dict:
     cp = cupy()
-    p = cp.cuda.runtime.getDeviceProperties(device)
+    try:
+        p = cp.cuda.runtime.getDeviceProperties(device)
+    except cp.cuda.runtime.CUDARuntimeError as e:
+        raise _no_device(e) from e
     return {"name": p["name"].decode() if isinstance(p["name"], bytes) else p["name"],
             "cc": p["major"] * 10 + p["minor"], "sms": p["multiProcessorCount"],
             "max_threads_per_sm": p["maxThreadsPerMultiProcessor"]}
@@ -36,15 +54,16 @@ def load_function(registry, unit: str, symbol: str, device: int = None):
     """Compile ``unit`` for the device's arch (disk cache) and return ``symbol`` as a CuPy function."""
     cp = cupy()
     if device is None:
-        device = cp.cuda.runtime.getDevice()
+        device = current_device()
     key = (str(registry.root), unit, device)
     mod = _modules.get(key)
     if mod is None:
         with _lock:
             mod = _modules.get(key)
             if mod is None:
-                options = registry.units[unit]["nvrtc_options"]
-                res = compile_cached(registry.unit_source(unit), unit, compile_arch(device), options)
+                meta = registry.units[unit]
+                res = compile_cached(registry.unit_source(unit), unit, compile_arch(device), meta["nvrtc_options"],
+                                     skus=meta.get("skus", ()))
                 with cp.cuda.Device(device):
                     mod = cp.cuda.function.Module()
                     mod.load(res.cubin)

@@ -15,3 +15,32 @@ class InvalidProblemError(SkuforgeError):
 
 class DeviceRequiredError(SkuforgeError):
     """A GPU operation was asked for where no CUDA device (or CuPy) is available."""
+
+
+class ToolchainUnavailableError(SkuforgeError):
+    """NVRTC (``cuda-bindings`` + ``nvidia-cuda-nvrtc``) is needed to compile a kernel and cannot be
+    loaded; the message says what to install, or how to use prebuilt kernels instead."""
+
+
+class KernelNotPrebuiltError(SkuforgeError):
+    """Run-time compilation is disabled (``SKUFORGE_DISABLE_JIT=1``) and a kernel is neither in the
+    prebuilt folder nor in the compile cache; the message names the unit, its SKUs, the arch and
+    the command that builds it."""
+
+
+class CacheLockTimeoutError(SkuforgeError):
+    """Waiting for a compile-cache entry's lock file took longer than ``SKUFORGE_LOCK_TIMEOUT``."""
+
+
+class TemplateError(SkuforgeError):
+    """A Jinja template could not be found, parsed or rendered; the message names the template
+    file and line."""
+
+
+class InstalledTreeError(SkuforgeError):
+    """The generator was asked to rewrite ``generated/`` inside an installed package."""
+
+
+class CacheWarning(UserWarning):
+    """The compile cache could not be used as asked (unwritable folder, corrupt entry): skuforge
+    carried on (in memory, or by rebuilding the entry)."""

@@ -10,8 +10,10 @@ SRC = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] *= 2.0f; }\n'
 
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path):
+    compiler.reset_faults()
     with config.override(cache_dir=tmp_path / "cache"):
         yield tmp_path / "cache"
+    compiler.reset_faults()
 
 
 def test_compiles_without_gpu_for_sm80_and_sm90():
@@ -38,19 +40,22 @@ def test_key_depends_on_every_input(monkeypatch):
 def test_cache_hit_layout_and_corrupt_entry_recovery(cache_dir):
     first = compiler.compile_cached(SRC, "quantization/k.cu", 80)
     assert not first.cached
-    assert first.path.parent.name == "sm_80" and first.path.parent.parent.name.startswith("nvrtc-")
+    assert first.path.parent.name == "sm_80" and first.path.parent.parent.name == compiler.CACHE_LAYOUT
     assert first.path.name.startswith("quantization_k-")
     second = compiler.compile_cached(SRC, "quantization/k.cu", 80)
     assert second.cached and second.cubin == first.cubin
     # truncate the entry: it must be detected and rebuilt, not loaded
     first.path.write_bytes(first.path.read_bytes()[:100])
-    third = compiler.compile_cached(SRC, "quantization/k.cu", 80)
+    with pytest.warns(compiler.CacheWarning, match="corrupt"):
+        third = compiler.compile_cached(SRC, "quantization/k.cu", 80)
     assert not third.cached and third.cubin == first.cubin
     # flip a payload byte: checksum mismatch, rebuilt
     data = bytearray(first.path.read_bytes())
     data[-1] ^= 0xFF
     first.path.write_bytes(bytes(data))
-    assert not compiler.compile_cached(SRC, "quantization/k.cu", 80).cached
+    compiler.reset_faults()  # one warning per entry and process: forget the first one
+    with pytest.warns(compiler.CacheWarning, match="checksum"):
+        assert not compiler.compile_cached(SRC, "quantization/k.cu", 80).cached
     assert not list(first.path.parent.glob(".tmp-*"))  # no temporary files left behind
 
 

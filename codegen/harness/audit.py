@@ -599,7 +599,8 @@ def add_parser(sub) -> None:
     sp = sub.add_parser("audit", help="coverage of the matrix: generated / excluded / compiled / verified / "
                         "bandwidth, per op (no GPU needed)",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sp.add_argument("--format", choices=("term", "md", "json", "html"), default="term")
+    sp.add_argument("--format", choices=("term", "md", "json", "html"), default="term",
+                    help="output format: a terminal table, Markdown, JSON or a standalone HTML page (default term)")
     sp.add_argument("--filter", default="*", help="glob on the SKU string")
     sp.add_argument("--output", "-o", help="write to FILE instead of stdout (term becomes md)")
     sp.add_argument("--fail-under", type=float, metavar="PCT",

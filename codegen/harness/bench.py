@@ -907,7 +907,7 @@ def add_parser(sub) -> None:
     sp.add_argument("--compile-all", action="store_true",
                     help="torch.compile baseline for every SKU (default: bf16 ones only, to bound compile time)")
     sp.add_argument("--no-host", action="store_true", help="skip the host-overhead measurement")
-    sp.add_argument("--device", type=int, default=0)
+    sp.add_argument("--device", type=int, default=0, help="CUDA device ordinal to measure on (default 0)")
     sp.add_argument("--records", default=str(AUDIT_DIR), help="records folder (default audit/)")
     sp.add_argument("--render", action="store_true",
                     help="no GPU: rewrite the records' Markdown and chart, with targets refreshed from the modules")

@@ -218,7 +218,7 @@ def add_parser(sub) -> None:
     sp.add_argument("--seed", type=int, default=None, help="base seed (default: fresh, printed and recorded)")
     sp.add_argument("--framework", choices=("cupy", "torch"), default="cupy",
                     help="array type the checks pass to the API (default cupy)")
-    sp.add_argument("--device", type=int, default=0)
+    sp.add_argument("--device", type=int, default=0, help="CUDA device ordinal to verify on (default 0)")
     sp.add_argument("--jobs", type=int, default=0, help="NVRTC processes to pre-compile units (1: none)")
     sp.add_argument("--records", default=str(AUDIT_DIR), help="records folder (default audit/)")
     sp.set_defaults(func=cmd_verify)
