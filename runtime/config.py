@@ -204,7 +204,7 @@ def reload(environ=None) -> Settings:
 
 # What is remembered from the settings: (module, attribute) of dicts to clear when they change.
 # Looked up in sys.modules, so that this module imports nothing of the runtime.
-DEPENDENT_CACHES = (("runtime.quantization", "_FAST"), ("runtime.dynamic", "_LAUNCHES"))
+DEPENDENT_CACHES = (("runtime.replay", "CACHE"), ("runtime.dynamic", "_LAUNCHES"))
 
 
 def _forget() -> None:

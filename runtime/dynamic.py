@@ -27,7 +27,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import kinds
+from . import kinds, lowbit, replay
 from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
 from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
                      launch_cooperative, load_function, memset_u32, properties, resident_blocks)
@@ -35,9 +35,8 @@ from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .quantization import (_channel_params, _FastCall, _MISS, _out_arg, _replay,
-                           _same_device, _overlap, byte_span, launcher_runner)
-from .reference import dynamic_qparams, dynamic_range
+from .params import channel_params, check_scale_dtype, out_arg, same_device
+from .reference import dynamic_qparams, dynamic_quantize_lowbit_ref, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 
 MODES = ("symmetric", "asymmetric")
@@ -361,7 +360,7 @@ class DynamicReduceLauncher(Launcher):
 
     def config(self, plan, args: DynamicArgs) -> ReduceConfig:
         rows, cols = args.xv.rows, args.xv.cols
-        inner, count, last = _channel_params(args.x.shape, args.scope, args.axis)
+        inner, count, last = channel_params(args.x.shape, args.scope, args.axis)
         rvec = plan.launch["rvec"]
         vec_ok = _vec_ok(rvec, [(args.x, args.xv)], cols)
         v = rvec if vec_ok else 1
@@ -455,7 +454,7 @@ class DynamicReduceLauncher(Launcher):
                                 width=cfg.width, eps=eps, qmin=args.qmin, qmax=args.qmax, zp_value=args.zp_value)
             launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, abi.fmt, values, stream, cfg.smem)
             return
-        inner, count, last = _channel_params(args.x.shape, args.scope, args.axis)
+        inner, count, last = channel_params(args.x.shape, args.scope, args.axis)
         if args.scope == "tensor":
             count = 1
         fn = plan.registry.kernel(plan.sku, args.x.device)
@@ -479,6 +478,46 @@ class DynamicReduceLauncher(Launcher):
         qplan.run(qargs, stream=stream)
 
 
+@launcher("lowbit_dynamic_fused")
+class LowBitFusedLauncher(Launcher):
+    """Per-token / per-group low-bit dynamic quantization: one launch of the fused kernel
+    (lowbit_dynamic_fused.cu.j2), configured as runtime.dynamic.DynamicFusedLauncher does."""
+
+    def check(self, plan, args):
+        sku = plan.sku
+        if args.x.kind != sku.element or args.q.kind != sku.aux_element:
+            raise InvalidProblemError(f"{sku} takes {sku.element} -> {sku.aux_element}, got {args.x.kind} -> {args.q.kind}")
+        if args.scale.kind == lowbit.E8M0:
+            if not plan.launch.get("mx") or args.group_size != lowbit.MX_GROUP:
+                raise InvalidProblemError(f"{sku}: e8m0 scales need an fp8 group-{lowbit.MX_GROUP} kernel")
+        elif args.scale.kind != sku.precision.math:
+            raise InvalidProblemError(f"{sku}: scale must be {sku.precision.math} (or e8m0), got {args.scale.kind}")
+        if (sku.mode == "asymmetric") != (args.zero_point is not None):
+            raise InvalidProblemError(f"{sku}: zero_point array is required exactly in asymmetric mode")
+
+    def config(self, plan, args):
+        """(vec_ok, TX, TY, grid), as DynamicFusedLauncher.config; the scalar path moves PACK elements."""
+        gs = args.group_size if args.scope == "group" else args.xv.cols
+        vec, pack = plan.launch["vec"], plan.launch["pack"]
+        vec_ok = (gs % vec == 0 and lowbit.aligned(args.x, args.xv, vec * args.x.itemsize)
+                  and lowbit.aligned(args.q, args.qv, vec // pack))
+        return (vec_ok, *block_config(plan, args, vec_ok, vec if vec_ok else pack))
+
+    def run(self, plan, args, stream=None):
+        rows, cols = args.xv.rows, args.xv.cols
+        if rows == 0 or cols == 0:
+            return
+        fn, grid, block, abi, own = fused_launch(self, plan, args, plan.launch["pack"])
+        mx = args.scale.kind == lowbit.E8M0
+        values = abi.values(x=args.x.ptr, x_rs=args.xv.row_stride, q=args.q.ptr, q_rs=args.qv.row_stride,
+                            scale=0 if mx else args.scale.ptr, scale_e8m0=args.scale.ptr if mx else 0,
+                            zero_point=ptr(args.zero_point), rows=rows, cols=cols,
+                            group_size=args.group_size if args.scope == "group" else cols,
+                            eps=float(_scalar(plan.sku.precision.math, args.eps)), qmin=args.qmin, qmax=args.qmax,
+                            zp_value=args.zp_value, **own)
+        launch(fn, (grid,), block, abi.fmt, values, stream if stream is not None else stream_handle(args.x))
+
+
 # -- the functional API ------------------------------------------------------------------------
 def _check_eps(eps, math_kind: str) -> float:
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
@@ -491,15 +530,6 @@ def _check_eps(eps, math_kind: str) -> float:
         raise InvalidProblemError(f"eps={eps!r} is {em!r} in {math_kind}, the math precision of this input; "
                                   "it must stay positive and finite")
     return e
-
-
-def _check_scale_dtype(scale_dtype, x_kind: str, math_kind: str):
-    sk = kind_of(scale_dtype, "scale_dtype")
-    # "float32", the default, means float scales in the math precision: float64 for f64 inputs (SPEC §4)
-    if sk == "f32" or sk == math_kind:
-        return math_kind
-    raise UnsupportedError(f"scale_dtype={scale_dtype!r} for {x_kind} input; scales are in the math precision: "
-                           f"{'float64' if math_kind == 'f64' else 'float32'}")
 
 
 def _resolve_range(qk: str, mode: str, qmin, qmax):
@@ -553,13 +583,9 @@ def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, 
     static = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
               settings().dynamic_config, settings().dynamic_tensor, out is None)
     outs = _out_tuple(out, mode)
-    args = (x,) + outs
-    r = _replay("dynamic_quantize", static, args)
-    if r is not _MISS:
-        return r
-    with _FastCall("dynamic_quantize", static, args) as fast:
-        return _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
-                                 outs)
+    return replay.call("dynamic_quantize", static, (x,) + outs,
+                       lambda fast: _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax,
+                                                      eps, scale_dtype, outs))
 
 
 def _out_tuple(out, mode) -> tuple:
@@ -580,10 +606,10 @@ def _out_tuple(out, mode) -> tuple:
 
 def _check_disjoint(fast, refs) -> None:
     """No two of these arrays share bytes (the kernels read x while they write q, scale, zp), and a
-    replay of this call makes the same test (runtime.quantization._overlap) on the same spans.
+    replay of this call makes the same test (runtime.replay.overlap) on the same spans.
     ``refs``: ``[(name, ArrayRef or None)]`` in the call's argument order (x, q, scale, zero_point)."""
-    spans = tuple((i, *byte_span(r)) for i, (_, r) in enumerate(refs) if r is not None and r.size)
-    pair = _overlap(spans, [0 if r is None else r.ptr for _, r in refs])
+    spans = tuple((i, *replay.byte_span(r)) for i, (_, r) in enumerate(refs) if r is not None and r.size)
+    pair = replay.overlap(spans, [0 if r is None else r.ptr for _, r in refs])
     if pair is not None:
         raise InvalidProblemError(f"{refs[pair[1]][0]} overlaps {refs[pair[0]][0]} in memory; "
                                   "dynamic_quantize needs separate arrays")
@@ -595,12 +621,11 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
     if xr.kind not in kinds.FLOAT:
         raise UnsupportedError(f"x has dtype {xr.kind}; dynamic_quantize takes {', '.join(kinds.FLOAT)}")
     qk = kind_of(out_dtype, "out_dtype")
-    from . import lowbit   # fp8 / packed int4 outputs, MX e8m0 scales
     if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
         if outs:
             raise UnsupportedError(f"out= with out_dtype={out_dtype!r} / scale_dtype={scale_dtype!r}: dynamic_quantize "
                                    f"writes into given arrays for {', '.join(kinds.INT8)} outputs with float scales only")
-        return lowbit.dynamic_quantize(xr, scope=scope, mode=mode, axis=axis, group_size=group_size, kind=qk,
+        return _lowbit_dynamic_quantize(xr, scope=scope, mode=mode, axis=axis, group_size=group_size, kind=qk,
                                        qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
     if qk not in kinds.INT8:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dynamic_quantize produces {', '.join(kinds.INT8)}"
@@ -611,15 +636,15 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
     qmin, qmax, zp_value = _resolve_range(qk, mode, qmin, qmax)
     m = kinds.math_kind(xr.kind)
     eps = _check_eps(eps, m)
-    _check_scale_dtype(scale_dtype, xr.kind, m)
+    check_scale_dtype(scale_dtype, xr.kind)
     xv = rows_view(xr, "x")                     # layout errors before anything is allocated
     pshape = param_shape(xr.shape, scope, axis, group_size)
     if outs:
-        qref = _out_arg(outs[0], xr, xr.shape, qk, "out[0] (q)")
-        sref = _out_arg(outs[1], xr, pshape, m, "out[1] (scale)")
-        zref = None if outs[2] is None else _out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
+        qref = out_arg(outs[0], xr, xr.shape, qk, "out[0] (q)")
+        sref = out_arg(outs[1], xr, pshape, m, "out[1] (scale)")
+        zref = None if outs[2] is None else out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
         qv = rows_view(qref, "out[0] (q)")          # its layout errors name the argument
-        _same_device([xr, qref, sref, zref])
+        same_device([xr, qref, sref, zref])
         _check_disjoint(fast, [("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref), ("out[2] (zero_point)", zref)])
     if xr.size == 0:
         # empty slices reduce to 0: the scale (and zero point) of an all-zero slice, no kernel
@@ -639,7 +664,7 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
         sref = as_array(empty(xr, pshape, m), "scale")
         zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
         qv = rows_view(qref, "q")
-        _same_device([xr, qref])
+        same_device([xr, qref])
     qa = qref.obj
     args = DynamicArgs(xr, xv, qref, qv, sref, zref, scope, mode, qmin, qmax, zp_value, eps,
                        axis=axis, group_size=group_size)
@@ -656,7 +681,58 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
             args.workspace = as_array(empty(xr, (nbytes,), "u8"), "workspace")
         plan.run(args)
         # a repeated call re-allocates and re-runs the launcher on the new arrays, without the checks
-        fast.set_runner(launcher_runner(plan, args, ("x", "q", "scale", "zero_point", "workspace")), xr)
+        fast.set_runner(replay.launcher_runner(plan, args, ("x", "q", "scale", "zero_point", "workspace")), xr)
     result = qa, sref.obj, None if zref is None else zref.obj
     fast.remember(result)
     return result
+
+
+def _lowbit_dynamic_quantize(xr: ArrayRef, *, scope, mode="symmetric", axis=None, group_size=None, kind, qmin=None,
+                     qmax=None, eps=1e-8, scale_dtype="float32"):
+    """Low-bit ``dynamic_quantize``: ``(q, scale, zero_point)`` with q in its container; fp8 scales are
+    ``max(amax, eps) / fp8_max``, or MX e8m0 codes (uint8, ``e + 127``) with ``scale_dtype="e8m0"``."""
+    mx = lowbit.is_e8m0(scale_dtype)
+    if kind not in lowbit.KINDS:
+        lowbit.check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
+    if mode not in MODES:
+        raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
+    axis = check_scope(xr.shape, scope, axis, group_size)
+    if kind in lowbit.FP8:
+        if mode != "symmetric":
+            raise InvalidProblemError(f"mode={mode!r}: {kind} has no zero point; fp8 dynamic quantization is "
+                                      "symmetric (scale = max(amax, eps) / fp8_max)")
+        lowbit.check_fp8_args(kind, None, qmin, qmax)
+        qmin, qmax, zp_value = -int(kinds.kind(kind).max), int(kinds.kind(kind).max), 0
+    else:
+        lowbit.check_int4(xr.shape, scope, group_size, kind, "x")
+        qmin, qmax, zp_value = _resolve_range(kind, mode, qmin, qmax)
+    m = kinds.math_kind(xr.kind)
+    eps = _check_eps(eps, m)
+    if mx:
+        lowbit.check_mx(kind, scope, group_size)
+    else:
+        check_scale_dtype(scale_dtype, xr.kind)
+    xv = rows_view(xr, "x")
+    pshape = param_shape(xr.shape, scope, axis, group_size)
+    skind = "u8" if mx else m
+    if xr.size == 0:
+        # empty slices reduce to 0: the parameters of an all-zero slice, no kernel
+        _, s_val, z_val = dynamic_quantize_lowbit_ref(np.zeros((2,), np.float64 if m == "f64" else np.float32),
+                                                      scope="tensor", mode=mode, out_dtype=kind, qmin=qmin,
+                                                      qmax=qmax, eps=eps, scale_dtype=lowbit.E8M0 if mx else None)
+        q = lowbit.lowbit_out(None, xr, lowbit.packed_shape(xr.shape, kind), kind).obj
+        s = _fill(xr, pshape, skind, int(s_val) if mx else float(s_val))
+        return q, s, None if z_val is None else _fill(xr, pshape, "i32", int(z_val))
+    qref = lowbit.lowbit_out(None, xr, lowbit.packed_shape(xr.shape, kind), kind)
+    sref = as_array(empty(xr, pshape, skind), "scale")
+    sref = lowbit.retag(sref, lowbit.E8M0) if mx else sref
+    zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
+    same_device([xr, qref])
+    args = DynamicArgs(xr, xv, qref, rows_view(qref, "q"), sref, zref, scope, mode, qmin, qmax, zp_value, eps,
+                       axis=axis, group_size=group_size)
+    plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, kind), lowbit.preference(xr.device))
+    nbytes = plan.workspace_size(args)
+    if nbytes:
+        args.workspace = as_array(empty(xr, (nbytes,), "u8"), "workspace")
+    plan.run(args)
+    return qref.obj, sref.obj, None if zref is None else zref.obj

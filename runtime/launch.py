@@ -35,14 +35,14 @@ GRID_CAP = [None]
 def grid_cap(blocks: int):
     """Cap elementwise grids at ``blocks`` inside the block (prepared fast-path launches are
     forgotten on entry and exit, so none crosses the boundary)."""
-    from .quantization import _FAST
-    _FAST.clear()
+    from .replay import CACHE
+    CACHE.clear()
     GRID_CAP[0] = blocks
     try:
         yield
     finally:
         GRID_CAP[0] = None
-        _FAST.clear()
+        CACHE.clear()
 
 
 def row_grid(rows: int, ty: int) -> int:

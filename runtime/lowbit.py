@@ -27,17 +27,15 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
-
 from . import config, kinds, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .device import launch, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .quantization import (_check_param_shape, _channel_params, _device_check, _out_arg,
-                           _same_device, _scale_arg, _zero_point_arg)
-from .reference import MX_GROUP, dynamic_quantize_lowbit_ref
+from .params import (channel_params, check_param_shape, device_check, out_arg, same_device, scale_arg,
+                     zero_point_arg)
+from .reference import MX_GROUP
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 
 FP8 = kinds.FP8            # plain aliases of the kind groups (runtime/kinds.py)
@@ -78,7 +76,7 @@ def is_e8m0(scale_dtype) -> bool:
         return False
 
 
-def _retag(ref: ArrayRef, kind: str) -> ArrayRef:
+def retag(ref: ArrayRef, kind: str) -> ArrayRef:
     """The same memory described with its low-bit kind (containers are uint8)."""
     return dataclasses.replace(ref, kind=kind)
 
@@ -89,7 +87,7 @@ def packed_shape(shape, kind: str) -> tuple:
     return shape[:-1] + (shape[-1] // 2,) if kind in INT4 else shape
 
 
-def _check_int4(shape, scope, group_size, kind, arg):
+def check_int4(shape, scope, group_size, kind, arg):
     d = shape[-1] if shape else 0
     if d % 2:
         raise InvalidProblemError(f"{arg} has D={d} columns (its last axis); packed {kind} needs an even D "
@@ -99,7 +97,7 @@ def _check_int4(shape, scope, group_size, kind, arg):
                                   f"two groups); supported: even divisors of D={d}")
 
 
-def _check_fp8_args(kind, zero_point, qmin, qmax, arg_zp="zero_point"):
+def check_fp8_args(kind, zero_point, qmin, qmax, arg_zp="zero_point"):
     if zero_point is not None:
         raise InvalidProblemError(f"{arg_zp} is given but {kind} has no zero point: fp8 quantization is symmetric "
                                   f"(q = fp8(x / scale)); pass {arg_zp}=None")
@@ -108,7 +106,7 @@ def _check_fp8_args(kind, zero_point, qmin, qmax, arg_zp="zero_point"):
                                   f"saturates at ±{kinds.kind(kind).max:g}")
 
 
-def _check_mx(kind, scope, group_size):
+def check_mx(kind, scope, group_size):
     if kind not in FP8:
         raise UnsupportedError(f"scale_dtype='e8m0': MX block scales are for fp8 data "
                                f"({', '.join(FP8)}); got {kind}")
@@ -126,20 +124,20 @@ def _e8m0_arg(scale, shape, scope, axis, group_size) -> ArrayRef:
     if ref.kind not in ("u8", E8M0):
         raise InvalidProblemError(f"scale has dtype {ref.kind}; scale_dtype='e8m0' needs uint8 codes "
                                   "(e + 127) or a float8_e8m0fnu array")
-    _check_param_shape(ref, param_shape(shape, scope, axis, group_size), scope, "scale")
+    check_param_shape(ref, param_shape(shape, scope, axis, group_size), scope, "scale")
     if config.sync_checks_on() and ref.size:
         bytes_ = ref
         if ref.framework == "torch" and ref.kind == E8M0:
             bytes_ = dataclasses.replace(ref, obj=ref.obj.view(sys.modules["torch"].uint8), kind="u8")
-        _device_check(bytes_, "scale", lambda s, m: m.all(s != 255), "e8m0 code 255 is NaN; scales must be finite")
-    return _retag(ref, E8M0)
+        device_check(bytes_, "scale", lambda s, m: m.all(s != 255), "e8m0 code 255 is NaN; scales must be finite")
+    return retag(ref, E8M0)
 
 
-def _lowbit_out(out, like: ArrayRef, shape, kind: str) -> ArrayRef:
+def lowbit_out(out, like: ArrayRef, shape, kind: str) -> ArrayRef:
     """q's container: given (uint8, or the torch fp8 dtype) or allocated in the caller's framework."""
     if out is None:
         torch_fp8 = kind in FP8 and like.framework == "torch"
-        return _retag(as_array(empty(like, shape, kind if torch_fp8 else "u8"), "out"), kind)
+        return retag(as_array(empty(like, shape, kind if torch_fp8 else "u8"), "out"), kind)
     ref = as_array(out, "out")
     ok_kinds = ("u8", kind) if kind in FP8 else ("u8",)
     if tuple(ref.shape) != tuple(shape) or ref.kind not in ok_kinds:
@@ -147,7 +145,7 @@ def _lowbit_out(out, like: ArrayRef, shape, kind: str) -> ArrayRef:
                                   f"{tuple(shape)} and dtype {' or '.join(ok_kinds)} for {kind}")
     if (ref.framework == "torch") != (like.framework == "torch"):
         raise InvalidProblemError(f"out is a {ref.framework} array but the input is {like.framework}")
-    return _retag(ref, kind)
+    return retag(ref, kind)
 
 
 def input_kind(q: ArrayRef, in_dtype) -> Optional[str]:
@@ -174,7 +172,7 @@ class LowBitArgs(ElementwiseArgs):
     scale_e8m0: Optional[ArrayRef] = None
 
 
-def _aligned(a: ArrayRef, view, nbytes: int) -> bool:
+def aligned(a: ArrayRef, view, nbytes: int) -> bool:
     align = min(16, nbytes)
     return a.ptr % align == 0 and (view.row_stride * a.itemsize) % align == 0
 
@@ -198,7 +196,7 @@ class LowBitElementwiseLauncher(Launcher):
         vec, pack = plan.launch["vec"], plan.launch["pack"]
         if args.cols % vec:
             return False
-        return all(_aligned(a, view, vec * a.itemsize // (pack if a.kind in INT4 else 1))
+        return all(aligned(a, view, vec * a.itemsize // (pack if a.kind in INT4 else 1))
                    for a, view in args.ins + args.outs)
 
     def run(self, plan, args: ElementwiseArgs, stream=None):
@@ -226,79 +224,37 @@ class LowBitElementwiseLauncher(Launcher):
         launch(fn, (grid,), (tx, ty), abi.fmt, values, stream if stream is not None else stream_handle(first))
 
 
-@launcher("lowbit_dynamic_fused")
-class LowBitFusedLauncher(Launcher):
-    """Per-token / per-group low-bit dynamic quantization: one launch of the fused kernel
-    (lowbit_dynamic_fused.cu.j2), configured as runtime.dynamic.DynamicFusedLauncher does."""
-
-    def check(self, plan, args):
-        sku = plan.sku
-        if args.x.kind != sku.element or args.q.kind != sku.aux_element:
-            raise InvalidProblemError(f"{sku} takes {sku.element} -> {sku.aux_element}, got {args.x.kind} -> {args.q.kind}")
-        if args.scale.kind == E8M0:
-            if not plan.launch.get("mx") or args.group_size != MX_GROUP:
-                raise InvalidProblemError(f"{sku}: e8m0 scales need an fp8 group-{MX_GROUP} kernel")
-        elif args.scale.kind != sku.precision.math:
-            raise InvalidProblemError(f"{sku}: scale must be {sku.precision.math} (or e8m0), got {args.scale.kind}")
-        if (sku.mode == "asymmetric") != (args.zero_point is not None):
-            raise InvalidProblemError(f"{sku}: zero_point array is required exactly in asymmetric mode")
-
-    def config(self, plan, args):
-        """(vec_ok, TX, TY, grid), as DynamicFusedLauncher.config; the scalar path moves PACK elements."""
-        from .dynamic import block_config
-        gs = args.group_size if args.scope == "group" else args.xv.cols
-        vec, pack = plan.launch["vec"], plan.launch["pack"]
-        vec_ok = (gs % vec == 0 and _aligned(args.x, args.xv, vec * args.x.itemsize)
-                  and _aligned(args.q, args.qv, vec // pack))
-        return (vec_ok, *block_config(plan, args, vec_ok, vec if vec_ok else pack))
-
-    def run(self, plan, args, stream=None):
-        from .dynamic import _scalar, fused_launch
-        rows, cols = args.xv.rows, args.xv.cols
-        if rows == 0 or cols == 0:
-            return
-        fn, grid, block, abi, own = fused_launch(self, plan, args, plan.launch["pack"])
-        mx = args.scale.kind == E8M0
-        values = abi.values(x=args.x.ptr, x_rs=args.xv.row_stride, q=args.q.ptr, q_rs=args.qv.row_stride,
-                            scale=0 if mx else args.scale.ptr, scale_e8m0=args.scale.ptr if mx else 0,
-                            zero_point=ptr(args.zero_point), rows=rows, cols=cols,
-                            group_size=args.group_size if args.scope == "group" else cols,
-                            eps=float(_scalar(plan.sku.precision.math, args.eps)), qmin=args.qmin, qmax=args.qmax,
-                            zp_value=args.zp_value, **own)
-        launch(fn, (grid,), block, abi.fmt, values, stream if stream is not None else stream_handle(args.x))
-
-
 # -- the functional API (called by runtime.quantize / dequantize / dynamic_quantize) -------------
 def quantize(xr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_size=None, kind, qmin=None,
              qmax=None, out=None, scale_dtype=None):
     """Low-bit ``quantize`` (see runtime.quantization.quantize); ``kind`` is the output kind."""
     if kind not in KINDS:
-        _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
+        check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
     xv = rows_view(xr, "x")
     axis = check_scope(xr.shape, scope, axis, group_size)
     mx = is_e8m0(scale_dtype) or (not isinstance(scale, numbers.Number) and scale is not None
                                   and as_array(scale, "scale").kind == E8M0)
     if kind in FP8:
-        _check_fp8_args(kind, zero_point, qmin, qmax)
+        check_fp8_args(kind, zero_point, qmin, qmax)
         qmin, qmax, zp_value, zp = -int(kinds.kind(kind).max), int(kinds.kind(kind).max), 0, None
     else:
-        _check_int4(xr.shape, scope, group_size, kind, "x")
+        check_int4(xr.shape, scope, group_size, kind, "x")
         qmin, qmax = check_range(kind, qmin, qmax)
-        zp = None if zero_point is None else _zero_point_arg(zero_point, xr.shape, scope, axis, group_size,
+        zp = None if zero_point is None else zero_point_arg(zero_point, xr.shape, scope, axis, group_size,
                                                              qmin, qmax, xr)
         zp_value = implied_zero_point(kind) if zp is None else (zp if isinstance(zp, int) else 0)
     if mx:
-        _check_mx(kind, scope, group_size)
+        check_mx(kind, scope, group_size)
         s, e8 = 0.0, _e8m0_arg(scale, xr.shape, scope, axis, group_size)
     else:
-        s, e8 = _scale_arg(scale, xr, scope, axis, group_size, kinds.math_kind(xr.kind)), None
+        s, e8 = scale_arg(scale, xr, scope, axis, group_size, kinds.math_kind(xr.kind)), None
     mode = "symmetric" if zero_point is None else "asymmetric"
-    _same_device([xr, s, e8, zp])
-    outr = _lowbit_out(out, xr, packed_shape(xr.shape, kind), kind)
-    _same_device([xr, outr])
+    same_device([xr, s, e8, zp])
+    outr = lowbit_out(out, xr, packed_shape(xr.shape, kind), kind)
+    same_device([xr, outr])
     if xr.size == 0:
         return outr.obj
-    inner, count, last = _channel_params(xr.shape, scope, axis)
+    inner, count, last = channel_params(xr.shape, scope, axis)
     args = LowBitArgs(ins=[(xr, xv)], outs=[(outr, rows_view(outr, "out"))], scale=s,
                       zero_point=zp if isinstance(zp, ArrayRef) else None, zp_value=zp_value, rows=xv.rows,
                       cols=xv.cols, group_size=group_size or 1, chan_inner=inner, chan_count=count, chan_last=last,
@@ -312,37 +268,37 @@ def dequantize(qr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_
                out=None, scale_dtype=None):
     """Low-bit ``dequantize``: ``kind`` is q's kind (see ``input_kind``); q is its container."""
     if kind not in KINDS:
-        _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 input: UnsupportedError
+        check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 input: UnsupportedError
     yk = kind_of(out_dtype, "out_dtype")
     if yk not in kinds.FLOAT:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(kinds.FLOAT)}")
     qv = rows_view(qr, "q")
     shape = tuple(qr.shape[:-1]) + (2 * qr.shape[-1],) if kind in INT4 else tuple(qr.shape)
     axis = check_scope(shape, scope, axis, group_size, "q")
-    qref = _retag(qr, kind)
+    qref = retag(qr, kind)
     mx = is_e8m0(scale_dtype) or (not isinstance(scale, numbers.Number) and scale is not None
                                   and as_array(scale, "scale").kind == E8M0)
     if kind in FP8:
-        _check_fp8_args(kind, zero_point, None, None)
+        check_fp8_args(kind, zero_point, None, None)
         zp, zp_value, (lo, hi) = None, 0, (-int(kinds.kind(kind).max), int(kinds.kind(kind).max))
     else:
-        _check_int4(shape, scope, group_size, kind, "q (unpacked)")
+        check_int4(shape, scope, group_size, kind, "q (unpacked)")
         lo, hi = kinds.QRANGE[kind]
-        zp = None if zero_point is None else _zero_point_arg(zero_point, shape, scope, axis, group_size, lo, hi, qr)
+        zp = None if zero_point is None else zero_point_arg(zero_point, shape, scope, axis, group_size, lo, hi, qr)
         zp_value = implied_zero_point(kind) if zp is None else (zp if isinstance(zp, int) else 0)
     if mx:
-        _check_mx(kind, scope, group_size)
+        check_mx(kind, scope, group_size)
         s, e8 = 0.0, _e8m0_arg(scale, shape, scope, axis, group_size)
     else:
         like = dataclasses.replace(qref, shape=shape)
-        s, e8 = _scale_arg(scale, like, scope, axis, group_size, kinds.math_kind(yk)), None
+        s, e8 = scale_arg(scale, like, scope, axis, group_size, kinds.math_kind(yk)), None
     mode = "symmetric" if zero_point is None else "asymmetric"
-    _same_device([qr, s, e8, zp])
-    outr = _out_arg(out, qr, shape, yk)
-    _same_device([qr, outr])
+    same_device([qr, s, e8, zp])
+    outr = out_arg(out, qr, shape, yk)
+    same_device([qr, outr])
     if outr.size == 0:
         return outr.obj
-    inner, count, last = _channel_params(shape, scope, axis)
+    inner, count, last = channel_params(shape, scope, axis)
     args = LowBitArgs(ins=[(qref, qv)], outs=[(outr, rows_view(outr, "out"))], scale=s,
                       zero_point=zp if isinstance(zp, ArrayRef) else None, zp_value=zp_value, rows=qv.rows,
                       cols=shape[-1], group_size=group_size or 1, chan_inner=inner, chan_count=count, chan_last=last,
@@ -350,55 +306,3 @@ def dequantize(qr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_
     status.raise_pending(qr.device)
     cached_plan(Descriptor("dequantize", scope, mode, kind, yk), preference(qr.device)).run(args)
     return outr.obj
-
-
-def dynamic_quantize(xr: ArrayRef, *, scope, mode="symmetric", axis=None, group_size=None, kind, qmin=None,
-                     qmax=None, eps=1e-8, scale_dtype="float32"):
-    """Low-bit ``dynamic_quantize``: ``(q, scale, zero_point)`` with q in its container; fp8 scales are
-    ``max(amax, eps) / fp8_max``, or MX e8m0 codes (uint8, ``e + 127``) with ``scale_dtype="e8m0"``."""
-    from .dynamic import MODES, DynamicArgs, _check_eps, _check_scale_dtype, _fill, _resolve_range
-    mx = is_e8m0(scale_dtype)
-    if kind not in KINDS:
-        _check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
-    if mode not in MODES:
-        raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
-    axis = check_scope(xr.shape, scope, axis, group_size)
-    if kind in FP8:
-        if mode != "symmetric":
-            raise InvalidProblemError(f"mode={mode!r}: {kind} has no zero point; fp8 dynamic quantization is "
-                                      "symmetric (scale = max(amax, eps) / fp8_max)")
-        _check_fp8_args(kind, None, qmin, qmax)
-        qmin, qmax, zp_value = -int(kinds.kind(kind).max), int(kinds.kind(kind).max), 0
-    else:
-        _check_int4(xr.shape, scope, group_size, kind, "x")
-        qmin, qmax, zp_value = _resolve_range(kind, mode, qmin, qmax)
-    m = kinds.math_kind(xr.kind)
-    eps = _check_eps(eps, m)
-    if mx:
-        _check_mx(kind, scope, group_size)
-    else:
-        _check_scale_dtype(scale_dtype, xr.kind, m)
-    xv = rows_view(xr, "x")
-    pshape = param_shape(xr.shape, scope, axis, group_size)
-    skind = "u8" if mx else m
-    if xr.size == 0:
-        # empty slices reduce to 0: the parameters of an all-zero slice, no kernel
-        _, s_val, z_val = dynamic_quantize_lowbit_ref(np.zeros((2,), np.float64 if m == "f64" else np.float32),
-                                                      scope="tensor", mode=mode, out_dtype=kind, qmin=qmin,
-                                                      qmax=qmax, eps=eps, scale_dtype=E8M0 if mx else None)
-        q = _lowbit_out(None, xr, packed_shape(xr.shape, kind), kind).obj
-        s = _fill(xr, pshape, skind, int(s_val) if mx else float(s_val))
-        return q, s, None if z_val is None else _fill(xr, pshape, "i32", int(z_val))
-    qref = _lowbit_out(None, xr, packed_shape(xr.shape, kind), kind)
-    sref = as_array(empty(xr, pshape, skind), "scale")
-    sref = _retag(sref, E8M0) if mx else sref
-    zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
-    _same_device([xr, qref])
-    args = DynamicArgs(xr, xv, qref, rows_view(qref, "q"), sref, zref, scope, mode, qmin, qmax, zp_value, eps,
-                       axis=axis, group_size=group_size)
-    plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, kind), preference(xr.device))
-    nbytes = plan.workspace_size(args)
-    if nbytes:
-        args.workspace = as_array(empty(xr, (nbytes,), "u8"), "workspace")
-    plan.run(args)
-    return qref.obj, sref.obj, None if zref is None else zref.obj

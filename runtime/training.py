@@ -26,14 +26,14 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from . import kinds, status
+from . import kinds, replay, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .device import load_function, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
 from .plans import Descriptor, Launcher, cached_plan, launcher
-from .quantization import (_MISS, _channel_params, _FastCall, _out_arg, _replay,
-                           _same_device, _scale_arg, _zero_point_arg, launch_elementwise)
+from .params import channel_params, out_arg, same_device, scale_arg, zero_point_arg
+from .quantization import launch_elementwise
 from .reference import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
 from .scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
 
@@ -113,11 +113,11 @@ def _params(x: ArrayRef, scale, zero_point, scope, axis, group_size, qmin, qmax,
     axis = check_scope(x.shape, scope, axis, group_size)
     mk = kinds.math_kind(x.kind)
     s = _empty_param(scale, x, scope, axis, group_size, "scale", mk) if x.size == 0 else None
-    s = s or _scale_arg(scale, x, scope, axis, group_size, mk)
+    s = s or scale_arg(scale, x, scope, axis, group_size, mk)
     if zero_point is None:
         return _Params(axis, s, "symmetric", None, None, zp_symmetric)
     zp = _empty_param(zero_point, x, scope, axis, group_size, "zero_point", "i32") if x.size == 0 else None
-    zp = zp or _zero_point_arg(zero_point, x.shape, scope, axis, group_size, qmin, qmax, x)
+    zp = zp or zero_point_arg(zero_point, x.shape, scope, axis, group_size, qmin, qmax, x)
     if isinstance(zp, ArrayRef):
         return _Params(axis, s, "asymmetric", zp, zp, 0)
     return _Params(axis, s, "asymmetric", zp, None, zp)
@@ -140,8 +140,8 @@ def _elementwise(fast, op, p: _Params, ins, outs, shape, scope, group_size, elem
 def _straight_through(fast, op, dyr, xr, p, out, scope, group_size, qmin, qmax):
     """Launch a straight-through backward (dy, x -> dx) and remember the call for the fast path."""
     ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
-    outr = _out_arg(out, xr, xr.shape, xr.kind)
-    _same_device([dyr, xr, p.scale, p.zp, outr])
+    outr = out_arg(out, xr, xr.shape, xr.kind)
+    same_device([dyr, xr, p.scale, p.zp, outr])
     _elementwise(fast, op, p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope, group_size, xr.kind,
                  qmin, qmax)
     fast.remember(outr.obj, (qmin, qmax))
@@ -154,40 +154,40 @@ def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_
     """Straight-through gradient of :func:`runtime.quantize`: ``dx = dy * (qmin <= v <= qmax)``,
     ``v = rne(x / scale) + zero_point`` before the clamp. Takes quantize's own arguments
     (``out_dtype`` is quantize's output kind: it sets the default range and the implied zero point)."""
-    static, args = (scope, axis, group_size, out_dtype, qmin, qmax), (dy, x, scale, zero_point, out)
-    r = _replay("quantize_backward", static, args)
-    if r is not _MISS:
-        return r
-    with _FastCall("quantize_backward", static, args, scale_at=2) as fast:
-        xr = _float_array(x, "x", "quantize_backward")
-        dyr = _grad_array(dy, xr)
-        qk = kind_of(out_dtype, "out_dtype")
-        if qk not in kinds.INT8:
-            raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize_backward follows quantize to "
-                                   f"{', '.join(kinds.INT8)}")
-        check_scope(xr.shape, scope, axis, group_size)
-        qmin, qmax = check_range(qk, qmin, qmax)
-        p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, implied_zero_point(qk))
-        return _straight_through(fast, "quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
+    return replay.call("quantize_backward", (scope, axis, group_size, out_dtype, qmin, qmax), (dy, x, scale, zero_point, out),
+                       lambda fast: _quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, out_dtype, qmin, qmax), scale_at=2)
+
+
+def _quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, out_dtype, qmin, qmax):
+    xr = _float_array(x, "x", "quantize_backward")
+    dyr = _grad_array(dy, xr)
+    qk = kind_of(out_dtype, "out_dtype")
+    if qk not in kinds.INT8:
+        raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize_backward follows quantize to "
+                               f"{', '.join(kinds.INT8)}")
+    check_scope(xr.shape, scope, axis, group_size)
+    qmin, qmax = check_range(qk, qmin, qmax)
+    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, implied_zero_point(qk))
+    return _straight_through(fast, "quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
 
 
 def dequantize_backward(dy, scale, *, scope, axis=None, group_size=None, out=None):
     """Straight-through gradient of :func:`runtime.dequantize` with respect to q:
     ``dq = dy * scale``, rounded once to dy's dtype (scale: float32, float64 for float64 dy)."""
-    static, args = (scope, axis, group_size), (dy, scale, None, out)
-    r = _replay("dequantize_backward", static, args)
-    if r is not _MISS:
-        return r
-    with _FastCall("dequantize_backward", static, args, scale_at=1) as fast:
-        dyr = _float_array(dy, "dy", "dequantize_backward")
-        p = _params(dyr, scale, None, scope, axis, group_size, 0, 0, 0)
-        ins = [(dyr, rows_view(dyr, "dy"))]
-        outr = _out_arg(out, dyr, dyr.shape, dyr.kind)
-        _same_device([dyr, p.scale, outr])
-        _elementwise(fast, "dequantize_backward", p, ins, [(outr, rows_view(outr, "out"))], dyr.shape, scope,
-                     group_size, dyr.kind, 0, 0)
-        fast.remember(outr.obj)
-        return outr.obj
+    return replay.call("dequantize_backward", (scope, axis, group_size), (dy, scale, None, out),
+                       lambda fast: _dequantize_backward(fast, dy, scale, out, scope, axis, group_size), scale_at=1)
+
+
+def _dequantize_backward(fast, dy, scale, out, scope, axis, group_size):
+    dyr = _float_array(dy, "dy", "dequantize_backward")
+    p = _params(dyr, scale, None, scope, axis, group_size, 0, 0, 0)
+    ins = [(dyr, rows_view(dyr, "dy"))]
+    outr = out_arg(out, dyr, dyr.shape, dyr.kind)
+    same_device([dyr, p.scale, outr])
+    _elementwise(fast, "dequantize_backward", p, ins, [(outr, rows_view(outr, "out"))], dyr.shape, scope,
+                 group_size, dyr.kind, 0, 0)
+    fast.remember(outr.obj)
+    return outr.obj
 
 
 # -- fake quantization ---------------------------------------------------------------------------
@@ -205,43 +205,43 @@ def fake_quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=Non
     """``y = (clamp(rne(x / scale) + zp, qmin, qmax) - zp) * scale`` in x's dtype (PyTorch's
     ``fake_quantize_per_*_affine``). With ``return_mask=True`` returns ``(y, mask)``, mask a bool
     array ``qmin <= rne(x / scale) + zp <= qmax``, written by the same kernel."""
-    static, args = (scope, axis, group_size, qmin, qmax, return_mask), (x, scale, zero_point, out)
-    r = _replay("fake_quantize", static, args)
-    if r is not _MISS:
-        return r
-    with _FastCall("fake_quantize", static, args, scale_at=1) as fast:
-        xr = _float_array(x, "x", "fake_quantize")
-        qmin, qmax = fake_quant_range(qmin, qmax)
-        p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
-        ins = [(xr, rows_view(xr, "x"))]
-        outr = _out_arg(out, xr, xr.shape, xr.kind)
-        mask = None
-        if return_mask:
-            mask, mref = _bool_mask(xr, tuple(xr.shape))
-            mstream = (mref, rows_view(mref, "mask"))
-        else:
-            mstream = _null_stream(xr, "u8")
-        _same_device([xr, p.scale, p.zp, outr])
-        _elementwise(fast, "fake_quantize", p, ins, [(outr, rows_view(outr, "out")), mstream], xr.shape, scope,
-                     group_size, xr.kind, qmin, qmax)
-        result = (outr.obj, mask) if return_mask else outr.obj
-        fast.remember(result, (qmin, qmax))
-        return result
+    return replay.call("fake_quantize", (scope, axis, group_size, qmin, qmax, return_mask), (x, scale, zero_point, out),
+                       lambda fast: _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, return_mask), scale_at=1)
+
+
+def _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, return_mask):
+    xr = _float_array(x, "x", "fake_quantize")
+    qmin, qmax = fake_quant_range(qmin, qmax)
+    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
+    ins = [(xr, rows_view(xr, "x"))]
+    outr = out_arg(out, xr, xr.shape, xr.kind)
+    mask = None
+    if return_mask:
+        mask, mref = _bool_mask(xr, tuple(xr.shape))
+        mstream = (mref, rows_view(mref, "mask"))
+    else:
+        mstream = _null_stream(xr, "u8")
+    same_device([xr, p.scale, p.zp, outr])
+    _elementwise(fast, "fake_quantize", p, ins, [(outr, rows_view(outr, "out")), mstream], xr.shape, scope,
+                 group_size, xr.kind, qmin, qmax)
+    result = (outr.obj, mask) if return_mask else outr.obj
+    fast.remember(result, (qmin, qmax))
+    return result
 
 
 def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None,
                            qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX, out=None):
     """``dx = dy * mask`` with fake_quantize's mask, recomputed from x (a product, as PyTorch's)."""
-    static, args = (scope, axis, group_size, qmin, qmax), (dy, x, scale, zero_point, out)
-    r = _replay("fake_quantize_backward", static, args)
-    if r is not _MISS:
-        return r
-    with _FastCall("fake_quantize_backward", static, args, scale_at=2) as fast:
-        xr = _float_array(x, "x", "fake_quantize_backward")
-        dyr = _grad_array(dy, xr)
-        qmin, qmax = fake_quant_range(qmin, qmax)
-        p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
-        return _straight_through(fast, "fake_quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
+    return replay.call("fake_quantize_backward", (scope, axis, group_size, qmin, qmax), (dy, x, scale, zero_point, out),
+                       lambda fast: _fake_quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax), scale_at=2)
+
+
+def _fake_quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax):
+    xr = _float_array(x, "x", "fake_quantize_backward")
+    dyr = _grad_array(dy, xr)
+    qmin, qmax = fake_quant_range(qmin, qmax)
+    p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
+    return _straight_through(fast, "fake_quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
 
 
 # -- LSQ -----------------------------------------------------------------------------------------
@@ -399,12 +399,10 @@ def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ax
     :class:`runtime.DeviceValueError` (``op="fake_quantize_learnable_backward"``, ``arg="scale"`` or
     ``"zero_point"``). Under ``runtime.sync_checks()`` the values are checked on the host first.
     """
-    static, args = (scope, axis, group_size, qmin, qmax, grad_factor, _max_blocks), (dy, x, scale, zero_point, out)
-    r = _replay("fake_quantize_learnable_backward", static, args)
-    if r is not _MISS:
-        return r
-    with _FastCall("fake_quantize_learnable_backward", static, args, scale_at=2) as fast:
-        return _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor, out, _max_blocks)
+    return replay.call("fake_quantize_learnable_backward", (scope, axis, group_size, qmin, qmax, grad_factor, _max_blocks),
+                       (dy, x, scale, zero_point, out),
+                       lambda fast: _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax,
+                                         grad_factor, out, _max_blocks), scale_at=2)
 
 
 def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor, out, max_blocks):
@@ -416,10 +414,10 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
     mk = kinds.math_kind(xr.kind)
     pshape = param_shape(xr.shape, scope, p.axis, group_size)
     xv, dyv = rows_view(xr, "x"), rows_view(dyr, "dy")
-    outr = _out_arg(out, xr, xr.shape, xr.kind)
+    outr = out_arg(out, xr, xr.shape, xr.kind)
     ds_shape = tuple(p.scale.shape) if isinstance(p.scale, ArrayRef) else pshape
     dz_shape = tuple(p.zp.shape) if isinstance(p.zp, ArrayRef) else pshape
-    _same_device([dyr, xr, p.scale, p.zp, outr])
+    same_device([dyr, xr, p.scale, p.zp, outr])
     if xr.size == 0:
         ds = _zeros(xr, ds_shape, mk)
         dz = None if zero_point is None else _zeros(xr, dz_shape, "f32")
@@ -429,7 +427,7 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
     ds = as_array(empty(xr, ds_shape, mk), "dscale")
     dz = None if zero_point is None else as_array(empty(xr, dz_shape, "f32"), "dzero_point")
     ov = rows_view(outr, "out")
-    inner, count, last = _channel_params(xr.shape, scope, p.axis)
+    inner, count, last = channel_params(xr.shape, scope, p.axis)
     n = lsq_partials(xv.rows, xv.cols, scope, last)
     ds_part = as_array(empty(xr, (n,), mk), "workspace") if n else None
     dz_part = as_array(empty(xr, (n,), mk), "workspace") if n and dz is not None else None

@@ -161,7 +161,7 @@ def test_bad_out():
 
 def test_byte_span_and_overlap():
     from runtime.arrays import as_array
-    from runtime.quantization import _overlap, byte_span
+    from runtime.replay import byte_span, overlap as _overlap
     a = as_array(D((4, 8), "float32", ptr=0x1000), "a")
     assert byte_span(a) == (0, 128)
     b = as_array(D((4, 8), "int8", strides=(16, 1), ptr=0x2000), "b")          # strided rows
@@ -235,7 +235,7 @@ def _args(shape, scope, axis=None, gs=None, strides=None):
 def _emulate_reduce(cfg, args, v):
     """Count how often phase 0 visits each (row, col) and check the (slot, part) layout."""
     rows, cols = args.xv.rows, args.xv.cols
-    inner, count, last = dyn._channel_params(args.x.shape, args.scope, args.axis)
+    inner, count, last = dyn.channel_params(args.x.shape, args.scope, args.axis)
     if args.scope == "tensor":
         inner, count = 1, 1
     hits = np.zeros((rows, cols), np.int64)

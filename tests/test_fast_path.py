@@ -16,6 +16,7 @@ import pytest
 
 import runtime as sf
 from runtime import arrays, config, kinds
+from runtime import replay
 from runtime.abi import Abi
 from runtime import dynamic as dyn
 from runtime import launch as launch_mod
@@ -88,7 +89,7 @@ def _describe(obj):
     return qz_describe(obj)
 
 
-qz_describe = qz._describe
+qz_describe = replay.describe
 
 
 @pytest.fixture
@@ -97,7 +98,7 @@ def dev(monkeypatch):
     words = (ctypes.c_uint32 * status.MAX_DEVICES)()      # the status words, in ordinary memory
     monkeypatch.setattr(status, "_words", words)
     monkeypatch.setattr(status, "_base", ctypes.addressof(words))
-    monkeypatch.setattr(qz, "_describe", _describe)
+    monkeypatch.setattr(replay, "describe", _describe)
     monkeypatch.setattr(arrays, "_new", lambda like, shape, kind: d.new(shape, kind))
     monkeypatch.setattr(arrays, "_data_ptr", lambda obj, framework: obj.ptr)
     monkeypatch.setattr(arrays, "_device_of_pointer", lambda p: 0)
@@ -109,8 +110,8 @@ def dev(monkeypatch):
             a = d.new(shape, kind)
             return a, a.ptr
         return alloc
-    monkeypatch.setattr(qz, "allocator", allocator)
-    monkeypatch.setattr(qz, "stream_getter", lambda ref: (lambda: 7))
+    monkeypatch.setattr(replay, "allocator", allocator)
+    monkeypatch.setattr(replay, "stream_getter", lambda ref: (lambda: 7))
     for mod in (qz, training, dyn, launch_mod):
         monkeypatch.setattr(mod, "stream_handle", lambda ref: 7)
     for mod in (launch_mod, dyn):
@@ -126,16 +127,16 @@ def dev(monkeypatch):
     for mod in (training, dyn, launch_mod):
         monkeypatch.setattr(mod, "load_function", lambda reg, unit, symbol, device=None: symbol, raising=False)
     monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).symbol)
-    real_run = qz._Entry.run
+    real_run = replay.Entry.run
 
     def counted(self, args, vals):
         r = real_run(self, args, vals)
-        d.hits += r is not qz._MISS
+        d.hits += r is not replay.MISS
         return r
-    monkeypatch.setattr(qz._Entry, "run", counted)
-    qz._FAST.clear()
+    monkeypatch.setattr(replay.Entry, "run", counted)
+    replay.CACHE.clear()
     yield d
-    qz._FAST.clear()
+    replay.CACHE.clear()
 
 
 def _ptrs(result):
@@ -156,10 +157,10 @@ def replay_matches_slow_path(dev, call):
     addresses (slow path): the hit launches exactly what the slow path launches."""
     first = _run(dev, call, 0x7F0000000000)
     assert dev.hits == 0 and first[0], "the first call launches through the slow path"
-    assert len(qz._FAST) == 1, "the call was remembered"
+    assert len(replay.CACHE) == 1, "the call was remembered"
     fast = _run(dev, call, 0x7F4000000000)
     assert dev.hits == 1, "the repeated call took the fast path"
-    qz._FAST.clear()
+    replay.CACHE.clear()
     slow = _run(dev, call, 0x7F4000000000)
     assert dev.hits == 1
     assert fast == slow
@@ -228,7 +229,7 @@ def test_replay_launches_what_the_slow_path_launches(dev, name):
 def test_device_parameters_replay_by_default_and_not_under_sync_checks(dev, unchecked, name):
     call, _ = CALLS[name]
     _run(dev, call, 0x7F0000000000)                      # remembered: the kernels check device values
-    assert len(qz._FAST) == 1
+    assert len(replay.CACHE) == 1
     _run(dev, call, 0x7F4000000000)
     assert dev.hits == 1
     _run(dev, call, 0x7F4000000000, sync=True)            # the debug mode checks them on the host
@@ -240,8 +241,8 @@ def test_device_parameters_replay_by_default_and_not_under_sync_checks(dev, unch
 def unchecked(monkeypatch):
     """The synchronous host checks cannot run on fake arrays: recorded instead (arg names)."""
     seen = []
-    monkeypatch.setattr(qz, "_device_check", lambda ref, arg, *a, **k: seen.append(arg))
-    monkeypatch.setattr(training, "_device_check", lambda ref, arg, *a, **k: seen.append(arg), raising=False)
+    from runtime import params
+    monkeypatch.setattr(params, "device_check", lambda ref, arg, *a, **k: seen.append(arg))
     return seen
 
 
@@ -305,7 +306,7 @@ def test_alignment_decides_the_vector_path_of_a_replay(dev, unchecked):
     def call(off):
         return lambda d: sf.quantize(d.a((8, 64), offset=off), d.a((8,)), scope="token")
     aligned = replay_matches_slow_path(dev, call(0))
-    qz._FAST.clear()
+    replay.CACHE.clear()
     dev.hits = 0
     misaligned = replay_matches_slow_path(dev, call(4))
     assert aligned[0][0][4][-2] != misaligned[0][0][4][-2]          # the vec_ok parameter (before status)
@@ -324,7 +325,7 @@ def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
     monkeypatch.setattr(config, "_SETTINGS", dataclasses.replace(config.settings(), dynamic_config="block"))
     dev.hits = 0
     block = _run(dev, call, 0x7F8000000000)
-    assert dev.hits == 0 and len(qz._FAST) == 2                        # a miss, then remembered apart
+    assert dev.hits == 0 and len(replay.CACHE) == 2                        # a miss, then remembered apart
     assert auto[0][0][0] != block[0][0][0]                              # another kernel (t4 / block)
 
 
@@ -332,14 +333,14 @@ def test_in_place_calls_are_not_replayed_but_run(dev, unchecked):
     x, s = D((8, 64)), D((8,), ptr=0x7F0000100000)
     for _ in range(2):
         assert sf.fake_quantize(x, s, scope="token", out=x) is x
-    assert dev.hits == 0 and len(dev.launches) == 2 and not qz._FAST
+    assert dev.hits == 0 and len(dev.launches) == 2 and not replay.CACHE
 
 
 def test_empty_inputs_are_not_remembered(dev):
     for _ in range(2):
         sf.quantize(D((0, 64)), 0.5, scope="tensor")
         sf.dynamic_quantize(D((0, 64)), scope="token")
-    assert not dev.launches and not qz._FAST and dev.hits == 0
+    assert not dev.launches and not replay.CACHE and dev.hits == 0
 
 
 ABI = Abi("test", [("x", "ptr"), ("x_rs", "i64"), ("q", "ptr"), ("q_rs", "i64"), ("scale", "ptr"),
@@ -349,36 +350,36 @@ ABI = Abi("test", [("x", "ptr"), ("x_rs", "i64"), ("q", "ptr"), ("q_rs", "i64"),
 def test_a_pointer_slot_that_matches_nothing_is_not_remembered(dev):
     """A launch parameter that is neither an argument nor an allocation (here, an offset pointer)
     would be replayed stale: the call is not remembered."""
-    call = qz._FastCall("quantize", ("tensor",), (D((8, 64)), 0.5, None, None), scale_at=1)
+    call = replay.FastCall("quantize", ("tensor",), (D((8, 64)), 0.5, None, None), scale_at=1)
     with call:
         prep = launch_mod.PreparedLaunch("k", (1,), (1,), ABI, [D((8, 64)).ptr + 64, 64, 0, 64, 0, 0.5, 0, 0])
         call.add_launch(prep, arrays.as_array(D((8, 64)), "x"), params=("scale_value", "zp_value"))
         call.remember(None)
-    assert not qz._FAST
+    assert not replay.CACHE
 
 
 def test_a_misnamed_scalar_slot_is_not_remembered(dev):
     x = D((8, 64))
-    call = qz._FastCall("quantize", ("tensor",), (x, 0.5, None, None), scale_at=1)
+    call = replay.FastCall("quantize", ("tensor",), (x, 0.5, None, None), scale_at=1)
     with call:
         out = arrays.empty(arrays.as_array(x, "x"), (8, 64), "s8")
         prep = launch_mod.PreparedLaunch("k", (1,), (1,), ABI, [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
         call.add_launch(prep, arrays.as_array(x, "x"), params=("scale", "zp_value"))     # the scale *pointer*
         call.remember(out)
-    assert not qz._FAST
+    assert not replay.CACHE
     with call:
         out = arrays.empty(arrays.as_array(x, "x"), (8, 64), "s8")
         prep = launch_mod.PreparedLaunch("k", (1,), (1,), ABI, [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
         call.add_launch(prep, arrays.as_array(x, "x"), params=("scale_value", "zp_value"))
         call.remember(out)
-    assert len(qz._FAST) == 1
+    assert len(replay.CACHE) == 1
 
 
 def test_unknown_array_types_have_no_fast_path():
-    assert qz._describe(np.zeros(4)) == (None, None)
-    assert qz._describe(FakeDeviceArray((4,))) == (None, None)     # __cuda_array_interface__: the slow path
-    assert qz._describe(True) == (None, None)
-    assert qz._FastCall("quantize", ("tensor",), (np.zeros(4), 0.5, None, None), scale_at=1).key is None
+    assert replay.describe(np.zeros(4)) == (None, None)
+    assert replay.describe(FakeDeviceArray((4,))) == (None, None)     # __cuda_array_interface__: the slow path
+    assert replay.describe(True) == (None, None)
+    assert replay.FastCall("quantize", ("tensor",), (np.zeros(4), 0.5, None, None), scale_at=1).key is None
 
 
 def test_sync_checks_nests_and_decorates():
@@ -434,7 +435,7 @@ def test_a_reported_value_raises_once_at_the_next_call(dev, op, arg):
     _run(dev, call, 0x7F0000000000)
     for base in (0x7F1000000000, 0x7F2000000000):       # a replay, then the slow path
         if base == 0x7F2000000000:
-            qz._FAST.clear()
+            replay.CACHE.clear()
         status._words[0] = status.code(op, arg)
         with pytest.raises(status.DeviceValueError) as e:
             _run(dev, call, base)

@@ -10,7 +10,7 @@ import pytest
 
 import runtime as sf
 from codegen.harness.checks import base as checks
-from runtime import quantization as qz
+from runtime import replay
 
 pytestmark = pytest.mark.gpu
 
@@ -87,22 +87,22 @@ def test_replay_gives_the_slow_path_bits(name, fw, offset, rng, monkeypatch):
     if fw == "torch":
         pytest.importorskip("torch")
     hits = []
-    real = qz._Entry.run
+    real = replay.Entry.run
 
     def counted(self, args, vals):
         r = real(self, args, vals)
-        hits.append(r is not qz._MISS)
+        hits.append(r is not replay.MISS)
         return r
-    monkeypatch.setattr(qz._Entry, "run", counted)
+    monkeypatch.setattr(replay.Entry, "run", counted)
     call, shape = CASES[name], (48, 512)
     seed = int(rng.integers(2**31))
-    qz._FAST.clear()
+    replay.CACHE.clear()
     call(np.random.default_rng(seed), fw, _data(rng, fw, shape, offset))     # remembered
-    assert qz._FAST and not hits
+    assert replay.CACHE and not hits
     x = _data(rng, fw, shape, offset)
     fast = _host(call(np.random.default_rng(seed + 1), fw, x))               # replayed
     assert any(hits), "the repeated call took the fast path"
-    qz._FAST.clear()
+    replay.CACHE.clear()
     slow = _host(call(np.random.default_rng(seed + 1), fw, x))               # slow path
     fast, slow = (fast, slow) if isinstance(fast, tuple) else ((fast,), (slow,))
     assert len(fast) == len(slow)
@@ -120,7 +120,7 @@ def test_dynamic_out_is_written_and_returned(fw, scope, kw, pshape, rng):
     on the slow path and on a replay; a replay whose q overlaps x is refused like the slow path."""
     if fw == "torch":
         pytest.importorskip("torch")
-    qz._FAST.clear()
+    replay.CACHE.clear()
     for _ in range(2):                                        # remembered, then replayed
         x = _data(rng, fw, (48, 512), 0)
         out = (_zeros(fw, (48, 512), np.int8), _zeros(fw, pshape, np.float32))
@@ -136,7 +136,7 @@ def test_dynamic_out_is_written_and_returned(fw, scope, kw, pshape, rng):
     xs[:] = _data(rng, fw, (48, 512), 0)
     apart = buf[48 * 512 * 4:48 * 512 * 5].view(np.int8 if fw == "cupy" else _torch_dtype("int8")).reshape(48, 512)
     inside = buf[48 * 512:48 * 512 * 2].view(np.int8 if fw == "cupy" else _torch_dtype("int8")).reshape(48, 512)
-    qz._FAST.clear()
+    replay.CACHE.clear()
     sf.dynamic_quantize(xs, scope=scope, out=(apart, _zeros(fw, pshape, np.float32)), **kw)
     with pytest.raises(sf.InvalidProblemError, match="overlaps x"):
         sf.dynamic_quantize(xs, scope=scope, out=(inside, _zeros(fw, pshape, np.float32)), **kw)

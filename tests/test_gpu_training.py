@@ -11,6 +11,7 @@ from codegen.harness import verify
 from codegen.harness.checks import base as checks
 from codegen.harness.checks import training as ct
 from runtime import reference as ref
+from runtime import replay
 
 pytestmark = pytest.mark.gpu
 
@@ -398,7 +399,6 @@ def test_lsq_default_call_does_not_synchronize(mode, rng):
     """The default path checks values in the kernel: no host sync, on the slow path (first call of
     a signature) or the replay, under torch's sync debug mode."""
     torch = pytest.importorskip("torch")
-    from runtime import quantization as qz
     x = torch.randn(64, 256, device="cuda")
     dy = torch.randn(64, 256, device="cuda")
     s = torch.rand(256, device="cuda") * 0.05 + 0.01
@@ -408,7 +408,7 @@ def test_lsq_default_call_does_not_synchronize(mode, rng):
     _clear_pending()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        qz._FAST.clear()
+        replay.CACHE.clear()
         sf.fake_quantize_learnable_backward(dy, x, s, zp, **kw)  # slow path
         sf.fake_quantize_learnable_backward(dy, x, s, zp, **kw)  # replay
     finally:

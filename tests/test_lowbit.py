@@ -6,6 +6,7 @@ import pytest
 
 import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
+from runtime import dynamic as dyn
 from runtime import lowbit
 from runtime import reference as ref
 from runtime.plans import Preference
@@ -233,9 +234,10 @@ def stubbed(monkeypatch):
         a = D(shape, dt, ptr=0x7F0000100000 + 0x100000 * len(alloc))
         alloc.append((tuple(shape), kind))
         return a
-    monkeypatch.setattr(lowbit, "cached_plan", rec)
-    monkeypatch.setattr(lowbit, "empty", fake_empty)
-    monkeypatch.setattr("runtime.quantization.empty", fake_empty)
+    for mod in (lowbit, dyn):                  # static low-bit calls, and the low-bit dynamic path
+        monkeypatch.setattr(mod, "cached_plan", rec)
+        monkeypatch.setattr(mod, "empty", fake_empty)
+    monkeypatch.setattr("runtime.params.empty", fake_empty)
     monkeypatch.setattr(lowbit, "preference", lambda device: Preference(arch=90))
     rec.alloc = alloc
     yield rec
@@ -322,7 +324,7 @@ def test_elementwise_vec_ok_uses_packed_widths():
 
     def args(d, q_ptr_off=0, q_stride=None):
         x = as_array(D((4, d), "float16"), "x")
-        q = lowbit._retag(as_array(D((4, d // 2), "uint8", ptr=0x7F0000200000 + q_ptr_off,
+        q = lowbit.retag(as_array(D((4, d // 2), "uint8", ptr=0x7F0000200000 + q_ptr_off,
                                      strides=None if q_stride is None else (q_stride, 1)), "q"), "s4")
         return ElementwiseArgs(ins=[(x, rows_view(x, "x"))], outs=[(q, rows_view(q, "q"))], scale=1.0, zero_point=None,
                                zp_value=0, rows=4, cols=d)
@@ -337,7 +339,7 @@ def test_elementwise_vec_ok_uses_packed_widths():
     with pytest.raises(InvalidProblemError, match="even"):
         L.check(p, dataclasses.replace(args(64), cols=63))
     bad = args(64)
-    bad.outs = [(lowbit._retag(bad.outs[0][0], "u4"), bad.outs[0][1])]
+    bad.outs = [(lowbit.retag(bad.outs[0][0], "u4"), bad.outs[0][1])]
     with pytest.raises(InvalidProblemError, match="takes f16 -> s4"):
         L.check(p, bad)
 
@@ -353,17 +355,17 @@ def test_fused_config(monkeypatch, shape, gs, kind, vec_want):
     from runtime import dynamic
     from runtime.dynamic import DynamicArgs
     from runtime.scopes import rows_view
-    monkeypatch.setattr(lowbit, "properties", lambda device: H200)
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
     monkeypatch.setattr(dynamic, "properties", lambda device: H200)     # block_config's device query
     pack = 2 if kind in ("s4", "u4") else 1
     p = _plan(8, pack, max_threads=512, ch_vec=[1, 2, 4], ch_scalar=[1, 4, 8])
     x = as_array(D(shape, "float16"), "x")
-    q = lowbit._retag(as_array(D(lowbit.packed_shape(shape, kind), "uint8"), "q"), kind)
+    q = lowbit.retag(as_array(D(lowbit.packed_shape(shape, kind), "uint8"), "q"), kind)
     scope = "group" if gs else "token"
-    s = as_array(D(sf.quantization.param_shape(shape, scope, None, gs), "float32"), "scale")
+    s = as_array(D(sf.scopes.param_shape(shape, scope, None, gs), "float32"), "scale")
     a = DynamicArgs(x, rows_view(x, "x"), q, rows_view(q, "q"), s, None, scope, "symmetric", -7, 7, 0, 1e-8,
                     group_size=gs)
-    vec_ok, tx, ty, grid = lowbit.LowBitFusedLauncher().config(p, a)
+    vec_ok, tx, ty, grid = dyn.LowBitFusedLauncher().config(p, a)
     assert vec_ok == vec_want
     g = gs or shape[-1]
     v = 8 if vec_ok else pack

@@ -482,9 +482,9 @@ def test_pending_report_raises_before_any_launch(fake_gpu, status_word):
 def test_lsq_host_checks_only_under_sync_checks(monkeypatch, fake_gpu):
     """The default path never evaluates device values on the host; sync_checks() does (one
     synchronizing reduction per array)."""
-    from runtime import quantization
+    from runtime import params
     seen = []
-    monkeypatch.setattr(quantization, "_device_check", lambda ref, arg, pred, what: seen.append(arg))
+    monkeypatch.setattr(params, "device_check", lambda ref, arg, pred, what: seen.append(arg))
     x = D((8, 64), "float32")
     call = lambda: sf.fake_quantize_learnable_backward(D((8, 64)), x, D((8,)), D((8,), "int32"), scope="token",
                                                        out=D((8, 64)))

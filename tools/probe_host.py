@@ -40,7 +40,7 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
 
     import runtime as sf
     from runtime import arrays
-    from runtime import quantization as qz
+    from runtime import replay
     from runtime import status
     out = {}
     fws = {"cupy": lambda: ((cp.random.standard_normal((16, 4096), dtype=cp.float32)).astype(ml_dtypes.bfloat16),
@@ -56,10 +56,10 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
     for fw, make in fws.items():
         x, s = make()
         args = (x, s, None, None)
-        qz._FAST.clear()      # the remembered launch then points at x and q0, both alive below
+        replay.CACHE.clear()      # the remembered launch then points at x and q0, both alive below
         q0 = sf.quantize(x, s, scope="token", out_dtype="int8")
-        key, vals = qz._key("quantize", static, args)
-        entry = qz._FAST.get(key)
+        key, vals = replay.call_key("quantize", static, args)
+        entry = replay.CACHE.get(key)
         if entry is None or not entry.launches:
             out[fw] = {"error": "the call was not remembered (no fast path)"}
             continue
@@ -77,7 +77,7 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
                                                                    synchronize, n_calls, repeats),
             "stream query": _median_us(entry.stream, synchronize, n_calls, repeats),
             "cache key (_key: attribute reads of 4 arguments)": _median_us(
-                lambda: qz._key("quantize", static, args), synchronize, n_calls, repeats),
+                lambda: replay.call_key("quantize", static, args), synchronize, n_calls, repeats),
             "status word read (runtime.status.raise_pending)": _median_us(
                 lambda: status.raise_pending(xr.device), synchronize, n_calls, repeats),
         }

@@ -1,0 +1,126 @@
+"""Normalize: the argument checks every op family shares, before anything is launched.
+
+Each turns a user argument into what the launchers take (an ``ArrayRef`` of the right kind and
+shape, or a validated Python scalar) or raises a typed error naming the argument, the value and
+what is supported. Values held in device arrays are checked by the kernels (runtime/status.py);
+the synchronous host check of them runs only in the debug mode (``runtime.sync_checks()``).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+
+from . import config, kinds
+from .arrays import ArrayRef, as_array, empty, kind_of
+from .errors import InvalidProblemError, UnsupportedError
+from .scopes import param_shape
+
+
+def same_device(refs):
+    devs = {(r.framework, r.device) for r in refs if isinstance(r, ArrayRef)}
+    if len({d for _, d in devs}) > 1:
+        raise InvalidProblemError("arguments live on different devices: "
+                                  + ", ".join(f"{fw}:cuda:{d}" for fw, d in sorted(devs)))
+
+
+def scale_arg(scale, x: ArrayRef, scope, axis, group_size, math_kind):
+    """A scale as an ArrayRef of the scope shape, or a validated Python float (tensor scope)."""
+    want = param_shape(x.shape, scope, axis, group_size)
+    np_name = "float64" if math_kind == "f64" else "float32"
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        if scope != "tensor":
+            raise InvalidProblemError(f"scale is a scalar ({scale!r}) but scope={scope!r} needs an array of shape {want}")
+        s = float(scale)
+        if not (math.isfinite(s) and s > 0):
+            raise InvalidProblemError(f"scale={scale!r}; scales must be positive and finite")
+        return s
+    ref = as_array(scale, "scale")
+    if ref.kind != math_kind:
+        raise InvalidProblemError(f"scale has dtype {ref.kind}; {np_name} is required for {x.kind} data")
+    check_param_shape(ref, want, scope, "scale")
+    if config.sync_checks_on() and ref.size:
+        device_check(ref, "scale", lambda s, m: m.all(m.isfinite(s) & (s > 0)),
+                      "scales must be positive and finite")
+    return ref
+
+
+def check_param_shape(ref: ArrayRef, want, scope, arg):
+    ok = tuple(ref.shape) == tuple(want) or (scope == "tensor" and ref.size == 1 and ref.ndim <= 1)
+    if not ok:
+        raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)}; scope={scope!r} needs {tuple(want)}")
+    if ref.size == 0:
+        return  # nothing is read
+    # flat indexing in the kernel: the parameter must be C-contiguous
+    expect = 1
+    for n, s in reversed(list(zip(ref.shape, ref.strides))):
+        if n != 1 and s != expect:
+            raise InvalidProblemError(f"{arg} must be C-contiguous (shape {tuple(ref.shape)}, strides {ref.strides})")
+        expect *= n
+
+
+def zero_point_arg(zero_point, x_shape, scope, axis, group_size, qmin, qmax, device_like):
+    want = param_shape(x_shape, scope, axis, group_size)
+    if isinstance(zero_point, numbers.Integral) and not isinstance(zero_point, bool):
+        if scope != "tensor":
+            raise InvalidProblemError(f"zero_point is a scalar ({zero_point!r}) but scope={scope!r} needs an "
+                                      f"int32 array of shape {want}")
+        if not qmin <= int(zero_point) <= qmax:
+            raise InvalidProblemError(f"zero_point={zero_point} is outside [qmin, qmax] = [{qmin}, {qmax}]")
+        return int(zero_point)
+    ref = as_array(zero_point, "zero_point")
+    if ref.kind != "i32":
+        raise InvalidProblemError(f"zero_point has dtype {ref.kind}; int32 is required")
+    check_param_shape(ref, want, scope, "zero_point")
+    if config.sync_checks_on() and ref.size:
+        device_check(ref, "zero_point", lambda z, m: m.all((z >= qmin) & (z <= qmax)),
+                      f"zero points must lie in [qmin, qmax] = [{qmin}, {qmax}]")
+    return ref
+
+
+def device_check(ref: ArrayRef, arg: str, predicate, what: str):
+    """Evaluate ``predicate`` on the device array with its own framework (one sync): the
+    synchronous debug mode of the value checks (runtime.config.sync_checks)."""
+    if ref.framework == "torch":
+        ok = bool(predicate(ref.obj, sys.modules["torch"]))
+    else:
+        import cupy as cp
+        ok = bool(predicate(ref.obj if ref.framework == "cupy" else cp.asarray(ref.obj), cp))
+    if not ok:
+        raise InvalidProblemError(f"{arg}: {what} (found a value that is not, by the synchronous "
+                                  "checks of runtime.sync_checks)")
+
+
+def out_arg(out, like: ArrayRef, shape, kind, arg="out"):
+    if out is None:
+        return as_array(empty(like, shape, kind), arg)
+    ref = as_array(out, arg)
+    if tuple(ref.shape) != tuple(shape) or ref.kind != kind:
+        raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and dtype {ref.kind}; "
+                                  f"expected shape {tuple(shape)} and dtype {kind}")
+    if (ref.framework == "torch") != (like.framework == "torch"):
+        raise InvalidProblemError(f"{arg} is a {ref.framework} array but the input is {like.framework}")
+    return ref
+
+
+def channel_params(shape, scope, axis):
+    if scope != "channel":
+        return 1, 1, False
+    if axis == len(shape) - 1:
+        return 1, shape[axis], True
+    return math.prod(shape[axis + 1:-1]), shape[axis], False
+
+
+def check_scale_dtype(scale_dtype, data_kind: str) -> str:
+    """The scale kind of float data of ``data_kind``: its math precision (float64 for float64 data,
+    else float32, SPEC §4). ``scale_dtype`` may be None, ``"float32"`` (the default spelling of
+    "float scales") or that precision itself; e8m0 block scales are routed before this check."""
+    math_kind = kinds.math_kind(data_kind)
+    if scale_dtype is None:
+        return math_kind
+    sk = kind_of(scale_dtype, "scale_dtype")
+    if sk == "f32" or sk == math_kind:
+        return math_kind
+    raise UnsupportedError(f"scale_dtype={scale_dtype!r} for {data_kind} data; scales are in the math precision: "
+                           f"{'float64' if math_kind == 'f64' else 'float32'} (or 'e8m0' block scales with fp8 "
+                           "outputs)")

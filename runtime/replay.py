@@ -1,0 +1,388 @@
+"""Replay of repeated calls: the functional API's fast path, applied once at the API boundary.
+
+Every op goes through :func:`call`: a call whose arguments have the same types, shapes, strides,
+dtypes, devices and 16-byte alignment (and the same keyword arguments, types included) as an
+earlier, fully validated call replays that call (its allocations, then its prepared launches with
+every pointer slot re-filled); any other call runs the op's slow path (normalize → plan → launch)
+under a :class:`FastCall` that records it. The status word of the device is read on every call
+(runtime/status.py), on both paths.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import operator
+import sys
+
+from . import config, status
+from .arrays import ArrayRef, allocator, recording_allocations, stream_getter
+
+
+def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
+    """``op`` on ``args`` (arrays, scalars, None) with keyword arguments ``static``: a replay when
+    one is remembered, else ``slow(fast)`` (the op's normalize → plan → launch) under a recording
+    :class:`FastCall` (``args[scale_at]``, ``args[scale_at + 1]``: the scale and zero point, if the
+    op takes them)."""
+    r = lookup(op, static, args)
+    if r is not MISS:
+        return r
+    with FastCall(op, static, args, scale_at=scale_at) as fast:
+        return slow(fast)
+
+
+# -- how a call is remembered ---------------------------------------------------------------------
+# A call whose arguments have the same types, shapes, strides, dtypes, devices and 16-byte
+# alignment (and the same keyword arguments, types included) as an earlier, fully validated call
+# replays that call: the same allocations, then its prepared launches with every pointer slot
+# refilled (and a Python scalar scale / zero point re-checked and refilled). Device-array
+# *values* are checked by the kernels (runtime/status.py), so a replay checks nothing on the host;
+# under the synchronous debug mode (``runtime.sync_checks()``) a call with a device scale or zero
+# point takes the slow path, which checks them.
+#
+# Which slot takes which pointer is found when the call is remembered, by matching every nonzero
+# pointer slot ("Q" in the struct format) against the pointers of the array arguments and of
+# the allocations the slow path made (the status word's pointer is a constant of the device): a pointer that matches nothing, or two sources that share
+# a pointer (in-place calls), leave the call without a fast path rather than guess. Scalar slots
+# are named by the launching code (``add_launch(params=...)``) and verified against the values.
+CACHE: dict = {}
+LIMIT = 2048
+_NONE = ("none",)
+MISS = object()
+_FRAMEWORK: dict = {}        # exact type -> 1 torch tensor, 2 cupy array, 0 anything else
+
+
+def _framework_of(t) -> int:
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(t, torch.Tensor):
+        return 1
+    cp = sys.modules.get("cupy")
+    if cp is not None and issubclass(t, cp.ndarray):
+        return 2
+    return 0
+
+
+def describe(obj):
+    """(hashable signature, pointer or scalar value) of one argument; (None, None) = no fast path.
+
+    Arrays: type, shape, strides, dtype, device and pointer alignment, in as few attribute reads
+    as the framework allows; Python scalars: their type (the value is refilled on a hit)."""
+    t = type(obj)
+    if t is float or t is int:
+        return t, obj
+    if obj is None:
+        return _NONE, 0
+    fw = _FRAMEWORK.get(t)
+    if fw is None:
+        fw = _FRAMEWORK[t] = _framework_of(t)
+    if fw == 1:
+        p = obj.data_ptr()
+        return (t, obj.shape, obj.stride(), obj.dtype, obj.get_device(), obj.is_cuda, p & 15), p
+    if fw == 2:
+        d = obj.data
+        p = d.ptr
+        return (t, obj.shape, obj.strides, obj.dtype, d.device_id, p & 15), p
+    return None, None
+
+
+class Entry:
+    """A remembered call: what to check, allocate and launch, and where the results are."""
+
+    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint", "device")
+
+    def run(self, args, vals):
+        """Replay on ``args`` (``vals``: their pointers / scalar values, a fresh list); ``MISS``:
+        run the slow path instead (it raises the typed error, or takes over)."""
+        if self.checked and config.sync_checks_on():
+            return MISS
+        status.raise_pending(self.device)
+        check = self.check
+        if check is not None and not check(vals):
+            return MISS
+        if self.disjoint is not None and overlap(self.disjoint, vals) is not None:
+            return MISS               # the slow path raises the typed error
+        if self.allocs:
+            new = []
+            for alloc, align in self.allocs:
+                a, p = alloc()
+                if p & 15 != align:    # never with the frameworks' allocators; the vector path depends on it
+                    return MISS
+                new.append(a)
+                vals.append(p)
+            args = (*args, *new, None)
+        else:
+            args = (*args, None)       # a None result (index -1)
+        stream = self.stream()
+        if self.runner is None:
+            for prep, template, slots in self.launches:
+                values = template.copy()
+                for j, i in slots:
+                    values[j] = vals[i]
+                prep.launch(stream, values)
+        else:
+            self.runner(args, vals, stream)
+        return self.result(args)
+
+
+def overlap(spans, vals):
+    """The first pair ``(i, j)`` of arguments named in ``spans`` that share bytes, or None.
+    ``spans``: (index, first byte, end byte) relative to the pointers ``vals[index]`` (for a
+    replay, fixed by the cache key's shapes and strides; see :func:`byte_span`)."""
+    for k, (i, lo_i, hi_i) in enumerate(spans):
+        a = vals[i]
+        for j, lo_j, hi_j in spans[k + 1:]:
+            b = vals[j]
+            if a + lo_i < b + hi_j and b + lo_j < a + hi_i:
+                return i, j
+    return None
+
+
+def byte_span(ref: ArrayRef) -> tuple:
+    """(first, end) byte offsets of an array's elements relative to its pointer (strides may be
+    negative); (0, 0) when it is empty."""
+    if ref.size == 0:
+        return 0, 0
+    lo = sum((n - 1) * st for n, st in zip(ref.shape, ref.strides) if st < 0)
+    hi = sum((n - 1) * st for n, st in zip(ref.shape, ref.strides) if st > 0) + 1
+    return lo * ref.itemsize, hi * ref.itemsize
+
+
+def _scalar_check(scale_at, zp_check):
+    """The hit-time check of Python scalar parameters (what _scale_arg / _zero_point_arg accept)."""
+    inf = math.inf
+    if zp_check is None:
+        return lambda vals: 0.0 < vals[scale_at] < inf
+    z, lo, hi = zp_check
+    if scale_at is None:
+        return lambda vals: lo <= vals[z] <= hi
+    return lambda vals: 0.0 < vals[scale_at] < inf and lo <= vals[z] <= hi
+
+
+def call_key(op, static, args):
+    """(cache key, pointers and scalar values of ``args``), or (None, None): no fast path."""
+    k = [op, static]
+    k += map(type, static)       # 1, 1.0, True and numpy.int64(1) are equal keys, not equally valid
+    vals = []
+    try:
+        for a in args:
+            t = type(a)
+            if t is float or t is int:
+                sig, v = t, a
+            elif a is None:
+                sig, v = _NONE, 0
+            else:
+                sig, v = describe(a)
+                if sig is None:
+                    return None, None
+            k.append(sig)
+            vals.append(v)
+    except Exception:              # noqa: BLE001 - an odd argument: the slow path raises the typed error
+        return None, None
+    return tuple(k), vals
+
+
+def lookup(op, static, args):
+    """The result of replaying a remembered call of ``op`` on these arguments, or ``MISS``."""
+    key, vals = call_key(op, static, args)
+    if key is None:
+        return MISS
+    try:
+        entry = CACHE.get(key)
+    except TypeError:              # an unhashable keyword argument: the slow path validates it
+        return MISS
+    if entry is None:
+        return MISS
+    return entry.run(args, vals)
+
+
+class FastCall:
+    """Records a functional call's slow path so that it can be replayed.
+
+        r = lookup(op, static, args)
+        if r is not MISS:
+            return r
+        with FastCall(op, static, args, scale_at=...) as fast:   # records the allocations
+            ...validate, allocate...; launch_elementwise(..., fast=fast)  # or add_launch / set_runner
+            fast.remember(result, zp_range)
+            return result
+
+    ``static``: the keyword arguments (hashable; their types are part of the key). ``args``: the
+    array / scalar / None arguments; ``args[scale_at]`` and ``args[scale_at + 1]`` are the scale and
+    zero point, if any.
+    """
+
+    __slots__ = ("key", "args", "vals", "scale_at", "launches", "runner", "log", "_rec", "disjoint")
+
+    def __init__(self, op, static, args, scale_at=None):
+        self.args = args
+        self.scale_at = scale_at
+        self.disjoint = None
+        self.key, self.vals = call_key(op, static, args)
+        if self.key is not None:
+            try:
+                if self.key in CACHE:      # remembered already: a call that had to check device values
+                    self.key = None
+            except TypeError:              # an unhashable keyword argument
+                self.key = None
+
+    # -- recording (slow path) ------------------------------------------------------------------
+    def __enter__(self):
+        if self.key is not None:
+            self.launches, self.runner = [], None
+            self._rec = recording_allocations()
+            self.log = self._rec.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.key is not None:
+            self._rec.__exit__()
+        return False
+
+    def add_launch(self, prep, stream_ref: ArrayRef, params=None):
+        """A prepared launch of the slow path (``prep.launch(stream_handle(stream_ref))``) to replay.
+        ``params``: the names of the parameters that take a Python scalar scale and zero point, or
+        None when the kernel reads neither."""
+        if self.key is not None:
+            self.launches.append((prep, stream_ref, params))
+
+    def set_runner(self, bind, stream_ref: ArrayRef):
+        """Replay by calling code instead of prepared launches: ``bind(index_of)`` is called when the
+        call is remembered (``index_of(ptr)``: the source index of a pointer, None if unknown) and
+        returns ``run(objs, ptrs, stream)`` (or None: no fast path); ``objs`` / ``ptrs``: the
+        arguments then the allocations and their pointers, in the slow path's order."""
+        if self.key is not None:
+            self.runner = (bind, stream_ref)
+
+    def require_disjoint(self, spans):
+        """A replay must find these arguments apart in memory, as the slow path checked: ``spans``
+        is ``((argument index, first byte, end byte), ...)`` (:func:`byte_span`; fixed by the key)."""
+        if self.key is not None:
+            self.disjoint = tuple(spans)
+
+    def remember(self, result, zp_range=None):
+        """Store this (successful) call for replay, unless some slot cannot be accounted for."""
+        if self.key is None or not (self.launches or self.runner):
+            return
+        args, vals, log = self.args, self.vals, self.log
+        srcs = {}                  # pointer -> source index (arguments, then allocations)
+        for i, a in enumerate(args):
+            t = type(a)
+            if a is None or t is float or t is int:
+                continue
+            p = vals[i]
+            if not p or p in srcs:
+                return
+            srcs[p] = i
+        allocs = []
+        for k, (obj, p, like, shape, kind) in enumerate(log):
+            if not p or p in srcs:
+                return
+            srcs[p] = len(args) + k
+            allocs.append((allocator(like, shape, kind), p & 15))
+        pool = list(args) + [entry[0] for entry in log]
+
+        def where(obj):
+            for i, o in enumerate(pool):
+                if o is obj and type(o) not in (float, int):
+                    return i
+            return None
+        if isinstance(result, tuple):
+            spec = tuple(None if r is None else where(r) for r in result)
+            if any(i is None for i, r in zip(spec, result) if r is not None):
+                return
+        else:
+            spec = where(result)
+            if spec is None:
+                return
+        e = Entry()
+        e.checked, e.check, e.runner, e.disjoint = False, None, None, self.disjoint
+        scalars, scale_at, zp_check = {}, None, None
+        sa = self.scale_at
+        if sa is not None:
+            s, z = args[sa], args[sa + 1]
+            if type(s) in (float, int):
+                scale_at = scalars[0] = sa
+            elif s is not None:
+                e.checked = True
+            if type(z) is int:
+                if zp_range is None:
+                    return
+                zp_check = (sa + 1, *zp_range)
+                scalars[1] = sa + 1
+            elif z is not None:
+                e.checked = True
+        if scalars:
+            e.check = _scalar_check(scale_at, zp_check)
+        launches, streams = [], []
+        for prep, ref, params in self.launches:
+            template, fmt = prep.values, prep.fmt
+            if len(fmt) != len(template):
+                return
+            slots = []
+            for j, (c, v) in enumerate(zip(fmt, template)):
+                if c == "Q" and v and not status.is_status_pointer(v):
+                    i = srcs.get(v)
+                    if i is None:
+                        return         # a pointer that is neither an argument nor an allocation
+                    slots.append((j, i))
+            for which, i in scalars.items():
+                if params is not None:
+                    j = prep.abi.slot[params[which]]
+                    if template[j] != args[i] or fmt[j] == "Q":
+                        return         # the named slot does not hold the scalar
+                    slots.append((j, i))
+            launches.append((prep, list(template), tuple(slots)))
+            streams.append(ref)
+        if self.runner is not None:
+            bind, ref = self.runner
+            e.runner = bind(srcs.get)
+            if e.runner is None:
+                return
+            streams.append(ref)
+        if any((r.framework, r.device) != (streams[0].framework, streams[0].device) for r in streams):
+            return
+        e.launches, e.allocs = tuple(launches), tuple(allocs)
+        if isinstance(spec, tuple):
+            idx = tuple(-1 if i is None else i for i in spec)
+            e.result = operator.itemgetter(*idx) if len(idx) > 1 else (lambda pool, i=idx[0]: (pool[i],))
+        else:
+            e.result = operator.itemgetter(spec)
+        e.stream = stream_getter(streams[0])
+        e.device = streams[0].device
+        try:
+            if len(CACHE) >= LIMIT:
+                CACHE.clear()
+            CACHE[self.key] = e
+        except TypeError:          # an unhashable keyword argument
+            pass
+
+
+def launcher_runner(plan, args, fields):
+    """A ``FastCall.set_runner`` binder for a launcher without prepared launches: on a hit,
+    ``plan.launcher.run`` on a copy of ``args`` (a launch-arguments dataclass, validated by the
+    slow path) whose ArrayRef ``fields`` are this call's arrays. The cache keeps no array alive."""
+    refs = [(f, getattr(args, f)) for f in fields if getattr(args, f) is not None]
+    base = copy.copy(args)
+    for f, _ in refs:
+        setattr(base, f, None)
+    state = getattr(base, "__dict__", None)
+    cls, run_launcher = type(args), plan.launcher.run
+
+    def bind(index_of):
+        spec = []
+        for f, r in refs:
+            i = index_of(r.ptr)
+            if i is None:
+                return None
+            spec.append((f, i, r.shape, r.strides, r.kind, r.device, r.framework))
+
+        def run(objs, ptrs, stream):
+            if state is not None:
+                a = cls.__new__(cls)
+                a.__dict__.update(state)
+            else:
+                a = copy.copy(base)
+            for f, i, shape, strides, kind, dev, fw in spec:
+                setattr(a, f, ArrayRef(objs[i], ptrs[i], shape, strides, kind, dev, fw))
+            run_launcher(plan, a, stream)
+        return run
+    return bind
