@@ -69,6 +69,7 @@ class ElementwiseArgs:
     qmin: int = 0
     qmax: int = 0
     status: int = 0             # the device's status word (runtime/status.py), or 0: no value checks
+    scale_e8m0: Union[ArrayRef, None] = None   # MX block scales (low-bit kernels; ``scale`` is then unused)
 
 
 @launcher("elementwise")

@@ -1,7 +1,8 @@
 """Low-bit formats: fp8 (e4m3fn, e5m2) and packed int4 (s4, u4), e8m0 (OCP MX) scales.
 
-Reached through the ordinary functional API (``runtime.quantize`` / ``dequantize`` /
-``dynamic_quantize`` route these kinds here):
+Not a route of their own: the ordinary functional API takes these kinds (their packing, range
+and zero point come from the kind vocabulary, runtime/kinds.py); this module holds what is
+particular to them (container checks, e8m0 scales, the static low-bit launcher):
 
     q = sf.quantize(x, scale, scope="token", out_dtype="fp8_e4m3")       # fp8_rne_satfinite(x * inv)
     q = sf.quantize(w, scale, scope="group", group_size=128, out_dtype="int4")   # packed, (..., D // 2)
@@ -24,19 +25,17 @@ import dataclasses
 import numbers
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Optional
 
-from . import config, kinds, status
+from . import config, kinds
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
-from .device import launch, properties
+from .device import properties
 from .errors import InvalidProblemError, UnsupportedError
-from .launch import ElementwiseArgs, next_pow2, ptr, row_grid
-from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .params import (channel_params, check_param_shape, device_check, out_arg, same_device, scale_arg,
-                     zero_point_arg)
+from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
+from .plans import Launcher, Preference, launcher
+from .params import check_param_shape, device_check
 from .reference import MX_GROUP
-from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
+from .scopes import param_shape
 
 FP8 = kinds.FP8            # plain aliases of the kind groups (runtime/kinds.py)
 INT4 = kinds.INT4
@@ -115,7 +114,7 @@ def check_mx(kind, scope, group_size):
                                   f"blocks); got scope={scope!r}, group_size={group_size!r}")
 
 
-def _e8m0_arg(scale, shape, scope, axis, group_size) -> ArrayRef:
+def e8m0_arg(scale, shape, scope, axis, group_size) -> ArrayRef:
     """An e8m0 scale array: uint8 codes (or a float8_e8m0fnu tensor) of the scope's shape."""
     if isinstance(scale, numbers.Number):
         raise InvalidProblemError(f"scale is a scalar ({scale!r}) but scale_dtype='e8m0' needs a uint8 array "
@@ -165,13 +164,6 @@ def input_kind(q: ArrayRef, in_dtype) -> Optional[str]:
 
 
 # -- launchers ---------------------------------------------------------------------------------------
-@dataclass
-class LowBitArgs(ElementwiseArgs):
-    """ElementwiseArgs plus e8m0 block scales (``scale`` is then unused)."""
-
-    scale_e8m0: Optional[ArrayRef] = None
-
-
 def aligned(a: ArrayRef, view, nbytes: int) -> bool:
     align = min(16, nbytes)
     return a.ptr % align == 0 and (view.row_stride * a.itemsize) % align == 0
@@ -189,7 +181,7 @@ class LowBitElementwiseLauncher(Launcher):
             raise InvalidProblemError(f"{plan.sku} takes {want[0]} -> {want[1]}, got {got[0]} -> {got[1]}")
         if args.cols % plan.launch["pack"]:
             raise InvalidProblemError(f"{plan.sku}: {args.cols} columns; packed int4 needs an even count")
-        if getattr(args, "scale_e8m0", None) is not None and not plan.launch.get("e8m0"):
+        if args.scale_e8m0 is not None and not plan.launch.get("e8m0"):
             raise InvalidProblemError(f"{plan.sku} takes no e8m0 scales")
 
     def vec_ok(self, plan, args: ElementwiseArgs) -> bool:
@@ -199,9 +191,8 @@ class LowBitElementwiseLauncher(Launcher):
         return all(aligned(a, view, vec * a.itemsize // (pack if a.kind in INT4 else 1))
                    for a, view in args.ins + args.outs)
 
-    def run(self, plan, args: ElementwiseArgs, stream=None):
-        if args.rows == 0 or args.cols == 0:
-            return
+    def prepare(self, plan, args: ElementwiseArgs) -> PreparedLaunch:
+        """Grid, block and parameters by name (a repeated call re-fills its pointer slots)."""
         first = args.ins[0][0]
         fn = plan.registry.kernel(plan.sku, first.device)
         vec_ok = self.vec_ok(plan, args)
@@ -210,99 +201,19 @@ class LowBitElementwiseLauncher(Launcher):
         threads = plan.launch["block_threads"]
         tx = min(threads, next_pow2(units))
         ty = threads // tx
-        grid = row_grid(args.rows, ty)
         streams = {}
         for (a, view), spec in zip(args.ins + args.outs, plan.launch["ins"] + plan.launch["outs"]):
             streams[spec["name"]], streams[spec["name"] + "_rs"] = a.ptr, view.row_stride
         abi = plan.abi()
         values = abi.values(
             **streams, scale=ptr(args.scale), scale_value=0.0 if isinstance(args.scale, ArrayRef) else float(args.scale),
-            scale_e8m0=ptr(getattr(args, "scale_e8m0", None)), zero_point=ptr(args.zero_point), zp_value=args.zp_value,
+            scale_e8m0=ptr(args.scale_e8m0), zero_point=ptr(args.zero_point), zp_value=args.zp_value,
             rows=args.rows, cols=args.cols, group_size=args.group_size, chan_inner=args.chan_inner,
             chan_count=args.chan_count, chan_last=int(args.chan_last), qmin=args.qmin, qmax=args.qmax,
             vec_ok=int(vec_ok), status=args.status)
-        launch(fn, (grid,), (tx, ty), abi.fmt, values, stream if stream is not None else stream_handle(first))
+        return PreparedLaunch(fn, (row_grid(args.rows, ty),), (tx, ty), abi, values)
 
-
-# -- the functional API (called by runtime.quantize / dequantize / dynamic_quantize) -------------
-def quantize(xr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_size=None, kind, qmin=None,
-             qmax=None, out=None, scale_dtype=None):
-    """Low-bit ``quantize`` (see runtime.quantization.quantize); ``kind`` is the output kind."""
-    if kind not in KINDS:
-        check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
-    xv = rows_view(xr, "x")
-    axis = check_scope(xr.shape, scope, axis, group_size)
-    mx = is_e8m0(scale_dtype) or (not isinstance(scale, numbers.Number) and scale is not None
-                                  and as_array(scale, "scale").kind == E8M0)
-    if kind in FP8:
-        check_fp8_args(kind, zero_point, qmin, qmax)
-        qmin, qmax, zp_value, zp = -int(kinds.kind(kind).max), int(kinds.kind(kind).max), 0, None
-    else:
-        check_int4(xr.shape, scope, group_size, kind, "x")
-        qmin, qmax = check_range(kind, qmin, qmax)
-        zp = None if zero_point is None else zero_point_arg(zero_point, xr.shape, scope, axis, group_size,
-                                                             qmin, qmax, xr)
-        zp_value = implied_zero_point(kind) if zp is None else (zp if isinstance(zp, int) else 0)
-    if mx:
-        check_mx(kind, scope, group_size)
-        s, e8 = 0.0, _e8m0_arg(scale, xr.shape, scope, axis, group_size)
-    else:
-        s, e8 = scale_arg(scale, xr, scope, axis, group_size, kinds.math_kind(xr.kind)), None
-    mode = "symmetric" if zero_point is None else "asymmetric"
-    same_device([xr, s, e8, zp])
-    outr = lowbit_out(out, xr, packed_shape(xr.shape, kind), kind)
-    same_device([xr, outr])
-    if xr.size == 0:
-        return outr.obj
-    inner, count, last = channel_params(xr.shape, scope, axis)
-    args = LowBitArgs(ins=[(xr, xv)], outs=[(outr, rows_view(outr, "out"))], scale=s,
-                      zero_point=zp if isinstance(zp, ArrayRef) else None, zp_value=zp_value, rows=xv.rows,
-                      cols=xv.cols, group_size=group_size or 1, chan_inner=inner, chan_count=count, chan_last=last,
-                      qmin=qmin, qmax=qmax, scale_e8m0=e8, status=status.pointer(xr.device))
-    status.raise_pending(xr.device)
-    cached_plan(Descriptor("quantize", scope, mode, xr.kind, kind), preference(xr.device)).run(args)
-    return outr.obj
-
-
-def dequantize(qr: ArrayRef, scale, zero_point=None, *, scope, axis=None, group_size=None, kind, out_dtype="float32",
-               out=None, scale_dtype=None):
-    """Low-bit ``dequantize``: ``kind`` is q's kind (see ``input_kind``); q is its container."""
-    if kind not in KINDS:
-        check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 input: UnsupportedError
-    yk = kind_of(out_dtype, "out_dtype")
-    if yk not in kinds.FLOAT:
-        raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(kinds.FLOAT)}")
-    qv = rows_view(qr, "q")
-    shape = tuple(qr.shape[:-1]) + (2 * qr.shape[-1],) if kind in INT4 else tuple(qr.shape)
-    axis = check_scope(shape, scope, axis, group_size, "q")
-    qref = retag(qr, kind)
-    mx = is_e8m0(scale_dtype) or (not isinstance(scale, numbers.Number) and scale is not None
-                                  and as_array(scale, "scale").kind == E8M0)
-    if kind in FP8:
-        check_fp8_args(kind, zero_point, None, None)
-        zp, zp_value, (lo, hi) = None, 0, (-int(kinds.kind(kind).max), int(kinds.kind(kind).max))
-    else:
-        check_int4(shape, scope, group_size, kind, "q (unpacked)")
-        lo, hi = kinds.QRANGE[kind]
-        zp = None if zero_point is None else zero_point_arg(zero_point, shape, scope, axis, group_size, lo, hi, qr)
-        zp_value = implied_zero_point(kind) if zp is None else (zp if isinstance(zp, int) else 0)
-    if mx:
-        check_mx(kind, scope, group_size)
-        s, e8 = 0.0, _e8m0_arg(scale, shape, scope, axis, group_size)
-    else:
-        like = dataclasses.replace(qref, shape=shape)
-        s, e8 = scale_arg(scale, like, scope, axis, group_size, kinds.math_kind(yk)), None
-    mode = "symmetric" if zero_point is None else "asymmetric"
-    same_device([qr, s, e8, zp])
-    outr = out_arg(out, qr, shape, yk)
-    same_device([qr, outr])
-    if outr.size == 0:
-        return outr.obj
-    inner, count, last = channel_params(shape, scope, axis)
-    args = LowBitArgs(ins=[(qref, qv)], outs=[(outr, rows_view(outr, "out"))], scale=s,
-                      zero_point=zp if isinstance(zp, ArrayRef) else None, zp_value=zp_value, rows=qv.rows,
-                      cols=shape[-1], group_size=group_size or 1, chan_inner=inner, chan_count=count, chan_last=last,
-                      qmin=lo, qmax=hi, scale_e8m0=e8, status=status.pointer(qr.device))
-    status.raise_pending(qr.device)
-    cached_plan(Descriptor("dequantize", scope, mode, kind, yk), preference(qr.device)).run(args)
-    return outr.obj
+    def run(self, plan, args: ElementwiseArgs, stream=None):
+        if args.rows == 0 or args.cols == 0:
+            return
+        self.prepare(plan, args).launch(stream if stream is not None else stream_handle(args.ins[0][0]))

@@ -5,9 +5,10 @@ the value and what is supported.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
-from . import kinds, replay, status
+from . import kinds, lowbit, replay, status
 from .arrays import ArrayRef, as_array, kind_of, stream_handle
 from .errors import UnsupportedError
 from .launch import ElementwiseArgs
@@ -17,28 +18,67 @@ from .scopes import check_range, check_scope, implied_zero_point, rows_view
 
 
 def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_value, shape, scope, axis,
-                       group_size, qmin, qmax, fast=None):
-    """Check and launch one static elementwise kernel (templates/quantization/_elementwise.cu.j2).
+                       group_size, qmin, qmax, fast=None, scale_e8m0=None, cols=None):
+    """Plan and launch one static elementwise kernel (templates/quantization/_elementwise.cu.j2, or
+    the low-bit lowbit_*.cu.j2 for fp8 / packed int4 / e8m0 scales: the plan's launch kind decides).
 
     ``ins`` / ``outs``: ``(ArrayRef, RowsView)`` in the kernel's stream order; every argument check
-    has passed. An empty shape launches nothing. The launch runs on the current stream of the
-    first input's framework; ``fast`` (a :class:`runtime.replay.FastCall`) records it for replay. The kernel checks
-    the scale and zero-point values it reads and reports to the device's status word."""
-    rows, cols = ins[0][1].rows, ins[0][1].cols
+    has passed. ``cols``: elements per row when the first stream is packed (int4). An empty shape
+    launches nothing. The launch runs on the current stream of the first input's framework;
+    ``fast`` (a :class:`runtime.replay.FastCall`) records it for replay. The kernel checks the scale
+    and zero-point values it reads and reports to the device's status word."""
     if math.prod(shape) == 0:
         return
+    rows = ins[0][1].rows
     inner, count, last = channel_params(shape, scope, axis)
     dev = ins[0][0].device
     status.raise_pending(dev)
     args = ElementwiseArgs(ins=ins, outs=outs, scale=scale, zero_point=zp_array, zp_value=zp_value, rows=rows,
-                           cols=cols, group_size=group_size or 1, chan_inner=inner, chan_count=count,
-                           chan_last=last, qmin=qmin, qmax=qmax, status=status.pointer(dev))
-    plan = cached_plan(Descriptor(op, scope, mode, element, aux))
+                           cols=cols or ins[0][1].cols, group_size=group_size or 1, chan_inner=inner,
+                           chan_count=count, chan_last=last, qmin=qmin, qmax=qmax, status=status.pointer(dev),
+                           scale_e8m0=scale_e8m0)
+    plan = cached_plan(Descriptor(op, scope, mode, element, aux), lowbit.preference(dev))
     plan.launcher.check(plan, args)
     prep = plan.launcher.prepare(plan, args)
     prep.launch(stream_handle(ins[0][0]))
     if fast is not None:
         fast.add_launch(prep, ins[0][0], params=("scale_value", "zp_value"))
+
+
+def code_range(qk: str, zero_point, qmin, qmax, shape, scope, axis, group_size, like: ArrayRef, arg="x"):
+    """(qmin, qmax, zero point (ArrayRef, int or None), implied zero-point value) of code kind ``qk``
+    from the kind vocabulary: fp8 has no zero point and saturates at its largest finite value;
+    integer codes take a range (default: the kind's) and an optional zero point; packed int4
+    needs an even last axis."""
+    k = kinds.kind(qk)
+    if k.max is not None:
+        lowbit.check_fp8_args(qk, zero_point, qmin, qmax)
+        return -int(k.max), int(k.max), None, 0
+    if k.pack > 1:
+        lowbit.check_int4(shape, scope, group_size, qk, arg)
+    qmin, qmax = check_range(qk, qmin, qmax)
+    zp = None if zero_point is None else zero_point_arg(zero_point, shape, scope, axis, group_size, qmin, qmax, like)
+    return qmin, qmax, zp, implied_zero_point(qk) if zp is None else (zp if isinstance(zp, int) else 0)
+
+
+def scales(scale, scale_dtype, qk: str, like: ArrayRef, scope, axis, group_size, float_kind: str) -> tuple:
+    """(scale, e8m0 scale): float scales in the math precision of ``float_kind`` (an array or a
+    Python float), or MX e8m0 block scales (fp8 codes, groups of 32)."""
+    mx = lowbit.is_e8m0(scale_dtype) or (not isinstance(scale, (int, float)) and scale is not None
+                                         and as_array(scale, "scale").kind == kinds.E8M0)
+    if mx:
+        lowbit.check_mx(qk, scope, group_size)
+        return 0.0, lowbit.e8m0_arg(scale, like.shape, scope, axis, group_size)
+    check_scale_dtype(scale_dtype, float_kind)
+    return scale_arg(scale, like, scope, axis, group_size, kinds.math_kind(float_kind)), None
+
+
+def code_out(out, like: ArrayRef, shape, qk: str) -> ArrayRef:
+    """quantize's output: given or allocated; low-bit codes live in a uint8 container (or a torch
+    fp8 tensor), int4 packed two per byte along the last axis."""
+    if qk in kinds.LOW_BIT:
+        return lowbit.lowbit_out(out, like, lowbit.packed_shape(shape, qk), qk)
+    return out_arg(out, like, shape, qk)
 
 
 def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",
@@ -47,7 +87,7 @@ def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, ou
 
     ``zero_point=None`` is symmetric mode: the implied zero point is 0 for signed outputs
     and the middle of the range (128) for u8. Low-bit outputs (fp8, packed int4) and
-    ``scale_dtype="e8m0"`` (MX block scales): runtime.lowbit, docs/lowbit.md.
+    ``scale_dtype="e8m0"`` (MX block scales): docs/lowbit.md.
     """
     return replay.call("quantize", (scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype), (x, scale, zero_point, out),
                        lambda fast: _quantize(fast, x, scale, zero_point, scope, axis, group_size, out_dtype, qmin,
@@ -59,36 +99,19 @@ def _quantize(fast, x, scale, zero_point, scope, axis, group_size, out_dtype, qm
     if xr.kind not in kinds.FLOAT:
         raise UnsupportedError(f"x has dtype {xr.kind}; quantize takes {', '.join(kinds.FLOAT)}")
     qk = kind_of(out_dtype, "out_dtype")
-    from . import lowbit   # fp8 / packed int4, MX e8m0 scales
-    if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
-        return lowbit.quantize(xr, scale, zero_point, scope=scope, axis=axis, group_size=group_size, kind=qk,
-                               qmin=qmin, qmax=qmax, out=out, scale_dtype=scale_dtype)
-    if qk not in kinds.INT8:
-        raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize produces {', '.join(kinds.INT8)}"
-                               + (" (low-bit formats: docs/lowbit.md)" if qk in kinds.LOW_BIT else ""))
-    check_scale_dtype(scale_dtype, xr.kind)
+    if qk not in kinds.CODES:
+        raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize produces {', '.join(kinds.CODES)}")
     xv = rows_view(xr, "x")
     axis = check_scope(xr.shape, scope, axis, group_size)
-    qmin, qmax = check_range(qk, qmin, qmax)
-    s = scale_arg(scale, xr, scope, axis, group_size, kinds.math_kind(xr.kind))
+    qmin, qmax, zp, zp_value = code_range(qk, zero_point, qmin, qmax, xr.shape, scope, axis, group_size, xr)
+    s, e8 = scales(scale, scale_dtype, qk, xr, scope, axis, group_size, xr.kind)
+    same_device([xr, s, e8, zp])
+    outr = code_out(out, xr, xr.shape, qk)
+    same_device([xr, outr])
     mode = "symmetric" if zero_point is None else "asymmetric"
-    zp = None if zero_point is None else zero_point_arg(zero_point, xr.shape, scope, axis, group_size, qmin, qmax, xr)
-    same_device([xr, s, zp])
-    zp_value = implied_zero_point(qk) if zp is None else (zp if isinstance(zp, int) else 0)
-    return _static(fast, "quantize", mode, xr, xv, out, s, zp, zp_value, scope, axis, group_size, xr.kind, qk,
-                   qmin, qmax, qk)
-
-
-def _static(fast, op, mode, x: ArrayRef, xv, out, scale, zp, zp_value, scope, axis, group_size, element, aux,
-            qmin, qmax, out_kind):
-    """quantize / dequantize after their checks: allocate (or check) the output, launch, remember."""
-    outr = out_arg(out, x, x.shape, out_kind)
-    same_device([x, outr])
-    if x.size == 0:
-        return outr.obj
-    launch_elementwise(op, mode, element, aux, [(x, xv)], [(outr, rows_view(outr, "out"))], scale,
-                       zp if isinstance(zp, ArrayRef) else None, zp_value, x.shape, scope, axis, group_size,
-                       qmin, qmax, fast)
+    launch_elementwise("quantize", mode, xr.kind, qk, [(xr, xv)], [(outr, rows_view(outr, "out"))], s,
+                       zp if isinstance(zp, ArrayRef) else None, zp_value, xr.shape, scope, axis, group_size,
+                       qmin, qmax, fast, e8, xv.cols)
     fast.remember(outr.obj, (qmin, qmax))
     return outr.obj
 
@@ -97,7 +120,7 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
                in_dtype=None, scale_dtype=None):
     """``y = (q - zero_point) * scale`` per scope, rounded once to ``out_dtype`` (SPEC §5).
 
-    Low-bit inputs (runtime.lowbit, docs/lowbit.md): a torch fp8 tensor, or a uint8 container with
+    Low-bit inputs (docs/lowbit.md): a torch fp8 tensor, or a uint8 container with
     ``in_dtype`` = ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"int4"`` (s4) or ``"uint4"`` (u4, packed two
     per byte); ``scale_dtype="e8m0"`` for MX block scales.
     """
@@ -108,24 +131,28 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
 
 def _dequantize(fast, q, scale, zero_point, scope, axis, group_size, out_dtype, out, in_dtype, scale_dtype):
     qr = as_array(q, "q")
-    from . import lowbit   # fp8 / packed int4, MX e8m0 scales
     low = lowbit.input_kind(qr, in_dtype)
-    if low is not None or lowbit.is_e8m0(scale_dtype):
-        return lowbit.dequantize(qr, scale, zero_point, scope=scope, axis=axis, group_size=group_size,
-                                 kind=low or qr.kind, out_dtype=out_dtype, out=out, scale_dtype=scale_dtype)
-    if qr.kind not in kinds.INT8:
-        raise UnsupportedError(f"q has dtype {qr.kind}; dequantize takes {', '.join(kinds.INT8)}")
+    qk = low or qr.kind
+    if qk not in kinds.CODES:
+        raise UnsupportedError(f"q has dtype {qr.kind}; dequantize takes {', '.join(kinds.CODES)} codes "
+                               "(low-bit codes in a uint8 container name their kind with in_dtype)")
     yk = kind_of(out_dtype, "out_dtype")
     if yk not in kinds.FLOAT:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dequantize produces {', '.join(kinds.FLOAT)}")
-    check_scale_dtype(scale_dtype, yk)
     qv = rows_view(qr, "q")
-    axis = check_scope(qr.shape, scope, axis, group_size, "q")
-    lo, hi = kinds.QRANGE[qr.kind]
-    s = scale_arg(scale, qr, scope, axis, group_size, kinds.math_kind(yk))
+    pack = kinds.kind(qk).pack
+    shape = tuple(qr.shape[:-1]) + (pack * qr.shape[-1],) if qr.shape else tuple(qr.shape)
+    axis = check_scope(shape, scope, axis, group_size, "q")
+    qref = lowbit.retag(qr, qk)
+    like = dataclasses.replace(qref, shape=shape)
+    lo, hi, zp, zp_value = code_range(qk, zero_point, None, None, shape, scope, axis, group_size, like, "q (unpacked)")
+    s, e8 = scales(scale, scale_dtype, qk, like, scope, axis, group_size, yk)
+    same_device([qr, s, e8, zp])
+    outr = out_arg(out, qr, shape, yk)
+    same_device([qr, outr])
     mode = "symmetric" if zero_point is None else "asymmetric"
-    zp = None if zero_point is None else zero_point_arg(zero_point, qr.shape, scope, axis, group_size, lo, hi, qr)
-    same_device([qr, s, zp])
-    zp_value = implied_zero_point(qr.kind) if zp is None else (zp if isinstance(zp, int) else 0)
-    return _static(fast, "dequantize", mode, qr, qv, out, s, zp, zp_value, scope, axis, group_size, qr.kind, yk,
-                   lo, hi, yk)
+    launch_elementwise("dequantize", mode, qk, yk, [(qref, qv)], [(outr, rows_view(outr, "out"))], s,
+                       zp if isinstance(zp, ArrayRef) else None, zp_value, shape, scope, axis, group_size, lo, hi,
+                       fast, e8, shape[-1] if shape else 1)
+    fast.remember(outr.obj, (lo, hi))
+    return outr.obj

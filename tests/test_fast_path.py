@@ -20,6 +20,7 @@ from runtime import replay
 from runtime.abi import Abi
 from runtime import dynamic as dyn
 from runtime import launch as launch_mod
+from runtime import lowbit
 from runtime import quantization as qz
 from runtime import status
 from runtime import training
@@ -118,6 +119,7 @@ def dev(monkeypatch):
         monkeypatch.setattr(mod, "launch", d.launch)
         monkeypatch.setattr(mod, "properties", lambda device: H200)
     monkeypatch.setattr(training, "properties", lambda device: H200)
+    monkeypatch.setattr(lowbit, "properties", lambda device: H200)   # the plan's arch (lowbit.preference)
     monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
     monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
     monkeypatch.setattr(dyn, "cooperative_shape", lambda fn, threads, device, want: (264, 112 * 1024))

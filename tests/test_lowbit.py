@@ -8,6 +8,8 @@ import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
 from runtime import dynamic as dyn
 from runtime import lowbit
+from runtime import quantization as qz
+from runtime.abi import Abi
 from runtime import reference as ref
 from runtime.plans import Preference
 from tests.fakes import FakeDeviceArray as D
@@ -209,13 +211,32 @@ def test_bad_eps_and_mode():
 
 # -- what the launchers receive (no GPU: allocation and plans are stubbed) ---------------------------
 class _Recorder:
+    """A cached_plan stand-in: records (descriptor, preference, args) of every launch."""
+
     def __init__(self):
         self.calls = []
 
     def __call__(self, descriptor, preference=Preference()):
         rec = self
 
+        class _Prepared:
+            abi = Abi("stub", [("scale_value", "f32"), ("zp_value", "i32")])
+            fmt, values = abi.fmt, [0.0, 0]
+
+            def launch(self, stream, values=None):
+                pass
+
+        class _Launcher:
+            def check(self, plan, args):
+                pass
+
+            def prepare(self, plan, args):
+                rec.calls.append((descriptor, preference, args))
+                return _Prepared()
+
         class _Plan:
+            launcher = _Launcher()
+
             def workspace_size(self, args):
                 return 0
 
@@ -234,8 +255,10 @@ def stubbed(monkeypatch):
         a = D(shape, dt, ptr=0x7F0000100000 + 0x100000 * len(alloc))
         alloc.append((tuple(shape), kind))
         return a
-    for mod in (lowbit, dyn):                  # static low-bit calls, and the low-bit dynamic path
-        monkeypatch.setattr(mod, "cached_plan", rec)
+    monkeypatch.setattr(qz, "cached_plan", rec)      # static low-bit calls
+    monkeypatch.setattr(qz, "stream_handle", lambda ref: 0)
+    monkeypatch.setattr(dyn, "cached_plan", rec)     # the low-bit dynamic path
+    for mod in (lowbit, dyn):
         monkeypatch.setattr(mod, "empty", fake_empty)
     monkeypatch.setattr("runtime.params.empty", fake_empty)
     monkeypatch.setattr(lowbit, "preference", lambda device: Preference(arch=90))

@@ -90,6 +90,9 @@ def device(monkeypatch):
         monkeypatch.setattr(checks_lowbit, "get", lambda a: np.asarray(a))
         monkeypatch.setattr(checks_lowbit, "strided", lambda a, extra, fw: a)
         monkeypatch.setattr(checks_lowbit, "runs_this_sku", lambda sku: None)
+        # NumPy stands in for the device arrays: the CuPy-like path (uint8 containers), also where torch
+        # is installed (its fp8-typed cases need real torch tensors)
+        monkeypatch.setattr(checks_lowbit, "_framework", lambda preferred, case: "cupy")
         for name in ("quantize", "dequantize", "dynamic_quantize"):
             monkeypatch.setattr(sf, name, getattr(dev, name))
         return dev

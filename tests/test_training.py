@@ -348,6 +348,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(launch_mod, "load_function", lambda reg, unit, symbol, dev: symbol)
     monkeypatch.setattr(training, "properties", lambda dev: {"sms": 132, "max_threads_per_sm": 2048})
     monkeypatch.setattr(launch_mod, "properties", lambda dev: {"sms": 132, "max_threads_per_sm": 2048})
+    monkeypatch.setattr("runtime.lowbit.properties", lambda dev: {"cc": 90})       # the plan's arch
     monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
     monkeypatch.setattr(training, "stream_handle", lambda ref: 0)
     monkeypatch.setattr(quantization, "stream_handle", lambda ref: 0)
