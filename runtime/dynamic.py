@@ -27,7 +27,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import kinds, lowbit, replay
+from . import kinds, lowbit, replay, status
 from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
 from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
                      launch_cooperative, load_function, memset_u32, properties, resident_blocks)
@@ -36,6 +36,7 @@ from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 from .params import channel_params, check_scale_dtype, out_arg, same_device
+from .quantization import code_out
 from .reference import dynamic_qparams, dynamic_quantize_lowbit_ref, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 
@@ -503,10 +504,9 @@ class LowBitFusedLauncher(Launcher):
                   and lowbit.aligned(args.q, args.qv, vec // pack))
         return (vec_ok, *block_config(plan, args, vec_ok, vec if vec_ok else pack))
 
-    def run(self, plan, args, stream=None):
+    def prepare(self, plan, args) -> PreparedLaunch:
+        """The launch as a :class:`PreparedLaunch` (the functional fast path re-fills its pointers)."""
         rows, cols = args.xv.rows, args.xv.cols
-        if rows == 0 or cols == 0:
-            return
         fn, grid, block, abi, own = fused_launch(self, plan, args, plan.launch["pack"])
         mx = args.scale.kind == lowbit.E8M0
         values = abi.values(x=args.x.ptr, x_rs=args.xv.row_stride, q=args.q.ptr, q_rs=args.qv.row_stride,
@@ -515,7 +515,12 @@ class LowBitFusedLauncher(Launcher):
                             group_size=args.group_size if args.scope == "group" else cols,
                             eps=float(_scalar(plan.sku.precision.math, args.eps)), qmin=args.qmin, qmax=args.qmax,
                             zp_value=args.zp_value, **own)
-        launch(fn, (grid,), block, abi.fmt, values, stream if stream is not None else stream_handle(args.x))
+        return PreparedLaunch(fn, (grid,), block, abi, values)
+
+    def run(self, plan, args, stream=None):
+        if args.xv.rows == 0 or args.xv.cols == 0:
+            return
+        self.prepare(plan, args).launch(stream if stream is not None else stream_handle(args.x))
 
 
 # -- the functional API ------------------------------------------------------------------------
@@ -621,55 +626,72 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
     if xr.kind not in kinds.FLOAT:
         raise UnsupportedError(f"x has dtype {xr.kind}; dynamic_quantize takes {', '.join(kinds.FLOAT)}")
     qk = kind_of(out_dtype, "out_dtype")
-    if qk in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
-        if outs:
-            raise UnsupportedError(f"out= with out_dtype={out_dtype!r} / scale_dtype={scale_dtype!r}: dynamic_quantize "
-                                   f"writes into given arrays for {', '.join(kinds.INT8)} outputs with float scales only")
-        return _lowbit_dynamic_quantize(xr, scope=scope, mode=mode, axis=axis, group_size=group_size, kind=qk,
-                                       qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
-    if qk not in kinds.INT8:
-        raise UnsupportedError(f"out_dtype={out_dtype!r}; dynamic_quantize produces {', '.join(kinds.INT8)}"
-                               + (" (low-bit formats: docs/lowbit.md)" if qk in kinds.LOW_BIT else ""))
+    mx = lowbit.is_e8m0(scale_dtype)
+    if mx and qk in kinds.INT8:
+        lowbit.check_mx(qk, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
+    if qk not in kinds.CODES:
+        raise UnsupportedError(f"out_dtype={out_dtype!r}; dynamic_quantize produces {', '.join(kinds.CODES)}")
     if mode not in MODES:
         raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
     axis = check_scope(xr.shape, scope, axis, group_size)
-    qmin, qmax, zp_value = _resolve_range(qk, mode, qmin, qmax)
+    k = kinds.kind(qk)
+    if k.max is not None:                               # fp8: symmetric, saturating at its largest value
+        if mode != "symmetric":
+            raise InvalidProblemError(f"mode={mode!r}: {qk} has no zero point; fp8 dynamic quantization is "
+                                      "symmetric (scale = max(amax, eps) / fp8_max)")
+        lowbit.check_fp8_args(qk, None, qmin, qmax)
+        qmin, qmax, zp_value = -int(k.max), int(k.max), 0
+    else:
+        if k.pack > 1:
+            lowbit.check_int4(xr.shape, scope, group_size, qk, "x")
+        qmin, qmax, zp_value = _resolve_range(qk, mode, qmin, qmax)
     m = kinds.math_kind(xr.kind)
     eps = _check_eps(eps, m)
-    check_scale_dtype(scale_dtype, xr.kind)
+    if mx:
+        lowbit.check_mx(qk, scope, group_size)
+    else:
+        check_scale_dtype(scale_dtype, xr.kind)
     xv = rows_view(xr, "x")                     # layout errors before anything is allocated
     pshape = param_shape(xr.shape, scope, axis, group_size)
+    skind = "u8" if mx else m                   # e8m0 codes live in uint8 arrays
+    status.raise_pending(xr.device)
     if outs:
-        qref = out_arg(outs[0], xr, xr.shape, qk, "out[0] (q)")
-        sref = out_arg(outs[1], xr, pshape, m, "out[1] (scale)")
+        qref = code_out(outs[0], xr, xr.shape, qk, "out[0] (q)")
+        sref = out_arg(outs[1], xr, pshape, skind, "out[1] (scale)")
         zref = None if outs[2] is None else out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
         qv = rows_view(qref, "out[0] (q)")          # its layout errors name the argument
         same_device([xr, qref, sref, zref])
         _check_disjoint(fast, [("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref), ("out[2] (zero_point)", zref)])
     if xr.size == 0:
         # empty slices reduce to 0: the scale (and zero point) of an all-zero slice, no kernel
-        s_val, z_val, _, _ = dynamic_qparams(np.zeros((1,), numpy_dtype(xr.kind)), scope="tensor", mode=mode,
-                                             out_kind=qk, qmin=qmin, qmax=qmax, eps=eps)
+        zeros = np.zeros((2,), numpy_dtype(xr.kind))
+        if qk in kinds.INT8:
+            s_val, z_val, _, _ = dynamic_qparams(zeros, scope="tensor", mode=mode, out_kind=qk, qmin=qmin, qmax=qmax,
+                                                 eps=eps)
+        else:
+            _, s_val, z_val = dynamic_quantize_lowbit_ref(zeros, scope="tensor", mode=mode, out_dtype=qk, qmin=qmin,
+                                                          qmax=qmax, eps=eps, scale_dtype=lowbit.E8M0 if mx else None)
+        s_val = int(s_val) if mx else float(s_val)
         if outs:
-            _fill_into(sref.obj, sref.framework, float(s_val))
+            _fill_into(sref.obj, sref.framework, s_val)
             if zref is not None:
                 _fill_into(zref.obj, zref.framework, int(z_val))
             return qref.obj, sref.obj, None if zref is None else zref.obj
-        q = empty(xr, xr.shape, qk)
-        s = _fill(xr, pshape, m, float(s_val))
-        z = None if z_val is None else _fill(xr, pshape, "i32", int(z_val))
-        return q, s, z
+        q = code_out(None, xr, xr.shape, qk).obj
+        return q, _fill(xr, pshape, skind, s_val), None if z_val is None else _fill(xr, pshape, "i32", int(z_val))
     if not outs:
-        qref = as_array(empty(xr, xr.shape, qk), "q")
-        sref = as_array(empty(xr, pshape, m), "scale")
+        qref = code_out(None, xr, xr.shape, qk)
+        sref = as_array(empty(xr, pshape, skind), "scale")
         zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
         qv = rows_view(qref, "q")
         same_device([xr, qref])
-    qa = qref.obj
+    result = qref.obj, sref.obj, None if zref is None else zref.obj
+    if mx:
+        sref = lowbit.retag(sref, lowbit.E8M0)
     args = DynamicArgs(xr, xv, qref, qv, sref, zref, scope, mode, qmin, qmax, zp_value, eps,
                        axis=axis, group_size=group_size)
-    plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, qk))
-    if isinstance(plan.launcher, DynamicFusedLauncher):
+    plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, qk), lowbit.preference(xr.device))
+    if plan.launch["kind"] in ("dynamic_fused", "lowbit_dynamic_fused"):
         # one prepared launch: a repeated call re-allocates and re-fills its pointer slots
         plan.launcher.check(plan, args)
         prep = plan.launcher.prepare(plan, args)
@@ -682,57 +704,5 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
         plan.run(args)
         # a repeated call re-allocates and re-runs the launcher on the new arrays, without the checks
         fast.set_runner(replay.launcher_runner(plan, args, ("x", "q", "scale", "zero_point", "workspace")), xr)
-    result = qa, sref.obj, None if zref is None else zref.obj
     fast.remember(result)
     return result
-
-
-def _lowbit_dynamic_quantize(xr: ArrayRef, *, scope, mode="symmetric", axis=None, group_size=None, kind, qmin=None,
-                     qmax=None, eps=1e-8, scale_dtype="float32"):
-    """Low-bit ``dynamic_quantize``: ``(q, scale, zero_point)`` with q in its container; fp8 scales are
-    ``max(amax, eps) / fp8_max``, or MX e8m0 codes (uint8, ``e + 127``) with ``scale_dtype="e8m0"``."""
-    mx = lowbit.is_e8m0(scale_dtype)
-    if kind not in lowbit.KINDS:
-        lowbit.check_mx(kind, scope, group_size)          # e8m0 with an s8/u8 output: UnsupportedError
-    if mode not in MODES:
-        raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
-    axis = check_scope(xr.shape, scope, axis, group_size)
-    if kind in lowbit.FP8:
-        if mode != "symmetric":
-            raise InvalidProblemError(f"mode={mode!r}: {kind} has no zero point; fp8 dynamic quantization is "
-                                      "symmetric (scale = max(amax, eps) / fp8_max)")
-        lowbit.check_fp8_args(kind, None, qmin, qmax)
-        qmin, qmax, zp_value = -int(kinds.kind(kind).max), int(kinds.kind(kind).max), 0
-    else:
-        lowbit.check_int4(xr.shape, scope, group_size, kind, "x")
-        qmin, qmax, zp_value = _resolve_range(kind, mode, qmin, qmax)
-    m = kinds.math_kind(xr.kind)
-    eps = _check_eps(eps, m)
-    if mx:
-        lowbit.check_mx(kind, scope, group_size)
-    else:
-        check_scale_dtype(scale_dtype, xr.kind)
-    xv = rows_view(xr, "x")
-    pshape = param_shape(xr.shape, scope, axis, group_size)
-    skind = "u8" if mx else m
-    if xr.size == 0:
-        # empty slices reduce to 0: the parameters of an all-zero slice, no kernel
-        _, s_val, z_val = dynamic_quantize_lowbit_ref(np.zeros((2,), np.float64 if m == "f64" else np.float32),
-                                                      scope="tensor", mode=mode, out_dtype=kind, qmin=qmin,
-                                                      qmax=qmax, eps=eps, scale_dtype=lowbit.E8M0 if mx else None)
-        q = lowbit.lowbit_out(None, xr, lowbit.packed_shape(xr.shape, kind), kind).obj
-        s = _fill(xr, pshape, skind, int(s_val) if mx else float(s_val))
-        return q, s, None if z_val is None else _fill(xr, pshape, "i32", int(z_val))
-    qref = lowbit.lowbit_out(None, xr, lowbit.packed_shape(xr.shape, kind), kind)
-    sref = as_array(empty(xr, pshape, skind), "scale")
-    sref = lowbit.retag(sref, lowbit.E8M0) if mx else sref
-    zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
-    same_device([xr, qref])
-    args = DynamicArgs(xr, xv, qref, rows_view(qref, "q"), sref, zref, scope, mode, qmin, qmax, zp_value, eps,
-                       axis=axis, group_size=group_size)
-    plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, kind), lowbit.preference(xr.device))
-    nbytes = plan.workspace_size(args)
-    if nbytes:
-        args.workspace = as_array(empty(xr, (nbytes,), "u8"), "workspace")
-    plan.run(args)
-    return qref.obj, sref.obj, None if zref is None else zref.obj

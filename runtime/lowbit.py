@@ -132,18 +132,18 @@ def e8m0_arg(scale, shape, scope, axis, group_size) -> ArrayRef:
     return retag(ref, E8M0)
 
 
-def lowbit_out(out, like: ArrayRef, shape, kind: str) -> ArrayRef:
+def lowbit_out(out, like: ArrayRef, shape, kind: str, arg: str = "out") -> ArrayRef:
     """q's container: given (uint8, or the torch fp8 dtype) or allocated in the caller's framework."""
     if out is None:
         torch_fp8 = kind in FP8 and like.framework == "torch"
         return retag(as_array(empty(like, shape, kind if torch_fp8 else "u8"), "out"), kind)
-    ref = as_array(out, "out")
+    ref = as_array(out, arg)
     ok_kinds = ("u8", kind) if kind in FP8 else ("u8",)
     if tuple(ref.shape) != tuple(shape) or ref.kind not in ok_kinds:
-        raise InvalidProblemError(f"out has shape {tuple(ref.shape)} and dtype {ref.kind}; expected shape "
+        raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and dtype {ref.kind}; expected shape "
                                   f"{tuple(shape)} and dtype {' or '.join(ok_kinds)} for {kind}")
     if (ref.framework == "torch") != (like.framework == "torch"):
-        raise InvalidProblemError(f"out is a {ref.framework} array but the input is {like.framework}")
+        raise InvalidProblemError(f"{arg} is a {ref.framework} array but the input is {like.framework}")
     return retag(ref, kind)
 
 

@@ -73,12 +73,12 @@ def scales(scale, scale_dtype, qk: str, like: ArrayRef, scope, axis, group_size,
     return scale_arg(scale, like, scope, axis, group_size, kinds.math_kind(float_kind)), None
 
 
-def code_out(out, like: ArrayRef, shape, qk: str) -> ArrayRef:
-    """quantize's output: given or allocated; low-bit codes live in a uint8 container (or a torch
-    fp8 tensor), int4 packed two per byte along the last axis."""
+def code_out(out, like: ArrayRef, shape, qk: str, arg: str = "out") -> ArrayRef:
+    """Codes of kind ``qk`` for a logical ``shape``: ``out`` checked, or allocated; low-bit codes live
+    in a uint8 container (or a torch fp8 tensor), int4 packed two per byte along the last axis."""
     if qk in kinds.LOW_BIT:
-        return lowbit.lowbit_out(out, like, lowbit.packed_shape(shape, qk), qk)
-    return out_arg(out, like, shape, qk)
+        return lowbit.lowbit_out(out, like, lowbit.packed_shape(shape, qk), qk, arg)
+    return out_arg(out, like, shape, qk, arg)
 
 
 def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",

@@ -211,6 +211,22 @@ CALLS = {
     "lsq group, out=": (lambda d: sf.fake_quantize_learnable_backward(d.a((6, 64)), d.a((6, 64)), d.a((6, 4)),
                                                                       scope="group", group_size=16,
                                                                       out=d.a((6, 64))), True),
+    "quantize fp8 token": (lambda d: sf.quantize(d.a((8, 64), "float16"), d.a((8,)), scope="token",
+                                                 out_dtype="fp8_e4m3"), True),
+    "quantize int4 group, zero point": (lambda d: sf.quantize(d.a((8, 64)), d.a((8, 4)), d.a((8, 4), Z), scope="group",
+                                                              group_size=16, out_dtype="uint4"), True),
+    "dequantize int4 channel": (lambda d: sf.dequantize(d.a((8, 32), "uint8"), d.a((64,)), scope="channel", axis=1,
+                                                        in_dtype="int4", out_dtype="float16"), True),
+    "dequantize mx": (lambda d: sf.dequantize(d.a((8, 64), "uint8"), d.a((8, 2), "uint8"), scope="group",
+                                              group_size=32, in_dtype="fp8_e4m3", scale_dtype="e8m0"), True),
+    "dynamic_quantize fp8 group": (lambda d: sf.dynamic_quantize(d.a((16, 512), "float16"), scope="group",
+                                                                 group_size=128, out_dtype="fp8_e4m3"), False),
+    "dynamic_quantize mx, out=": (lambda d: sf.dynamic_quantize(d.a((16, 512), "float16"), scope="group", group_size=32,
+                                                                out_dtype="fp8_e4m3", scale_dtype="e8m0",
+                                                                out=(d.a((16, 512), "uint8"), d.a((16, 16), "uint8"))),
+                                  False),
+    "dynamic_quantize int4 tensor": (lambda d: sf.dynamic_quantize(d.a((64, 256)), scope="tensor", out_dtype="int4"),
+                                     False),
     "dynamic_quantize token": (lambda d: sf.dynamic_quantize(d.a((16, 4096), "float16"), scope="token"), False),
     "dynamic_quantize group asymmetric": (lambda d: sf.dynamic_quantize(d.a((16, 512)), scope="group",
                                                                         group_size=128, mode="asymmetric"), False),
@@ -244,7 +260,8 @@ def unchecked(monkeypatch):
     """The synchronous host checks cannot run on fake arrays: recorded instead (arg names)."""
     seen = []
     from runtime import params
-    monkeypatch.setattr(params, "device_check", lambda ref, arg, *a, **k: seen.append(arg))
+    for mod in (params, lowbit):
+        monkeypatch.setattr(mod, "device_check", lambda ref, arg, *a, **k: seen.append(arg))
     return seen
 
 

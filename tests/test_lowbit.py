@@ -234,8 +234,12 @@ class _Recorder:
                 rec.calls.append((descriptor, preference, args))
                 return _Prepared()
 
+            def run(self, plan, args, stream=None):
+                rec.calls.append((descriptor, preference, args))
+
         class _Plan:
             launcher = _Launcher()
+            launch = {"kind": "recorded"}
 
             def workspace_size(self, args):
                 return 0
