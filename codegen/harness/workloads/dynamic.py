@@ -117,11 +117,23 @@ def make(sku, shape):
 
 
 def host_calls():
-    """Repeated functional calls on (16, 4096) bf16 -> s8, per token (torch input)."""
-    torch = _torch()
-    if torch is None:
-        return []
+    """Repeated functional calls on (16, 4096) bf16, default settings, CuPy and torch inputs:
+    per token -> s8, fp8 group(128), MX (fp8 with e8m0 scales, group 32)."""
+    import cupy as cp
+    import ml_dtypes
+
     import runtime as sf
-    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16) * 3
-    return [{"label": "dynamic_quantize token bf16->s8 (16, 4096), torch", "framework": "torch",
-             "call": lambda: sf.dynamic_quantize(x, scope="token")}]
+    xs = {"cupy": (cp.random.standard_normal((16, 4096), dtype=cp.float32) * 3).astype(ml_dtypes.bfloat16)}
+    torch = _torch()
+    if torch is not None:
+        xs["torch"] = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16) * 3
+    calls = (("dynamic_quantize token bf16->s8", dict(scope="token")),
+             ("dynamic_quantize group(128) bf16->fp8_e4m3", dict(scope="group", group_size=128, out_dtype="fp8_e4m3")),
+             ("dynamic_quantize MX bf16->fp8_e4m3 + e8m0", dict(scope="group", group_size=32, out_dtype="fp8_e4m3",
+                                                                scale_dtype="e8m0")))
+    out = []
+    for fw, x in xs.items():
+        for name, kw in calls:
+            out.append({"label": f"{name} (16, 4096), {fw}, default settings", "framework": fw,
+                        "call": lambda x=x, kw=kw: sf.dynamic_quantize(x, **kw)})
+    return out

@@ -336,3 +336,28 @@ if __name__ == "__main__":
         with open(os.path.join(path, "bench_training.json"), "w") as f:
             json.dump(out, f, indent=1, default=str)
     sys.exit(0)
+
+
+def host_calls():
+    """Repeated fake_quantize_learnable_backward on (16, 4096) bf16, per channel (axis 0, two
+    launches: the segment pass and the finish pass), default settings, CuPy and torch inputs."""
+    import cupy as cp
+    import ml_dtypes
+
+    import runtime as sf
+    rows, cols = 16, 4096
+    data = {"cupy": dict(x=(cp.random.standard_normal((rows, cols), dtype=cp.float32) * 3).astype(ml_dtypes.bfloat16),
+                         s=cp.random.random(rows, dtype=cp.float32) * 0.03 + 0.02,
+                         z=cp.random.randint(-20, 21, rows).astype(cp.int32))}
+    data["cupy"]["dy"] = data["cupy"]["x"].copy()
+    torch = _torch()
+    if torch is not None:
+        data["torch"] = dict(x=torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16),
+                             dy=torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16),
+                             s=torch.rand(rows, device="cuda") * 0.03 + 0.02,
+                             z=torch.randint(-20, 21, (rows,), device="cuda", dtype=torch.int32))
+    return [{"label": f"fake_quantize_learnable_backward channel bf16 ({rows}, {cols}), {fw}, default settings",
+             "framework": fw, "launches": 2,
+             "call": lambda d=d: sf.fake_quantize_learnable_backward(d["dy"], d["x"], d["s"], d["z"], scope="channel",
+                                                                     axis=0)}
+            for fw, d in data.items()]
