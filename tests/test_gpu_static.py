@@ -103,11 +103,18 @@ def test_repeated_calls_take_the_fast_path_correctly(fw, rng):
 
 
 @pytest.mark.parametrize("fw", ["cupy", "torch"])
-def test_device_value_checks_raise_before_launch(fw, rng):
-    """Scales and zero points held on the device are value-checked (one sync) unless trusted."""
+def test_sync_checks_raise_before_launch(fw, rng):
+    """Under runtime.sync_checks() scales and zero points held on the device are value-checked on
+    the host (one sync) and raise at the call that passed them; nothing is launched."""
     if fw == "torch":
         pytest.importorskip("torch")
     x = checks.to_device(rng.standard_normal((8, 64)).astype(np.float32), fw)
+    with sf.sync_checks():
+        _bad_values_raise(x, fw)
+    sf.check()                        # nothing was launched: nothing pending
+
+
+def _bad_values_raise(x, fw):
     for bad in (0.0, -1.0, np.inf, np.nan):
         s = np.full(8, 0.5, np.float32)
         s[3] = bad
