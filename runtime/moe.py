@@ -2,6 +2,7 @@
 
     y      = grouped_matmul(x, w, row_experts=ids)              # y[m] = w[e(m)] @ x[m]
     dx, dw = grouped_matmul_backward(x, w, dy, offsets=offs)
+    grouped_matmul(x, w, offsets=offs, out=y, workspace=ws)     # given arrays: nothing allocated
     plan   = select_plan("grouped_matmul", x, w, row_experts=ids)   # plan.sku: the kernel
 
 ``x [M, K]``, ``w [E, N, K]``, ``dy [M, N]``; f32, f16, bf16; fp32 accumulation, one rounding.
@@ -20,6 +21,11 @@ runs it under ``runtime.sync_checks()``).
 ``trusted_offsets=True`` (the only way) skips the validation: the offsets are then clamped into
 [0, M] and made monotone, so accesses stay in bounds whatever they hold; nothing is reported.
 ``row_experts`` needs no check: ids outside [0, E) are padding rows (SPEC §5).
+
+``out=`` (y, or (dx, dw)) and ``workspace=`` (uint8, ``grouped_matmul_workspace_size(M, E, routing)``
+bytes; the routing tables) take caller arrays; a repeated call with same-layout arguments replays
+the remembered launches (runtime/replay.py: routing + products as ``PreparedLaunch``es, every
+pointer slot re-filled, workspace regions by offset). docs/moe.md says how a workspace may be shared.
 
 Strategies are SKU backends: ``simt`` (every dtype, any shape) and ``mma`` (tensor cores,
 f16/bf16, sm_80+; needs N and K multiples of 8 and 16-byte aligned operands). ``auto`` picks
@@ -41,10 +47,11 @@ from typing import Optional
 
 import numpy as np
 
-from . import config, kinds, status
+from . import config, kinds, replay, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
+from .device import load_function, properties
 from .errors import InvalidProblemError, UnsupportedError
-from .device import launch
+from .launch import PreparedLaunch
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 
 MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (SPEC §5)
@@ -135,7 +142,8 @@ def _contiguous_last(ref: ArrayRef, arg: str):
 
 
 def _dtype_name(kind: str) -> str:
-    return kinds.kind(kind).numpy if kind in MOE_KINDS else kind
+    k = kinds.BY_NAME.get(kind)
+    return k.numpy if k is not None and k.numpy else kind
 
 
 def check_problem(x: ArrayRef, w: ArrayRef, dy: Optional[ArrayRef], row_experts, offsets) -> tuple:
@@ -332,8 +340,24 @@ def _blocks_per_sm(fn, threads: int, smem: int) -> int:
     return n
 
 
-def _p(ref) -> int:
-    return ref.ptr if ref is not None else 0
+@dataclass
+class Step:
+    """One prepared launch of a moe call, and where its pointer parameters come from: ``refs`` =
+    ``((slot, ArrayRef, byte offset), ...)`` (the workspace regions are offsets into one array).
+    The repeated-call fast path re-fills exactly these slots (:func:`_binder`)."""
+
+    prep: PreparedLaunch
+    refs: tuple
+
+
+def _step(plan, group: str, fn, grid, block, smem: int, ptrs: dict, **scalars) -> Step:
+    """A :class:`Step` of entry-point group ``group``: ``ptrs`` names each pointer parameter's
+    ``(ArrayRef or None, byte offset)`` (None: a null pointer); ``scalars`` the other parameters
+    (the status word's address is one: a constant of the device)."""
+    abi = plan.abi(group)
+    named = {k: 0 if r is None else r.ptr + off for k, (r, off) in ptrs.items()}
+    prep = PreparedLaunch(fn, tuple(grid), tuple(block), abi, abi.values(**named, **scalars), smem)
+    return Step(prep, tuple((abi.slot[k], r, off) for k, (r, off) in ptrs.items() if r is not None))
 
 
 @launcher("moe_gemm")
@@ -357,55 +381,47 @@ class MoeLauncher(Launcher):
     def workspace_size(self, plan, args: MoeArgs) -> int:
         return workspace_layout(args.M, args.E, args.routing.mode)["total"]
 
-    def route(self, plan, args: MoeArgs, ws: ArrayRef, stream: int, bm: Optional[int] = None) -> None:
-        """Rows -> experts into the workspace (no host sync); m-tiles of ``bm`` rows."""
-        from .device import load_function
-        r, lay, dev = args.routing, workspace_layout(args.M, args.E, args.routing.mode), args.out.device
+    def route_steps(self, plan, args: MoeArgs, ws: ArrayRef, bm: Optional[int] = None) -> list:
+        """The launches that route rows -> experts into the workspace (no host sync); m-tiles of
+        ``bm`` rows."""
+        r, dev = args.routing, args.out.device
+        lay = workspace_layout(args.M, args.E, r.mode)
+        at = {k: (ws, v) for k, v in lay.items() if k != "total"}
         names = plan.launch["route"]
-
-        def fn(name):
-            return load_function(plan.registry, plan.entry.unit, names[name], dev)
-
-        at = {k: ws.ptr + v for k, v in lay.items() if k != "total"}
         bm = bm or plan.launch["tile"]["BM"]
         threads = plan.launch["route_threads"]
         E, M = args.E, args.M
-        def go(name, grid, block, smem=0, **named):
-            abi = plan.abi("route_" + name)
-            launch(fn(name), grid, block, abi.fmt, abi.values(**named), stream, smem)
+
+        def go(name, grid, block, smem=0, ptrs=None, **scalars):
+            fn = load_function(plan.registry, plan.entry.unit, names[name], dev)
+            return _step(plan, "route_" + name, fn, grid, block, smem, ptrs, **scalars)
         if r.mode == "offsets":
-            go("offsets_i64" if r.offsets.kind == "i64" else "offsets_i32", (1,), (threads,), off=r.offsets.ptr,
-               E=E, M=M, bm=bm, trusted=int(r.trusted), ws_status=at["status"], row_start=at["row_start"],
-               tile_start=at["tile_start"], counters=at["counters"], status=args.status)
-            return
+            name = "offsets_i64" if r.offsets.kind == "i64" else "offsets_i32"
+            return [go(name, (1,), (threads,), ptrs=dict(off=(r.offsets, 0), ws_status=at["status"],
+                                                          row_start=at["row_start"], tile_start=at["tile_start"],
+                                                          counters=at["counters"]),
+                       E=E, M=M, bm=bm, trusted=int(r.trusted), status=args.status)]
         chunks, rows = route_chunks(M, E)
         grid = (-(-chunks // ROUTE_WARPS),)
         smem = ROUTE_WARPS * (E + 1) * 4
-        ids = r.row_experts.ptr
-        go("count", grid, (32 * ROUTE_WARPS,), smem, ids=ids, M=M, E=E, chunk_rows=rows, chunks=chunks,
-           hist=at["hist"])
-        go("scan", (1,), (threads,), hist=at["hist"], E=E, M=M, chunks=chunks, bm=bm, base=at["base"],
-           row_start=at["row_start"], tile_start=at["tile_start"], ws_status=at["status"], counters=at["counters"])
-        go("scatter", grid, (32 * ROUTE_WARPS,), smem, ids=ids, M=M, E=E, chunk_rows=rows, chunks=chunks,
-           base=at["base"], perm=at["perm"])
+        ids = (r.row_experts, 0)
+        return [
+            go("count", grid, (32 * ROUTE_WARPS,), smem, dict(ids=ids, hist=at["hist"]), M=M, E=E, chunk_rows=rows,
+               chunks=chunks),
+            go("scan", (1,), (threads,), 0, dict(hist=at["hist"], base=at["base"], row_start=at["row_start"],
+                                                 tile_start=at["tile_start"], ws_status=at["status"],
+                                                 counters=at["counters"]), E=E, M=M, chunks=chunks, bm=bm),
+            go("scatter", grid, (32 * ROUTE_WARPS,), smem, dict(ids=ids, base=at["base"], perm=at["perm"]), M=M, E=E,
+               chunk_rows=rows, chunks=chunks)]
 
-    def run(self, plan, args: MoeArgs, stream=None) -> None:
-        from .device import properties
-        if args.out.size == 0:
-            return
-        stream = stream if stream is not None else stream_handle(args.out)
-        ws = args.workspace
-        if ws is None:
-            ws = as_array(empty(args.out, (self.workspace_size(plan, args),), "u8"), "workspace")
-        elif ws.size < self.workspace_size(plan, args):
-            raise InvalidProblemError(f"workspace has {ws.size} bytes; {self.workspace_size(plan, args)} needed")
+    def steps(self, plan, args: MoeArgs, ws: ArrayRef) -> list:
+        """Every launch of one pass (routing first unless ``args.routed``), prepared: the variant,
+        the grid (occupancy) and the parameters, nothing launched."""
         dev = args.out.device
         _, meta = variant_for(plan, args.op, dev, args.M / max(args.E, 1))
         tile = meta["tile"]
-        if not args.routed:
-            self.route(plan, args, ws, stream, tile["BM"])
+        out = [] if args.routed else self.route_steps(plan, args, ws, tile["BM"])
         lay = workspace_layout(args.M, args.E, args.routing.mode)
-        from .device import load_function
         fn = load_function(plan.registry, plan.entry.unit, meta["symbol"], dev)
         threads, smem = tile["THREADS"], meta["dynamic_smem"]
         if args.op == "grouped_matmul_backward_weight":
@@ -415,16 +431,60 @@ class MoeLauncher(Launcher):
             upper = (-(-args.M // tile["BM"]) + args.E + 1) * -(-cols // tile["BN"])
         grid = max(1, min(upper, properties(dev)["sms"] * _blocks_per_sm(fn, threads, smem)))
         x, w, dy = args.x, args.w, args.dy
-        perm = ws.ptr + lay["perm"] if args.routing.mode == "row_experts" else 0
-        abi = plan.abi("gemm")
-        values = abi.values(
-            x=_p(x), ldx=x.strides[0] if x is not None else 0,
-            w=_p(w), w_se=w.strides[0] if w is not None else 0, w_sn=w.strides[1] if w is not None else 0,
-            dy=_p(dy), lddy=dy.strides[0] if dy is not None else 0,
-            out=args.out.ptr, M=args.M, N=args.N, K=args.K, E=args.E, perm=perm, row_start=ws.ptr + lay["row_start"],
-            tile_start=ws.ptr + lay["tile_start"], ws_status=ws.ptr + lay["status"],
-            counter=ws.ptr + lay["counters"] + 8 * COUNTER_SLOT[args.op])
-        launch(fn, (grid,), (threads,), abi.fmt, values, stream, smem)
+        ptrs = dict(x=(x, 0), w=(w, 0), dy=(dy, 0), out=(args.out, 0),
+                    perm=(ws if args.routing.mode == "row_experts" else None, lay.get("perm", 0)),
+                    row_start=(ws, lay["row_start"]), tile_start=(ws, lay["tile_start"]),
+                    ws_status=(ws, lay["status"]), counter=(ws, lay["counters"] + 8 * COUNTER_SLOT[args.op]))
+        out.append(_step(plan, "gemm", fn, (grid,), (threads,), smem, ptrs,
+                         ldx=x.strides[0] if x is not None else 0,
+                         w_se=w.strides[0] if w is not None else 0, w_sn=w.strides[1] if w is not None else 0,
+                         lddy=dy.strides[0] if dy is not None else 0, M=args.M, N=args.N, K=args.K, E=args.E))
+        return out
+
+    def run(self, plan, args: MoeArgs, stream=None) -> None:
+        if args.out.size == 0:
+            return
+        stream = stream if stream is not None else stream_handle(args.out)
+        ws = args.workspace
+        if ws is None:
+            ws = as_array(empty(args.out, (self.workspace_size(plan, args),), "u8"), "workspace")
+        elif ws.size < self.workspace_size(plan, args):
+            raise InvalidProblemError(f"workspace has {ws.size} bytes; {self.workspace_size(plan, args)} needed")
+        for st in self.steps(plan, args, ws):
+            st.prep.launch(stream)
+
+
+def _binder(steps: list):
+    """A ``FastCall.set_runner`` binder replaying ``steps``: every pointer slot named by a step is
+    re-filled with its array's new pointer (plus the region offset); the rest of the parameters
+    (shapes, strides, grids, variants: what the slow path chose) are the remembered values. No
+    binding (no fast path) when a nonzero pointer slot is not accounted for."""
+    def bind(index_of):
+        plan = []
+        for st in steps:
+            fills = []
+            for j, ref, off in st.refs:
+                i = index_of(ref.ptr)
+                if i is None:
+                    return None
+                fills.append((j, i, off))
+            filled = {j for j, _, _ in fills}
+            fmt, values = st.prep.fmt, st.prep.values
+            if len(fmt) != len(values):
+                return None
+            for j, (c, v) in enumerate(zip(fmt, values)):
+                if c == "Q" and v and j not in filled and not status.is_status_pointer(v):
+                    return None
+            plan.append((st.prep, list(values), tuple(fills)))
+
+        def run(objs, ptrs, stream):
+            for prep, template, fills in plan:
+                values = template.copy()
+                for j, i, off in fills:
+                    values[j] = ptrs[i] + off
+                prep.launch(stream, values)
+        return run
+    return bind
 
 
 # -- plan selection ----------------------------------------------------------------------------
@@ -515,77 +575,208 @@ def select_plan(op: str, x, w, dy=None, *, row_experts=None, offsets=None, strat
     return plan_for(_args(op, xr, wr, dyr, out, routing, dims), strategy, _arch(xr))
 
 
-def grouped_matmul(x, w, *, row_experts=None, offsets=None, strategy="auto", trusted_offsets=False):
-    """``y[m, n] = sum_k x[m, k] * w[e(m), n, k]`` (fp32 accumulation, one rounding); padding rows -> 0."""
+def grouped_matmul_workspace_size(M: int, E: int, routing: str = "row_experts") -> int:
+    """Bytes of the routing workspace that ``grouped_matmul`` / ``_backward`` need for ``M`` rows and
+    ``E`` experts routed by ``routing`` (``"row_experts"`` or ``"offsets"``): the size of a
+    ``workspace=`` array (uint8). One workspace serves forward and backward calls of that shape;
+    the calls that share one must run in one stream (docs/moe.md)."""
+    if routing not in ("row_experts", "offsets"):
+        raise InvalidProblemError(f"routing={routing!r}; use 'row_experts' or 'offsets'")
+    return workspace_layout(int(M), int(E), routing)["total"]
+
+
+# -- the functional API (runtime/replay.py: a repeated call replays the remembered launches) -------
+def _config_key():
+    """The tile configurations asked for in code (runtime.moe.CONFIG): part of the replay key, since
+    the variant is chosen by the slow path (the settings' SKUFORGE_MOE_CONFIG clears the cache)."""
+    return tuple(CONFIG.items()) if CONFIG else None
+
+
+def grouped_matmul(x, w, *, row_experts=None, offsets=None, strategy="auto", trusted_offsets=False, out=None,
+                   workspace=None):
+    """``y[m, n] = sum_k x[m, k] * w[e(m), n, k]`` (fp32 accumulation, one rounding); padding rows -> 0.
+
+    ``out``: a C-contiguous ``(M, N)`` array of x's dtype, framework and device, not overlapping
+    the inputs, written and returned. ``workspace``: a uint8 array of at least
+    ``grouped_matmul_workspace_size(M, E, routing)`` bytes for the routing tables (else one is
+    allocated per call); with both, a repeated call allocates nothing (docs/moe.md)."""
+    return replay.call("grouped_matmul", (strategy, trusted_offsets, _config_key()),
+                       (x, w, row_experts, offsets, out, workspace),
+                       lambda fast: _forward(fast, x, w, row_experts, offsets, strategy, trusted_offsets, out,
+                                             workspace))
+
+
+def _forward(fast, x, w, row_experts, offsets, strategy, trusted_offsets, out, workspace):
     xr, wr, _, routing, dims = _prepare("grouped_matmul", x, w, None, row_experts, offsets, trusted_offsets,
-                                          strategy)
+                                        strategy)
     M, N, K, E = dims
-    y = as_array(empty(xr, (M, N), xr.kind), "y")
+    y = None if out is None else _given_out(out, xr, (M, N), xr.kind, "out")
+    ws = None if workspace is None else _given_workspace(workspace, xr, M, E, routing.mode)
+    if out is not None or workspace is not None:
+        _check_disjoint(fast, "grouped_matmul", [("x", xr), ("w", wr), ("row_experts", routing.row_experts),
+                                                 ("offsets", routing.offsets), ("out", y), ("workspace", ws)], (4, 5))
+    if y is None:
+        y = as_array(empty(xr, (M, N), xr.kind), "y")
     args = _args("grouped_matmul", xr, wr, None, y, routing, dims)
     plan = plan_for(args, strategy, _arch(xr))
     if y.size:
-        args.status = _status(xr.device)
-        plan.run(args)
-    return y.obj
+        _launch(fast, [(plan, args)], xr, ws, routing)
+    result = y.obj if out is None else out
+    fast.remember(result)
+    return result
 
 
 def grouped_matmul_backward(x, w, dy, *, row_experts=None, offsets=None, strategy="auto", need_input=True,
-                            need_weight=True, dw_dtype="float32", trusted_offsets=False):
+                            need_weight=True, dw_dtype="float32", trusted_offsets=False, out=None, workspace=None):
     """``(dx, dw)``: ``dx = dy @ w[e(m)]`` (padding rows -> 0), ``dw[e] = dy_e^T @ x_e`` (float32 by
-    default, exact zeros for experts with no rows). Deterministic. A gradient not asked for is None."""
+    default, exact zeros for experts with no rows). Deterministic. A gradient not asked for is None.
+
+    ``out=(dx, dw)``: C-contiguous arrays to write into (dx ``(M, K)`` of x's dtype, dw
+    ``(E, N, K)`` of ``dw_dtype``; None exactly for a gradient not asked for), returned as given;
+    ``workspace`` as for :func:`grouped_matmul` (docs/moe.md)."""
+    dxo, dwo = _out_pair(out)
+    return replay.call("grouped_matmul_backward",
+                       (strategy, need_input, need_weight, dw_dtype, trusted_offsets, out is None, _config_key()),
+                       (x, w, dy, row_experts, offsets, dxo, dwo, workspace),
+                       lambda fast: _backward(fast, x, w, dy, row_experts, offsets, strategy, need_input, need_weight,
+                                              dw_dtype, trusted_offsets, out, dxo, dwo, workspace))
+
+
+def _out_pair(out) -> tuple:
+    """``out`` of the backward as (dx, dw); (None, None) when absent. Checks its form only."""
+    if out is None:
+        return None, None
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise InvalidProblemError(f"out={type(out).__name__}: expected a tuple (dx, dw), None for a gradient "
+                                  "not asked for")
+    return out[0], out[1]
+
+
+def _backward(fast, x, w, dy, row_experts, offsets, strategy, need_input, need_weight, dw_dtype, trusted_offsets,
+              out, dxo, dwo, workspace):
     xr, wr, dyr, routing, dims = _prepare("grouped_matmul_backward_input", x, w, dy, row_experts, offsets,
                                           trusted_offsets, strategy)
     M, N, K, E = dims
     dw_kind = _out_kind("grouped_matmul_backward_weight", xr.kind, dw_dtype)
-    jobs = []
+    if out is not None:
+        for arg, given, need, flag, shape in (("out[0] (dx)", dxo, need_input, "need_input", (M, K)),
+                                              ("out[1] (dw)", dwo, need_weight, "need_weight", (E, N, K))):
+            if need and given is None:
+                raise InvalidProblemError(f"{arg} is None but {flag}=True; pass an array of shape {shape} "
+                                          f"(or {flag}=False)")
+            if given is not None and not need:
+                raise InvalidProblemError(f"{arg} is given but {flag}=False: that gradient is not computed; "
+                                          "pass None")
     dx = dw = None
-    arch = _arch(xr)
-    if need_input:
+    if dxo is not None:
+        dx = _given_out(dxo, xr, (M, K), xr.kind, "out[0] (dx)")
+    if dwo is not None:
+        dw = _given_out(dwo, xr, (E, N, K), dw_kind, "out[1] (dw)", f" (dw_dtype={dw_dtype!r})")
+    ws = None if workspace is None else _given_workspace(workspace, xr, M, E, routing.mode)
+    if out is not None or workspace is not None:
+        _check_disjoint(fast, "grouped_matmul_backward",
+                        [("x", xr), ("w", wr), ("dy", dyr), ("row_experts", routing.row_experts),
+                         ("offsets", routing.offsets), ("out[0] (dx)", dx), ("out[1] (dw)", dw), ("workspace", ws)],
+                        (5, 6, 7))
+    if need_input and dx is None:
         dx = as_array(empty(xr, (M, K), xr.kind), "dx")
+    if need_weight and dw is None:
+        dw = as_array(empty(xr, (E, N, K), dw_kind), "dw")
+    jobs = []
+    arch = _arch(xr)
+    if dx is not None:
         a = _args("grouped_matmul_backward_input", xr, wr, dyr, dx, routing, dims)
         jobs.append((plan_for(a, strategy, arch), a))
-    if need_weight:
-        dw = as_array(empty(xr, (E, N, K), dw_kind), "dw")
+    if dw is not None:
         a = _args("grouped_matmul_backward_weight", xr, wr, dyr, dw, routing, dims)
         jobs.append((plan_for(a, strategy, arch), a))
     jobs = [(p, a) for p, a in jobs if a.out.size]
     if jobs:
-        word = _status(xr.device)
-        for _, a in jobs:
-            a.status = word
-        plan0, a0 = jobs[0]
-        ws = as_array(empty(xr, (plan0.workspace_size(a0),), "u8"), "workspace")
-        for i, (plan, a) in enumerate(jobs):
-            # route once, with the first kernel's m-tile size (backward-weight does not use m-tiles)
-            a.workspace, a.routed = ws, i > 0
-            plan.run(a)
-    return (None if dx is None else dx.obj), (None if dw is None else dw.obj)
+        _launch(fast, jobs, xr, ws, routing)
+    if out is not None:
+        result = dxo, dwo
+    else:
+        result = (None if dx is None else dx.obj), (None if dw is None else dw.obj)
+    fast.remember(result)
+    return result
 
 
-def run_into(op: str, out, x, w, dy=None, *, row_experts=None, offsets=None, strategy="auto",
-             trusted_offsets=False):
-    """Run one pass into a caller-provided, contiguous ``out`` (y [M, N], dx [M, K] or dw [E, N, K],
-    dw float32 or the input dtype) and return the plan. For checks that poison the output first
-    (every element must be written); the functional API allocates its outputs."""
-    xr, wr, dyr, routing, dims, shape = _prepare_op(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy)
-    o = as_array(out, "out")
-    _out_kind(op, xr.kind, o.kind)
-    if tuple(o.shape) != shape:
-        raise InvalidProblemError(f"out must have shape {shape}; got {tuple(o.shape)}")
-    if o.kind != xr.kind and op != "grouped_matmul_backward_weight":
-        raise InvalidProblemError(f"out has dtype {_dtype_name(o.kind)}; {op} writes {_dtype_name(xr.kind)}")
-    want, acc = [], 1
-    for n in reversed(shape):
-        want.append(acc)
-        acc *= n
-    if o.size and any(st != w_ for st, w_, n in zip(o.strides, reversed(want), shape) if n > 1):
-        raise InvalidProblemError(f"out must be contiguous; got strides {o.strides}")
-    args = _args(op, xr, wr, dyr, o, routing, dims)
-    plan = plan_for(args, strategy, _arch(xr))
-    if o.size:
-        args.status = _status(xr.device)
-        plan.run(args)
-    return plan
+def _launch(fast, jobs, like: ArrayRef, ws: Optional[ArrayRef], routing: Routing) -> None:
+    """Launch the passes ``jobs`` ([(plan, MoeArgs)], every output non-empty) in the caller's stream:
+    the routing once, by the first pass, into ``ws`` (allocated when None), then each pass's
+    product; recorded for replay (``fast``: runtime.replay.FastCall)."""
+    word = _status(like.device)
+    if ws is None:
+        ws = as_array(empty(like, (workspace_layout(routing.M, routing.E, routing.mode)["total"],), "u8"),
+                      "workspace")
+    steps = []
+    for i, (plan, a) in enumerate(jobs):
+        # route once, with the first kernel's m-tile size (backward-weight does not use m-tiles)
+        a.status, a.workspace, a.routed = word, ws, i > 0
+        plan.launcher.check(plan, a)
+        steps += plan.launcher.steps(plan, a, ws)
+    stream = stream_handle(like)
+    for st in steps:
+        st.prep.launch(stream)
+    if routing.offsets is not None and not routing.trusted:
+        fast.checks_device_values()          # under runtime.sync_checks() a repeated call validates them
+    fast.set_runner(_binder(steps), like)
+
+
+# -- given outputs and workspace ----------------------------------------------------------------
+def _given_out(obj, like: ArrayRef, shape, kind: str, arg: str, why: str = "") -> ArrayRef:
+    """A caller's output array, checked: framework, shape, dtype, device, C-contiguity."""
+    ref = as_array(obj, arg)
+    if (ref.framework == "torch") != (like.framework == "torch"):
+        raise InvalidProblemError(f"{arg} is a {ref.framework} array but x is a {like.framework} array; "
+                                  f"pass a {'torch tensor' if like.framework == 'torch' else 'CuPy array'}")
+    if tuple(ref.shape) != tuple(shape) or ref.kind != kind:
+        raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and dtype {_dtype_name(ref.kind)}; "
+                                  f"expected shape {tuple(shape)} and dtype {_dtype_name(kind)}{why}")
+    if ref.device != like.device:
+        raise InvalidProblemError(f"{arg} is on cuda:{ref.device} but x is on cuda:{like.device}")
+    expect = 1
+    for n, st in reversed(list(zip(ref.shape, ref.strides))):
+        if n != 1 and st != expect:
+            raise InvalidProblemError(f"{arg} must be C-contiguous; got strides {ref.strides} (elements) for "
+                                      f"shape {tuple(ref.shape)}")
+        expect *= n
+    return ref
+
+
+def _given_workspace(obj, like: ArrayRef, M: int, E: int, mode: str) -> ArrayRef:
+    """A caller's routing workspace, checked: a contiguous 1-D uint8 array, 16-byte aligned, of x's
+    framework and device, of at least grouped_matmul_workspace_size(M, E, mode) bytes."""
+    ref = as_array(obj, "workspace")
+    need = workspace_layout(M, E, mode)["total"]
+    if (ref.framework == "torch") != (like.framework == "torch"):
+        raise InvalidProblemError(f"workspace is a {ref.framework} array but x is a {like.framework} array")
+    if ref.kind != "u8" or ref.ndim != 1 or (ref.shape[0] > 1 and ref.strides[0] != 1):
+        raise InvalidProblemError(f"workspace has shape {tuple(ref.shape)}, dtype {_dtype_name(ref.kind)} and strides "
+                                  f"{ref.strides}; expected a contiguous 1-D uint8 array")
+    if ref.shape[0] < need:
+        raise InvalidProblemError(f"workspace has {ref.shape[0]} bytes; this call needs {need} "
+                                  f"(runtime.moe.grouped_matmul_workspace_size(M={M}, E={E}, routing={mode!r}))")
+    if ref.device != like.device:
+        raise InvalidProblemError(f"workspace is on cuda:{ref.device} but x is on cuda:{like.device}")
+    if ref.ptr % 16:
+        raise InvalidProblemError(f"workspace at {ref.ptr:#x} is not 16-byte aligned")
+    return ref
+
+
+def _check_disjoint(fast, op: str, refs, written) -> None:
+    """No array the call writes (``written``: indices into ``refs``, the call's argument order)
+    shares bytes with any other argument (inputs may overlap each other); a replay makes the same
+    test on the same spans (FastCall.require_disjoint)."""
+    spans = [(i, *replay.byte_span(r)) for i, (_, r) in enumerate(refs) if r is not None and r.size]
+    ptrs = [0 if r is None else r.ptr for _, r in refs]
+    for i in written:
+        mine = [s for s in spans if s[0] == i]
+        for k, j in ((k, s[0]) for k, s in enumerate(spans) if s[0] != i):
+            if mine and replay.overlap((mine[0], spans[k]), ptrs) is not None:
+                raise InvalidProblemError(f"{refs[i][0]} overlaps {refs[j][0]} in memory; {op} writes "
+                                          f"{refs[i][0]} while it reads or writes {refs[j][0]}: pass separate arrays")
+    fast.require_disjoint(spans, written)
 
 
 def validate_offsets(offsets, M: int, E: Optional[int] = None) -> None:

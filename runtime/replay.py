@@ -98,8 +98,11 @@ class Entry:
         check = self.check
         if check is not None and not check(vals):
             return MISS
-        if self.disjoint is not None and overlap(self.disjoint, vals) is not None:
-            return MISS               # the slow path raises the typed error
+        if self.disjoint is not None:
+            for i, lo_i, hi_i, j, lo_j, hi_j in self.disjoint:
+                a, b = vals[i], vals[j]
+                if a + lo_i < b + hi_j and b + lo_j < a + hi_i:
+                    return MISS       # the slow path raises the typed error
         if self.allocs:
             new = []
             for alloc, align in self.allocs:
@@ -210,12 +213,13 @@ class FastCall:
     zero point, if any.
     """
 
-    __slots__ = ("key", "args", "vals", "scale_at", "launches", "runner", "log", "_rec", "disjoint")
+    __slots__ = ("key", "args", "vals", "scale_at", "launches", "runner", "log", "_rec", "disjoint", "device_values")
 
     def __init__(self, op, static, args, scale_at=None):
         self.args = args
         self.scale_at = scale_at
         self.disjoint = None
+        self.device_values = False
         self.key, self.vals = call_key(op, static, args)
         if self.key is not None:
             try:
@@ -252,11 +256,20 @@ class FastCall:
         if self.key is not None:
             self.runner = (bind, stream_ref)
 
-    def require_disjoint(self, spans):
+    def require_disjoint(self, spans, written=None):
         """A replay must find these arguments apart in memory, as the slow path checked: ``spans``
-        is ``((argument index, first byte, end byte), ...)`` (:func:`byte_span`; fixed by the key)."""
+        is ``((argument index, first byte, end byte), ...)`` (:func:`byte_span`; fixed by the key).
+        ``written``: the argument indices the call writes; only pairs with one of them are tested
+        (inputs may overlap each other). None: every pair."""
         if self.key is not None:
-            self.disjoint = tuple(spans)
+            spans = tuple(spans)
+            self.disjoint = tuple((*a, *b) for k, a in enumerate(spans) for b in spans[k + 1:]
+                                  if written is None or a[0] in written or b[0] in written)
+
+    def checks_device_values(self):
+        """This call reads device-array values that the synchronous debug mode checks on the host
+        (``runtime.sync_checks()``; e.g. MoE offsets): under that mode a replay takes the slow path."""
+        self.device_values = True
 
     def remember(self, result, zp_range=None):
         """Store this (successful) call for replay, unless some slot cannot be accounted for."""
@@ -294,7 +307,7 @@ class FastCall:
             if spec is None:
                 return
         e = Entry()
-        e.checked, e.check, e.runner, e.disjoint = False, None, None, self.disjoint
+        e.checked, e.check, e.runner, e.disjoint = self.device_values, None, None, self.disjoint
         scalars, scale_at, zp_check = {}, None, None
         sa = self.scale_at
         if sa is not None:

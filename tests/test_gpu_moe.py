@@ -50,12 +50,21 @@ def test_every_tile_configuration_poisoned(op, rng):
         with sf.moe.use_config(**{sf.moe.PASS_OF[op]: name}):
             for _ in range(2):
                 o = torch.full(shape, float("nan"), dtype=dt, device="cuda")
-                sf.moe.run_into(op, o, x, w, None if op == "grouped_matmul" else dy, row_experts=ids, strategy="mma")
+                assert _run_pass(op, o, x, w, dy, row_experts=ids, strategy="mma") is o
                 outs.append(o)
         assert torch.isfinite(outs[0]).all(), name
         err = ((outs[0].float() - want).norm() / want.norm()).item()
         assert err < 1e-2, (name, err)
         assert torch.equal(outs[0], outs[1]), name
+
+
+def _run_pass(op, o, x, w, dy, **kw):
+    """One pass into ``o`` through out= (y, dx or dw: the backward with the other gradient off)."""
+    if op == "grouped_matmul":
+        return sf.grouped_matmul(x, w, out=o, **kw)
+    if op == "grouped_matmul_backward_input":
+        return sf.grouped_matmul_backward(x, w, dy, need_weight=False, out=(o, None), **kw)[0]
+    return sf.grouped_matmul_backward(x, w, dy, need_input=False, dw_dtype=o.dtype, out=(None, o), **kw)[1]
 
 
 def _torch_problem(rng, E, M, N, K, dtype, sorted_rows=True, empty=()):
@@ -286,3 +295,136 @@ def test_more_than_2_pow_31_elements(rng):
         del y
     del x
     cp.get_default_memory_pool().free_all_blocks()
+
+
+# -- the repeated-call fast path and out= (runtime/replay.py; CPU twins in tests/test_moe_replay.py) --
+def _hits(monkeypatch):
+    from runtime import replay
+    hits = []
+    real = replay.Entry.run
+
+    def counted(self, args, vals):
+        r = real(self, args, vals)
+        hits.append(r is not replay.MISS)
+        return r
+    monkeypatch.setattr(replay.Entry, "run", counted)
+    replay.CACHE.clear()
+    return hits
+
+
+def _moe_data(fw, dtype, routing, rng, E=8, M=256, N=512, K=512, seed_ids=None):
+    """x, w, dy and the routing keyword of one problem in framework ``fw`` (new arrays each call);
+    ``dtype="half"``: bfloat16 for torch, float16 for CuPy."""
+    if dtype == "half":
+        dtype = "bfloat16" if fw == "torch" else "float16"
+    if routing == "offsets":
+        counts = rng.multinomial(M, np.ones(E) / E)
+        counts[2] += counts[5]
+        counts[5] = 0                                            # an expert without rows
+        r = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    else:
+        r = rng.integers(-1, E + 1, M).astype(np.int32)          # unsorted, padding ids
+    host = [rng.standard_normal(s).astype(np.float32) for s in ((M, K), (E, N, K), (M, N))]
+    host[1] /= K ** 0.5
+    if fw == "torch":
+        import torch
+        dt = getattr(torch, dtype)
+        arrs = [torch.tensor(h, device="cuda").to(dt) for h in host]
+        rt = torch.tensor(r, device="cuda")
+    else:
+        import cupy as cp
+        arrs = [cp.asarray(h.astype(dtype)) for h in host]
+        rt = cp.asarray(r)
+    return (*arrs, {routing: rt})
+
+
+def _same_bits(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if type(a).__module__.startswith("torch"):
+        import torch
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    import cupy as cp
+    return a.dtype == b.dtype and a.shape == b.shape and bool(cp.all(a.view(cp.uint8) == b.view(cp.uint8)))
+
+
+BACKWARD_NEEDS = [(True, True), (True, False), (False, True)]
+
+
+@pytest.mark.parametrize("fw", ["torch", "cupy"])
+@pytest.mark.parametrize("routing", ["row_experts", "offsets"])
+@pytest.mark.parametrize("dtype", ["half", "float32"])
+def test_replay_equals_the_slow_path_bit_for_bit(fw, routing, dtype, rng, monkeypatch):
+    """A repeated call on new data (same layouts) replays the remembered launches; its results equal
+    the slow path's on that data bit for bit: forward and every backward combination."""
+    if fw == "torch":
+        pytest.importorskip("torch")
+    from runtime import replay
+    _clear_pending()
+    hits = _hits(monkeypatch)
+    calls = [("fwd", lambda x, w, dy, kw: sf.grouped_matmul(x, w, **kw))]
+    for ni, nw in BACKWARD_NEEDS:
+        calls.append((f"bwd {ni} {nw}", lambda x, w, dy, kw, ni=ni, nw=nw:
+                      sf.grouped_matmul_backward(x, w, dy, need_input=ni, need_weight=nw, **kw)))
+    for name, call in calls:
+        replay.CACHE.clear()
+        del hits[:]
+        call(*_moe_data(fw, dtype, routing, rng))                # remembered
+        x, w, dy, kw = _moe_data(fw, dtype, routing, rng)        # new data, same layouts
+        fast = call(x, w, dy, kw)
+        assert hits == [True], (name, hits)
+        replay.CACHE.clear()
+        slow = call(x, w, dy, kw)
+        assert hits == [True], name
+        fast = fast if isinstance(fast, tuple) else (fast,)
+        slow = slow if isinstance(slow, tuple) else (slow,)
+        for a, b in zip(fast, slow):
+            assert _same_bits(a, b), name
+    sf.check()
+
+
+@pytest.mark.parametrize("fw", ["torch", "cupy"])
+@pytest.mark.parametrize("routing", ["row_experts", "offsets"])
+def test_out_equals_the_allocating_call(fw, routing, rng, monkeypatch):
+    """out= (and workspace=) results equal the allocating call's bit for bit, are the given arrays,
+    and a repeated call with both replays."""
+    if fw == "torch":
+        pytest.importorskip("torch")
+    _clear_pending()
+    hits = _hits(monkeypatch)
+    x, w, dy, kw = _moe_data(fw, "half", routing, rng)
+    half = "bfloat16" if fw == "torch" else "float16"
+    M, K = x.shape
+    E, N, _ = w.shape
+    size = sf.moe.grouped_matmul_workspace_size(M, E, routing)
+    if fw == "torch":
+        import torch
+
+        def new(shape, dt):
+            return torch.full(shape, float("nan"), device="cuda", dtype=getattr(torch, dt))
+        ws = torch.empty(size, device="cuda", dtype=torch.uint8)
+    else:
+        import cupy as cp
+
+        def new(shape, dt):
+            return cp.full(shape, np.nan, dtype=dt)
+        ws = cp.empty(size, cp.uint8)
+    y_want = sf.grouped_matmul(x, w, **kw)
+    dx_want, dw_want = sf.grouped_matmul_backward(x, w, dy, **kw)
+    _, dw16_want = sf.grouped_matmul_backward(x, w, dy, need_input=False, dw_dtype=half, **kw)
+    for extra in ({}, {"workspace": ws}):
+        for _ in range(2):                                       # the second call replays
+            y = new((M, N), half)
+            assert sf.grouped_matmul(x, w, out=y, **kw, **extra) is y
+            assert _same_bits(y, y_want)
+            dx, dw = new((M, K), half), new((E, N, K), "float32")
+            got = sf.grouped_matmul_backward(x, w, dy, out=(dx, dw), **kw, **extra)
+            assert got[0] is dx and got[1] is dw
+            assert _same_bits(dx, dx_want) and _same_bits(dw, dw_want)
+            dw16 = new((E, N, K), half)
+            got = sf.grouped_matmul_backward(x, w, dy, need_input=False, dw_dtype=half, out=(None, dw16),
+                                             **kw, **extra)
+            assert got[0] is None and got[1] is dw16
+            assert _same_bits(dw16, dw16_want)
+    assert hits.count(True) >= 6, hits
+    sf.check()

@@ -297,17 +297,72 @@ def test_variant_fallback_on_small_shared_memory(monkeypatch, override_settings)
         err(lambda: sf.moe.variant_for(plan, op, 7), InvalidProblemError, big, "shared memory")
 
 
-def test_run_into_checks_the_output():
-    x, w, dy = D((32, 64), "float16"), D((4, 48, 64), "float16"), D((32, 48), "float16")
-    off = D((5,), "int32")
-    ri = sf.moe.run_into
-    err(lambda: ri("grouped_matmul", D((32, 47), "float16"), x, w, offsets=off), InvalidProblemError, "(32, 48)")
-    err(lambda: ri("grouped_matmul", D((32, 48), "float32"), x, w, offsets=off), InvalidProblemError, "float32")
-    err(lambda: ri("grouped_matmul_backward_weight", D((4, 48, 64), "int8"), x, w, dy, offsets=off),
-        UnsupportedError, "dw_dtype")
-    err(lambda: ri("grouped_matmul", D((32, 48), "float16", strides=(96, 1)), x, w, offsets=off),
-        InvalidProblemError, "contiguous")
-    err(lambda: ri("matmul", D((32, 48), "float16"), x, w, offsets=off), InvalidProblemError, "op=")
+def test_out_and_workspace_are_checked(monkeypatch):
+    """out= / workspace= errors name the argument, the value and what is expected, before any launch."""
+    x, w, dy = D((32, 64), "float16", ptr=0x7F0000000000), D((4, 48, 64), "float16", ptr=0x7F0000100000), \
+        D((32, 48), "float16", ptr=0x7F0000200000)
+    off = D((5,), "int32", ptr=0x7F0000300000)
+    gm, bw = sf.grouped_matmul, sf.grouped_matmul_backward
+    y = 0x7F0000400000
+    err(lambda: gm(x, w, offsets=off, out=D((32, 47), "float16", ptr=y)), InvalidProblemError, "out", "(32, 47)",
+        "(32, 48)")
+    err(lambda: gm(x, w, offsets=off, out=D((32, 48), "float32", ptr=y)), InvalidProblemError, "out", "float32",
+        "float16")
+    err(lambda: gm(x, w, offsets=off, out=D((32, 48), "float16", strides=(96, 1), ptr=y)), InvalidProblemError,
+        "out", "C-contiguous", "(96, 1)")
+    err(lambda: gm(x, w, offsets=off, out=np.zeros((32, 48), np.float16)), InvalidProblemError, "out", "host array")
+    err(lambda: gm(x, w, offsets=off, out=D((32, 48), "float16", ptr=0x7F0000000040)), InvalidProblemError,
+        "out overlaps x")
+    err(lambda: gm(x, w, offsets=off, out=D((32, 48), "float16", ptr=0x7F0000300000)), InvalidProblemError,
+        "out overlaps offsets")
+    # the backward: (dx, dw), None exactly for a gradient not asked for
+    dx, dw = D((32, 64), "float16", ptr=y), D((4, 48, 64), "float32", ptr=0x7F0000500000)
+    err(lambda: bw(x, w, dy, offsets=off, out=dx), InvalidProblemError, "out=", "(dx, dw)")
+    err(lambda: bw(x, w, dy, offsets=off, out=(dx, None)), InvalidProblemError, "out[1] (dw) is None",
+        "need_weight=True")
+    err(lambda: bw(x, w, dy, offsets=off, need_input=False, out=(dx, dw)), InvalidProblemError,
+        "out[0] (dx) is given", "need_input=False")
+    err(lambda: bw(x, w, dy, offsets=off, out=(dx, D((4, 48, 64), "float16", ptr=0x7F0000500000))),
+        InvalidProblemError, "out[1] (dw)", "float16", "float32", "dw_dtype")
+    err(lambda: bw(x, w, dy, offsets=off, out=(D((32, 48), "float16", ptr=y), dw)), InvalidProblemError,
+        "out[0] (dx)", "(32, 48)", "(32, 64)")
+    err(lambda: bw(x, w, dy, offsets=off, out=(dx, D((4, 48, 64), "float32", ptr=y + 1024))), InvalidProblemError,
+        "out[0] (dx) overlaps out[1] (dw)")
+    err(lambda: bw(x, w, dy, offsets=off, out=(D((32, 64), "float16", ptr=0x7F0000200000), dw)),
+        InvalidProblemError, "out[0] (dx) overlaps dy")
+    # the workspace
+    need = sf.moe.grouped_matmul_workspace_size(32, 4, "offsets")
+    assert need == workspace_layout(32, 4, "offsets")["total"]
+    assert sf.moe.grouped_matmul_workspace_size(32, 4) == workspace_layout(32, 4, "row_experts")["total"]
+    err(lambda: sf.moe.grouped_matmul_workspace_size(32, 4, "sorted"), InvalidProblemError, "routing", "offsets")
+    wsp = 0x7F0000600000
+    err(lambda: gm(x, w, offsets=off, workspace=D((need - 1,), "uint8", ptr=wsp)), InvalidProblemError,
+        "workspace", str(need - 1), str(need), "grouped_matmul_workspace_size")
+    err(lambda: gm(x, w, offsets=off, workspace=D((need,), "int32", ptr=wsp)), InvalidProblemError,
+        "workspace", "int32", "uint8")
+    err(lambda: gm(x, w, offsets=off, workspace=D((need,), "uint8", ptr=wsp + 8)), InvalidProblemError,
+        "workspace", "16-byte aligned")
+    err(lambda: gm(x, w, offsets=off, workspace=D((need,), "uint8", ptr=0x7F0000100100)), InvalidProblemError,
+        "workspace overlaps w")
+    err(lambda: bw(x, w, dy, offsets=off, out=(dx, dw), workspace=D((need,), "uint8", ptr=0x7F0000500000)),
+        InvalidProblemError, "out[1] (dw) overlaps workspace")
+    # framework and device (ArrayRef descriptions: no second framework or device needed)
+    import runtime.moe as moe_mod
+    monkeypatch.setattr(moe_mod, "as_array", lambda obj, arg: obj)
+    like = _ref((32, 48), "f16")
+    torch_out = ArrayRef(None, 0x7F0000400000, (32, 48), (48, 1), "f16", 0, "torch")
+    err(lambda: moe_mod._given_out(torch_out, like, (32, 48), "f16", "out"), InvalidProblemError,
+        "out is a torch array", "CuPy")
+    other = ArrayRef(None, 0x7F0000400000, (32, 48), (48, 1), "f16", 1, "cupy")
+    err(lambda: moe_mod._given_out(other, like, (32, 48), "f16", "out"), InvalidProblemError, "out", "cuda:1",
+        "cuda:0")
+    ws_other = ArrayRef(None, 0x7F0000400000, (need,), (1,), "u8", 1, "cupy")
+    err(lambda: moe_mod._given_workspace(ws_other, like, 32, 4, "offsets"), InvalidProblemError, "workspace",
+        "cuda:1")
+
+
+def test_run_into_is_gone():
+    assert not hasattr(sf.moe, "run_into")      # out= of grouped_matmul / _backward replaces it
 
 
 def test_mma_blockers_large_extents():
@@ -346,28 +401,29 @@ def test_offsets_routing_reports_to_the_status_word():
 
 
 def test_route_passes_the_status_word(monkeypatch):
-    """MoeLauncher.route hands args.status to the offsets entry point (and trusted as a flag)."""
-    from runtime import device, moe
-    calls = []
-    monkeypatch.setattr(device, "load_function", lambda reg, unit, symbol, dev=None: symbol)
-    monkeypatch.setattr(moe, "launch", lambda fn, grid, block, fmt, values, stream, smem=0:
-                        calls.append((fn, fmt, tuple(values))))
+    """MoeLauncher.route_steps hands args.status to the offsets entry point (and trusted as a flag)."""
+    from runtime import moe
+    monkeypatch.setattr(moe, "load_function", lambda reg, unit, symbol, dev=None: symbol)
     args = _args("grouped_matmul", 64, 32, 32, 4, "f16")
     args.routing = Routing(4, 64, offsets=_ref((5,), "i64"), trusted=False)
     args.status = 0x7E0000000004
     plan = plan_for(args, "simt", 80)
     ws = _ref((moe.workspace_layout(64, 4, "offsets")["total"],), "u8", 0x7F0000200000)
-    plan.launcher.route(plan, args, ws, 0, 64)
-    (fn, fmt, values), = calls
+    (step,) = plan.launcher.route_steps(plan, args, ws, 64)
+    prep = step.prep
     abi = plan.abi("route_offsets_i64")
-    assert fn.endswith("_route_offsets_i64") and fmt == abi.fmt
-    assert values[abi.slot["status"]] == 0x7E0000000004 and values[abi.slot["trusted"]] == 0
+    assert prep.fn.endswith("_route_offsets_i64") and prep.fmt == abi.fmt
+    assert prep.values[abi.slot["status"]] == 0x7E0000000004 and prep.values[abi.slot["trusted"]] == 0
+    assert {(j, off) for j, _, off in step.refs} == {
+        (abi.slot["off"], 0), (abi.slot["ws_status"], 0), (abi.slot["row_start"], moe.workspace_layout(64, 4, "offsets")["row_start"]),
+        (abi.slot["tile_start"], moe.workspace_layout(64, 4, "offsets")["tile_start"]),
+        (abi.slot["counters"], moe.workspace_layout(64, 4, "offsets")["counters"])}
     import struct
-    struct.pack("@" + fmt, *values)
+    struct.pack("@" + prep.fmt, *prep.values)
 
 
 def test_moe_ops_raise_pending_reports_before_launching(monkeypatch):
-    """grouped_matmul / _backward / run_into read the status word before anything launches."""
+    """grouped_matmul / _backward (with and without out=) read the status word before anything launches."""
     import ctypes
     from runtime import moe, status
     words = (ctypes.c_uint32 * status.MAX_DEVICES)()
@@ -377,12 +433,14 @@ def test_moe_ops_raise_pending_reports_before_launching(monkeypatch):
     monkeypatch.setattr(moe, "empty", lambda like, shape, kind: D(shape, {"f16": "float16", "f32": "float32",
                                                                           "u8": "uint8"}[kind]))
     monkeypatch.setattr(moe, "_arch", lambda ref: 80)
-    monkeypatch.setattr(sf.plans.Plan, "run", lambda self, args, stream=None: ran.append(args.status), raising=False)
+    monkeypatch.setattr(moe, "stream_handle", lambda ref: 7)
+    monkeypatch.setattr(moe.MoeLauncher, "steps", lambda self, plan, args, ws: ran.append(args.status) or [])
     x, w, dy = D((64, 32), "float16"), D((4, 32, 32), "float16"), D((64, 32), "float16")
     offs = D((5,), "int64")
     calls = [lambda: sf.grouped_matmul(x, w, offsets=offs, strategy="simt"),
              lambda: sf.grouped_matmul_backward(x, w, dy, offsets=offs, strategy="simt"),
-             lambda: sf.moe.run_into("grouped_matmul", D((64, 32), "float16"), x, w, offsets=offs, strategy="simt")]
+             lambda: sf.grouped_matmul(x, w, offsets=offs, strategy="simt",
+                                       out=D((64, 32), "float16", ptr=0x7F0000100000))]
     for call in calls:
         words[0] = status.code("grouped_matmul", "offsets")
         with pytest.raises(sf.DeviceValueError) as ei:

@@ -574,7 +574,8 @@ def api_host_calls(device: int = 0) -> list:
     """Repeated calls of each functional API that has a fast path on (16, 4096) inputs (target: <= 15 µs per call):
     quantize / dequantize / fake_quantize (channel, axis 0) / dynamic_quantize (token), bf16 data
     and float32 scales, quantize and dynamic_quantize also into preallocated outputs (``out=``),
-    with CuPy arrays and (when importable) torch tensors, default settings. Items as ``host_calls()``."""
+    with CuPy arrays and (when importable) torch tensors, default settings; then the MoE calls
+    (:func:`moe_host_calls`). Items as ``host_calls()``."""
     import cupy as cp
     import ml_dtypes
 
@@ -615,6 +616,61 @@ def api_host_calls(device: int = 0) -> list:
             def default(call=call, d=d):
                 return call(d)
             out.append({"label": f"{name} {shape}, {fw}, default settings", "framework": fw, "call": default})
+    return out + moe_host_calls(device, torch)
+
+
+MOE_HOST_SHAPE = (256, 512, 512, 8)     # M, N, K, E
+
+
+def moe_host_calls(device: int = 0, torch=None) -> list:
+    """Repeated grouped_matmul / grouped_matmul_backward calls (M=256, N=K=512, E=8, bf16 for torch,
+    f16 for CuPy, unsorted row_experts: three routing launches + one product per pass), with and
+    without ``out=`` (``out=`` alone allocates the routing workspace; with ``workspace=`` too, nothing),
+    CuPy and (when available) torch.
+    Target: 10 µs plus 3 µs per launch beyond the first (``target_us``)."""
+    import cupy as cp
+    import numpy as np
+
+    import runtime as sf
+    M, N, K, E = MOE_HOST_SHAPE
+    rng = np.random.default_rng(0)
+    host = [rng.standard_normal(s).astype(np.float32) for s in ((M, K), (E, N, K), (M, N))]
+    ids = rng.integers(0, E, M).astype(np.int32)
+    ws_size = sf.moe.grouped_matmul_workspace_size(M, E, "row_experts")
+    data = {}
+    with cp.cuda.Device(device):
+        x, w, dy = (cp.asarray(h.astype(np.float16)) for h in host)
+        data["cupy"] = dict(x=x, w=w, dy=dy, ids=cp.asarray(ids), y=cp.empty((M, N), cp.float16),
+                            dx=cp.empty((M, K), cp.float16), dw=cp.empty((E, N, K), cp.float32),
+                            ws=cp.empty(ws_size, cp.uint8))
+    if torch is not None and torch.cuda.is_available():
+        dev = f"cuda:{device}"
+        x, w, dy = (torch.tensor(h, device=dev).to(torch.bfloat16) for h in host)
+        data["torch"] = dict(x=x, w=w, dy=dy, ids=torch.tensor(ids, device=dev),
+                             y=torch.empty((M, N), device=dev, dtype=torch.bfloat16),
+                             dx=torch.empty((M, K), device=dev, dtype=torch.bfloat16),
+                             dw=torch.empty((E, N, K), device=dev, dtype=torch.float32),
+                             ws=torch.empty(ws_size, device=dev, dtype=torch.uint8))
+    calls = (("grouped_matmul", 4, lambda d: sf.grouped_matmul(d["x"], d["w"], row_experts=d["ids"])),
+             ("grouped_matmul_backward", 5,
+              lambda d: sf.grouped_matmul_backward(d["x"], d["w"], d["dy"], row_experts=d["ids"])),
+             ("grouped_matmul, out=", 4,
+              lambda d: sf.grouped_matmul(d["x"], d["w"], row_experts=d["ids"], out=d["y"])),
+             ("grouped_matmul_backward, out=", 5,
+              lambda d: sf.grouped_matmul_backward(d["x"], d["w"], d["dy"], row_experts=d["ids"],
+                                                   out=(d["dx"], d["dw"]))),
+             ("grouped_matmul, out= workspace=", 4,
+              lambda d: sf.grouped_matmul(d["x"], d["w"], row_experts=d["ids"], out=d["y"], workspace=d["ws"])),
+             ("grouped_matmul_backward, out= workspace=", 5,
+              lambda d: sf.grouped_matmul_backward(d["x"], d["w"], d["dy"], row_experts=d["ids"],
+                                                   out=(d["dx"], d["dw"]), workspace=d["ws"])))
+    out = []
+    for fw, d in data.items():
+        for name, launches, call in calls:
+            def default(call=call, d=d):
+                return call(d)
+            out.append({"label": f"{name} row_experts (M={M}, N={N}, K={K}, E={E}), {fw}, default settings",
+                        "framework": fw, "call": default, "launches": launches})
     return out
 
 
