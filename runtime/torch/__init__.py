@@ -1,14 +1,20 @@
-"""``runtime.torch``: the PyTorch front of the training ops (imported only when asked for).
+"""``runtime.torch``: every skuforge op as a PyTorch custom op (imported only when asked for).
 
     import runtime.torch as sft
-    y = sft.fake_quantize(x, scale, zero_point, scope="channel", axis=0, qmin=-128, qmax=127)
+    q, s, _ = sft.dynamic_quantize(x, scope="token")                     # torch.ops.skuforge.dynamic_quantize
+    y = sft.grouped_matmul(x, w, offsets=offsets)                         # differentiable in x and w
     y = sft.fake_quantize_learnable(w, scale_param, zp_param, scope="channel", axis=0)   # LSQ
-    x = sft.dequantize(q, scale_param, scope="token", out_dtype="bfloat16")
+    torch.ops.skuforge.quantize.out(x, scale, None, "token", out=q_buf)  # the .out overloads
 
-Each is a ``torch.library.custom_op`` (namespace ``skuforge``) with a fake (meta) implementation
-and a registered autograd formula whose backward is another custom op, so the ops work in eager
-mode, under ``torch.autograd`` and under ``torch.compile(fullgraph=True)`` without graph breaks.
-See docs/training.md.
+Importing it registers ``torch.ops.skuforge.<op>`` for every functional op (``quantize``,
+``dequantize``, ``dynamic_quantize``, ``quantize_backward``, ``dequantize_backward``,
+``fake_quantize(_backward)``, ``fake_quantize_learnable(_backward)``, ``grouped_matmul(_backward)``),
+each a ``torch.library`` custom op with a fake implementation (exact shapes, dtypes, strides and the
+functional API's typed errors), ``.out`` overloads where the functional API takes ``out=``, and
+autograd where a user differentiates (fake-quant, quantize / dequantize straight-through, grouped
+matmul). They run in eager mode, under ``torch.compile(fullgraph=True)`` (dynamic shapes too) and
+in CUDA graphs (``mode="reduce-overhead"``). The functions here are thin wrappers over the ops with
+the functional API's signatures. See docs/torch.md.
 """
 try:
     import torch as _torch  # noqa: F401
@@ -16,8 +22,12 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("runtime.torch needs PyTorch (pip install torch); the functional API "
                       "(runtime.fake_quantize, ...) works without it") from e
 
-from .ops import (FakeQuantize, LearnableFakeQuantize, dequantize, fake_quantize,  # noqa: E402
-                  fake_quantize_learnable, lsq_grad_factor)
+from .ops import (OPS, OUT_OPS, FakeQuantize, LearnableFakeQuantize, dequantize,  # noqa: E402
+                  dequantize_backward, dynamic_quantize, fake_quantize, fake_quantize_backward,
+                  fake_quantize_learnable, fake_quantize_learnable_backward, grouped_matmul,
+                  grouped_matmul_backward, lsq_grad_factor, quantize, quantize_backward)
 
-__all__ = ["fake_quantize", "fake_quantize_learnable", "dequantize", "FakeQuantize", "LearnableFakeQuantize",
-           "lsq_grad_factor"]
+__all__ = ["quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequantize_backward",
+           "fake_quantize", "fake_quantize_backward", "fake_quantize_learnable", "fake_quantize_learnable_backward",
+           "grouped_matmul", "grouped_matmul_backward", "FakeQuantize", "LearnableFakeQuantize", "lsq_grad_factor",
+           "OPS", "OUT_OPS"]

@@ -1,12 +1,22 @@
 """Custom ops (``torch.ops.skuforge.*``), their fake implementations and autograd formulas.
 
-Forward and backward are skuforge kernels launched on PyTorch's current stream:
+Every functional op is a ``torch.library`` custom op; each launches the skuforge kernels of the
+functional API (runtime/__init__.py) on PyTorch's current stream, allocates its outputs with
+torch (the caching allocator: CUDA-graph safe) and never synchronizes the host. Fake
+implementations (runtime/torch/meta.py) give exact shapes, dtypes and strides and raise the
+functional API's typed errors for invalid arguments. See docs/torch.md for the table.
 
-| op | forward | gradients |
-|---|---|---|
-| ``fake_quantize`` | ``runtime.fake_quantize`` | x: ``runtime.fake_quantize_backward`` (mask recomputed from x) |
-| ``fake_quantize_learnable`` | ``runtime.fake_quantize`` with the zero point rounded | x, scale, zero point: ``runtime.fake_quantize_learnable_backward`` (LSQ, deterministic sums) |
-| ``dequantize`` | ``runtime.dequantize`` | scale: ``sum(dy * (q - zp))`` per scale element (PyTorch ops); q is an integer tensor and gets none |
+| op | autograd |
+|---|---|
+| ``quantize`` | x: straight-through with clip mask (int8 outputs cannot carry a gradient in PyTorch; fp8 outputs can) |
+| ``dequantize`` | scale: ``sum(dy * (q - zp))`` per scale element; q: fp8 only (``dequantize_backward``) |
+| ``fake_quantize`` | x: ``fake_quantize_backward`` (mask recomputed from x) |
+| ``fake_quantize_learnable`` | x, scale, zero point: ``fake_quantize_learnable_backward`` (LSQ) |
+| ``grouped_matmul`` | x, w: ``grouped_matmul_backward`` (dw float32, cast to w's dtype) |
+
+``.out`` overloads (``torch.ops.skuforge.quantize.out(..., out=t)``) exist where the functional API
+takes ``out=``; they return nothing and declare ``out`` mutated (``Tensor(a!)``), which is what
+``torch.compile`` functionalizes.
 
 (No ``from __future__ import annotations`` here: ``custom_op`` reads the annotations.)
 """
@@ -17,10 +27,18 @@ import torch
 from torch import Tensor
 
 import runtime as sf
+from runtime import kinds, lowbit
 from runtime.arrays import kind_of, torch_dtype
+from runtime.errors import InvalidProblemError, UnsupportedError
 from runtime.scopes import implied_zero_point
 
+from . import meta
+from .meta import E8M0_DTYPE
+
 DEFAULT_QMIN, DEFAULT_QMAX = -128, 127
+NAMESPACE = "skuforge"
+_LIB = torch.library.Library(NAMESPACE, "FRAGMENT")     # the .out overloads
+_PT2 = (torch.Tag.pt2_compliant_tag,)
 
 
 def _math_dtype(x: Tensor) -> torch.dtype:
@@ -41,33 +59,364 @@ def _round_zero_point(zero_point: Optional[Tensor], qmin: int, qmax: int) -> Opt
     return z.clamp(qmin, qmax).to(torch.int32).contiguous()
 
 
-def _dense_like(x: Tensor, dtype=None) -> Tensor:
-    return torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
+def _new(spec, device) -> Tensor:
+    shape, dtype = spec
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _none_or_empty(t: Optional[Tensor], dtype, device) -> Tensor:
+    """Schemas return Tensors, not Optional ones: an absent result is an empty (0,) tensor."""
+    return torch.empty((0,), dtype=dtype, device=device) if t is None else t
+
+
+def _define_out(name: str, outs: str, impl, fake) -> None:
+    """``skuforge::<name>.out``: the functional schema of ``name`` plus kwarg-only mutated outputs
+    ``outs`` (e.g. ``"Tensor(a!) out"``), returning nothing."""
+    schema = str(getattr(torch.ops.skuforge, name).default._schema)
+    args = schema[schema.index("("):schema.rindex(") ->")]
+    sep = ", *, " if "*" not in args else ", "
+    _LIB.define(f"{name}.out{args}{sep}{outs}) -> ()", tags=_PT2)
+    _LIB.impl(f"{name}.out", impl, "CUDA")
+    torch.library.register_fake(f"{NAMESPACE}::{name}.out", fake, lib=_LIB)
+
+
+# -- quantize -----------------------------------------------------------------------------------
+@torch.library.custom_op("skuforge::quantize", mutates_args=(), device_types="cuda")
+def _quantize(x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str, axis: Optional[int] = None,
+              group_size: Optional[int] = None, out_dtype: str = "int8", qmin: Optional[int] = None,
+              qmax: Optional[int] = None, scale_dtype: Optional[str] = None) -> Tensor:
+    return sf.quantize(x, scale, zero_point, scope=scope, axis=axis, group_size=group_size, out_dtype=out_dtype,
+                       qmin=qmin, qmax=qmax, scale_dtype=scale_dtype)
+
+
+@_quantize.register_fake
+def _(x, scale, zero_point, scope, axis=None, group_size=None, out_dtype="int8", qmin=None, qmax=None,
+      scale_dtype=None):
+    return _new(meta.quantize_spec(x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax,
+                                   scale_dtype), x.device)
+
+
+def _quantize_out(x, scale, zero_point, scope, axis=None, group_size=None, out_dtype="int8", qmin=None, qmax=None,
+                  scale_dtype=None, *, out):
+    sf.quantize(x, scale, zero_point, scope=scope, axis=axis, group_size=group_size, out_dtype=out_dtype,
+                qmin=qmin, qmax=qmax, scale_dtype=scale_dtype, out=out)
+
+
+def _quantize_out_fake(x, scale, zero_point, scope, axis=None, group_size=None, out_dtype="int8", qmin=None,
+                       qmax=None, scale_dtype=None, *, out):
+    spec = meta.quantize_spec(x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype)
+    meta.same_device(x, out)
+    meta.check_out(out, spec, "out")
+
+
+_define_out("quantize", "Tensor(a!) out", _quantize_out, _quantize_out_fake)
+
+
+def _scale_values(scale: Tensor, m: torch.dtype) -> Tensor:
+    """Scale values in the math dtype: float scales as they are, e8m0 codes as 2^(code - 127)."""
+    if scale.dtype in (torch.uint8, E8M0_DTYPE):
+        return torch.exp2(scale.view(torch.uint8).to(m) - 127)
+    return scale.to(m)
+
+
+def _expand(p: Tensor, shape, scope: str, axis: Optional[int], group_size: Optional[int]) -> Tensor:
+    """A per-scope parameter broadcast to ``shape`` (x's logical shape)."""
+    shape = tuple(shape)
+    nd = len(shape)
+    if scope == "tensor":
+        return p.reshape(()).expand(shape)
+    if scope == "channel":
+        a = axis % nd
+        return p.reshape([1] * a + [shape[a]] + [1] * (nd - a - 1)).expand(shape)
+    if scope == "token":
+        return p.reshape(shape[:-1] + (1,)).expand(shape)
+    g = shape[-1] // group_size
+    return p.reshape(shape[:-1] + (g, 1)).expand(shape[:-1] + (g, group_size)).reshape(shape)
+
+
+def _q_setup(ctx, inputs, output):
+    x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype = inputs
+    ctx.save_for_backward(x, scale, zero_point)
+    ctx.cfg = (scope, axis, group_size, out_dtype, qmin, qmax)
+
+
+def _q_backward(ctx, grad):
+    """Straight-through with the clip mask: int8 outputs through ``quantize_backward`` (reached only
+    by callers that hand a gradient to the op directly, as PyTorch carries none on integer tensors);
+    fp8 outputs: ``dy`` where ``|x / scale| <= fp8_max`` (not saturated), else 0; int4: none."""
+    x, scale, zero_point = ctx.saved_tensors
+    scope, axis, group_size, out_dtype, qmin, qmax = ctx.cfg
+    qk = kind_of(out_dtype, "out_dtype")
+    dx = None
+    if qk in kinds.INT8:
+        dx = _quantize_backward(grad.to(x.dtype).contiguous(), x, scale, zero_point, scope, axis, group_size,
+                                out_dtype, qmin, qmax)
+    elif qk in kinds.FP8:
+        m = _math_dtype(x)
+        inv = 1.0 / _expand(_scale_values(scale, m), x.shape, scope, axis, group_size)
+        keep = (x.to(m) * inv).abs() <= kinds.kind(qk).max
+        dx = torch.where(keep, grad.to(x.dtype), torch.zeros((), dtype=x.dtype, device=x.device))
+    return dx, None, None, None, None, None, None, None, None, None
+
+
+_quantize.register_autograd(_q_backward, setup_context=_q_setup)
+
+
+# -- dequantize ---------------------------------------------------------------------------------
+@torch.library.custom_op("skuforge::dequantize", mutates_args=(), device_types="cuda")
+def _dequantize(q: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str, axis: Optional[int] = None,
+                group_size: Optional[int] = None, out_dtype: str = "float32", in_dtype: Optional[str] = None,
+                scale_dtype: Optional[str] = None) -> Tensor:
+    return sf.dequantize(q, scale, zero_point, scope=scope, axis=axis, group_size=group_size, out_dtype=out_dtype,
+                         in_dtype=in_dtype, scale_dtype=scale_dtype)
+
+
+@_dequantize.register_fake
+def _(q, scale, zero_point, scope, axis=None, group_size=None, out_dtype="float32", in_dtype=None, scale_dtype=None):
+    return _new(meta.dequantize_spec(q, scale, zero_point, scope, axis, group_size, out_dtype, in_dtype,
+                                     scale_dtype), q.device)
+
+
+def _dequantize_out(q, scale, zero_point, scope, axis=None, group_size=None, out_dtype="float32", in_dtype=None,
+                    scale_dtype=None, *, out):
+    sf.dequantize(q, scale, zero_point, scope=scope, axis=axis, group_size=group_size, out_dtype=out_dtype,
+                  in_dtype=in_dtype, scale_dtype=scale_dtype, out=out)
+
+
+def _dequantize_out_fake(q, scale, zero_point, scope, axis=None, group_size=None, out_dtype="float32", in_dtype=None,
+                         scale_dtype=None, *, out):
+    spec = meta.dequantize_spec(q, scale, zero_point, scope, axis, group_size, out_dtype, in_dtype, scale_dtype)
+    meta.same_device(q, out)
+    meta.check_out(out, spec, "out")
+
+
+_define_out("dequantize", "Tensor(a!) out", _dequantize_out, _dequantize_out_fake)
+
+
+def _sum_per_scale(t: Tensor, scope: str, axis: Optional[int], group_size: Optional[int], out_shape) -> Tensor:
+    """Sums of ``t`` (x's logical shape) per scale element, in the scale's shape."""
+    shape = tuple(t.shape)
+    nd = len(shape)
+    if scope == "tensor":
+        s = t.sum()
+    elif scope == "channel":
+        a = axis % nd
+        s = t.sum(dim=[i for i in range(nd) if i != a])
+    elif scope == "token":
+        s = t.sum(dim=-1)
+    else:
+        s = t.reshape(shape[:-1] + (shape[-1] // group_size, group_size)).sum(dim=-1)
+    return s.reshape(out_shape)
+
+
+def _unpack_int4(q: Tensor, signed: bool) -> Tensor:
+    """A packed int4 container (uint8, element 2i in the low nibble) as int16 values (..., 2 * D/2)."""
+    b = q.to(torch.int16)
+    lo, hi = b & 15, (b >> 4) & 15
+    if signed:
+        lo, hi = lo - ((lo & 8) << 1), hi - ((hi & 8) << 1)
+    return torch.stack([lo, hi], dim=-1).reshape(tuple(q.shape[:-1]) + (2 * q.shape[-1],))
+
+
+def _q_kind(q: Tensor, in_dtype: Optional[str]) -> str:
+    return kind_of(in_dtype, "in_dtype") if in_dtype is not None else kind_of(q.dtype, "q")
+
+
+def _dq_setup(ctx, inputs, output):
+    q, scale, zero_point, scope, axis, group_size, out_dtype, in_dtype, scale_dtype = inputs
+    ctx.save_for_backward(q, scale, zero_point)
+    ctx.cfg = (scope, axis, group_size, in_dtype, scale_dtype)
+
+
+def _dq_backward(ctx, grad):
+    q, scale, zero_point = ctx.saved_tensors
+    scope, axis, group_size, in_dtype, scale_dtype = ctx.cfg
+    kind = _q_kind(q, in_dtype)
+    e8m0 = lowbit.is_e8m0(scale_dtype) or scale.dtype in (E8M0_DTYPE, torch.uint8)
+    dq = ds = None
+    if e8m0:          # e8m0 codes are integers: no gradient to them (nor through them to q)
+        return None, None, None, None, None, None, None, None, None
+    if ctx.needs_input_grad[1]:
+        m = scale.dtype
+        qv = _unpack_int4(q, kind == "s4") if kind in kinds.INT4 else q
+        qm = qv.to(m)
+        if zero_point is None:
+            zp = torch.zeros((), dtype=m, device=q.device) if kind in kinds.FP8 else \
+                torch.full((), float(implied_zero_point(kind)), dtype=m, device=q.device)
+        else:
+            zp = _expand(zero_point.to(m), qm.shape, scope, axis, group_size)
+        ds = _sum_per_scale(grad.to(m) * (qm - zp), scope, axis, group_size, scale.shape).to(scale.dtype)
+    if ctx.needs_input_grad[0] and kind in kinds.FP8 and q.is_floating_point():
+        dq = _dequantize_backward(grad.contiguous(), scale, scope, axis, group_size).to(q.dtype)
+    return dq, ds, None, None, None, None, None, None, None
+
+
+_dequantize.register_autograd(_dq_backward, setup_context=_dq_setup)
+
+
+# -- dynamic_quantize ---------------------------------------------------------------------------
+@torch.library.custom_op("skuforge::dynamic_quantize", mutates_args=(), device_types="cuda")
+def _dynamic_quantize(x: Tensor, scope: str, mode: str = "symmetric", axis: Optional[int] = None,
+                      group_size: Optional[int] = None, out_dtype: str = "int8", qmin: Optional[int] = None,
+                      qmax: Optional[int] = None, eps: float = 1e-8,
+                      scale_dtype: str = "float32") -> Tuple[Tensor, Tensor, Tensor]:
+    """``(q, scale, zero_point)``; zero_point is an empty int32 tensor in symmetric mode, e8m0 scales
+    a ``torch.float8_e8m0fnu`` tensor (uint8 where torch has no such dtype)."""
+    q, s, z = sf.dynamic_quantize(x, scope=scope, mode=mode, axis=axis, group_size=group_size, out_dtype=out_dtype,
+                                  qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
+    if lowbit.is_e8m0(scale_dtype) and s.dtype != E8M0_DTYPE:
+        s = s.view(E8M0_DTYPE)
+    return q, s, _none_or_empty(z, torch.int32, x.device)
+
+
+@_dynamic_quantize.register_fake
+def _(x, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8", qmin=None, qmax=None, eps=1e-8,
+      scale_dtype="float32"):
+    qs, ss, zs = meta.dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype)
+    return _new(qs, x.device), _new(ss, x.device), _new(zs or ((0,), torch.int32), x.device)
+
+
+def _dynamic_quantize_out(x, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8", qmin=None,
+                          qmax=None, eps=1e-8, scale_dtype="float32", *, q, scale, zero_point=None):
+    outs = (q, scale) if zero_point is None else (q, scale, zero_point)
+    sf.dynamic_quantize(x, scope=scope, mode=mode, axis=axis, group_size=group_size, out_dtype=out_dtype, qmin=qmin,
+                        qmax=qmax, eps=eps, scale_dtype=scale_dtype, out=outs)
+
+
+def _dynamic_quantize_out_fake(x, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8", qmin=None,
+                               qmax=None, eps=1e-8, scale_dtype="float32", *, q, scale, zero_point=None):
+    if kind_of(out_dtype, "out_dtype") in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
+        raise UnsupportedError(f"out= with out_dtype={out_dtype!r} / scale_dtype={scale_dtype!r}: dynamic_quantize "
+                               f"writes into given arrays for {', '.join(kinds.INT8)} outputs with float scales only")
+    if mode == "asymmetric" and zero_point is None:
+        raise InvalidProblemError("out: asymmetric mode returns a zero point; pass out=(q, scale, zero_point)")
+    if mode != "asymmetric" and zero_point is not None:
+        raise InvalidProblemError(f"out: mode={mode!r} has no zero-point output; pass out=(q, scale)")
+    qs, ss, zs = meta.dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype)
+    meta.same_device(x, q, scale, zero_point)
+    meta.check_out(q, qs, "out[0] (q)")
+    meta.check_out(scale, ss, "out[1] (scale)", rows=False)
+    if zero_point is not None:
+        meta.check_out(zero_point, zs, "out[2] (zero_point)", rows=False)
+
+
+_define_out("dynamic_quantize", "Tensor(a!) q, Tensor(b!) scale, Tensor(c!)? zero_point=None",
+            _dynamic_quantize_out, _dynamic_quantize_out_fake)
+
+
+# -- straight-through backward ops -----------------------------------------------------------------
+@torch.library.custom_op("skuforge::quantize_backward", mutates_args=(), device_types="cuda")
+def _quantize_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
+                       axis: Optional[int] = None, group_size: Optional[int] = None, out_dtype: str = "int8",
+                       qmin: Optional[int] = None, qmax: Optional[int] = None) -> Tensor:
+    return sf.quantize_backward(dy, x, scale, zero_point, scope=scope, axis=axis, group_size=group_size,
+                                out_dtype=out_dtype, qmin=qmin, qmax=qmax)
+
+
+@_quantize_backward.register_fake
+def _(dy, x, scale, zero_point, scope, axis=None, group_size=None, out_dtype="int8", qmin=None, qmax=None):
+    return _new(meta.quantize_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax),
+                x.device)
+
+
+def _quantize_backward_out(dy, x, scale, zero_point, scope, axis=None, group_size=None, out_dtype="int8", qmin=None,
+                           qmax=None, *, out):
+    sf.quantize_backward(dy, x, scale, zero_point, scope=scope, axis=axis, group_size=group_size, out_dtype=out_dtype,
+                         qmin=qmin, qmax=qmax, out=out)
+
+
+def _quantize_backward_out_fake(dy, x, scale, zero_point, scope, axis=None, group_size=None, out_dtype="int8",
+                                qmin=None, qmax=None, *, out):
+    spec = meta.quantize_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax)
+    meta.same_device(x, out)
+    meta.check_out(out, spec, "out")
+
+
+_define_out("quantize_backward", "Tensor(a!) out", _quantize_backward_out, _quantize_backward_out_fake)
+
+
+@torch.library.custom_op("skuforge::dequantize_backward", mutates_args=(), device_types="cuda")
+def _dequantize_backward(dy: Tensor, scale: Tensor, scope: str, axis: Optional[int] = None,
+                         group_size: Optional[int] = None) -> Tensor:
+    return sf.dequantize_backward(dy, scale, scope=scope, axis=axis, group_size=group_size)
+
+
+@_dequantize_backward.register_fake
+def _(dy, scale, scope, axis=None, group_size=None):
+    return _new(meta.dequantize_backward_spec(dy, scale, scope, axis, group_size), dy.device)
+
+
+def _dequantize_backward_out(dy, scale, scope, axis=None, group_size=None, *, out):
+    sf.dequantize_backward(dy, scale, scope=scope, axis=axis, group_size=group_size, out=out)
+
+
+def _dequantize_backward_out_fake(dy, scale, scope, axis=None, group_size=None, *, out):
+    spec = meta.dequantize_backward_spec(dy, scale, scope, axis, group_size)
+    meta.same_device(dy, out)
+    meta.check_out(out, spec, "out")
+
+
+_define_out("dequantize_backward", "Tensor(a!) out", _dequantize_backward_out, _dequantize_backward_out_fake)
 
 
 # -- fake_quantize (static scale / zero point) ---------------------------------------------------
 @torch.library.custom_op("skuforge::fake_quantize", mutates_args=(), device_types="cuda")
-def _fake_quantize(x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str, axis: Optional[int],
-                   group_size: Optional[int], qmin: int, qmax: int) -> Tensor:
+def _fake_quantize(x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str, axis: Optional[int] = None,
+                   group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX) -> Tensor:
     return sf.fake_quantize(x, scale, zero_point, scope=scope, axis=axis, group_size=group_size, qmin=qmin,
                             qmax=qmax)
 
 
 @_fake_quantize.register_fake
-def _(x, scale, zero_point, scope, axis, group_size, qmin, qmax):
-    return _dense_like(x)
+def _(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX):
+    return _new(meta.fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax), x.device)
+
+
+def _fake_quantize_out(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
+                       qmax=DEFAULT_QMAX, *, out):
+    sf.fake_quantize(x, scale, zero_point, scope=scope, axis=axis, group_size=group_size, qmin=qmin, qmax=qmax,
+                     out=out)
+
+
+def _fake_quantize_out_fake(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
+                            qmax=DEFAULT_QMAX, *, out):
+    spec = meta.fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax)
+    meta.same_device(x, out)
+    meta.check_out(out, spec, "out")
+
+
+_define_out("fake_quantize", "Tensor(a!) out", _fake_quantize_out, _fake_quantize_out_fake)
 
 
 @torch.library.custom_op("skuforge::fake_quantize_backward", mutates_args=(), device_types="cuda")
 def _fake_quantize_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
-                            axis: Optional[int], group_size: Optional[int], qmin: int, qmax: int) -> Tensor:
+                            axis: Optional[int] = None, group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN,
+                            qmax: int = DEFAULT_QMAX) -> Tensor:
     return sf.fake_quantize_backward(dy, x, scale, zero_point, scope=scope, axis=axis, group_size=group_size,
                                      qmin=qmin, qmax=qmax)
 
 
 @_fake_quantize_backward.register_fake
-def _(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax):
-    return _dense_like(x)
+def _(dy, x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX):
+    return _new(meta.fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, dy=dy,
+                                        op="fake_quantize_backward"), x.device)
+
+
+def _fake_quantize_backward_out(dy, x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
+                                qmax=DEFAULT_QMAX, *, out):
+    sf.fake_quantize_backward(dy, x, scale, zero_point, scope=scope, axis=axis, group_size=group_size, qmin=qmin,
+                              qmax=qmax, out=out)
+
+
+def _fake_quantize_backward_out_fake(dy, x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
+                                     qmax=DEFAULT_QMAX, *, out):
+    spec = meta.fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, dy=dy,
+                                   op="fake_quantize_backward")
+    meta.same_device(x, out)
+    meta.check_out(out, spec, "out")
+
+
+_define_out("fake_quantize_backward", "Tensor(a!) out", _fake_quantize_backward_out, _fake_quantize_backward_out_fake)
 
 
 def _fq_setup(ctx, inputs, output):
@@ -88,35 +437,36 @@ _fake_quantize.register_autograd(_fq_backward, setup_context=_fq_setup)
 # -- fake_quantize_learnable (LSQ) ----------------------------------------------------------------
 @torch.library.custom_op("skuforge::fake_quantize_learnable", mutates_args=(), device_types="cuda")
 def _fake_quantize_learnable(x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
-                             axis: Optional[int], group_size: Optional[int], qmin: int, qmax: int,
-                             grad_factor: float) -> Tensor:
+                             axis: Optional[int] = None, group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN,
+                             qmax: int = DEFAULT_QMAX, grad_factor: float = 1.0) -> Tensor:
     return sf.fake_quantize(x, _scale_for(x, scale), _round_zero_point(zero_point, qmin, qmax), scope=scope,
                             axis=axis, group_size=group_size, qmin=qmin, qmax=qmax)
 
 
 @_fake_quantize_learnable.register_fake
-def _(x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor):
-    return _dense_like(x)
+def _(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX, grad_factor=1.0):
+    return _new(meta.fake_quantize_learnable_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax,
+                                                  grad_factor), x.device)
 
 
 @torch.library.custom_op("skuforge::fake_quantize_learnable_backward", mutates_args=(), device_types="cuda")
 def _fake_quantize_learnable_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor],
-                                      scope: str, axis: Optional[int], group_size: Optional[int], qmin: int,
-                                      qmax: int, grad_factor: float) -> Tuple[Tensor, Tensor, Tensor]:
+                                      scope: str, axis: Optional[int] = None, group_size: Optional[int] = None,
+                                      qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX,
+                                      grad_factor: float = 1.0) -> Tuple[Tensor, Tensor, Tensor]:
     """(dx, dscale in the scale's math dtype, dzero_point float32; an empty tensor when symmetric)."""
     dx, ds, dz = sf.fake_quantize_learnable_backward(dy, x, scale, zero_point, scope=scope, axis=axis,
                                                      group_size=group_size, qmin=qmin, qmax=qmax,
                                                      grad_factor=grad_factor)
-    if dz is None:
-        dz = torch.empty((0,), dtype=torch.float32, device=x.device)
-    return dx, ds, dz
+    return dx, ds, _none_or_empty(dz, torch.float32, x.device)
 
 
 @_fake_quantize_learnable_backward.register_fake
-def _(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor):
-    dz_shape = (0,) if zero_point is None else zero_point.shape
-    return (_dense_like(x), torch.empty(scale.shape, dtype=scale.dtype, device=x.device),
-            torch.empty(dz_shape, dtype=torch.float32, device=x.device))
+def _(dy, x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX,
+      grad_factor=1.0):
+    specs = meta.fake_quantize_learnable_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax,
+                                                       grad_factor)
+    return tuple(_new(s, x.device) for s in specs)
 
 
 def _lfq_setup(ctx, inputs, output):
@@ -140,81 +490,189 @@ def _lfq_backward(ctx, grad):
 _fake_quantize_learnable.register_autograd(_lfq_backward, setup_context=_lfq_setup)
 
 
-# -- dequantize ---------------------------------------------------------------------------------
-@torch.library.custom_op("skuforge::dequantize", mutates_args=(), device_types="cuda")
-def _dequantize(q: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str, axis: Optional[int],
-                group_size: Optional[int], out_dtype: str) -> Tensor:
-    return sf.dequantize(q, scale, zero_point, scope=scope, axis=axis, group_size=group_size, out_dtype=out_dtype)
+# -- MoE grouped matmul -----------------------------------------------------------------------------
+@torch.library.custom_op("skuforge::grouped_matmul", mutates_args=(), device_types="cuda")
+def _grouped_matmul(x: Tensor, w: Tensor, row_experts: Optional[Tensor] = None, offsets: Optional[Tensor] = None,
+                    strategy: str = "auto", trusted_offsets: bool = False) -> Tensor:
+    return sf.grouped_matmul(x, w, row_experts=row_experts, offsets=offsets, strategy=strategy,
+                             trusted_offsets=trusted_offsets)
 
 
-@_dequantize.register_fake
-def _(q, scale, zero_point, scope, axis, group_size, out_dtype):
-    return torch.empty(q.shape, dtype=getattr(torch, out_dtype), device=q.device)
+@_grouped_matmul.register_fake
+def _(x, w, row_experts=None, offsets=None, strategy="auto", trusted_offsets=False):
+    return _new(meta.grouped_matmul_spec(x, w, row_experts, offsets, strategy), x.device)
 
 
-def _per_element(p: Tensor, shape, scope: str, axis: Optional[int], group_size: Optional[int]) -> Tensor:
-    """A per-scope parameter broadcastable against x (group scope: against x viewed as (..., G, gs))."""
-    nd = len(shape)
-    if scope == "tensor":
-        return p.reshape(())
-    if scope == "channel":
-        a = axis % nd
-        return p.reshape([1] * a + [shape[a]] + [1] * (nd - a - 1))
-    if scope == "token":
-        return p.reshape(tuple(shape[:-1]) + (1,))
-    return p.reshape(tuple(shape[:-1]) + (shape[-1] // group_size, 1))
+@torch.library.custom_op("skuforge::grouped_matmul_backward", mutates_args=(), device_types="cuda")
+def _grouped_matmul_backward(x: Tensor, w: Tensor, dy: Tensor, row_experts: Optional[Tensor] = None,
+                             offsets: Optional[Tensor] = None, strategy: str = "auto", need_input: bool = True,
+                             need_weight: bool = True, dw_dtype: str = "float32",
+                             trusted_offsets: bool = False) -> Tuple[Tensor, Tensor]:
+    """``(dx, dw)``; a gradient not asked for is an empty (0,) tensor."""
+    dx, dw = sf.grouped_matmul_backward(x, w, dy, row_experts=row_experts, offsets=offsets, strategy=strategy,
+                                        need_input=need_input, need_weight=need_weight, dw_dtype=dw_dtype,
+                                        trusted_offsets=trusted_offsets)
+    return (_none_or_empty(dx, x.dtype, x.device),
+            _none_or_empty(dw, torch_dtype(kind_of(dw_dtype, "dw_dtype")), x.device))
 
 
-def _sum_per_scale(t: Tensor, scope: str, axis: Optional[int], group_size: Optional[int], out_shape) -> Tensor:
-    nd = t.dim() - (1 if scope == "group" else 0)
-    if scope == "tensor":
-        s = t.sum()
-    elif scope == "channel":
-        a = axis % nd
-        s = t.sum(dim=[i for i in range(nd) if i != a])
-    else:
-        s = t.sum(dim=-1)
-    return s.reshape(out_shape)
+@_grouped_matmul_backward.register_fake
+def _(x, w, dy, row_experts=None, offsets=None, strategy="auto", need_input=True, need_weight=True,
+      dw_dtype="float32", trusted_offsets=False):
+    dx, dw = meta.grouped_matmul_backward_spec(x, w, dy, row_experts, offsets, strategy, need_input, need_weight,
+                                               dw_dtype)
+    return _new(dx, x.device), _new(dw, x.device)
 
 
-def _dq_setup(ctx, inputs, output):
-    q, scale, zero_point, scope, axis, group_size, out_dtype = inputs
-    ctx.save_for_backward(q, scale, zero_point)
-    ctx.cfg = (scope, axis, group_size)
+def _gmm_setup(ctx, inputs, output):
+    x, w, row_experts, offsets, strategy, trusted_offsets = inputs
+    ctx.save_for_backward(x, w, row_experts, offsets)
+    ctx.cfg = (strategy, trusted_offsets)
 
 
-def _dq_backward(ctx, grad):
-    q, scale, zero_point = ctx.saved_tensors
-    scope, axis, group_size = ctx.cfg
-    m = torch.float64 if scale.dtype == torch.float64 else torch.float32
-    shape = tuple(q.shape)
-    qm = q.to(m)
-    gm = grad.to(m)
-    if scope == "group":
-        qm = qm.reshape(shape[:-1] + (shape[-1] // group_size, group_size))
-        gm = gm.reshape(qm.shape)
-    if zero_point is None:
-        zp = torch.tensor(float(implied_zero_point(kind_of(q.dtype))), dtype=m, device=q.device)
-    else:
-        zp = _per_element(zero_point.to(m), shape, scope, axis, group_size)
-    ds = _sum_per_scale(gm * (qm - zp), scope, axis, group_size, scale.shape)
-    return None, ds.to(scale.dtype), None, None, None, None, None
+def _gmm_backward(ctx, grad):
+    """dx = dy @ w[e(m)] in x's dtype; dw accumulated and returned in float32 by the kernel, then
+    cast to w's dtype (the parameter's gradient dtype)."""
+    x, w, row_experts, offsets = ctx.saved_tensors
+    strategy, trusted = ctx.cfg
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not (need_x or need_w):
+        return None, None, None, None, None, None
+    dx, dw = _grouped_matmul_backward(x, w, grad.contiguous(), row_experts, offsets, strategy, need_x, need_w,
+                                      "float32", trusted)
+    return (dx if need_x else None), (dw.to(w.dtype) if need_w else None), None, None, None, None
 
 
-_dequantize.register_autograd(_dq_backward, setup_context=_dq_setup)
+_grouped_matmul.register_autograd(_gmm_backward, setup_context=_gmm_setup)
 
 
 # -- the public functions -----------------------------------------------------------------------
-def _scale_tensor(scale, x: Tensor) -> Tensor:
+def _dtype_name(d) -> Optional[str]:
+    """A dtype argument as the string the schemas carry (torch dtypes accepted)."""
+    if d is None or isinstance(d, str):
+        return d
+    return str(d).replace("torch.", "")
+
+
+def _scale_tensor(scale, like: Tensor, dtype: torch.dtype) -> Tensor:
+    """A Python scale (tensor scope) as a 0-d tensor on like's device (a fill kernel, no host copy)."""
     if isinstance(scale, Tensor):
         return scale
-    return torch.tensor(float(scale), dtype=_math_dtype(x), device=x.device)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise InvalidProblemError(f"scale has type {type(scale).__name__}; a tensor or (scope='tensor') a number "
+                                  "is needed")
+    s = float(scale)
+    if not (math.isfinite(s) and s > 0):
+        raise InvalidProblemError(f"scale={scale!r}; scales must be positive and finite")
+    return torch.full((), s, dtype=dtype, device=like.device)
 
 
-def fake_quantize(x: Tensor, scale, zero_point: Optional[Tensor] = None, *, scope: str, axis: Optional[int] = None,
-                  group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX) -> Tensor:
+def _zp_tensor(zero_point, like: Tensor) -> Optional[Tensor]:
+    if zero_point is None or isinstance(zero_point, Tensor):
+        return zero_point
+    if not isinstance(zero_point, int) or isinstance(zero_point, bool):
+        raise InvalidProblemError(f"zero_point has type {type(zero_point).__name__}; an int32 tensor or "
+                                  "(scope='tensor') an integer is needed")
+    return torch.full((), zero_point, dtype=torch.int32, device=like.device)
+
+
+def _float_scale_dtype(kind_name: str) -> torch.dtype:
+    return torch.float64 if kind_of(kind_name, "dtype") == "f64" else torch.float32
+
+
+def quantize(x: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[int] = None,
+             group_size: Optional[int] = None, out_dtype="int8", qmin: Optional[int] = None,
+             qmax: Optional[int] = None, scale_dtype=None, out: Optional[Tensor] = None) -> Tensor:
+    """``torch.ops.skuforge.quantize`` (``.out`` with ``out=``): runtime.quantize on torch tensors;
+    fp8 outputs are torch fp8 tensors, int4 packed uint8 (..., D/2). Differentiable for fp8 outputs
+    (straight-through with the saturation mask); integer outputs carry no gradient in PyTorch."""
+    s = _scale_tensor(scale, x, _math_dtype(x))
+    z = _zp_tensor(zero_point, x)
+    args = (x, s, z, scope, axis, group_size, _dtype_name(out_dtype), qmin, qmax, _dtype_name(scale_dtype))
+    if out is None:
+        return _quantize(*args)
+    torch.ops.skuforge.quantize.out(*args, out=out)
+    return out
+
+
+def dequantize(q: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[int] = None,
+               group_size: Optional[int] = None, out_dtype="float32", in_dtype=None, scale_dtype=None,
+               out: Optional[Tensor] = None) -> Tensor:
+    """``(q - zp) * scale``; differentiable with respect to a float ``scale`` (e.g. tuning the scales of
+    a quantized model) and, for fp8 q, to q (``dequantize_backward``); integer q gets none."""
+    name = _dtype_name(out_dtype)
+    name = str(torch_dtype(kind_of(name, "out_dtype"))).replace("torch.", "")
+    s = _scale_tensor(scale, q, _float_scale_dtype(name))
+    args = (q, s, _zp_tensor(zero_point, q), scope, axis, group_size, name, _dtype_name(in_dtype),
+            _dtype_name(scale_dtype))
+    if out is None:
+        return _dequantize(*args)
+    torch.ops.skuforge.dequantize.out(*args, out=out)
+    return out
+
+
+def dynamic_quantize(x: Tensor, *, scope: str, mode: str = "symmetric", axis: Optional[int] = None,
+                     group_size: Optional[int] = None, out_dtype="int8", qmin: Optional[int] = None,
+                     qmax: Optional[int] = None, eps: float = 1e-8, scale_dtype="float32", out=None):
+    """``(q, scale, zero_point)`` as runtime.dynamic_quantize (zero_point None when symmetric; e8m0
+    scales as ``torch.float8_e8m0fnu``). ``out=(q, scale[, zero_point])``: s8/u8 with float scales."""
+    args = (x, scope, mode, axis, group_size, _dtype_name(out_dtype), qmin, qmax, float(eps),
+            _dtype_name(scale_dtype))
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
+            raise InvalidProblemError(f"out={type(out).__name__}: expected a tuple (q, scale) or (q, scale, "
+                                      "zero_point)")
+        zp = out[2] if len(out) == 3 else None
+        torch.ops.skuforge.dynamic_quantize.out(*args, q=out[0], scale=out[1], zero_point=zp)
+        return out[0], out[1], zp
+    q, s, z = _dynamic_quantize(*args)
+    return q, s, (z if mode == "asymmetric" else None)
+
+
+def quantize_backward(dy: Tensor, x: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[int] = None,
+                      group_size: Optional[int] = None, out_dtype="int8", qmin: Optional[int] = None,
+                      qmax: Optional[int] = None, out: Optional[Tensor] = None) -> Tensor:
+    """``dx = dy * (qmin <= rne(x / scale) + zp <= qmax)`` (runtime.quantize_backward)."""
+    args = (dy, x, _scale_tensor(scale, x, _math_dtype(x)), _zp_tensor(zero_point, x), scope, axis, group_size,
+            _dtype_name(out_dtype), qmin, qmax)
+    if out is None:
+        return _quantize_backward(*args)
+    torch.ops.skuforge.quantize_backward.out(*args, out=out)
+    return out
+
+
+def dequantize_backward(dy: Tensor, scale, *, scope: str, axis: Optional[int] = None,
+                        group_size: Optional[int] = None, out: Optional[Tensor] = None) -> Tensor:
+    """``dq = dy * scale`` (runtime.dequantize_backward)."""
+    args = (dy, _scale_tensor(scale, dy, _math_dtype(dy)), scope, axis, group_size)
+    if out is None:
+        return _dequantize_backward(*args)
+    torch.ops.skuforge.dequantize_backward.out(*args, out=out)
+    return out
+
+
+def fake_quantize(x: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[int] = None,
+                  group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX,
+                  out: Optional[Tensor] = None) -> Tensor:
     """Fake quantization with a fixed scale / zero point (int32); gradient to x only (STE with mask)."""
-    return _fake_quantize(x, _scale_for(x, _scale_tensor(scale, x)), zero_point, scope, axis, group_size, qmin, qmax)
+    args = (x, _scale_for(x, _scale_tensor(scale, x, _math_dtype(x))), _zp_tensor(zero_point, x), scope, axis,
+            group_size, qmin, qmax)
+    if out is None:
+        return _fake_quantize(*args)
+    torch.ops.skuforge.fake_quantize.out(*args, out=out)
+    return out
+
+
+def fake_quantize_backward(dy: Tensor, x: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[int] = None,
+                           group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX,
+                           out: Optional[Tensor] = None) -> Tensor:
+    """``dx = dy * mask`` (runtime.fake_quantize_backward)."""
+    args = (dy, x, _scale_tensor(scale, x, _math_dtype(x)), _zp_tensor(zero_point, x), scope, axis, group_size,
+            qmin, qmax)
+    if out is None:
+        return _fake_quantize_backward(*args)
+    torch.ops.skuforge.fake_quantize_backward.out(*args, out=out)
+    return out
 
 
 def lsq_grad_factor(x: Tensor, scale: Tensor, qmax: int) -> float:
@@ -234,12 +692,28 @@ def fake_quantize_learnable(x: Tensor, scale: Tensor, zero_point: Optional[Tenso
     return _fake_quantize_learnable(x, scale, zero_point, scope, axis, group_size, qmin, qmax, g)
 
 
-def dequantize(q: Tensor, scale: Tensor, zero_point: Optional[Tensor] = None, *, scope: str,
-               axis: Optional[int] = None, group_size: Optional[int] = None, out_dtype="float32") -> Tensor:
-    """``(q - zp) * scale``; differentiable with respect to ``scale`` (e.g. tuning the scales of a
-    quantized model), not q (an integer tensor)."""
-    name = str(torch_dtype(kind_of(out_dtype, "out_dtype"))).replace("torch.", "")
-    return _dequantize(q, _scale_tensor(scale, q), zero_point, scope, axis, group_size, name)
+def fake_quantize_learnable_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor] = None, *,
+                                     scope: str, axis: Optional[int] = None, group_size: Optional[int] = None,
+                                     qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX, grad_factor: float = 1.0):
+    """``(dx, dscale, dzero_point)`` (runtime.fake_quantize_learnable_backward; dzero_point None when symmetric)."""
+    dx, ds, dz = _fake_quantize_learnable_backward(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax,
+                                                   float(grad_factor))
+    return dx, ds, (None if zero_point is None else dz)
+
+
+def grouped_matmul(x: Tensor, w: Tensor, *, row_experts: Optional[Tensor] = None, offsets: Optional[Tensor] = None,
+                   strategy: str = "auto", trusted_offsets: bool = False) -> Tensor:
+    """``y[m] = w[e(m)] @ x[m]`` (runtime.grouped_matmul); differentiable in x and w."""
+    return _grouped_matmul(x, w, row_experts, offsets, strategy, trusted_offsets)
+
+
+def grouped_matmul_backward(x: Tensor, w: Tensor, dy: Tensor, *, row_experts: Optional[Tensor] = None,
+                            offsets: Optional[Tensor] = None, strategy: str = "auto", need_input: bool = True,
+                            need_weight: bool = True, dw_dtype="float32", trusted_offsets: bool = False):
+    """``(dx, dw)`` (runtime.grouped_matmul_backward); a gradient not asked for is None."""
+    dx, dw = _grouped_matmul_backward(x, w, dy, row_experts, offsets, strategy, need_input, need_weight,
+                                      _dtype_name(dw_dtype), trusted_offsets)
+    return (dx if need_input else None), (dw if need_weight else None)
 
 
 # -- modules -------------------------------------------------------------------------------------
@@ -269,3 +743,10 @@ class LearnableFakeQuantize(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return fake_quantize_learnable(x, self.scale, self.zero_point, **self.cfg)
+
+
+OPS = ("quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequantize_backward", "fake_quantize",
+       "fake_quantize_backward", "fake_quantize_learnable", "fake_quantize_learnable_backward", "grouped_matmul",
+       "grouped_matmul_backward")
+OUT_OPS = ("quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequantize_backward", "fake_quantize",
+           "fake_quantize_backward")

@@ -1,0 +1,179 @@
+"""GPU: ``torch.library.opcheck`` for every ``torch.ops.skuforge`` op and overload (schema, autograd
+registration, fake tensor vs the real kernels, AOT dispatch static and dynamic), the real results
+equal to the functional API's, and the gradients: ``gradcheck`` in float64 where the op's gradient
+is a true derivative (dequantize w.r.t. the scale), float64 references for the straight-through
+ops (fake_quantize, quantize to fp8) and grouped matmul (f32 vs float64 within SPEC's 1e-5)."""
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+import runtime as sf  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+
+
+def sft():
+    import runtime.torch as m
+    return m
+
+
+def _cases():
+    sk = torch.ops.skuforge
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def r(*shape, dtype=torch.float32, grad=False):
+        t = torch.randn(*shape, device="cuda", generator=g).to(dtype)
+        return t.requires_grad_(grad)
+
+    x = r(16, 64)
+    s = (torch.rand(16, device="cuda", generator=g) * 0.05 + 0.01)
+    sg = (torch.rand(16, 2, device="cuda", generator=g) * 0.05 + 0.01)
+    z = torch.randint(-5, 5, (16,), device="cuda", dtype=torch.int32, generator=g)
+    q = torch.randint(-128, 128, (16, 64), device="cuda", dtype=torch.int8, generator=g)
+    q4 = torch.randint(0, 256, (16, 32), device="cuda", dtype=torch.uint8, generator=g)
+    off = torch.tensor([0, 5, 5, 16], device="cuda", dtype=torch.int32)
+    re = torch.randint(0, 4, (16,), device="cuda", dtype=torch.int32, generator=g)
+    w = r(3, 32, 64, dtype=torch.bfloat16, grad=True)
+    xb = r(16, 64, dtype=torch.bfloat16, grad=True)
+    x8, _, _ = sf.dynamic_quantize(r(16, 64), scope="token", out_dtype="fp8_e4m3")
+    cases = [
+        ("quantize token", sk.quantize.default, (x, s, z, "token"), {}),
+        ("quantize fp8 grad", sk.quantize.default, (r(16, 64, grad=True), s, None, "token", None, None, "fp8_e4m3"), {}),
+        ("quantize int4", sk.quantize.default, (x, sg, None, "group", None, 32, "int4"), {}),
+        ("quantize.out", sk.quantize.out, (x, s, None, "token"), {"out": torch.empty(16, 64, dtype=torch.int8, device="cuda")}),
+        ("dequantize scale grad", sk.dequantize.default, (q, s.clone().requires_grad_(True), z, "token", None, None, "float32"), {}),
+        ("dequantize int4", sk.dequantize.default, (q4, sg.clone().requires_grad_(True), None, "group", None, 32, "bfloat16", "int4"), {}),
+        ("dequantize fp8", sk.dequantize.default, (x8.clone(), s, None, "token", None, None, "bfloat16"), {}),
+        ("dequantize.out", sk.dequantize.out, (q, s, z, "token"), {"out": torch.empty(16, 64, device="cuda")}),
+        ("dynamic token", sk.dynamic_quantize.default, (x, "token"), {}),
+        ("dynamic asym group", sk.dynamic_quantize.default, (x, "group", "asymmetric", None, 16, "uint8"), {}),
+        ("dynamic fp8 group", sk.dynamic_quantize.default, (x, "group", "symmetric", None, 32, "fp8_e4m3"), {}),
+        ("dynamic mx", sk.dynamic_quantize.default, (x, "group", "symmetric", None, 32, "fp8_e4m3"), {"scale_dtype": "e8m0"}),
+        ("dynamic int4", sk.dynamic_quantize.default, (x, "group", "symmetric", None, 32, "int4"), {}),
+        ("dynamic.out", sk.dynamic_quantize.out, (x, "token"), {"q": torch.empty(16, 64, dtype=torch.int8, device="cuda"),
+                                                               "scale": torch.empty(16, device="cuda")}),
+        ("quantize_backward", sk.quantize_backward.default, (r(16, 64), x, s, z, "token"), {}),
+        ("quantize_backward.out", sk.quantize_backward.out, (r(16, 64), x, s, z, "token"), {"out": torch.empty(16, 64, device="cuda")}),
+        ("dequantize_backward", sk.dequantize_backward.default, (r(16, 64), s, "token"), {}),
+        ("dequantize_backward.out", sk.dequantize_backward.out, (r(16, 64), s, "token"), {"out": torch.empty(16, 64, device="cuda")}),
+        ("fake_quantize", sk.fake_quantize.default, (r(16, 64, grad=True), s, z, "token"), {}),
+        ("fake_quantize.out", sk.fake_quantize.out, (x, s, z, "token"), {"out": torch.empty(16, 64, device="cuda")}),
+        ("fake_quantize_backward", sk.fake_quantize_backward.default, (r(16, 64), x, s, z, "token"), {}),
+        ("fake_quantize_backward.out", sk.fake_quantize_backward.out, (r(16, 64), x, s, z, "token"),
+         {"out": torch.empty(16, 64, device="cuda")}),
+        ("fake_quantize_learnable", sk.fake_quantize_learnable.default,
+         (r(16, 64, grad=True), s.clone().requires_grad_(True), z.float().requires_grad_(True), "token", None, None,
+          -128, 127, 0.1), {}),
+        ("fake_quantize_learnable_backward", sk.fake_quantize_learnable_backward.default, (r(16, 64), x, s, z, "token"), {}),
+        ("grouped_matmul offsets", sk.grouped_matmul.default, (xb, w, None, off), {}),
+        ("grouped_matmul row_experts", sk.grouped_matmul.default, (xb, w, re), {}),
+        ("grouped_matmul_backward", sk.grouped_matmul_backward.default, (xb.detach(), w.detach(), r(16, 32, dtype=torch.bfloat16), None, off), {}),
+        ("grouped_matmul_backward dw only", sk.grouped_matmul_backward.default,
+         (xb.detach(), w.detach(), r(16, 32, dtype=torch.bfloat16), re, None, "auto", False, True, "bfloat16"), {}),
+    ]
+    return cases
+
+
+def test_opcheck_every_op():
+    sft()
+    failures = []
+    for name, op, args, kwargs in _cases():
+        try:
+            torch.library.opcheck(op, args, kwargs)
+        except Exception as e:  # collect them all: one report
+            failures.append(f"{name}: {type(e).__name__}: {str(e)[:600]}")
+    assert not failures, "\n".join(failures)
+
+
+def test_results_equal_the_functional_api():
+    m = sft()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+    for kw in (dict(scope="token"), dict(scope="group", group_size=128, out_dtype="fp8_e4m3"),
+               dict(scope="group", group_size=32, out_dtype="fp8_e4m3", scale_dtype="e8m0"),
+               dict(scope="token", mode="asymmetric", out_dtype="uint8"), dict(scope="group", group_size=64, out_dtype="int4")):
+        a, b = m.dynamic_quantize(x, **kw), sf.dynamic_quantize(x, **kw)
+        for u, v in zip(a, b):
+            assert (u is None) == (v is None)
+            if u is not None:
+                assert torch.equal(u.view(torch.uint8) if u.element_size() == 1 else u,
+                                   v.view(torch.uint8) if v.element_size() == 1 else v), kw
+    q, s, _ = m.dynamic_quantize(x, scope="token")
+    buf = torch.empty_like(q)
+    assert m.quantize(x, s, scope="token", out=buf) is buf and torch.equal(buf, q)
+    assert torch.equal(m.dequantize(q, s, scope="token", out_dtype="bfloat16"),
+                       sf.dequantize(q, s, scope="token", out_dtype="bfloat16"))
+    bufs = (torch.empty_like(q), torch.empty_like(s))
+    m.dynamic_quantize(x, scope="token", out=bufs)
+    assert torch.equal(bufs[0], q) and torch.equal(bufs[1], s)
+
+
+def test_dequantize_scale_gradcheck_float64():
+    m = sft()
+    q = torch.randint(-128, 128, (8, 64), device="cuda", dtype=torch.int8)
+    q4 = torch.randint(0, 256, (8, 32), device="cuda", dtype=torch.uint8)
+    for scope, kw, n in (("tensor", {}, ()), ("channel", {"axis": 1}, (64,)), ("token", {}, (8,)),
+                         ("group", {"group_size": 16}, (8, 4))):
+        s = (torch.rand(n, device="cuda", dtype=torch.float64) + 0.5).requires_grad_(True)
+        assert torch.autograd.gradcheck(lambda s: m.dequantize(q, s, scope=scope, out_dtype="float64", **kw), (s,))
+        if scope != "channel":
+            assert torch.autograd.gradcheck(
+                lambda s: m.dequantize(q4, s, scope=scope, out_dtype="float64", in_dtype="int4", **kw), (s,))
+
+
+def test_straight_through_gradients_against_float64_references():
+    m = sft()
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = (torch.randn(16, 128, device="cuda", dtype=torch.float64, generator=g) * 3).requires_grad_(True)
+    s = torch.full((16,), 0.02, device="cuda", dtype=torch.float64)
+    dy = torch.randn(16, 128, device="cuda", dtype=torch.float64, generator=g)
+    (gx,) = torch.autograd.grad(m.fake_quantize(x, s, scope="token", qmin=-128, qmax=127), x, dy)
+    v = torch.round(x.detach() / s[:, None])
+    assert torch.equal(gx, torch.where((v >= -128) & (v <= 127), dy, torch.zeros_like(dy)))
+    # fp8: straight through except where the value saturates
+    xf = (torch.randn(16, 128, device="cuda", generator=g) * 3).requires_grad_(True)
+    sf8 = torch.full((16,), 3.0 / 448, device="cuda")
+    q8 = m.quantize(xf, sf8, scope="token", out_dtype="fp8_e4m3")
+    y = m.dequantize(q8, sf8, scope="token", out_dtype="float32")
+    dyf = torch.randn(16, 128, device="cuda", generator=g)
+    (gxf,) = torch.autograd.grad(y, xf, dyf)
+    keep = (xf.detach() * (1.0 / sf8[:, None])).abs() <= 448
+    dq = (dyf * sf8[:, None]).to(torch.float8_e4m3fn).float()      # dequantize's q-gradient, in q's dtype
+    assert torch.equal(gxf, torch.where(keep, dq, torch.zeros_like(dq)))
+    assert not bool(keep.all())                                     # some values saturate
+
+
+@pytest.mark.parametrize("routing", ["offsets", "row_experts"])
+def test_grouped_matmul_gradients_vs_float64(routing):
+    m = sft()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    M, N, K, E = 300, 96, 128, 5
+    x = torch.randn(M, K, device="cuda", generator=g).requires_grad_(True)
+    w = torch.randn(E, N, K, device="cuda", generator=g).requires_grad_(True)
+    dy = torch.randn(M, N, device="cuda", generator=g)
+    e = torch.randint(0, E, (M,), device="cuda", generator=g)
+    if routing == "offsets":
+        e = e.sort().values
+        counts = torch.bincount(e, minlength=E)
+        r = dict(offsets=torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32))
+    else:
+        r = dict(row_experts=e.to(torch.int32))
+    y = m.grouped_matmul(x, w, **r)
+    gx, gw = torch.autograd.grad(y, (x, w), dy)
+    x64, w64 = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+    y64 = torch.einsum("mk,mnk->mn", x64, w64[e])
+    gx64, gw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
+    for a, b in ((y, y64), (gx, gx64), (gw, gw64)):
+        assert a.dtype == torch.float32
+        assert float((a.double() - b).norm() / b.norm()) <= 1e-5
+    # bf16 parameters: gradients in bf16 (cast from the float32 dw)
+    xb, wb = x.detach().bfloat16().requires_grad_(True), w.detach().bfloat16().requires_grad_(True)
+    gxb, gwb = torch.autograd.grad(m.grouped_matmul(xb, wb, **r), (xb, wb), dy.bfloat16())
+    assert gxb.dtype == torch.bfloat16 and gwb.dtype == torch.bfloat16
+    assert float((gwb.double() - gw64).norm() / gw64.norm()) <= 1e-2
