@@ -50,13 +50,17 @@ _local = threading.local()
 @contextlib.contextmanager
 def prefer_arch(arch: int):
     """Select low-bit kernels built for at most ``sm_<arch>`` in this block (this thread), e.g.
-    ``prefer_arch(80)`` runs the software-conversion SKUs on an sm_90 GPU (the checkers do)."""
+    ``prefer_arch(80)`` runs the software-conversion SKUs on an sm_90 GPU (the checkers do).
+    Remembered calls are forgotten on entry and exit: a replay would keep the kernel it chose."""
+    from .replay import CACHE
     prev = getattr(_local, "arch", None)
     _local.arch = int(arch)
+    CACHE.clear()
     try:
         yield
     finally:
         _local.arch = prev
+        CACHE.clear()
 
 
 def preference(device: int) -> Preference:

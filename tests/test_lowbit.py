@@ -428,3 +428,13 @@ def test_bench_module_selection_and_bytes():
     assert bench.target_for(bench_lowbit, fp8s["sm89"])["target_pct"] == 85.0     # hardware cvt: the 85 % target
     assert bench.target_for(bench_lowbit, fp8s["sm80"]) == {"no_target": True}     # the software fallback: none
     assert bench.target_for(bench_lowbit, s4)["target_pct"] == 85.0
+
+
+def test_prefer_arch_forgets_remembered_calls():
+    """A replay keeps the kernel its slow path chose: choosing another arch must not replay it."""
+    from runtime import replay
+    replay.CACHE["remembered"] = object()
+    with lowbit.prefer_arch(80):
+        assert not replay.CACHE
+        replay.CACHE["remembered"] = object()
+    assert not replay.CACHE

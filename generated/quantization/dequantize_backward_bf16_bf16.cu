@@ -224,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            bool bad_c[VEC];
+            bool bad_c[VEC], bad_any = false;
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
 #pragma unroll
@@ -233,6 +233,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zp_value;
                     bad_c[i] = param_bad<false>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_any = bad_any || bad_c[i];
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -248,18 +249,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    Vec<bf16_t, VEC> dq_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_c[i], inv = inv_c[i];
-                        const int zp = zp_c[i];
-                        const bool bad = bad_c[i];
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                    if (!(bad_any)) {
+                        constexpr bool bad_u = false;
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
+
                     }
-                    store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
                 }
             }
         }
@@ -312,30 +332,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<bf16_t, VEC> dy_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq_row + c, dq_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<bf16_t, VEC> dq_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                        }
                     }
-                    store_vec<bf16_t, VEC>(dq_row + c, dq_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq_row + c, dq_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -408,18 +460,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_b
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    Vec<bf16_t, VEC> dq_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_g, inv = inv_g;
-                        const int zp = zp_g;
-                        const bool bad = bad_g;
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                    if (!(bad_g)) {
+                        constexpr bool bad_u = false;
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
+
                     }
-                    store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
                 }
             }
         }
@@ -474,30 +545,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<bf16_t, VEC> dy_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq_row + c, dq_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<bf16_t, VEC> dq_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                        }
                     }
-                    store_vec<bf16_t, VEC>(dq_row + c, dq_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq_row + c, dq_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -551,30 +654,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_b
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<bf16_t, VEC> dy_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq_row + c, dq_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<bf16_t, VEC> dq_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        bf16_t& dq_e = dq_o.v[i];
-                        dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                        }
                     }
-                    store_vec<bf16_t, VEC>(dq_row + c, dq_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            bf16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<bf16_t, VEC>(dq_row + c, dq_o);
+                    }
                 }
+
             }
         }
     } else {

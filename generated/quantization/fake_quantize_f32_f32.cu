@@ -225,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            bool bad_c[VEC];
+            bool bad_c[VEC], bad_any = false;
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
                 const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
@@ -235,6 +235,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zv.v[i];
                     bad_c[i] = param_bad<true>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_any = bad_any || bad_c[i];
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -250,23 +251,47 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_c[i], inv = inv_c[i];
-                        const int zp = zp_c[i];
-                        const bool bad = bad_c[i];
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    if (!(bad_any)) {
+                        constexpr bool bad_u = false;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y + row * y_rs + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y + row * y_rs + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
                     }
-                    store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
                 }
             }
         }
@@ -326,35 +351,72 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -415,7 +477,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            bool bad_c[VEC];
+            bool bad_c[VEC], bad_any = false;
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
 #pragma unroll
@@ -424,6 +486,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zp_value;
                     bad_c[i] = param_bad<false>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_any = bad_any || bad_c[i];
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -439,23 +502,47 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_c[i], inv = inv_c[i];
-                        const int zp = zp_c[i];
-                        const bool bad = bad_c[i];
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    if (!(bad_any)) {
+                        constexpr bool bad_u = false;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y + row * y_rs + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y + row * y_rs + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
                     }
-                    store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
                 }
             }
         }
@@ -515,35 +602,72 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -623,23 +747,47 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_g, inv = inv_g;
-                        const int zp = zp_g;
-                        const bool bad = bad_g;
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    if (!(bad_g)) {
+                        constexpr bool bad_u = false;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y + row * y_rs + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y + row * y_rs + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
                     }
-                    store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
                 }
             }
         }
@@ -719,23 +867,47 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_g, inv = inv_g;
-                        const int zp = zp_g;
-                        const bool bad = bad_g;
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    if (!(bad_g)) {
+                        constexpr bool bad_u = false;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y + row * y_rs + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y + row * y_rs + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
                     }
-                    store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
                 }
             }
         }
@@ -797,35 +969,72 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -886,35 +1095,72 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -975,35 +1221,72 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -1064,35 +1347,72 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<float, VEC> y_o;
-                    Vec<u8_t, VEC> mask_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        float& y_e = y_o.v[i];
-                        u8_t& mask_e = mask_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
                 }
+
             }
         }
     } else {

@@ -224,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            bool bad_c[VEC];
+            bool bad_c[VEC], bad_any = false;
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
                 const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
@@ -234,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zv.v[i];
                     bad_c[i] = param_bad<true>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_any = bad_any || bad_c[i];
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -249,18 +250,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_c[i], inv = inv_c[i];
-                        const int zp = zp_c[i];
-                        const bool bad = bad_c[i];
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    if (!(bad_any)) {
+                        constexpr bool bad_u = false;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+
                     }
-                    store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
                 }
             }
         }
@@ -313,30 +333,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -391,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
             // checks their alignment)
             float s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
-            bool bad_c[VEC];
+            bool bad_c[VEC], bad_any = false;
             {
                 const Vec<float, VEC> sv = load_vec<float, VEC>(scale + c);
 #pragma unroll
@@ -400,6 +452,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                     inv_c[i] = recip(sv.v[i]);
                     zp_c[i] = zp_value;
                     bad_c[i] = param_bad<false>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_any = bad_any || bad_c[i];
                 }
             }
             for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
@@ -415,18 +468,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_c[i], inv = inv_c[i];
-                        const int zp = zp_c[i];
-                        const bool bad = bad_c[i];
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    if (!(bad_any)) {
+                        constexpr bool bad_u = false;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_c[i], inv = inv_c[i];
+                            const int zp = zp_c[i];
+                            const bool bad = bad_u && bad_c[i];
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+
                     }
-                    store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
                 }
             }
         }
@@ -479,30 +551,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -576,18 +680,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_g, inv = inv_g;
-                        const int zp = zp_g;
-                        const bool bad = bad_g;
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    if (!(bad_g)) {
+                        constexpr bool bad_u = false;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+
                     }
-                    store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
                 }
             }
         }
@@ -661,18 +784,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f3
                     const float s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float s = s_g, inv = inv_g;
-                        const int zp = zp_g;
-                        const bool bad = bad_g;
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    if (!(bad_g)) {
+                        constexpr bool bad_u = false;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+
+                    } else {
+                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float s = s_g, inv = inv_g;
+                            const int zp = zp_g;
+                            const bool bad = bad_u;
+                            (void)s; (void)inv; (void)zp; (void)bad;
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+
                     }
-                    store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
                 }
             }
         }
@@ -727,30 +869,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -804,30 +978,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -881,30 +1087,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
                 }
+
             }
         }
     } else {
@@ -958,30 +1196,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f3
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<float, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        x_v[u] = load_vec<float, VEC>(x_row + c);
+            if (!(bad)) {
+                constexpr bool bad = false;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
                 }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<u8_t, VEC> q_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const float x_e = x_v[u].v[i];
-                        u8_t& q_e = q_o.v[i];
-                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+
+            } else {
+                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<float, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            x_v[u] = load_vec<float, VEC>(x_row + c);
+                        }
                     }
-                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
                 }
+
             }
         }
     } else {

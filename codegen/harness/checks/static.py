@@ -28,7 +28,7 @@ def check_static(sku, rng, preferred_fw="cupy") -> CheckResult:
         for strided in (False, True):
             if strided and len(shape) < 2:
                 continue
-            pshape = sf.quantization.param_shape(shape, sku.scope, None if axis is None else axis % len(shape), gs)
+            pshape = param_shape(shape, sku.scope, None if axis is None else axis % len(shape), gs)
             scale = _pow2_scales(pshape, rng, math_kind)
             qmin, qmax = (lo, hi) if rng.random() < 0.5 else (lo + 3, hi - 5)
             zp = rng.integers(qmin, qmax + 1, size=pshape).astype(np.int32) if sku.mode == "asymmetric" else None
