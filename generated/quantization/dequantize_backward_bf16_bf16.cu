@@ -280,6 +280,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                         store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
 
                     }
+
                 }
             }
         }
@@ -389,6 +390,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -491,6 +493,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_b
                         store_vec<bf16_t, VEC>(dq + row * dq_rs + c, dq_o);
 
                     }
+
                 }
             }
         }
@@ -602,6 +605,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -711,6 +715,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_b
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.

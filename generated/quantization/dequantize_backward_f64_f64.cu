@@ -249,37 +249,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq + row * dq_rs + c, dq_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq + row * dq_rs + c, dq_o);
-
+                    const bool bad_u = bad_any;
+                    Vec<double, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
+                        const bool bad = bad_u && bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double dy_e = dy_v[u].v[i];
+                        double& dq_e = dq_o.v[i];
+                        dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
                     }
+                    store_vec<double, VEC>(dq + row * dq_rs + c, dq_o);
+
+
                 }
             }
         }
@@ -332,63 +316,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq_row + c, dq_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> dy_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double dy_e = dy_v[u].v[i];
+                        double& dq_e = dq_o.v[i];
+                        dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq_row + c, dq_o);
-                    }
+                    store_vec<double, VEC>(dq_row + c, dq_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -460,37 +414,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_f
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq + row * dq_rs + c, dq_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq + row * dq_rs + c, dq_o);
-
+                    const bool bad_u = bad_g;
+                    Vec<double, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_g, inv = inv_g;
+                        const int zp = zp_g;
+                        const bool bad = bad_u;
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double dy_e = dy_v[u].v[i];
+                        double& dq_e = dq_o.v[i];
+                        dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
                     }
+                    store_vec<double, VEC>(dq + row * dq_rs + c, dq_o);
+
+
                 }
             }
         }
@@ -545,63 +483,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq_row + c, dq_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> dy_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double dy_e = dy_v[u].v[i];
+                        double& dq_e = dq_o.v[i];
+                        dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq_row + c, dq_o);
-                    }
+                    store_vec<double, VEC>(dq_row + c, dq_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -654,63 +562,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq_row + c, dq_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> dy_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double dy_e = dy_v[u].v[i];
+                        double& dq_e = dq_o.v[i];
+                        dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            double& dq_e = dq_o.v[i];
-                            dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<double, VEC>(dq_row + c, dq_o);
-                    }
+                    store_vec<double, VEC>(dq_row + c, dq_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.

@@ -281,6 +281,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                         store_vec<bf16_t, VEC>(y + row * y_rs + c, y_o);
 
                     }
+
                 }
             }
         }
@@ -390,6 +391,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -499,6 +501,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                         store_vec<bf16_t, VEC>(y + row * y_rs + c, y_o);
 
                     }
+
                 }
             }
         }
@@ -608,6 +611,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -711,6 +715,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                         store_vec<bf16_t, VEC>(y + row * y_rs + c, y_o);
 
                     }
+
                 }
             }
         }
@@ -815,6 +820,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                         store_vec<bf16_t, VEC>(y + row * y_rs + c, y_o);
 
                     }
+
                 }
             }
         }
@@ -926,6 +932,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1035,6 +1042,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1144,6 +1152,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1253,6 +1262,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.

@@ -250,37 +250,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
+                    const bool bad_u = bad_any;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
+                        const bool bad = bad_u && bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
+                    store_vec<double, VEC>(y + row * y_rs + c, y_o);
+
+
                 }
             }
         }
@@ -333,63 +317,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -468,37 +422,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
+                    const bool bad_u = bad_any;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
+                        const bool bad = bad_u && bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
+                    store_vec<double, VEC>(y + row * y_rs + c, y_o);
+
+
                 }
             }
         }
@@ -551,63 +489,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -680,37 +588,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
+                    const bool bad_u = bad_g;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_g, inv = inv_g;
+                        const int zp = zp_g;
+                        const bool bad = bad_u;
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
+                    store_vec<double, VEC>(y + row * y_rs + c, y_o);
+
+
                 }
             }
         }
@@ -784,37 +676,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
+                    const bool bad_u = bad_g;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_g, inv = inv_g;
+                        const int zp = zp_g;
+                        const bool bad = bad_u;
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
+                    store_vec<double, VEC>(y + row * y_rs + c, y_o);
+
+
                 }
             }
         }
@@ -869,63 +745,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -978,63 +824,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1087,63 +903,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1196,63 +982,33 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        double& y_e = y_o.v[i];
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            double& y_e = y_o.v[i];
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.

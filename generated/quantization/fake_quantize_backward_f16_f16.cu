@@ -288,6 +288,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
 
                     }
+
                 }
             }
         }
@@ -410,6 +411,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -529,6 +531,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
 
                     }
+
                 }
             }
         }
@@ -651,6 +654,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -764,6 +768,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
 
                     }
+
                 }
             }
         }
@@ -878,6 +883,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
 
                     }
+
                 }
             }
         }
@@ -1002,6 +1008,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1124,6 +1131,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1246,6 +1254,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1368,6 +1377,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.

@@ -253,41 +253,23 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
+                    const bool bad_u = bad_any;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
+                        const bool bad = bad_u && bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
+                    store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
+
+
                 }
             }
         }
@@ -345,71 +327,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> dy_v[U];
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
-                    }
+                    store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -494,41 +442,23 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
+                    const bool bad_u = bad_any;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
+                        const bool bad = bad_u && bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
+                    store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
+
+
                 }
             }
         }
@@ -586,71 +516,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> dy_v[U];
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
-                    }
+                    store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -729,41 +625,23 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
+                    const bool bad_u = bad_g;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_g, inv = inv_g;
+                        const int zp = zp_g;
+                        const bool bad = bad_u;
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
+                    store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
+
+
                 }
             }
         }
@@ -843,41 +721,23 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
+                    const bool bad_u = bad_g;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_g, inv = inv_g;
+                        const int zp = zp_g;
+                        const bool bad = bad_u;
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
+                    store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
+
+
                 }
             }
         }
@@ -937,71 +797,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> dy_v[U];
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
-                    }
+                    store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1059,71 +885,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> dy_v[U];
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
-                    }
+                    store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1181,71 +973,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> dy_v[U];
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
-                    }
+                    store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1303,71 +1061,37 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> dy_v[U];
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> dy_v[U];
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double dy_e = dy_v[u].v[i];
+                        const double x_e = x_v[u].v[i];
+                        double& dx_e = dx_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double dy_e = dy_v[u].v[i];
-                            const double x_e = x_v[u].v[i];
-                            double& dx_e = dx_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                        }
-                        store_vec<double, VEC>(dx_row + c, dx_o);
-                    }
+                    store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.

@@ -292,6 +292,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
 
                     }
+
                 }
             }
         }
@@ -418,6 +419,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -543,6 +545,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
 
                     }
+
                 }
             }
         }
@@ -669,6 +672,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -788,6 +792,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
 
                     }
+
                 }
             }
         }
@@ -908,6 +913,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
 
                     }
+
                 }
             }
         }
@@ -1036,6 +1042,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1162,6 +1169,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1288,6 +1296,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1414,6 +1423,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.

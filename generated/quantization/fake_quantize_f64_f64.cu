@@ -251,47 +251,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
+                    const bool bad_u = bad_any;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
+                        const bool bad = bad_u && bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
+                    store_vec<double, VEC>(y + row * y_rs + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
+
                 }
             }
         }
@@ -351,73 +330,38 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -502,47 +446,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_c[i], inv = inv_c[i];
-                            const int zp = zp_c[i];
-                            const bool bad = bad_u && bad_c[i];
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
+                    const bool bad_u = bad_any;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_c[i], inv = inv_c[i];
+                        const int zp = zp_c[i];
+                        const bool bad = bad_u && bad_c[i];
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
+                    store_vec<double, VEC>(y + row * y_rs + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
+
                 }
             }
         }
@@ -602,73 +525,38 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -747,47 +635,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
+                    const bool bad_u = bad_g;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_g, inv = inv_g;
+                        const int zp = zp_g;
+                        const bool bad = bad_u;
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
+                    store_vec<double, VEC>(y + row * y_rs + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
+
                 }
             }
         }
@@ -867,47 +734,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
                     const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double s = s_g, inv = inv_g;
-                            const int zp = zp_g;
-                            const bool bad = bad_u;
-                            (void)s; (void)inv; (void)zp; (void)bad;
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
+                    const bool bad_u = bad_g;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double s = s_g, inv = inv_g;
+                        const int zp = zp_g;
+                        const bool bad = bad_u;
+                        (void)s; (void)inv; (void)zp; (void)bad;
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
+                    store_vec<double, VEC>(y + row * y_rs + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+
+
                 }
             }
         }
@@ -969,73 +815,38 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1095,73 +906,38 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1221,73 +997,38 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1347,73 +1088,38 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
-                    }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<double, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<double, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<double, VEC>(x_row + c);
-                        }
+                const double inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<double, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const double x_e = x_v[u].v[i];
+                        double& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
+                        y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-                    const double inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<double, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const double x_e = x_v[u].v[i];
-                            double& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                            y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<double, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
+                    store_vec<double, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
             }
+
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.

@@ -281,6 +281,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                         store_vec<s8_t, VEC>(q + row * q_rs + c, q_o);
 
                     }
+
                 }
             }
         }
@@ -390,6 +391,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -499,6 +501,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                         store_vec<s8_t, VEC>(q + row * q_rs + c, q_o);
 
                     }
+
                 }
             }
         }
@@ -608,6 +611,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -711,6 +715,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
                         store_vec<s8_t, VEC>(q + row * q_rs + c, q_o);
 
                     }
+
                 }
             }
         }
@@ -815,6 +820,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f1
                         store_vec<s8_t, VEC>(q + row * q_rs + c, q_o);
 
                     }
+
                 }
             }
         }
@@ -926,6 +932,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1035,6 +1042,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1144,6 +1152,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1253,6 +1262,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
                 }
 
             }
+
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
