@@ -10,6 +10,7 @@ from runtime import kinds
 from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.launch import grid_cap
+from runtime.scopes import param_shape
 
 from ..registry import checker
 from .base import CheckResult, _pow2_scales, _random_floats, _record, _shapes, framework_for, strided_rows, to_device, \
