@@ -29,10 +29,10 @@ def _example(name):
 def _fresh_dynamo():
     if not torch.cuda.is_available():
         pytest.skip("torch without CUDA")
-    import torch._dynamo
-    torch._dynamo.reset()
+    import torch._dynamo as dynamo
+    dynamo.reset()
     yield
-    torch._dynamo.reset()
+    dynamo.reset()
 
 
 def _w8a8(M):
