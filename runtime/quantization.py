@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 from . import kinds, lowbit, replay, status
 from .arrays import ArrayRef, as_array, kind_of, stream_handle
@@ -64,7 +65,7 @@ def code_range(qk: str, zero_point, qmin, qmax, shape, scope, axis, group_size, 
 def scales(scale, scale_dtype, qk: str, like: ArrayRef, scope, axis, group_size, float_kind: str) -> tuple:
     """(scale, e8m0 scale): float scales in the math precision of ``float_kind`` (an array or a
     Python float), or MX e8m0 block scales (fp8 codes, groups of 32)."""
-    mx = lowbit.is_e8m0(scale_dtype) or (not isinstance(scale, (int, float)) and scale is not None
+    mx = lowbit.is_e8m0(scale_dtype) or (not isinstance(scale, numbers.Number) and scale is not None
                                          and as_array(scale, "scale").kind == kinds.E8M0)
     if mx:
         lowbit.check_mx(qk, scope, group_size)

@@ -472,3 +472,10 @@ def test_status_codes_decode():
             c = status.code(op, arg)
             assert c and c not in seen and status.decode(c) == (op, arg)
             seen.add(c)
+
+
+def test_numpy_scalar_scale_is_a_scalar(dev):
+    """A NumPy scalar scale is a Python-number scale (not an array to inspect for e8m0 codes)."""
+    launches, _ = _run(dev, lambda d: sf.quantize(d.a((8, 64)), np.float32(0.5), scope="tensor"), 0x7F0000000000)
+    (fn, grid, block, fmt, values), = launches
+    assert 0.5 in values
