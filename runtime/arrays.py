@@ -57,14 +57,14 @@ def as_array(obj, arg: str) -> ArrayRef:
         if not obj.is_cuda:
             raise InvalidProblemError(f"{arg} is a torch tensor on {obj.device}; skuforge runs on CUDA tensors "
                                       f"(move it with {arg}.cuda())")
-        return ArrayRef(obj, obj.data_ptr(), tuple(obj.shape), obj.stride(), kind_of(obj.dtype, arg),
-                        obj.get_device(), "torch")
+        return _checked(ArrayRef(obj, obj.data_ptr(), tuple(obj.shape), obj.stride(), kind_of(obj.dtype, arg),
+                                 obj.get_device(), "torch"), arg)
     cp = sys.modules.get("cupy")
     if cp is not None and isinstance(obj, cp.ndarray):
         item = obj.itemsize
         kind = kind_of(obj.dtype, arg)
-        return ArrayRef(obj, obj.data.ptr, obj.shape, tuple(s // item for s in obj.strides), kind,
-                        obj.data.device_id, "cupy")
+        return _checked(ArrayRef(obj, obj.data.ptr, obj.shape, tuple(s // item for s in obj.strides), kind,
+                                 obj.data.device_id, "cupy"), arg)
     if isinstance(obj, np.ndarray):
         raise InvalidProblemError(f"{arg} is a host array (numpy.ndarray); skuforge runs on CUDA arrays: "
                                   f"pass cupy.asarray({arg}) or a CUDA torch tensor")
@@ -72,7 +72,7 @@ def as_array(obj, arg: str) -> ArrayRef:
         raise InvalidProblemError(f"{arg} is a scalar ({obj!r}) where an array is needed")
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
-        return _from_cai(obj, cai, arg)
+        return _checked(_from_cai(obj, cai, arg), arg)
     if hasattr(obj, "__dlpack__"):
         import cupy as cp2  # zero-copy wrap, then describe as CuPy (results come back as CuPy)
         return as_array(cp2.from_dlpack(obj), arg)
@@ -82,14 +82,44 @@ def as_array(obj, arg: str) -> ArrayRef:
                               "or an object with __cuda_array_interface__ / __dlpack__")
 
 
+MAX_EXTENT = 1 << 62          # extents and strides the kernels' 64-bit index arithmetic takes
+
+
+def _ints(value, arg: str, what: str, lo: int) -> tuple:
+    """A tuple of Python ints, each >= lo and < MAX_EXTENT in magnitude, else a typed error."""
+    if not isinstance(value, (tuple, list)):
+        raise InvalidProblemError(f"{arg}: __cuda_array_interface__ {what} is {value!r}; a tuple of integers is "
+                                  "required")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= int(v) < MAX_EXTENT \
+                or int(v) <= -MAX_EXTENT:
+            raise InvalidProblemError(f"{arg}: __cuda_array_interface__ {what} {tuple(value)!r} holds {v!r}; "
+                                      f"integers in [{lo}, 2**62) are supported")
+        out.append(int(v))
+    return tuple(out)
+
+
 def _from_cai(obj, cai: dict, arg: str) -> ArrayRef:
-    """Describe a ``__cuda_array_interface__`` object directly (no CuPy round trip)."""
+    """Describe a ``__cuda_array_interface__`` object directly (no CuPy round trip); every field
+    is validated (required keys, integer extents and strides, an integer data pointer)."""
+    if not isinstance(cai, dict) or any(k not in cai for k in ("shape", "typestr", "data")):
+        raise InvalidProblemError(f"{arg}: __cuda_array_interface__ must be a dict with 'shape', 'typestr' and "
+                                  f"'data'; got {cai!r:.200}")
     try:
         dt = np.dtype(cai["typestr"])
-    except TypeError:
+    except (TypeError, ValueError):
         raise InvalidProblemError(f"{arg}: typestr {cai.get('typestr')!r} is not a dtype skuforge knows") from None
     kind = kind_of(dt, arg)
-    shape = tuple(int(n) for n in cai["shape"])
+    shape = _ints(cai["shape"], arg, "shape", 0)
+    data = cai["data"]
+    if not isinstance(data, (tuple, list)) or not data or isinstance(data[0], bool) \
+            or not isinstance(data[0], (int, np.integer, type(None))) or not 0 <= int(data[0] or 0) < 1 << 64:
+        raise InvalidProblemError(f"{arg}: __cuda_array_interface__ data is {data!r}; (pointer, read_only) with an "
+                                  "integer pointer is required")
+    if cai.get("strides") is not None and len(_ints(cai["strides"], arg, "strides", -MAX_EXTENT)) != len(shape):
+        raise InvalidProblemError(f"{arg}: __cuda_array_interface__ strides {tuple(cai['strides'])!r} do not match "
+                                  f"its shape {shape} (one stride per axis)")
     if cai.get("strides") is None:
         strides, acc = [], 1
         for n in reversed(shape):
@@ -102,8 +132,28 @@ def _from_cai(obj, cai: dict, arg: str) -> ArrayRef:
             raise InvalidProblemError(f"{arg} has strides {cai['strides']} (bytes) that are not multiples "
                                       f"of its item size {item}")
         strides = tuple(s // item for s in cai["strides"])
-    ptr = int(cai["data"][0] or 0)
+    ptr = int(data[0] or 0)
     return ArrayRef(obj, ptr, shape, strides, kind, _device_of_pointer(ptr), "cai")
+
+
+def _checked(ref: ArrayRef, arg: str) -> ArrayRef:
+    """Pointer and extent checks every array gets before it reaches a kernel: a non-empty array
+    needs a non-null data pointer aligned to its element size (a misaligned or illegal address
+    would be a sticky error that poisons the CUDA context), and extents the kernels can index."""
+    size = 1
+    for n in ref.shape:
+        size *= n
+    if size:
+        if not ref.ptr:
+            raise InvalidProblemError(f"{arg} has {size} elements but a null data pointer")
+        item = ref.itemsize
+        if ref.ptr % item:
+            raise InvalidProblemError(f"{arg}: data pointer {ref.ptr:#x} is not aligned to its element size "
+                                      f"({item} bytes for {ref.kind}); pass an aligned view (e.g. .contiguous())")
+        if size >= MAX_EXTENT or any(abs(s) * max(n - 1, 0) >= MAX_EXTENT for n, s in zip(ref.shape, ref.strides)):
+            raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and strides {tuple(ref.strides)}: beyond "
+                                      "the 2**62 elements the kernels index")
+    return ref
 
 
 def _device_of_pointer(ptr: int) -> int:

@@ -82,6 +82,9 @@ def check_scope(x_shape, scope, axis, group_size, arg="x"):
         axis %= ndim
     elif axis is not None:
         raise InvalidProblemError(f"axis={axis!r} is only meaningful for scope='channel' (scope={scope!r})")
+    if scope in ("token", "group") and ndim == 0:
+        raise InvalidProblemError(f"{arg} is 0-d; scope={scope!r} needs a last (feature) axis: pass an array of "
+                                  "rank >= 1, or use scope='tensor'")
     if scope == "group":
         if group_size is None:
             raise InvalidProblemError("group_size is required for scope='group'")

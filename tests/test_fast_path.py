@@ -47,7 +47,7 @@ class Device:
     """Addresses (inputs and allocations from one counter), launches and fast-path hits."""
 
     def __init__(self):
-        self.next = 0
+        self.next = 0x7E8000000000      # allocations never at address 0 (a null pointer is an error)
         self.launches = []
         self.hits = 0
 

@@ -106,3 +106,41 @@ def test_scale_dtype_must_match_the_data():
     err(lambda: sf.quantize(X, 0.1, scope="tensor", scale_dtype="nonsense"), InvalidProblemError, "nonsense")
     err(lambda: sf.dequantize(D((8, 64), "int8"), 0.1, scope="tensor", out_dtype="float64", scale_dtype="float16"),
         UnsupportedError, "float64")
+
+
+class _Cai:
+    """An object with a hand-written __cuda_array_interface__."""
+
+    def __init__(self, **cai):
+        self.__cuda_array_interface__ = cai
+
+
+def test_pointers_are_checked_for_null_and_alignment():
+    err(lambda: sf.quantize(D((8, 64), ptr=0), 0.5, scope="tensor"), InvalidProblemError, "x", "null")
+    err(lambda: sf.quantize(D((8, 64), ptr=0x7F0000000001), 0.5, scope="tensor"), InvalidProblemError,
+        "x", "aligned", "4 bytes")
+    err(lambda: sf.quantize(X, D((8,), ptr=0x7F0000000002), scope="token"), InvalidProblemError, "scale", "aligned")
+    err(lambda: sf.grouped_matmul(D((8, 16), "float16"), D((2, 16, 16), "float16"),
+                                  offsets=D((3,), "int64", ptr=0x7F0000000004)), InvalidProblemError,
+        "offsets", "aligned")
+    sf.arrays.as_array(D((0, 64), ptr=0), "x")                     # an empty array needs no pointer
+
+
+def test_malformed_array_interfaces_are_typed_errors():
+    good = dict(shape=(8, 64), typestr="<f4", data=(0x7F0000000000, False), version=3)
+    for bad, words in ((dict(good, shape=(8.0, 64)), ("shape",)), (dict(good, shape=(-1, 64)), ("shape",)),
+                       (dict(good, shape=(True, 64)), ("shape",)), (dict(good, shape="8x64"), ("shape",)),
+                       (dict(good, shape=(2**70, 64)), ("shape", "2**62")),
+                       (dict(good, strides=(256.0, 4)), ("strides",)), (dict(good, strides=(256, 4, 1)), ("strides", "one stride per axis")),
+                       (dict(good, data=("0x1", False)), ("data",)), (dict(good, data=None), ("data",)),
+                       (dict(good, typestr="<q9"), ("typestr",)),
+                       ({k: v for k, v in good.items() if k != "shape"}, ("shape",))):
+        err(lambda bad=bad: sf.quantize(_Cai(**bad), 0.5, scope="tensor"), InvalidProblemError, "x", *words)
+    err(lambda: sf.arrays.as_array(_Cai(shape=(2**40, 2**40), typestr="<f4", data=(0x7F0000000000, False)), "x"),
+        InvalidProblemError, "2**62")
+
+
+def test_zero_d_inputs_need_a_feature_axis():
+    for scope, kw in (("token", {}), ("group", dict(group_size=1))):
+        err(lambda scope=scope, kw=kw: sf.quantize(D(()), D(()), scope=scope, **kw), InvalidProblemError, "0-d")
+        err(lambda scope=scope, kw=kw: sf.dynamic_quantize(D(()), scope=scope, **kw), InvalidProblemError, "0-d")
