@@ -31,7 +31,11 @@ def scale_arg(scale, x: ArrayRef, scope, axis, group_size, math_kind):
     if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
         if scope != "tensor":
             raise InvalidProblemError(f"scale is a scalar ({scale!r}) but scope={scope!r} needs an array of shape {want}")
-        s = float(scale)
+        try:
+            s = float(scale)
+        except OverflowError:
+            raise InvalidProblemError(f"scale={scale!r} does not fit a float; scales must be positive and "
+                                      "finite") from None
         if not (math.isfinite(s) and s > 0):
             raise InvalidProblemError(f"scale={scale!r}; scales must be positive and finite")
         return s

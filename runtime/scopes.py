@@ -88,8 +88,8 @@ def check_scope(x_shape, scope, axis, group_size, arg="x"):
     if scope == "group":
         if group_size is None:
             raise InvalidProblemError("group_size is required for scope='group'")
-        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-            raise InvalidProblemError(f"group_size={group_size!r} must be a positive integer")
+        if not isinstance(group_size, int) or isinstance(group_size, bool) or not 1 <= group_size < 1 << 62:
+            raise InvalidProblemError(f"group_size={group_size!r} must be a positive integer below 2**62")
         if x_shape[-1] % group_size:
             raise InvalidProblemError(f"group_size={group_size} does not divide the last axis D={x_shape[-1]} "
                                       f"of {arg}; supported: divisors of D")

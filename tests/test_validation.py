@@ -144,3 +144,12 @@ def test_zero_d_inputs_need_a_feature_axis():
     for scope, kw in (("token", {}), ("group", dict(group_size=1))):
         err(lambda scope=scope, kw=kw: sf.quantize(D(()), D(()), scope=scope, **kw), InvalidProblemError, "0-d")
         err(lambda scope=scope, kw=kw: sf.dynamic_quantize(D(()), scope=scope, **kw), InvalidProblemError, "0-d")
+
+
+def test_huge_python_numbers_are_typed_errors():
+    err(lambda: sf.quantize(X, 10 ** 400, scope="tensor"), InvalidProblemError, "scale", "float")
+    err(lambda: sf.quantize(D((8, 0)), D((8, 0)), scope="group", group_size=2 ** 70), InvalidProblemError,
+        "group_size", "2**62")
+    err(lambda: sf.quantize(X, 0.5, 2 ** 70, scope="tensor"), InvalidProblemError, "zero_point")
+    err(lambda: sf.quantize(X, 0.5, scope="tensor", qmin=-(2 ** 70)), InvalidProblemError, "qmin")
+    err(lambda: sf.quantize(X, 0.5, scope="channel", axis=2 ** 70), InvalidProblemError, "axis")
