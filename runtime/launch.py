@@ -72,6 +72,15 @@ class ElementwiseArgs:
     scale_e8m0: Union[ArrayRef, None] = None   # MX block scales (low-bit kernels; ``scale`` is then unused)
 
 
+def stream_params(plan, args: ElementwiseArgs) -> dict:
+    """The pointer and row-stride parameters of every stream, by the names the manifest gives them
+    (``x``, ``x_rs``, ``q``, ``q_rs``, ...), for the elementwise and low-bit launchers."""
+    out = {}
+    for (a, view), spec in zip(args.ins + args.outs, plan.launch["ins"] + plan.launch["outs"]):
+        out[spec["name"]], out[spec["name"] + "_rs"] = a.ptr, view.row_stride
+    return out
+
+
 @launcher("elementwise")
 class ElementwiseLauncher(Launcher):
     """rows x cols kernels of templates/quantization/_elementwise.cu.j2."""
@@ -130,9 +139,7 @@ class ElementwiseLauncher(Launcher):
             grid = (row_grid(args.rows, ty),)
         if GRID_CAP[0]:
             grid = tuple(min(g, GRID_CAP[0]) for g in grid)
-        streams = {}
-        for (a, view), spec in zip(args.ins + args.outs, plan.launch["ins"] + plan.launch["outs"]):
-            streams[spec["name"]], streams[spec["name"] + "_rs"] = a.ptr, view.row_stride
+        streams = stream_params(plan, args)
         abi = plan.abi()
         values = abi.values(
             **streams, scale=ptr(args.scale), scale_value=0.0 if isinstance(args.scale, ArrayRef) else args.scale,

@@ -31,7 +31,7 @@ from . import config, kinds
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
 from .device import properties
 from .errors import InvalidProblemError, UnsupportedError
-from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
+from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid, stream_params
 from .plans import Launcher, Preference, launcher
 from .params import check_param_shape, device_check
 from .reference import MX_GROUP
@@ -205,9 +205,7 @@ class LowBitElementwiseLauncher(Launcher):
         threads = plan.launch["block_threads"]
         tx = min(threads, next_pow2(units))
         ty = threads // tx
-        streams = {}
-        for (a, view), spec in zip(args.ins + args.outs, plan.launch["ins"] + plan.launch["outs"]):
-            streams[spec["name"]], streams[spec["name"] + "_rs"] = a.ptr, view.row_stride
+        streams = stream_params(plan, args)
         abi = plan.abi()
         values = abi.values(
             **streams, scale=ptr(args.scale), scale_value=0.0 if isinstance(args.scale, ArrayRef) else float(args.scale),
