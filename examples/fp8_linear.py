@@ -25,6 +25,13 @@ def fp8_rowwise(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Te
     return torch._scaled_mm(q, wq.t(), scale_a=s[:, None], scale_b=ws[None, :], out_dtype=torch.bfloat16)
 
 
+def fp8_rowwise_torch(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """The row-wise step in plain PyTorch ops (what skuforge's dynamic_quantize replaces)."""
+    s = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-8) / torch.finfo(torch.float8_e4m3fn).max
+    q = (x.float() / s).to(torch.float8_e4m3fn)
+    return torch._scaled_mm(q, wq.t(), scale_a=s, scale_b=ws[None, :], out_dtype=torch.bfloat16)
+
+
 def fp8_group128(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, block: int = 128) -> torch.Tensor:
     """1x128 activation groups: sum over K blocks of row-wise scaled products (float32 sum)."""
     q, s, _ = sft.dynamic_quantize(x, scope="group", group_size=block, out_dtype=FP8)   # s [M, K/128]
@@ -48,7 +55,8 @@ def main(device: str = "cuda", M: int = 128, K: int = 1024, N: int = 512) -> dic
     def rel(a, b):
         return float((a.double() - b.double()).norm() / b.double().norm())
 
-    errs = {"rowwise": rel(fp8_rowwise(x, wq, ws), ref)}
+    errs = {"rowwise": rel(fp8_rowwise(x, wq, ws), ref),
+            "rowwise_plain_pytorch": rel(fp8_rowwise_torch(x, wq, ws), ref)}
     yg = fp8_group128(x, wq, ws)
     q, s, _ = sft.dynamic_quantize(x, scope="group", group_size=128, out_dtype=FP8)
     xd = sft.dequantize(q, s, scope="group", group_size=128, out_dtype="float32")
@@ -56,6 +64,7 @@ def main(device: str = "cuda", M: int = 128, K: int = 1024, N: int = 512) -> dic
     errs["group128_vs_dequantized"] = rel(yg, xd.double() @ wd.double().t())
     errs["group128"] = rel(yg, ref)
     assert errs["rowwise"] < 8e-2 and errs["group128"] < 8e-2, errs
+    assert abs(errs["rowwise"] - errs["rowwise_plain_pytorch"]) < 1e-2, errs
     assert errs["group128_vs_dequantized"] < 1e-2, errs       # bf16 partial products, float32 sum
     print("fp8_linear: " + ", ".join(f"{k} {v:.2e}" for k, v in errs.items()))
     return errs

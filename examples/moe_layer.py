@@ -65,28 +65,31 @@ def check_against_reference(device: str, M: int = 200) -> float:
     return worst
 
 
-def train(device: str, steps: int = 20, lr: float = 0.5, M: int = 512) -> list:
+def train(device: str, layer=moe, steps: int = 20, lr: float = 3e-3, M: int = 512) -> list:
     p = {k: torch.nn.Parameter(v) for k, v in init(device).items()}
     g = torch.Generator(device=device).manual_seed(3)
     x = torch.randn(M, 128, device=device, generator=g)
     target = torch.tanh(x @ torch.randn(128, 128, device=device, generator=g) / 128 ** 0.5)
-    opt = torch.optim.SGD(p.values(), lr=lr)
+    opt = torch.optim.Adam(p.values(), lr=lr)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(moe(p, x), target)
+        loss = torch.nn.functional.mse_loss(layer(p, x), target)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
-    return losses
+        losses.append(loss.detach())
+    return [float(v) for v in losses]          # one host synchronization, after training
 
 
 def main(device: str = "cuda") -> list:
     err = check_against_reference(device)
     losses = train(device)
-    assert losses[-1] < 0.9 * losses[0], losses
+    theirs = train(device, layer=moe_reference)      # the same layer in plain PyTorch (float32)
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert abs(losses[-1] - theirs[-1]) <= 0.05 * theirs[-1], (losses, theirs)
     print(f"moe_layer: forward/gradients vs float64 reference {err:.1e}; "
-          f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps")
+          f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps "
+          f"(plain PyTorch layer: {theirs[0]:.4f} -> {theirs[-1]:.4f})")
     return losses
 
 

@@ -9,6 +9,7 @@ import torch
 import runtime.torch as sft
 
 A_SCALE = 0.05          # activations: static per-tensor int8 scale
+SCALE_EPS = torch.finfo(torch.float32).eps   # learned scales are kept >= this, as torch.ao's LSQ module does
 
 
 def init(device: str, d_in: int = 64, d_hidden: int = 128, d_out: int = 16, seed: int = 0) -> dict:
@@ -52,8 +53,11 @@ def train(model, device: str, steps: int = 30, lr: float = 0.05, compile: bool =
         loss = fn(x, target)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
-    return losses
+        with torch.no_grad():      # a scale must stay positive: the kernels poison outputs of one that is not
+            params["s1"].clamp_(min=SCALE_EPS)
+            params["s2"].clamp_(min=SCALE_EPS)
+        losses.append(loss.detach())
+    return [float(v) for v in losses]
 
 
 def main(device: str = "cuda") -> list:

@@ -21,6 +21,13 @@ def w8a8_linear(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Te
     return (acc.float() * s[:, None] * ws[None, :]).to(x.dtype)
 
 
+def w8a8_linear_torch(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """The same step in plain PyTorch ops (what skuforge's dynamic_quantize replaces)."""
+    s = x.float().abs().amax(-1).clamp_min(1e-8) / 127
+    q = torch.round(x.float() / s[:, None]).clamp(-127, 127).to(torch.int8)
+    return (torch._int_mm(q, wq.t()).float() * s[:, None] * ws[None, :]).to(x.dtype)
+
+
 def main(device: str = "cuda", M: int = 256, K: int = 1024, N: int = 512) -> float:
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16, generator=g)
@@ -30,6 +37,8 @@ def main(device: str = "cuda", M: int = 256, K: int = 1024, N: int = 512) -> flo
     ref = x.double() @ w.double().t()
     err = float((y.double() - ref).norm() / ref.norm())
     assert err < 2e-2, f"relative error {err:.3g} exceeds int8 quantization error"
+    plain = float((w8a8_linear_torch(x, wq, ws).double() - ref).norm() / ref.norm())
+    assert abs(err - plain) < 2e-3, (err, plain)                 # the plain PyTorch step: the same error
     print(f"w8a8_linear: M={M} K={K} N={N}, relative Frobenius error vs float {err:.2e}")
     return err
 

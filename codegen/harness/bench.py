@@ -46,6 +46,7 @@ from typing import Optional
 
 from . import registry
 from .records import AUDIT_DIR, git_info, now, read_json, slug, write_json
+from .steps import to_markdown as example_steps_markdown
 
 SCHEMA = 1
 # SPEC §6 shapes; the first two are the bandwidth shapes of the targets, the last is latency.
@@ -180,7 +181,7 @@ def default_subset(sku) -> bool:
     return kinds <= DEFAULT_KINDS and sku.mode in (None, "symmetric")
 
 
-def merge(old, env: dict, run: dict, results: list, host: list, copy: dict) -> dict:
+def merge(old, env: dict, run: dict, results: list, host: list, copy: dict, steps: Optional[list] = None) -> dict:
     """Fold a run into a GPU's bench record: results keyed by (sku, shape) replace older ones."""
     rec = dict(old or {})
     keyed = {(r["sku"], shape_key(r["shape"])): r for r in rec.get("results") or []}
@@ -191,6 +192,8 @@ def merge(old, env: dict, run: dict, results: list, host: list, copy: dict) -> d
                 "run": run, "copy": copy, "results": [keyed[k] for k in sorted(keyed)]})
     if host:
         rec["host_overhead"] = host
+    if steps:
+        rec["example_steps"] = steps
     return rec
 
 
@@ -270,6 +273,7 @@ def to_markdown(rec: dict) -> str:
             lines.append(f"| {h['label']} | {h['us']:.1f} | {h['min_us']:.1f} |" if h.get("us") is not None
                          else f"| {h['label']} | error: {h.get('error')} | |")
         lines.append("")
+    lines += example_steps_markdown(rec.get("example_steps") or [])
     res = rec.get("results") or []
     bw = [r for r in res if r.get("bytes")]
     fl = [r for r in res if r.get("flops") and not r.get("bytes")]
@@ -616,7 +620,23 @@ def api_host_calls(device: int = 0) -> list:
             def default(call=call, d=d):
                 return call(d)
             out.append({"label": f"{name} {shape}, {fw}, default settings", "framework": fw, "call": default})
+    if "torch" in data:
+        out += custom_op_host_calls(data["torch"], shape)
     return out + moe_host_calls(device, torch)
+
+
+def custom_op_host_calls(d: dict, shape: str) -> list:
+    """The same calls through ``torch.ops.skuforge`` in eager mode (runtime.torch's wrappers: the
+    dispatcher, the custom op's Python and the functional API underneath)."""
+    import runtime.torch as sft
+    calls = (("quantize token bf16->s8", lambda: sft.quantize(d["x"], d["s"], scope="token", out_dtype="int8")),
+             ("dequantize token s8->bf16",
+              lambda: sft.dequantize(d["q"], d["s"], scope="token", out_dtype="bfloat16")),
+             ("dynamic_quantize token bf16->s8", lambda: sft.dynamic_quantize(d["x"], scope="token")),
+             ("quantize token bf16->s8, out=",
+              lambda: sft.quantize(d["x"], d["s"], scope="token", out_dtype="int8", out=d["qo"])))
+    return [{"label": f"{name} {shape}, torch.ops.skuforge (eager), default settings", "framework": "torch.ops",
+             "call": call} for name, call in calls]
 
 
 MOE_HOST_SHAPE = (256, 512, 512, 8)     # M, N, K, E
@@ -671,6 +691,12 @@ def moe_host_calls(device: int = 0, torch=None) -> list:
                 return call(d)
             out.append({"label": f"{name} row_experts (M={M}, N={N}, K={K}, E={E}), {fw}, default settings",
                         "framework": fw, "call": default, "launches": launches})
+    if "torch" in data:
+        import runtime.torch as sft
+        d = data["torch"]
+        out.append({"label": f"grouped_matmul row_experts (M={M}, N={N}, K={K}, E={E}), torch.ops.skuforge (eager), "
+                             "default settings", "framework": "torch.ops", "launches": 4,
+                    "call": lambda: sft.grouped_matmul(d["x"], d["w"], row_experts=d["ids"])})
     return out
 
 
@@ -890,13 +916,17 @@ def cmd_bench(args) -> int:
     run = {"date": now(), **git, "filter": args.filter, "all": bool(args.all), "quick": bool(args.quick),
            "samples": samples, "runs": len(results), "seconds": round(time.perf_counter() - t_start, 1),
            "interrupted": interrupted}
-    if not results and not host:
+    steps = []
+    if args.examples:
+        from .steps import measure_example_steps
+        steps = measure_example_steps(args.device, log=console.print)
+    if not results and not host and not steps:
         console.print("bench: no result; nothing recorded")
         return 1
     folder = Path(args.records) / "bench"
     name = slug(env["gpu"]["name"])
     path = folder / f"{name}.json"
-    rec = merge(read_json(path), env, run, results, host, copy)
+    rec = merge(read_json(path), env, run, results, host, copy, steps)
     write_json(path, rec)
     (folder / f"{name}.md").write_text(to_markdown(rec))
     png = chart(rec, folder / f"{name}.png")
@@ -969,6 +999,9 @@ def add_parser(sub) -> None:
     sp.add_argument("--compile-all", action="store_true",
                     help="torch.compile baseline for every SKU (default: bf16 ones only, to bound compile time)")
     sp.add_argument("--no-host", action="store_true", help="skip the host-overhead measurement")
+    sp.add_argument("--examples", action="store_true",
+                    help="also time the examples' steps (skuforge eager / compiled vs plain PyTorch eager / compiled; "
+                         "needs PyTorch with CUDA and the source tree's examples/)")
     sp.add_argument("--device", type=int, default=0, help="CUDA device ordinal to measure on (default 0)")
     sp.add_argument("--records", default=str(AUDIT_DIR), help="records folder (default audit/)")
     sp.add_argument("--render", action="store_true",

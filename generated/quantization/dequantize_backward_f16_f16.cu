@@ -245,12 +245,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                         dy_v[u] = load_vec<f16_t, VEC>(dy + row * dy_rs + c);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
+                if (!(bad_any)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> dq_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -263,9 +263,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                             dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                         }
                         store_vec<f16_t, VEC>(dq + row * dq_rs + c, dq_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> dq_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -278,10 +283,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                             dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                         }
                         store_vec<f16_t, VEC>(dq + row * dq_rs + c, dq_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -296,7 +301,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 f16_t dq_e;
                 dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
@@ -328,52 +334,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             f16_t* dq_row = dq + row * dq_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            f16_t& dq_e = dq_o.v[i];
-                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -387,10 +367,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                         }
                         store_vec<f16_t, VEC>(dq_row + c, dq_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t dy_e = dy_v[u].v[i];
+                            f16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -404,7 +400,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 f16_t dq_e;
                 dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
@@ -455,46 +452,60 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_f
                         if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const float s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                if (!(bad_step)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> dq_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t dy_e = dy_v[u].v[i];
                             f16_t& dq_e = dq_o.v[i];
                             dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                         }
                         store_vec<f16_t, VEC>(dq + row * dq_rs + c, dq_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> dq_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t dy_e = dy_v[u].v[i];
                             f16_t& dq_e = dq_o.v[i];
                             dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                         }
                         store_vec<f16_t, VEC>(dq + row * dq_rs + c, dq_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -509,7 +520,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_f
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 f16_t dq_e;
                 dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
@@ -543,52 +555,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             f16_t* dq_row = dq + row * dq_rs;
-            const i64_t srow = 0;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            f16_t& dq_e = dq_o.v[i];
-                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -602,10 +588,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                         }
                         store_vec<f16_t, VEC>(dq_row + c, dq_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t dy_e = dy_v[u].v[i];
+                            f16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -619,7 +621,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 f16_t dq_e;
                 dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
@@ -653,52 +656,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* dy_row = dy + row * dy_rs;
             f16_t* dq_row = dq + row * dq_rs;
-            const i64_t srow = row;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            f16_t& dq_e = dq_o.v[i];
-                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -712,10 +689,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                         }
                         store_vec<f16_t, VEC>(dq_row + c, dq_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> dq_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t dy_e = dy_v[u].v[i];
+                            f16_t& dq_e = dq_o.v[i];
+                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                        }
+                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -729,7 +722,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 f16_t dq_e;
                 dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale

@@ -245,11 +245,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                         dy_v[u] = load_vec<double, VEC>(dy + row * dy_rs + c);
                     }
                 }
+                const bool bad_u = bad_any;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const bool bad_u = bad_any;
                     Vec<double, VEC> dq_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
@@ -262,9 +262,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                         dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
                     }
                     store_vec<double, VEC>(dq + row * dq_rs + c, dq_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -279,7 +279,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 double dq_e;
                 dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
@@ -311,11 +312,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* dy_row = dy + row * dy_rs;
             double* dq_row = dq + row * dq_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> dy_v[U];
 #pragma unroll
@@ -325,6 +326,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                         dy_v[u] = load_vec<double, VEC>(dy_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -340,9 +343,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                     }
                     store_vec<double, VEC>(dq_row + c, dq_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -356,7 +359,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 double dq_e;
                 dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
@@ -407,29 +411,36 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_f
                         if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                const bool bad_u = bad_step;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    const bool bad_u = bad_g;
                     Vec<double, VEC> dq_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const double s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        const bool bad = bad_u;
+                        const bool bad = bad_u && bad_g[u];
                         (void)s; (void)inv; (void)zp; (void)bad;
                         const double dy_e = dy_v[u].v[i];
                         double& dq_e = dq_o.v[i];
                         dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
                     }
                     store_vec<double, VEC>(dq + row * dq_rs + c, dq_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -444,7 +455,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_group_f
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 double dq_e;
                 dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
@@ -478,11 +490,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* dy_row = dy + row * dy_rs;
             double* dq_row = dq + row * dq_rs;
-            const i64_t srow = 0;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> dy_v[U];
 #pragma unroll
@@ -492,6 +504,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                         dy_v[u] = load_vec<double, VEC>(dy_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -507,9 +521,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                     }
                     store_vec<double, VEC>(dq_row + c, dq_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -523,7 +537,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 double dq_e;
                 dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale
@@ -557,11 +572,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* dy_row = dy + row * dy_rs;
             double* dq_row = dq + row * dq_rs;
-            const i64_t srow = row;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> dy_v[U];
 #pragma unroll
@@ -571,6 +586,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                         dy_v[u] = load_vec<double, VEC>(dy_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -586,9 +603,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                     }
                     store_vec<double, VEC>(dq_row + c, dq_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -602,7 +619,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 double dq_e;
                 dq_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * s);   // NaN: invalid scale

@@ -246,12 +246,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                         q_v[u] = load_vec<u8_t, VEC>(q + row * q_rs + c);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
+                if (!(bad_any)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> y_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -264,9 +264,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                             y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                         }
                         store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> y_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -279,10 +284,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                             y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                         }
                         store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -297,7 +302,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
@@ -329,52 +335,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             f16_t* y_row = y + row * y_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            f16_t& y_e = y_o.v[i];
-                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<f16_t, VEC>(y_row + c, y_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -388,10 +368,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                         }
                         store_vec<f16_t, VEC>(y_row + c, y_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> y_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                            f16_t& y_e = y_o.v[i];
+                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
+                        }
+                        store_vec<f16_t, VEC>(y_row + c, y_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -405,7 +401,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
@@ -466,12 +463,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                         q_v[u] = load_vec<u8_t, VEC>(q + row * q_rs + c);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
+                if (!(bad_any)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> y_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -484,9 +481,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                             y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                         }
                         store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> y_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -499,10 +501,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                             y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                         }
                         store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -517,7 +519,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
@@ -549,52 +552,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             f16_t* y_row = y + row * y_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            f16_t& y_e = y_o.v[i];
-                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<f16_t, VEC>(y_row + c, y_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -608,10 +585,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                         }
                         store_vec<f16_t, VEC>(y_row + c, y_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> y_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                            f16_t& y_e = y_o.v[i];
+                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
+                        }
+                        store_vec<f16_t, VEC>(y_row + c, y_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -625,7 +618,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
@@ -677,46 +671,60 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                         if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const float s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<true>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                if (!(bad_step)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> y_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                             f16_t& y_e = y_o.v[i];
                             y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                         }
                         store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> y_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                             f16_t& y_e = y_o.v[i];
                             y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                         }
                         store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -731,7 +739,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
@@ -782,46 +791,60 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                         if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const float s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                if (!(bad_step)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> y_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                             f16_t& y_e = y_o.v[i];
                             y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                         }
                         store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> y_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                             f16_t& y_e = y_o.v[i];
                             y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                         }
                         store_vec<f16_t, VEC>(y + row * y_rs + c, y_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -836,7 +859,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
@@ -870,52 +894,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             f16_t* y_row = y + row * y_rs;
-            const i64_t srow = 0;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            f16_t& y_e = y_o.v[i];
-                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<f16_t, VEC>(y_row + c, y_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -929,10 +927,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                         }
                         store_vec<f16_t, VEC>(y_row + c, y_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> y_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                            f16_t& y_e = y_o.v[i];
+                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
+                        }
+                        store_vec<f16_t, VEC>(y_row + c, y_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -946,7 +960,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
@@ -980,52 +995,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             f16_t* y_row = y + row * y_rs;
-            const i64_t srow = 0;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            f16_t& y_e = y_o.v[i];
-                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<f16_t, VEC>(y_row + c, y_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1039,10 +1028,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                         }
                         store_vec<f16_t, VEC>(y_row + c, y_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> y_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                            f16_t& y_e = y_o.v[i];
+                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
+                        }
+                        store_vec<f16_t, VEC>(y_row + c, y_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1056,7 +1061,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
@@ -1090,52 +1096,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             f16_t* y_row = y + row * y_rs;
-            const i64_t srow = row;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            f16_t& y_e = y_o.v[i];
-                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<f16_t, VEC>(y_row + c, y_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1149,10 +1129,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                         }
                         store_vec<f16_t, VEC>(y_row + c, y_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> y_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                            f16_t& y_e = y_o.v[i];
+                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
+                        }
+                        store_vec<f16_t, VEC>(y_row + c, y_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1166,7 +1162,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
@@ -1200,52 +1197,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             f16_t* y_row = y + row * y_rs;
-            const i64_t srow = row;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            f16_t& y_e = y_o.v[i];
-                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<f16_t, VEC>(y_row + c, y_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<u8_t, VEC> q_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1259,10 +1230,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                         }
                         store_vec<f16_t, VEC>(y_row + c, y_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> y_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                            f16_t& y_e = y_o.v[i];
+                            y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
+                        }
+                        store_vec<f16_t, VEC>(y_row + c, y_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1276,7 +1263,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 f16_t y_e;
                 y_e = from_f32<f16_t>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);

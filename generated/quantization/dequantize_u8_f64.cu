@@ -246,11 +246,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                         q_v[u] = load_vec<u8_t, VEC>(q + row * q_rs + c);
                     }
                 }
+                const bool bad_u = bad_any;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const bool bad_u = bad_any;
                     Vec<double, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
@@ -263,9 +263,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                         y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -280,7 +280,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
@@ -312,11 +313,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -326,6 +327,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -341,9 +344,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -357,7 +360,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
@@ -418,11 +422,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                         q_v[u] = load_vec<u8_t, VEC>(q + row * q_rs + c);
                     }
                 }
+                const bool bad_u = bad_any;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const bool bad_u = bad_any;
                     Vec<double, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
@@ -435,9 +439,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                         y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -452,7 +456,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
@@ -484,11 +489,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -498,6 +503,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -513,9 +520,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -529,7 +536,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
@@ -581,29 +589,36 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                         if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<true>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                const bool bad_u = bad_step;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    const bool bad_u = bad_g;
                     Vec<double, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const double s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        const bool bad = bad_u;
+                        const bool bad = bad_u && bad_g[u];
                         (void)s; (void)inv; (void)zp; (void)bad;
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         double& y_e = y_o.v[i];
                         y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -618,7 +633,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
@@ -669,29 +685,36 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                         if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                const bool bad_u = bad_step;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    const bool bad_u = bad_g;
                     Vec<double, VEC> y_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const double s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        const bool bad = bad_u;
+                        const bool bad = bad_u && bad_g[u];
                         (void)s; (void)inv; (void)zp; (void)bad;
                         const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
                         double& y_e = y_o.v[i];
                         y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -706,7 +729,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
@@ -740,11 +764,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = 0;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -754,6 +778,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -769,9 +795,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -785,7 +811,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
@@ -819,11 +846,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = 0;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -833,6 +860,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -848,9 +877,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -864,7 +893,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
@@ -898,11 +928,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = row;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -912,6 +942,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -927,9 +959,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -943,7 +975,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);
@@ -977,11 +1010,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = row;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -991,6 +1024,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1006,9 +1041,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1022,7 +1057,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const u8_t q_e = q_row[c];
                 double y_e;
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (double)(q_to_int(q_e) - zp) * s);

@@ -249,12 +249,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
+                if (!(bad_any)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> dx_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -269,9 +269,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                             dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                         }
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> dx_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -286,10 +291,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                             dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                         }
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -305,7 +310,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;
@@ -341,58 +347,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
             f16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -408,10 +384,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         }
                         store_vec<f16_t, VEC>(dx_row + c, dx_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t dy_e = dy_v[u].v[i];
+                            const f16_t x_e = x_v[u].v[i];
+                            f16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -426,7 +420,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;
@@ -492,12 +487,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
+                if (!(bad_any)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> dx_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -512,9 +507,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                             dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                         }
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<f16_t, VEC> dx_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -529,10 +529,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                             dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                         }
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -548,7 +548,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;
@@ -584,58 +585,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
             f16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -651,10 +622,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         }
                         store_vec<f16_t, VEC>(dx_row + c, dx_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t dy_e = dy_v[u].v[i];
+                            const f16_t x_e = x_v[u].v[i];
+                            f16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -669,7 +658,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;
@@ -726,21 +716,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                         if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const float s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<true>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                if (!(bad_step)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> dx_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t dy_e = dy_v[u].v[i];
                             const f16_t x_e = x_v[u].v[i];
@@ -749,15 +746,22 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                             dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                         }
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> dx_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t dy_e = dy_v[u].v[i];
                             const f16_t x_e = x_v[u].v[i];
@@ -766,10 +770,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                             dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                         }
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -785,7 +789,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;
@@ -841,21 +846,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                         if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const float s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                if (!(bad_step)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> dx_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t dy_e = dy_v[u].v[i];
                             const f16_t x_e = x_v[u].v[i];
@@ -864,15 +876,22 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                             dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                         }
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<f16_t, VEC> dx_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t dy_e = dy_v[u].v[i];
                             const f16_t x_e = x_v[u].v[i];
@@ -881,10 +900,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                             dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                         }
                         store_vec<f16_t, VEC>(dx + row * dx_rs + c, dx_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -900,7 +919,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;
@@ -938,58 +958,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
             f16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1005,10 +995,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         }
                         store_vec<f16_t, VEC>(dx_row + c, dx_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t dy_e = dy_v[u].v[i];
+                            const f16_t x_e = x_v[u].v[i];
+                            f16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1023,7 +1031,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;
@@ -1061,58 +1070,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
             f16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1128,10 +1107,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         }
                         store_vec<f16_t, VEC>(dx_row + c, dx_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t dy_e = dy_v[u].v[i];
+                            const f16_t x_e = x_v[u].v[i];
+                            f16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1146,7 +1143,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;
@@ -1184,58 +1182,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
             f16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1251,10 +1219,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         }
                         store_vec<f16_t, VEC>(dx_row + c, dx_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t dy_e = dy_v[u].v[i];
+                            const f16_t x_e = x_v[u].v[i];
+                            f16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1269,7 +1255,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;
@@ -1307,58 +1294,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const f16_t* dy_row = dy + row * dy_rs;
             const f16_t* x_row = x + row * x_rs;
             f16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> dy_v[U];
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1374,10 +1331,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         }
                         store_vec<f16_t, VEC>(dx_row + c, dx_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<f16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t dy_e = dy_v[u].v[i];
+                            const f16_t x_e = x_v[u].v[i];
+                            f16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1392,7 +1367,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t dy_e = dy_row[c];
                 const f16_t x_e = x_row[c];
                 f16_t dx_e;

@@ -249,11 +249,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
                     }
                 }
+                const bool bad_u = bad_any;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const bool bad_u = bad_any;
                     Vec<double, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
@@ -268,9 +268,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
                     store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -286,7 +286,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;
@@ -322,11 +323,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> dy_v[U];
                 Vec<double, VEC> x_v[U];
@@ -338,6 +339,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -355,9 +358,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -372,7 +375,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;
@@ -438,11 +442,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
                     }
                 }
+                const bool bad_u = bad_any;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const bool bad_u = bad_any;
                     Vec<double, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
@@ -457,9 +461,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
                     store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -475,7 +479,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;
@@ -511,11 +516,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> dy_v[U];
                 Vec<double, VEC> x_v[U];
@@ -527,6 +532,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -544,9 +551,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -561,7 +568,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;
@@ -618,20 +626,27 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                         if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<true>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                const bool bad_u = bad_step;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    const bool bad_u = bad_g;
                     Vec<double, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const double s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        const bool bad = bad_u;
+                        const bool bad = bad_u && bad_g[u];
                         (void)s; (void)inv; (void)zp; (void)bad;
                         const double dy_e = dy_v[u].v[i];
                         const double x_e = x_v[u].v[i];
@@ -640,9 +655,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                         dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
                     store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -658,7 +673,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;
@@ -714,20 +730,27 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                         if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                const bool bad_u = bad_step;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    const bool bad_u = bad_g;
                     Vec<double, VEC> dx_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const double s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        const bool bad = bad_u;
+                        const bool bad = bad_u && bad_g[u];
                         (void)s; (void)inv; (void)zp; (void)bad;
                         const double dy_e = dy_v[u].v[i];
                         const double x_e = x_v[u].v[i];
@@ -736,9 +759,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                         dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
                     }
                     store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -754,7 +777,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;
@@ -792,11 +816,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> dy_v[U];
                 Vec<double, VEC> x_v[U];
@@ -808,6 +832,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -825,9 +851,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -842,7 +868,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;
@@ -880,11 +907,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> dy_v[U];
                 Vec<double, VEC> x_v[U];
@@ -896,6 +923,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -913,9 +942,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -930,7 +959,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;
@@ -968,11 +998,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> dy_v[U];
                 Vec<double, VEC> x_v[U];
@@ -984,6 +1014,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1001,9 +1033,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1018,7 +1050,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;
@@ -1056,11 +1089,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> dy_v[U];
                 Vec<double, VEC> x_v[U];
@@ -1072,6 +1105,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1089,9 +1124,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1106,7 +1141,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double dy_e = dy_row[c];
                 const double x_e = x_row[c];
                 double dx_e;

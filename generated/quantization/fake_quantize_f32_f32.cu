@@ -247,12 +247,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         x_v[u] = load_vec<float, VEC>(x + row * x_rs + c);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
+                if (!(bad_any)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<float, VEC> y_o;
                         Vec<u8_t, VEC> mask_o;
     #pragma unroll
@@ -270,9 +270,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<float, VEC> y_o;
                         Vec<u8_t, VEC> mask_o;
     #pragma unroll
@@ -290,10 +295,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -309,7 +314,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;
@@ -347,57 +353,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -416,10 +391,31 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         store_vec<float, VEC>(y_row + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -434,7 +430,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;
@@ -500,12 +497,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         x_v[u] = load_vec<float, VEC>(x + row * x_rs + c);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
+                if (!(bad_any)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<float, VEC> y_o;
                         Vec<u8_t, VEC> mask_o;
     #pragma unroll
@@ -523,9 +520,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<float, VEC> y_o;
                         Vec<u8_t, VEC> mask_o;
     #pragma unroll
@@ -543,10 +545,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -562,7 +564,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;
@@ -600,57 +603,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -669,10 +641,31 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         store_vec<float, VEC>(y_row + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -687,7 +680,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;
@@ -744,22 +738,29 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                         if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const float s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<true>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                if (!(bad_step)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<float, VEC> y_o;
                         Vec<u8_t, VEC> mask_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const float x_e = x_v[u].v[i];
                             float& y_e = y_o.v[i];
@@ -770,16 +771,23 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<float, VEC> y_o;
                         Vec<u8_t, VEC> mask_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const float x_e = x_v[u].v[i];
                             float& y_e = y_o.v[i];
@@ -790,10 +798,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -809,7 +817,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;
@@ -865,22 +874,29 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                         if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const float s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                if (!(bad_step)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<float, VEC> y_o;
                         Vec<u8_t, VEC> mask_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const float x_e = x_v[u].v[i];
                             float& y_e = y_o.v[i];
@@ -891,16 +907,23 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<float, VEC> y_o;
                         Vec<u8_t, VEC> mask_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const float x_e = x_v[u].v[i];
                             float& y_e = y_o.v[i];
@@ -911,10 +934,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -930,7 +953,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;
@@ -970,57 +994,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = 0;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1039,10 +1032,31 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                         store_vec<float, VEC>(y_row + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1057,7 +1071,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;
@@ -1097,57 +1112,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = 0;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1166,10 +1150,31 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                         store_vec<float, VEC>(y_row + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1184,7 +1189,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;
@@ -1224,57 +1230,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = row;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1293,10 +1268,31 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                         store_vec<float, VEC>(y_row + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1311,7 +1307,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;
@@ -1351,57 +1348,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             const float* x_row = x + row * x_rs;
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = row;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<float, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<float, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1420,10 +1386,31 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                         store_vec<float, VEC>(y_row + c, y_o);
                         if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<float, VEC> y_o;
+                        Vec<u8_t, VEC> mask_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const float x_e = x_v[u].v[i];
+                            float& y_e = y_o.v[i];
+                            u8_t& mask_e = mask_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                        }
+                        store_vec<float, VEC>(y_row + c, y_o);
+                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1438,7 +1425,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const float x_e = x_row[c];
                 float y_e;
                 u8_t mask_e;

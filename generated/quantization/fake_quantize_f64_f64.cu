@@ -247,11 +247,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
                     }
                 }
+                const bool bad_u = bad_any;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const bool bad_u = bad_any;
                     Vec<double, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
@@ -269,9 +269,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -287,7 +287,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;
@@ -325,11 +326,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> x_v[U];
 #pragma unroll
@@ -339,6 +340,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -359,9 +362,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -376,7 +379,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;
@@ -442,11 +446,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
                     }
                 }
+                const bool bad_u = bad_any;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
-                    const bool bad_u = bad_any;
                     Vec<double, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
@@ -464,9 +468,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -482,7 +486,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;
@@ -520,11 +525,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> x_v[U];
 #pragma unroll
@@ -534,6 +539,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -554,9 +561,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -571,7 +578,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;
@@ -628,21 +636,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                         if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<true>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                const bool bad_u = bad_step;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    const bool bad_u = bad_g;
                     Vec<double, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const double s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        const bool bad = bad_u;
+                        const bool bad = bad_u && bad_g[u];
                         (void)s; (void)inv; (void)zp; (void)bad;
                         const double x_e = x_v[u].v[i];
                         double& y_e = y_o.v[i];
@@ -653,9 +668,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -671,7 +686,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;
@@ -727,21 +743,28 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                         if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                const bool bad_u = bad_step;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
                     if (row >= rows) break;
                     const double s_g = s_u[u], inv_g = recip(s_g);
                     const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    const bool bad_u = bad_g;
                     Vec<double, VEC> y_o;
                     Vec<u8_t, VEC> mask_o;
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         const double s = s_g, inv = inv_g;
                         const int zp = zp_g;
-                        const bool bad = bad_u;
+                        const bool bad = bad_u && bad_g[u];
                         (void)s; (void)inv; (void)zp; (void)bad;
                         const double x_e = x_v[u].v[i];
                         double& y_e = y_o.v[i];
@@ -752,9 +775,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
-
-
                 }
+
+
             }
         }
     } else {
@@ -770,7 +793,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;
@@ -810,11 +834,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = 0;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> x_v[U];
 #pragma unroll
@@ -824,6 +848,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -844,9 +870,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -861,7 +887,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;
@@ -901,11 +928,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = 0;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> x_v[U];
 #pragma unroll
@@ -915,6 +942,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -935,9 +964,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -952,7 +981,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;
@@ -992,11 +1022,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = row;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> x_v[U];
 #pragma unroll
@@ -1006,6 +1036,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1026,9 +1058,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1043,7 +1075,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                 const double inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;
@@ -1083,11 +1116,11 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = row;
-            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
+            (void)bad;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<double, VEC> x_v[U];
 #pragma unroll
@@ -1097,6 +1130,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1117,9 +1152,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
+
+
             }
-
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1134,7 +1169,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                 const double inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const double x_e = x_row[c];
                 double y_e;
                 u8_t mask_e;

@@ -246,12 +246,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
+                if (!(bad_any)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<u8_t, VEC> q_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -264,9 +264,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                             q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                         }
                         store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<u8_t, VEC> q_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -279,10 +284,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                             q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                         }
                         store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -297,7 +302,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
@@ -329,52 +335,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* x_row = x + row * x_rs;
             u8_t* q_row = q + row * q_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -388,10 +368,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                         }
                         store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -405,7 +401,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
@@ -466,12 +463,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                         x_v[u] = load_vec<f16_t, VEC>(x + row * x_rs + c);
                     }
                 }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    if (!(bad_any)) {
-                        constexpr bool bad_u = false;
+                if (!(bad_any)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<u8_t, VEC> q_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -484,9 +481,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                             q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                         }
                         store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
                         Vec<u8_t, VEC> q_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
@@ -499,10 +501,10 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                             q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                         }
                         store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -517,7 +519,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
@@ -549,52 +552,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* x_row = x + row * x_rs;
             u8_t* q_row = q + row * q_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -608,10 +585,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                         }
                         store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -625,7 +618,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
@@ -677,46 +671,60 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
                         if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const float s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<true>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<true>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                if (!(bad_step)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<u8_t, VEC> q_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t x_e = x_v[u].v[i];
                             u8_t& q_e = q_o.v[i];
                             q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                         }
                         store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<u8_t, VEC> q_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t x_e = x_v[u].v[i];
                             u8_t& q_e = q_o.v[i];
                             q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                         }
                         store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -731,7 +739,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
@@ -782,46 +791,60 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f1
                         if (scale) s_u[u] = scale[row * ngroups + g];
                     }
                 }
+                // the U group scales' checks, after the loads: one branch for the whole step
+                bool bad_g[U], bad_step = false;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const float s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    const bool bad_g = param_bad<false>(status, s_g, zp_g, qmin, qmax, BAD_SCALE, BAD_ZP);
-                    if (!(bad_g)) {
-                        constexpr bool bad_u = false;
+                    bad_g[u] = r0 + u * row_step < rows
+                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
+                    bad_step = bad_step || bad_g[u];
+                }
+                if (!(bad_step)) {
+                    constexpr bool bad_u = false;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<u8_t, VEC> q_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t x_e = x_v[u].v[i];
                             u8_t& q_e = q_o.v[i];
                             q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                         }
                         store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
+                    }
 
-                    } else {
-                        constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+                } else {
+                    constexpr bool bad_u = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t row = r0 + u * row_step;
+                        if (row >= rows) break;
+                        const float s_g = s_u[u], inv_g = recip(s_g);
+                        const int zp_g = zp_u[u];
                         Vec<u8_t, VEC> q_o;
     #pragma unroll
                         for (int i = 0; i < VEC; ++i) {
                             const float s = s_g, inv = inv_g;
                             const int zp = zp_g;
-                            const bool bad = bad_u;
+                            const bool bad = bad_u && bad_g[u];
                             (void)s; (void)inv; (void)zp; (void)bad;
                             const f16_t x_e = x_v[u].v[i];
                             u8_t& q_e = q_o.v[i];
                             q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                         }
                         store_vec<u8_t, VEC>(q + row * q_rs + c, q_o);
-
                     }
 
                 }
+
             }
         }
     } else {
@@ -836,7 +859,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f1
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
@@ -870,52 +894,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* x_row = x + row * x_rs;
             u8_t* q_row = q + row * q_rs;
-            const i64_t srow = 0;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -929,10 +927,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                         }
                         store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -946,7 +960,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
@@ -980,52 +995,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* x_row = x + row * x_rs;
             u8_t* q_row = q + row * q_rs;
-            const i64_t srow = 0;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1039,10 +1028,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
                         }
                         store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1056,7 +1061,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
@@ -1090,52 +1096,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* x_row = x + row * x_rs;
             u8_t* q_row = q + row * q_rs;
-            const i64_t srow = row;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1149,10 +1129,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
                         }
                         store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1166,7 +1162,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
                 const float inv = recip(s);
                 const int zp = zero_point ? zero_point[sidx] : zp_value;
                 const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
@@ -1200,52 +1197,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
         for (i64_t row = row0; row < rows; row += row_step) {
             const f16_t* x_row = x + row * x_rs;
             u8_t* q_row = q + row * q_rs;
-            const i64_t srow = row;
-            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)s; (void)zp; (void)bad;
-            if (!(bad)) {
-                constexpr bool bad = false;
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+            (void)s; (void)zp;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-
-            } else {
-                constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                    Vec<f16_t, VEC> x_v[U];
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c < cols) {
-                            x_v[u] = load_vec<f16_t, VEC>(x_row + c);
-                        }
-                    }
-                    const float inv = recip(s);
-                    (void)inv;
+                // The scale is checked (and branched on) only after the data loads are issued: a
+                // check before them would make every row wait for its scale before loading its data.
+                const float inv = recip(s);
+                (void)inv;
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                if (!(bad)) {
+                    constexpr bool bad = false;
     #pragma unroll
                     for (int u = 0; u < U; ++u) {
                         const i64_t c = c0 + (i64_t)u * TX * VEC;
@@ -1259,10 +1230,26 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
                         }
                         store_vec<u8_t, VEC>(q_row + c, q_o);
                     }
+
+                } else {
+                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<u8_t, VEC> q_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const f16_t x_e = x_v[u].v[i];
+                            u8_t& q_e = q_o.v[i];
+                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                        }
+                        store_vec<u8_t, VEC>(q_row + c, q_o);
+                    }
+
                 }
 
             }
-
         }
     } else {
         // Scalar path: any cols, any alignment, any group size.
@@ -1276,7 +1263,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
                 const float inv = recip(s);
                 const int zp = zp_value;  // symmetric: the implied zero point
                 const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)s; (void)inv; (void)zp; (void)bad;
+                (void)bad;
+                (void)s; (void)inv; (void)zp;
                 const f16_t x_e = x_row[c];
                 u8_t q_e;
                 q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));

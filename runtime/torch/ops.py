@@ -256,43 +256,45 @@ _dequantize.register_autograd(_dq_backward, setup_context=_dq_setup)
 
 # -- dynamic_quantize ---------------------------------------------------------------------------
 @torch.library.custom_op("skuforge::dynamic_quantize", mutates_args=(), device_types="cuda")
-def _dynamic_quantize(x: Tensor, scope: str, mode: str = "symmetric", axis: Optional[int] = None,
+def _dynamic_quantize(x: Tensor, scope: str, range_mode: str = "symmetric", axis: Optional[int] = None,
                       group_size: Optional[int] = None, out_dtype: str = "int8", qmin: Optional[int] = None,
                       qmax: Optional[int] = None, eps: float = 1e-8,
                       scale_dtype: str = "float32") -> Tuple[Tensor, Tensor, Tensor]:
     """``(q, scale, zero_point)``; zero_point is an empty int32 tensor in symmetric mode, e8m0 scales
     a ``torch.float8_e8m0fnu`` tensor (uint8 where torch has no such dtype)."""
-    q, s, z = sf.dynamic_quantize(x, scope=scope, mode=mode, axis=axis, group_size=group_size, out_dtype=out_dtype,
-                                  qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
+    q, s, z = sf.dynamic_quantize(x, scope=scope, mode=range_mode, axis=axis, group_size=group_size,
+                                  out_dtype=out_dtype, qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
     if lowbit.is_e8m0(scale_dtype) and s.dtype != E8M0_DTYPE:
         s = s.view(E8M0_DTYPE)
     return q, s, _none_or_empty(z, torch.int32, x.device)
 
 
 @_dynamic_quantize.register_fake
-def _(x, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8", qmin=None, qmax=None, eps=1e-8,
-      scale_dtype="float32"):
-    qs, ss, zs = meta.dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype)
+def _(x, scope, range_mode="symmetric", axis=None, group_size=None, out_dtype="int8", qmin=None, qmax=None,
+      eps=1e-8, scale_dtype="float32"):
+    qs, ss, zs = meta.dynamic_quantize_spec(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps,
+                                            scale_dtype)
     return _new(qs, x.device), _new(ss, x.device), _new(zs or ((0,), torch.int32), x.device)
 
 
-def _dynamic_quantize_out(x, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8", qmin=None,
+def _dynamic_quantize_out(x, scope, range_mode="symmetric", axis=None, group_size=None, out_dtype="int8", qmin=None,
                           qmax=None, eps=1e-8, scale_dtype="float32", *, q, scale, zero_point=None):
     outs = (q, scale) if zero_point is None else (q, scale, zero_point)
-    sf.dynamic_quantize(x, scope=scope, mode=mode, axis=axis, group_size=group_size, out_dtype=out_dtype, qmin=qmin,
-                        qmax=qmax, eps=eps, scale_dtype=scale_dtype, out=outs)
+    sf.dynamic_quantize(x, scope=scope, mode=range_mode, axis=axis, group_size=group_size, out_dtype=out_dtype,
+                        qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype, out=outs)
 
 
-def _dynamic_quantize_out_fake(x, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8", qmin=None,
-                               qmax=None, eps=1e-8, scale_dtype="float32", *, q, scale, zero_point=None):
+def _dynamic_quantize_out_fake(x, scope, range_mode="symmetric", axis=None, group_size=None, out_dtype="int8",
+                               qmin=None, qmax=None, eps=1e-8, scale_dtype="float32", *, q, scale, zero_point=None):
     if kind_of(out_dtype, "out_dtype") in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
         raise UnsupportedError(f"out= with out_dtype={out_dtype!r} / scale_dtype={scale_dtype!r}: dynamic_quantize "
                                f"writes into given arrays for {', '.join(kinds.INT8)} outputs with float scales only")
-    if mode == "asymmetric" and zero_point is None:
+    if range_mode == "asymmetric" and zero_point is None:
         raise InvalidProblemError("out: asymmetric mode returns a zero point; pass out=(q, scale, zero_point)")
-    if mode != "asymmetric" and zero_point is not None:
-        raise InvalidProblemError(f"out: mode={mode!r} has no zero-point output; pass out=(q, scale)")
-    qs, ss, zs = meta.dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype)
+    if range_mode != "asymmetric" and zero_point is not None:
+        raise InvalidProblemError(f"out: mode={range_mode!r} has no zero-point output; pass out=(q, scale)")
+    qs, ss, zs = meta.dynamic_quantize_spec(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps,
+                                            scale_dtype)
     meta.same_device(x, q, scale, zero_point)
     meta.check_out(q, qs, "out[0] (q)")
     meta.check_out(scale, ss, "out[1] (scale)", rows=False)
