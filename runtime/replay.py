@@ -23,9 +23,16 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
     one is remembered, else ``slow(fast)`` (the op's normalize → plan → launch) under a recording
     :class:`FastCall` (``args[scale_at]``, ``args[scale_at + 1]``: the scale and zero point, if the
     op takes them)."""
-    r = lookup(op, static, args)
-    if r is not MISS:
-        return r
+    key, vals = call_key(op, static, args)
+    if key is not None:
+        try:
+            entry = CACHE.get(key)
+        except TypeError:          # an unhashable keyword argument: the slow path validates it
+            entry = None
+        if entry is not None:
+            r = entry.run(args, vals)
+            if r is not MISS:
+                return r
     with FastCall(op, static, args, scale_at=scale_at) as fast:
         return slow(fast)
 
@@ -48,7 +55,8 @@ CACHE: dict = {}
 LIMIT = 2048
 _NONE = ("none",)
 MISS = object()
-_FRAMEWORK: dict = {}        # exact type -> 1 torch tensor, 2 cupy array, 0 anything else
+# exact type -> 1 torch tensor, 2 cupy array, 3 Python float / int, 4 None, 0 anything else
+_FRAMEWORK: dict = {float: 3, int: 3, type(None): 4}
 
 
 def _framework_of(t) -> int:
@@ -74,9 +82,9 @@ def describe(obj):
     fw = _FRAMEWORK.get(t)
     if fw is None:
         fw = _FRAMEWORK[t] = _framework_of(t)
-    if fw == 1:
+    if fw == 1:                    # get_device(): -1 for a tensor off the GPU
         p = obj.data_ptr()
-        return (t, obj.shape, obj.stride(), obj.dtype, obj.get_device(), obj.is_cuda, p & 15), p
+        return (t, obj.shape, obj.stride(), obj.dtype, obj.get_device(), p & 15), p
     if fw == 2:
         d = obj.data
         p = d.ptr
@@ -94,7 +102,9 @@ class Entry:
         run the slow path instead (it raises the typed error, or takes over)."""
         if self.checked and config.sync_checks_on():
             return MISS
-        status.raise_pending(self.device)
+        w = status._words
+        if w is not None and w[self.device]:
+            status.raise_pending(self.device)
         check = self.check
         if check is not None and not check(vals):
             return MISS
@@ -165,12 +175,21 @@ def call_key(op, static, args):
     k = [op, static]
     k += map(type, static)       # 1, 1.0, True and numpy.int64(1) are equal keys, not equally valid
     vals = []
+    fws = _FRAMEWORK
     try:
-        for a in args:
+        for a in args:             # describe(), inlined for the common types: this runs on every call
             t = type(a)
-            if t is float or t is int:
+            fw = fws.get(t)
+            if fw == 1:
+                v = a.data_ptr()
+                sig = (t, a.shape, a.stride(), a.dtype, a.get_device(), v & 15)
+            elif fw == 2:
+                d = a.data
+                v = d.ptr
+                sig = (t, a.shape, a.strides, a.dtype, d.device_id, v & 15)
+            elif fw == 3:
                 sig, v = t, a
-            elif a is None:
+            elif fw == 4:
                 sig, v = _NONE, 0
             else:
                 sig, v = describe(a)
@@ -183,26 +202,9 @@ def call_key(op, static, args):
     return tuple(k), vals
 
 
-def lookup(op, static, args):
-    """The result of replaying a remembered call of ``op`` on these arguments, or ``MISS``."""
-    key, vals = call_key(op, static, args)
-    if key is None:
-        return MISS
-    try:
-        entry = CACHE.get(key)
-    except TypeError:              # an unhashable keyword argument: the slow path validates it
-        return MISS
-    if entry is None:
-        return MISS
-    return entry.run(args, vals)
-
-
 class FastCall:
-    """Records a functional call's slow path so that it can be replayed.
+    """Records a functional call's slow path so that it can be replayed (:func:`call` uses it thus):
 
-        r = lookup(op, static, args)
-        if r is not MISS:
-            return r
         with FastCall(op, static, args, scale_at=...) as fast:   # records the allocations
             ...validate, allocate...; launch_elementwise(..., fast=fast)  # or add_launch / set_runner
             fast.remember(result, zp_range)
