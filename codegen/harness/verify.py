@@ -156,8 +156,16 @@ def cmd_verify(args) -> int:
     from ..manifest import GENERATED
     reg = Registry.load(GENERATED)
     skus = [s for s in reg.skus() if fnmatch.fnmatchcase(str(s), args.filter)]
+    if args.skus:
+        wanted = {line.strip() for line in Path(args.skus).read_text().splitlines() if line.strip()}
+        unknown = wanted - {str(s) for s in reg.skus()}
+        if unknown:
+            console.print(f"verify: --skus {args.skus} names SKUs that are not generated: {', '.join(sorted(unknown)[:5])}")
+            return 2
+        skus = [s for s in skus if str(s) in wanted]
     if not skus:
-        console.print(f"verify: no generated SKU matches --filter {args.filter!r}")
+        console.print(f"verify: no generated SKU matches --filter {args.filter!r}"
+                      + (f" and --skus {args.skus}" if args.skus else ""))
         return 2
     bad = _unit_mismatches(reg, skus)
     if bad:
@@ -215,6 +223,7 @@ def add_parser(sub) -> None:
     sp = sub.add_parser("verify", help="run the selected SKUs against the NumPy reference on a GPU and record it",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--filter", default="*", help="glob on the SKU string, e.g. '*quantize/token/*bf16*'")
+    sp.add_argument("--skus", help="a file listing SKUs, one per line: verify those (and --filter's) only")
     sp.add_argument("--seed", type=int, default=None, help="base seed (default: fresh, printed and recorded)")
     sp.add_argument("--framework", choices=("cupy", "torch"), default="cupy",
                     help="array type the checks pass to the API (default cupy)")
