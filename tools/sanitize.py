@@ -13,6 +13,9 @@ SKU: what racecheck and synccheck need (they look at shared memory and barriers,
 the template and the launch, not on the dtype). ``--report-api-errors no``: cuda-bindings probes
 driver entry points this driver may lack, and the sanitizer would count those probes as errors.
 
+``--record``: the shards' verify results (real runs, under the sanitizer) are folded into
+``audit/verified/<gpu>.json`` as one run each, like ``python -m codegen verify`` would record them.
+
 Writes ``OUT/sanitize-<tool>.json`` (per shard: SKUs, verify's pass / fail counts, the
 sanitizer's error summary, the log's tail) and the logs; exits 1 when any shard reports an error,
 a failed check or no summary (a cut-off shard).
@@ -65,6 +68,23 @@ def summary(text: str) -> dict:
             "passed": int(v.group(1)) if v else None, "failed": int(v.group(2)) if v else None}
 
 
+def record(out: Path, n: int) -> None:
+    """Fold each shard's verify record into the committed one (audit/verified/<gpu>.json)."""
+    from codegen.harness.records import AUDIT_DIR, read_json, write_json
+    from codegen.harness.verify import merge
+    for i in range(n):
+        for path in sorted((out / f"records-{i}" / "verified").glob("*.json")):
+            shard = read_json(path)
+            env = {k: v for k, v in shard.items() if k not in ("schema", "commit", "dirty", "date", "seed", "runs", "skus")}
+            for run in shard.get("runs") or []:
+                results = {sku: {k: v for k, v in r.items() if k != "run"}
+                           for sku, r in (shard.get("skus") or {}).items() if r.get("run") == run.get("id")}
+                target = AUDIT_DIR / "verified" / path.name
+                write_json(target, merge(read_json(target), env, {k: v for k, v in run.items() if k != "id"},
+                                         results))
+                print(f"recorded shard {i}: {len(results)} SKUs into {target}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tool", default="memcheck", choices=("memcheck", "racecheck", "synccheck", "initcheck"))
@@ -74,6 +94,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--limit", type=int, default=540, help="seconds per shard before it is cut (default 540)")
     ap.add_argument("--out", required=True, help="folder for the logs and the JSON summary")
+    ap.add_argument("--record", action="store_true",
+                    help="fold the shards' verify results into audit/verified/<gpu>.json (each shard one run)")
     args = ap.parse_args(argv)
 
     from codegen.harness.verify import _precompile
@@ -116,6 +138,8 @@ def main(argv=None) -> int:
            "errors": sum(r["errors"] or 0 for r in results), "clean": bad == 0,
            "commit": os.environ.get("SKUFORGE_COMMIT"), "shards": results}
     (out / f"sanitize-{args.tool}.json").write_text(json.dumps(rec, indent=1))
+    if args.record:
+        record(out, len(results))
     print(f"sanitize {args.tool}: {len(skus)} SKUs in {rec['seconds']} s, {rec['errors']} sanitizer errors, "
           f"{'clean' if bad == 0 else f'{bad} shard(s) not clean'}")
     return 0 if bad == 0 else 1
