@@ -18,7 +18,7 @@ from . import moe  # noqa: F401  MoE grouped matmul ("moe_gemm")
 from . import lowbit  # noqa: F401  low-bit formats ("lowbit_*", docs/lowbit.md)
 from .config import sync_checks
 from .dynamic import dynamic_quantize
-from .errors import DeviceRequiredError, InvalidProblemError, SkuforgeError, UnsupportedError
+from .errors import DeviceMismatchError, DeviceRequiredError, InvalidProblemError, SkuforgeError, UnsupportedError
 from .moe import grouped_matmul, grouped_matmul_backward
 from .plans import Descriptor, Plan, Preference
 from .status import DeviceValueError, check
@@ -35,6 +35,7 @@ __all__ = [
     "grouped_matmul", "grouped_matmul_backward",
     "KernelSku", "Precision", "Registry", "default_registry", "Plan", "Descriptor", "Preference",
     "UnsupportedError", "InvalidProblemError", "SkuforgeError", "DeviceRequiredError", "DeviceValueError",
+    "DeviceMismatchError",
     "check", "sync_checks",
 ]
 

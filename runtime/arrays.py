@@ -7,6 +7,7 @@ the caller's current stream (PyTorch's for tensors).
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from dataclasses import dataclass
@@ -232,6 +233,17 @@ def allocator(like: ArrayRef, shape, kind: str):
                 a = nd(shape, dt)
         return a, a.data.ptr
     return alloc
+
+
+def device_of(obj):
+    """``with device_of(a):`` makes a CuPy array's device current for CuPy's own kernels (fill,
+    assignment), which run on the current device; a no-op for other arrays (PyTorch picks the
+    tensor's device itself)."""
+    cp = sys.modules.get("cupy")
+    dev = getattr(obj, "device", None)
+    if cp is not None and isinstance(dev, cp.cuda.Device):
+        return dev
+    return contextlib.nullcontext()
 
 
 def stream_getter(ref: ArrayRef):

@@ -51,7 +51,9 @@ def compile_arch(device: int) -> int:
 
 
 def load_function(registry, unit: str, symbol: str, device: int = None):
-    """Compile ``unit`` for the device's arch (disk cache) and return ``symbol`` as a CuPy function."""
+    """Compile ``unit`` for the device's arch (disk cache) and return ``symbol`` as a CuPy function.
+    Modules are loaded once per (registry, unit, device), into the device's primary context; each
+    function's context is remembered so that :func:`launch` runs it there whatever device is current."""
     cp = cupy()
     if device is None:
         device = current_device()
@@ -67,12 +69,15 @@ def load_function(registry, unit: str, symbol: str, device: int = None):
                 with cp.cuda.Device(device):
                     mod = cp.cuda.function.Module()
                     mod.load(res.cubin)
-                mod = (mod, {})
+                    ctx = context_current()
+                mod = (mod, {}, ctx)
                 _modules[key] = mod
-    module, functions = mod
+    module, functions, ctx = mod
     fn = functions.get(symbol)
     if fn is None:
         fn = functions[symbol] = module.get_function(symbol)
+        if ctx:
+            _fn_ctx[fn.ptr] = ctx
     return fn
 
 
@@ -85,7 +90,8 @@ def resident_blocks(fn, threads: int) -> int:
     n = _resident.get(key)
     if n is None:
         from cuda.bindings import driver
-        err, n = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(driver.CUfunction(fn.ptr), threads, 0)
+        with on_context_of(fn):
+            err, n = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(driver.CUfunction(fn.ptr), threads, 0)
         n = _resident[key] = max(1, int(n)) if int(err) == 0 else 1
     return n
 
@@ -163,15 +169,119 @@ def _params(fmt: str, values):
     return pb
 
 
+# -- the context of a launch ------------------------------------------------------------------
+# A module lives in the primary context of the device it was loaded on, and its kernels must be
+# launched with that context current, on a stream of that device. The caller's current device may
+# be another one (arrays on cuda:1 while cuda:0 is current; a thread in which no context is current
+# yet; PyTorch, which may only note a device as current without making its context current), so
+# every launch compares the thread's current context (cuCtxGetCurrent: a fraction of a microsecond)
+# with its kernel's and, where they differ, makes the kernel's current for the launch only
+# (cuCtxPushCurrent / cuCtxPopCurrent): the caller's current device is left as it was.
+_fn_ctx: dict = {}          # CUfunction address -> CUcontext of its module
+
+
+@lru_cache(maxsize=None)
+def _context_calls():
+    """(current, push, pop) through ctypes on libcuda, or cuda-python's bindings where libcuda
+    cannot be opened by name. ``current()`` returns the thread's current CUcontext as an int (0: none)."""
+    try:
+        lib = _libcuda()
+        get, push, pop = (getattr(lib, n) for n in ("cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"))
+        for f in (get, push, pop):
+            f.argtypes, f.restype = [_ctypes.c_void_p], _ctypes.c_int
+    except (OSError, AttributeError):
+        from cuda.bindings import driver
+
+        def current():
+            err, ctx = driver.cuCtxGetCurrent()
+            return int(ctx) if int(err) == 0 and ctx is not None else 0
+
+        def push_(ctx):
+            return int(driver.cuCtxPushCurrent(driver.CUcontext(ctx))[0])
+
+        def pop_():
+            return int(driver.cuCtxPopCurrent()[0])
+        return current, push_, pop_
+
+    def slot():
+        s = getattr(_launch_local, "ctx", None)
+        if s is None:
+            buf = (_ctypes.c_void_p * 2)()
+            s = _launch_local.ctx = (buf, _ctypes.addressof(buf), _ctypes.addressof(buf) + _ctypes.sizeof(_ctypes.c_void_p))
+        return s
+
+    def current():
+        buf, at, _ = slot()
+        return (buf[0] or 0) if get(at) == 0 else 0
+
+    def pop_():
+        return pop(slot()[2])
+    return current, push, pop_
+
+
+def context_current() -> int:
+    """The calling thread's current CUDA context (CUcontext as an int; 0 where none is current)."""
+    return _context_calls()[0]()
+
+
+def _context_push(ctx: int) -> None:
+    err = _context_calls()[1](ctx)
+    if err != 0:
+        from .errors import SkuforgeError
+        raise SkuforgeError(f"cuCtxPushCurrent failed: CUresult {err}")
+
+
+def _context_pop() -> None:
+    _context_calls()[2]()
+
+
+def context_of(fn) -> int:
+    """The context ``fn`` (a loaded function) must be launched in; 0 where unknown."""
+    return _fn_ctx.get(getattr(fn, "ptr", None), 0)
+
+
+class on_context_of:
+    """``with on_context_of(fn):`` the block runs with ``fn``'s context current (pushed only where
+    another is current, popped after); a function of unknown context changes nothing."""
+
+    __slots__ = ("ctx", "pushed")
+
+    def __init__(self, fn):
+        self.ctx = context_of(fn)
+        self.pushed = False
+
+    def __enter__(self):
+        if self.ctx and context_current() != self.ctx:
+            _context_push(self.ctx)
+            self.pushed = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.pushed:
+            _context_pop()
+        return False
+
+
 def launch(fn, grid, block, fmt: str, values, stream: int, shared_mem: int = 0) -> None:
-    """Launch a loaded CuPy function through the driver API with packed parameters."""
+    """Launch a loaded CuPy function through the driver API with packed parameters, in the context
+    of the device it was loaded on (see :class:`on_context_of`), on ``stream`` (a stream of that
+    device)."""
     global _cu_launch
     if _cu_launch is None:
         _cu_launch = _driver_launch()
     pb = _params(fmt, values)
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     bx, by, bz = (tuple(block) + (1, 1))[:3]
-    err = _cu_launch(fn.ptr, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
+    f = fn.ptr
+    ctx = _fn_ctx.get(f)
+    if ctx and context_current() != ctx:
+        _context_push(ctx)
+        try:
+            err = _cu_launch(f, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
+        finally:
+            _context_pop()
+    else:
+        err = _cu_launch(f, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
     if err != 0:
         from .errors import SkuforgeError
         raise SkuforgeError(f"cuLaunchKernel failed: CUresult {err} (grid {grid}, block {block})")
@@ -209,17 +319,22 @@ def cooperative_shape(fn, threads: int, device: int, want_smem: int) -> tuple:
         if not device_attribute(device, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH):
             hit = (0, 0)
         else:
-            f = driver.CUfunction(fn.ptr)
-            err, static = driver.cuFuncGetAttribute(driver.CUfunction_attribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES), f)
-            cap = device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) - int(static)
-            smem = max(0, min(want_smem, cap)) // 16 * 16
-            (err,) = driver.cuFuncSetAttribute(
-                f, driver.CUfunction_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), smem)
-            err2, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(f, threads, smem)
-            ok = int(err) == 0 and int(err2) == 0 and int(per_sm) > 0
-            hit = (int(per_sm) * properties(device)["sms"], smem) if ok else (0, 0)
+            with on_context_of(fn):
+                hit = _cooperative_shape(driver, fn, threads, device, want_smem)
         _dyn_smem[key] = hit
     return hit
+
+
+def _cooperative_shape(driver, fn, threads: int, device: int, want_smem: int) -> tuple:
+    f = driver.CUfunction(fn.ptr)
+    err, static = driver.cuFuncGetAttribute(driver.CUfunction_attribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES), f)
+    cap = device_attribute(device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) - int(static)
+    smem = max(0, min(want_smem, cap)) // 16 * 16
+    (err,) = driver.cuFuncSetAttribute(
+        f, driver.CUfunction_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), smem)
+    err2, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(f, threads, smem)
+    ok = int(err) == 0 and int(err2) == 0 and int(per_sm) > 0
+    return (int(per_sm) * properties(device)["sms"], smem) if ok else (0, 0)
 
 
 @lru_cache(maxsize=None)
@@ -243,12 +358,13 @@ def launch_cooperative(fn, grid: int, block: int, fmt: str, values, stream: int,
     resident at once: an error, never a hang)."""
     pb = _params(fmt, values)
     call = _libcuda_call("cuLaunchCooperativeKernel")
-    if call is not None:
-        err = call(fn.ptr, grid, 1, 1, block, 1, 1, shared_mem, stream or None, pb.ptrs_addr)
-    else:
-        from cuda.bindings import driver
-        (err,) = driver.cuLaunchCooperativeKernel(driver.CUfunction(fn.ptr), grid, 1, 1, block, 1, 1, shared_mem,
-                                                   driver.CUstream(stream or 0), pb.ptrs_addr)
+    with on_context_of(fn):
+        if call is not None:
+            err = call(fn.ptr, grid, 1, 1, block, 1, 1, shared_mem, stream or None, pb.ptrs_addr)
+        else:
+            from cuda.bindings import driver
+            (err,) = driver.cuLaunchCooperativeKernel(driver.CUfunction(fn.ptr), grid, 1, 1, block, 1, 1, shared_mem,
+                                                       driver.CUstream(stream or 0), pb.ptrs_addr)
     if int(err) != 0:
         from .errors import SkuforgeError
         raise SkuforgeError(f"cuLaunchCooperativeKernel failed: CUresult {int(err)} (grid {grid}, block {block}, "
@@ -256,7 +372,8 @@ def launch_cooperative(fn, grid: int, block: int, fmt: str, values, stream: int,
 
 
 def memset_u32(ptr: int, value: int, count: int, stream: int) -> None:
-    """cuMemsetD32Async: ``count`` 32-bit words at ``ptr`` set to ``value``, in stream order."""
+    """cuMemsetD32Async: ``count`` 32-bit words at ``ptr`` set to ``value``, in stream order (in the
+    current context: the caller makes the stream's device current, e.g. with :class:`on_context_of`)."""
     call = _libcuda_call("cuMemsetD32Async")
     if call is not None:
         err = call(ptr, value, count, stream or None)

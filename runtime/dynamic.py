@@ -28,9 +28,9 @@ from typing import Optional
 import numpy as np
 
 from . import kinds, lowbit, replay, status
-from .arrays import ArrayRef, as_array, empty, kind_of, numpy_dtype, stream_handle
+from .arrays import ArrayRef, as_array, device_of, empty, kind_of, numpy_dtype, stream_handle
 from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
-                     launch_cooperative, load_function, memset_u32, properties, resident_blocks)
+                     launch_cooperative, load_function, memset_u32, on_context_of, properties, resident_blocks)
 from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
@@ -448,12 +448,13 @@ class DynamicReduceLauncher(Launcher):
         if cfg.coop:                          # one launch: reduce, grid barrier, quantize
             fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", args.x.device)
             ws = args.workspace.ptr
-            memset_u32(ws, 0, 1, stream)      # the barrier counter
             abi = plan.abi("coop")
             values = abi.values(x=args.x.ptr, q=args.q.ptr, partial=ws + 16, count=ws, scale=args.scale.ptr,
                                 zero_point=ptr(args.zero_point), n=rows * cols, keep_tiles=cfg.keep_tiles,
                                 width=cfg.width, eps=eps, qmin=args.qmin, qmax=args.qmax, zp_value=args.zp_value)
-            launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, abi.fmt, values, stream, cfg.smem)
+            with on_context_of(fn):               # the stream's device, for the memset too
+                memset_u32(ws, 0, 1, stream)      # the barrier counter
+                launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, abi.fmt, values, stream, cfg.smem)
             return
         inner, count, last = channel_params(args.x.shape, args.scope, args.axis)
         if args.scope == "tensor":
@@ -565,7 +566,8 @@ def _fill_into(obj, framework: str, value) -> None:
     if framework == "torch":
         obj.fill_(value)
     else:
-        obj.fill(value)
+        with device_of(obj):
+            obj.fill(value)
 
 
 def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8",
@@ -660,7 +662,8 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
         sref = out_arg(outs[1], xr, pshape, skind, "out[1] (scale)")
         zref = None if outs[2] is None else out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
         qv = rows_view(qref, "out[0] (q)")          # its layout errors name the argument
-        same_device([xr, qref, sref, zref])
+        same_device(("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref),
+                    ("out[2] (zero_point)", zref))
         _check_disjoint(fast, [("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref), ("out[2] (zero_point)", zref)])
     if xr.size == 0:
         # empty slices reduce to 0: the scale (and zero point) of an all-zero slice, no kernel
@@ -684,7 +687,7 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
         sref = as_array(empty(xr, pshape, skind), "scale")
         zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
         qv = rows_view(qref, "q")
-        same_device([xr, qref])
+        same_device(("x", xr), ("q", qref))
     result = qref.obj, sref.obj, None if zref is None else zref.obj
     if mx:
         sref = lowbit.retag(sref, lowbit.E8M0)

@@ -13,6 +13,17 @@ class InvalidProblemError(SkuforgeError):
     """An argument is wrong: dtype, shape, device, range or value."""
 
 
+class DeviceMismatchError(InvalidProblemError):
+    """The arrays of one call live on different devices. ``devices`` maps each array argument's
+    name to its device (``"cuda:1"``); the message names them all."""
+
+    def __init__(self, devices: dict, what: str = "arguments"):
+        self.devices = dict(devices)
+        listed = ", ".join(f"{arg} on {dev}" for arg, dev in self.devices.items())
+        super().__init__(f"{what} live on different devices: {listed}; every array of a call must be on one "
+                         "device (the kernels run on that device, in its current stream)")
+
+
 class DeviceRequiredError(SkuforgeError):
     """A GPU operation was asked for where no CUDA device (or CuPy) is available."""
 

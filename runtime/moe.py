@@ -49,9 +49,10 @@ import numpy as np
 
 from . import config, kinds, replay, status
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
-from .device import load_function, properties
+from .device import load_function, on_context_of, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
+from .params import same_device
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 
 MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (SPEC §5)
@@ -198,9 +199,7 @@ def check_problem(x: ArrayRef, w: ArrayRef, dy: Optional[ArrayRef], row_experts,
                                       f"got {tuple(offsets.shape)}")
         if offsets.strides[0] != 1:
             raise InvalidProblemError(f"offsets must be contiguous; got stride {offsets.strides[0]}")
-    devices = {r.device for r in (x, w, dy, row_experts, offsets) if r is not None}
-    if len(devices) > 1:
-        raise InvalidProblemError(f"arguments live on different devices: {sorted(devices)}")
+    same_device(("x", x), ("w", w), ("dy", dy), ("row_experts", row_experts), ("offsets", offsets))
     frameworks = {r.framework for r in (x, w, dy) if r is not None}
     if len(frameworks) > 1:
         raise InvalidProblemError(f"x, w and dy mix array types ({', '.join(sorted(frameworks))}); pass one kind")
@@ -334,9 +333,10 @@ def _blocks_per_sm(fn, threads: int, smem: int) -> int:
     n = _occupancy.get(key)
     if n is None:
         from cupy_backends.cuda.api import driver
-        if smem > 48 * 1024:
-            driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        n = _occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, smem))
+        with on_context_of(fn):
+            if smem > 48 * 1024:
+                driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+            n = _occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, smem))
     return n
 
 
@@ -733,8 +733,7 @@ def _given_out(obj, like: ArrayRef, shape, kind: str, arg: str, why: str = "") -
     if tuple(ref.shape) != tuple(shape) or ref.kind != kind:
         raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and dtype {_dtype_name(ref.kind)}; "
                                   f"expected shape {tuple(shape)} and dtype {_dtype_name(kind)}{why}")
-    if ref.device != like.device:
-        raise InvalidProblemError(f"{arg} is on cuda:{ref.device} but x is on cuda:{like.device}")
+    same_device(("x", like), (arg, ref))
     expect = 1
     for n, st in reversed(list(zip(ref.shape, ref.strides))):
         if n != 1 and st != expect:
@@ -757,8 +756,7 @@ def _given_workspace(obj, like: ArrayRef, M: int, E: int, mode: str) -> ArrayRef
     if ref.shape[0] < need:
         raise InvalidProblemError(f"workspace has {ref.shape[0]} bytes; this call needs {need} "
                                   f"(runtime.moe.grouped_matmul_workspace_size(M={M}, E={E}, routing={mode!r}))")
-    if ref.device != like.device:
-        raise InvalidProblemError(f"workspace is on cuda:{ref.device} but x is on cuda:{like.device}")
+    same_device(("x", like), ("workspace", ref))
     if ref.ptr % 16:
         raise InvalidProblemError(f"workspace at {ref.ptr:#x} is not 16-byte aligned")
     return ref

@@ -13,15 +13,17 @@ import sys
 
 from . import config, kinds
 from .arrays import ArrayRef, as_array, empty, kind_of
-from .errors import InvalidProblemError, UnsupportedError
+from .errors import DeviceMismatchError, InvalidProblemError, UnsupportedError
 from .scopes import param_shape
 
 
-def same_device(refs):
-    devs = {(r.framework, r.device) for r in refs if isinstance(r, ArrayRef)}
-    if len({d for _, d in devs}) > 1:
-        raise InvalidProblemError("arguments live on different devices: "
-                                  + ", ".join(f"{fw}:cuda:{d}" for fw, d in sorted(devs)))
+def same_device(*named) -> None:
+    """``same_device(("x", xr), ("scale", s), ...)``: a :class:`DeviceMismatchError` naming every
+    array argument and its device unless all live on one device (entries that are not arrays, such
+    as Python scalars and None, are skipped)."""
+    refs = [(arg, r) for arg, r in named if isinstance(r, ArrayRef)]
+    if len({r.device for _, r in refs}) > 1:
+        raise DeviceMismatchError({arg: f"cuda:{r.device}" for arg, r in refs})
 
 
 def scale_arg(scale, x: ArrayRef, scope, axis, group_size, math_kind):
@@ -89,7 +91,8 @@ def device_check(ref: ArrayRef, arg: str, predicate, what: str):
         ok = bool(predicate(ref.obj, sys.modules["torch"]))
     else:
         import cupy as cp
-        ok = bool(predicate(ref.obj if ref.framework == "cupy" else cp.asarray(ref.obj), cp))
+        with cp.cuda.Device(ref.device):     # CuPy runs its kernels on the current device
+            ok = bool(predicate(ref.obj if ref.framework == "cupy" else cp.asarray(ref.obj), cp))
     if not ok:
         raise InvalidProblemError(f"{arg}: {what} (found a value that is not, by the synchronous "
                                   "checks of runtime.sync_checks)")

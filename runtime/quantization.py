@@ -106,9 +106,9 @@ def _quantize(fast, x, scale, zero_point, scope, axis, group_size, out_dtype, qm
     axis = check_scope(xr.shape, scope, axis, group_size)
     qmin, qmax, zp, zp_value = code_range(qk, zero_point, qmin, qmax, xr.shape, scope, axis, group_size, xr)
     s, e8 = scales(scale, scale_dtype, qk, xr, scope, axis, group_size, xr.kind)
-    same_device([xr, s, e8, zp])
+    same_device(("x", xr), ("scale", s), ("scale", e8), ("zero_point", zp))
     outr = code_out(out, xr, xr.shape, qk)
-    same_device([xr, outr])
+    same_device(("x", xr), ("out", outr))
     mode = "symmetric" if zero_point is None else "asymmetric"
     launch_elementwise("quantize", mode, xr.kind, qk, [(xr, xv)], [(outr, rows_view(outr, "out"))], s,
                        zp if isinstance(zp, ArrayRef) else None, zp_value, xr.shape, scope, axis, group_size,
@@ -148,9 +148,9 @@ def _dequantize(fast, q, scale, zero_point, scope, axis, group_size, out_dtype, 
     like = dataclasses.replace(qref, shape=shape)
     lo, hi, zp, zp_value = code_range(qk, zero_point, None, None, shape, scope, axis, group_size, like, "q (unpacked)")
     s, e8 = scales(scale, scale_dtype, qk, like, scope, axis, group_size, yk)
-    same_device([qr, s, e8, zp])
+    same_device(("q", qr), ("scale", s), ("scale", e8), ("zero_point", zp))
     outr = out_arg(out, qr, shape, yk)
-    same_device([qr, outr])
+    same_device(("q", qr), ("out", outr))
     mode = "symmetric" if zero_point is None else "asymmetric"
     launch_elementwise("dequantize", mode, qk, yk, [(qref, qv)], [(outr, rows_view(outr, "out"))], s,
                        zp if isinstance(zp, ArrayRef) else None, zp_value, shape, scope, axis, group_size, lo, hi,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from . import kinds, replay, status
-from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
+from .arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handle
 from .device import load_function, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
@@ -141,7 +141,7 @@ def _straight_through(fast, op, dyr, xr, p, out, scope, group_size, qmin, qmax):
     """Launch a straight-through backward (dy, x -> dx) and remember the call for the fast path."""
     ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
     outr = out_arg(out, xr, xr.shape, xr.kind)
-    same_device([dyr, xr, p.scale, p.zp, outr])
+    same_device(("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr))
     _elementwise(fast, op, p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope, group_size, xr.kind,
                  qmin, qmax)
     fast.remember(outr.obj, (qmin, qmax))
@@ -183,7 +183,7 @@ def _dequantize_backward(fast, dy, scale, out, scope, axis, group_size):
     p = _params(dyr, scale, None, scope, axis, group_size, 0, 0, 0)
     ins = [(dyr, rows_view(dyr, "dy"))]
     outr = out_arg(out, dyr, dyr.shape, dyr.kind)
-    same_device([dyr, p.scale, outr])
+    same_device(("dy", dyr), ("scale", p.scale), ("out", outr))
     _elementwise(fast, "dequantize_backward", p, ins, [(outr, rows_view(outr, "out"))], dyr.shape, scope,
                  group_size, dyr.kind, 0, 0)
     fast.remember(outr.obj)
@@ -221,7 +221,7 @@ def _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmi
         mstream = (mref, rows_view(mref, "mask"))
     else:
         mstream = _null_stream(xr, "u8")
-    same_device([xr, p.scale, p.zp, outr])
+    same_device(("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr))
     _elementwise(fast, "fake_quantize", p, ins, [(outr, rows_view(outr, "out")), mstream], xr.shape, scope,
                  group_size, xr.kind, qmin, qmax)
     result = (outr.obj, mask) if return_mask else outr.obj
@@ -380,7 +380,8 @@ class LsqLauncher(Launcher):
 
 def _zeros(like: ArrayRef, shape, kind: str):
     arr = empty(like, shape, kind)
-    arr[...] = 0
+    with device_of(arr):
+        arr[...] = 0
     return arr
 
 
@@ -417,7 +418,7 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
     outr = out_arg(out, xr, xr.shape, xr.kind)
     ds_shape = tuple(p.scale.shape) if isinstance(p.scale, ArrayRef) else pshape
     dz_shape = tuple(p.zp.shape) if isinstance(p.zp, ArrayRef) else pshape
-    same_device([dyr, xr, p.scale, p.zp, outr])
+    same_device(("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr))
     if xr.size == 0:
         ds = _zeros(xr, ds_shape, mk)
         dz = None if zero_point is None else _zeros(xr, dz_shape, "f32")

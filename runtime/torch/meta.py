@@ -16,7 +16,7 @@ import torch
 from runtime import kinds, lowbit
 from runtime.arrays import ArrayRef, kind_of
 from runtime.dynamic import MODES, _check_eps, _resolve_range
-from runtime.errors import InvalidProblemError, UnsupportedError
+from runtime.errors import DeviceMismatchError, InvalidProblemError, UnsupportedError
 from runtime.moe import STRATEGIES, _out_kind, check_problem
 from runtime.params import check_param_shape, check_scale_dtype
 from runtime.scopes import check_range, check_scope, param_shape, rows_view
@@ -47,10 +47,12 @@ def describe(t, arg: str) -> ArrayRef:
     return ArrayRef(t, 0, tuple(t.shape), tuple(t.stride()), kind_of(t.dtype, arg), 0, "torch")
 
 
-def same_device(*tensors) -> None:
-    devs = {t.device for t in tensors if isinstance(t, torch.Tensor)}
-    if len(devs) > 1:
-        raise InvalidProblemError("arguments live on different devices: " + ", ".join(sorted(map(str, devs))))
+def same_device(**tensors) -> None:
+    """``same_device(x=x, scale=scale, ...)``: the functional API's :class:`DeviceMismatchError`,
+    naming every tensor argument and its device, unless all live on one device (None is skipped)."""
+    named = {arg: t.device for arg, t in tensors.items() if isinstance(t, torch.Tensor)}
+    if len(set(named.values())) > 1:
+        raise DeviceMismatchError({arg: str(d) for arg, d in named.items()})
 
 
 def _param(t, x_shape, scope, axis, group_size, arg: str, want_kinds: tuple, what: str) -> Optional[ArrayRef]:
@@ -102,7 +104,7 @@ def _dense(shape, kind: str):
 def quantize_spec(x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype):
     xr = _float_input(x, "x", "quantize")
     qk = kind_of(out_dtype, "out_dtype")
-    same_device(x, scale, zero_point)
+    same_device(x=x, scale=scale, zero_point=zero_point)
     mx = _is_e8m0(scale_dtype, scale)
     if qk in lowbit.KINDS or mx:
         if qk not in lowbit.KINDS:
@@ -134,7 +136,7 @@ def quantize_spec(x, scale, zero_point, scope, axis, group_size, out_dtype, qmin
 
 def dequantize_spec(q, scale, zero_point, scope, axis, group_size, out_dtype, in_dtype, scale_dtype):
     qr = describe(q, "q")
-    same_device(q, scale, zero_point)
+    same_device(q=q, scale=scale, zero_point=zero_point)
     low = lowbit.input_kind(qr, in_dtype)
     mx = _is_e8m0(scale_dtype, scale)
     yk = kind_of(out_dtype, "out_dtype")
@@ -227,7 +229,7 @@ def _grad(dy, xr: ArrayRef) -> ArrayRef:
 def quantize_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax):
     xr = _float_input(x, "x", "quantize_backward")
     _grad(dy, xr)
-    same_device(dy, x, scale, zero_point)
+    same_device(dy=dy, x=x, scale=scale, zero_point=zero_point)
     qk = kind_of(out_dtype, "out_dtype")
     if qk not in kinds.INT8:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; quantize_backward follows quantize to "
@@ -242,7 +244,7 @@ def quantize_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, ou
 
 def dequantize_backward_spec(dy, scale, scope, axis, group_size):
     dr = _float_input(dy, "dy", "dequantize_backward")
-    same_device(dy, scale)
+    same_device(dy=dy, scale=scale)
     axis = check_scope(dr.shape, scope, axis, group_size)
     _scale(scale, dr.shape, scope, axis, group_size, dr.kind)
     rows_view(dr, "dy")
@@ -253,7 +255,7 @@ def fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax
     xr = _float_input(x, "x", op)
     if dy is not None:
         _grad(dy, xr)
-    same_device(dy, x, scale, zero_point)
+    same_device(dy=dy, x=x, scale=scale, zero_point=zero_point)
     fake_quant_range(qmin, qmax)
     axis = check_scope(xr.shape, scope, axis, group_size)
     _scale(scale, xr.shape, scope, axis, group_size, xr.kind)
@@ -265,7 +267,7 @@ def fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax
 def fake_quantize_learnable_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor):
     """The learnable op takes floating-point parameters of any dtype (cast to the math precision)."""
     xr = _float_input(x, "x", "fake_quantize_learnable")
-    same_device(x, scale, zero_point)
+    same_device(x=x, scale=scale, zero_point=zero_point)
     fake_quant_range(qmin, qmax, learnable=True)
     if not isinstance(grad_factor, (int, float)) or isinstance(grad_factor, bool) or not math.isfinite(grad_factor):
         raise InvalidProblemError(f"grad_factor={grad_factor!r} must be a finite real number")
@@ -282,7 +284,7 @@ def fake_quantize_learnable_backward_spec(dy, x, scale, zero_point, scope, axis,
     """``(dx, dscale, dzero_point)``: dzero_point is an empty float32 tensor in symmetric mode."""
     xr = _float_input(x, "x", "fake_quantize_learnable_backward")
     _grad(dy, xr)
-    same_device(dy, x, scale, zero_point)
+    same_device(dy=dy, x=x, scale=scale, zero_point=zero_point)
     fake_quant_range(qmin, qmax, learnable=True)
     axis = check_scope(xr.shape, scope, axis, group_size)
     _scale(scale, xr.shape, scope, axis, group_size, xr.kind)
@@ -296,7 +298,7 @@ def fake_quantize_learnable_backward_spec(dy, x, scale, zero_point, scope, axis,
 def _moe(x, w, dy, row_experts, offsets, strategy):
     if strategy not in STRATEGIES:
         raise InvalidProblemError(f"strategy={strategy!r}; supported: {', '.join(STRATEGIES)}")
-    same_device(x, w, dy, row_experts, offsets)
+    same_device(x=x, w=w, dy=dy, row_experts=row_experts, offsets=offsets)
     refs = [None if t is None else describe(t, n)
             for t, n in ((x, "x"), (w, "w"), (dy, "dy"), (row_experts, "row_experts"), (offsets, "offsets"))]
     return refs[0], check_problem(*refs)

@@ -105,7 +105,7 @@ def _quantize_out(x, scale, zero_point, scope, axis=None, group_size=None, out_d
 def _quantize_out_fake(x, scale, zero_point, scope, axis=None, group_size=None, out_dtype="int8", qmin=None,
                        qmax=None, scale_dtype=None, *, out):
     spec = meta.quantize_spec(x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype)
-    meta.same_device(x, out)
+    meta.same_device(x=x, out=out)
     meta.check_out(out, spec, "out")
 
 
@@ -186,7 +186,7 @@ def _dequantize_out(q, scale, zero_point, scope, axis=None, group_size=None, out
 def _dequantize_out_fake(q, scale, zero_point, scope, axis=None, group_size=None, out_dtype="float32", in_dtype=None,
                          scale_dtype=None, *, out):
     spec = meta.dequantize_spec(q, scale, zero_point, scope, axis, group_size, out_dtype, in_dtype, scale_dtype)
-    meta.same_device(q, out)
+    meta.same_device(q=q, out=out)
     meta.check_out(out, spec, "out")
 
 
@@ -295,7 +295,7 @@ def _dynamic_quantize_out_fake(x, scope, range_mode="symmetric", axis=None, grou
         raise InvalidProblemError(f"out: mode={range_mode!r} has no zero-point output; pass out=(q, scale)")
     qs, ss, zs = meta.dynamic_quantize_spec(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps,
                                             scale_dtype)
-    meta.same_device(x, q, scale, zero_point)
+    meta.same_device(x=x, q=q, scale=scale, zero_point=zero_point)
     meta.check_out(q, qs, "out[0] (q)")
     meta.check_out(scale, ss, "out[1] (scale)", rows=False)
     if zero_point is not None:
@@ -330,7 +330,7 @@ def _quantize_backward_out(dy, x, scale, zero_point, scope, axis=None, group_siz
 def _quantize_backward_out_fake(dy, x, scale, zero_point, scope, axis=None, group_size=None, out_dtype="int8",
                                 qmin=None, qmax=None, *, out):
     spec = meta.quantize_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax)
-    meta.same_device(x, out)
+    meta.same_device(x=x, out=out)
     meta.check_out(out, spec, "out")
 
 
@@ -354,7 +354,7 @@ def _dequantize_backward_out(dy, scale, scope, axis=None, group_size=None, *, ou
 
 def _dequantize_backward_out_fake(dy, scale, scope, axis=None, group_size=None, *, out):
     spec = meta.dequantize_backward_spec(dy, scale, scope, axis, group_size)
-    meta.same_device(dy, out)
+    meta.same_device(dy=dy, out=out)
     meta.check_out(out, spec, "out")
 
 
@@ -383,7 +383,7 @@ def _fake_quantize_out(x, scale, zero_point, scope, axis=None, group_size=None, 
 def _fake_quantize_out_fake(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
                             qmax=DEFAULT_QMAX, *, out):
     spec = meta.fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax)
-    meta.same_device(x, out)
+    meta.same_device(x=x, out=out)
     meta.check_out(out, spec, "out")
 
 
@@ -414,7 +414,7 @@ def _fake_quantize_backward_out_fake(dy, x, scale, zero_point, scope, axis=None,
                                      qmax=DEFAULT_QMAX, *, out):
     spec = meta.fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, dy=dy,
                                    op="fake_quantize_backward")
-    meta.same_device(x, out)
+    meta.same_device(x=x, out=out)
     meta.check_out(out, spec, "out")
 
 
