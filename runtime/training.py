@@ -140,8 +140,9 @@ def _elementwise(fast, op, p: _Params, ins, outs, shape, scope, group_size, elem
 def _straight_through(fast, op, dyr, xr, p, out, scope, group_size, qmin, qmax):
     """Launch a straight-through backward (dy, x -> dx) and remember the call for the fast path."""
     ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
+    same_device(("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp))
     outr = out_arg(out, xr, xr.shape, xr.kind)
-    same_device(("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr))
+    same_device(("x", xr), ("out", outr))
     _elementwise(fast, op, p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope, group_size, xr.kind,
                  qmin, qmax)
     fast.remember(outr.obj, (qmin, qmax))
@@ -182,8 +183,9 @@ def _dequantize_backward(fast, dy, scale, out, scope, axis, group_size):
     dyr = _float_array(dy, "dy", "dequantize_backward")
     p = _params(dyr, scale, None, scope, axis, group_size, 0, 0, 0)
     ins = [(dyr, rows_view(dyr, "dy"))]
+    same_device(("dy", dyr), ("scale", p.scale))
     outr = out_arg(out, dyr, dyr.shape, dyr.kind)
-    same_device(("dy", dyr), ("scale", p.scale), ("out", outr))
+    same_device(("dy", dyr), ("out", outr))
     _elementwise(fast, "dequantize_backward", p, ins, [(outr, rows_view(outr, "out"))], dyr.shape, scope,
                  group_size, dyr.kind, 0, 0)
     fast.remember(outr.obj)
@@ -214,14 +216,15 @@ def _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmi
     qmin, qmax = fake_quant_range(qmin, qmax)
     p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
     ins = [(xr, rows_view(xr, "x"))]
+    same_device(("x", xr), ("scale", p.scale), ("zero_point", p.zp))
     outr = out_arg(out, xr, xr.shape, xr.kind)
+    same_device(("x", xr), ("out", outr))
     mask = None
     if return_mask:
         mask, mref = _bool_mask(xr, tuple(xr.shape))
         mstream = (mref, rows_view(mref, "mask"))
     else:
         mstream = _null_stream(xr, "u8")
-    same_device(("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr))
     _elementwise(fast, "fake_quantize", p, ins, [(outr, rows_view(outr, "out")), mstream], xr.shape, scope,
                  group_size, xr.kind, qmin, qmax)
     result = (outr.obj, mask) if return_mask else outr.obj
@@ -415,10 +418,11 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
     mk = kinds.math_kind(xr.kind)
     pshape = param_shape(xr.shape, scope, p.axis, group_size)
     xv, dyv = rows_view(xr, "x"), rows_view(dyr, "dy")
+    same_device(("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp))
     outr = out_arg(out, xr, xr.shape, xr.kind)
+    same_device(("x", xr), ("out", outr))
     ds_shape = tuple(p.scale.shape) if isinstance(p.scale, ArrayRef) else pshape
     dz_shape = tuple(p.zp.shape) if isinstance(p.zp, ArrayRef) else pshape
-    same_device(("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr))
     if xr.size == 0:
         ds = _zeros(xr, ds_shape, mk)
         dz = None if zero_point is None else _zeros(xr, dz_shape, "f32")

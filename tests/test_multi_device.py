@@ -1,0 +1,425 @@
+"""Several devices, on the CPU: a fake CUDA driver (a current context per thread, push / pop) and
+fake device arrays whose addresses say which device they live on.
+
+Arrays on cuda:1 must run on device 1 while device 0 is current: every launch of every op (slow
+path and replay) happens with device 1's context current and on device 1's current stream, the
+status word read and passed is device 1's, and the caller's current context is unchanged after
+the call. Arguments on different devices raise :class:`DeviceMismatchError` naming each argument
+and its device, in the functional API and in the torch ops' fake implementations.
+The same on real GPUs: tests/test_gpu_multi.py.
+"""
+import ctypes
+import itertools
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+import runtime as sf
+from runtime import arrays, device, moe, replay, status
+from runtime import dynamic as dyn
+from runtime import launch as launch_mod
+from runtime import quantization as qz
+from runtime import training
+from runtime.errors import DeviceMismatchError, InvalidProblemError, SkuforgeError
+from tests.fakes import FakeDeviceArray, err
+from tests.test_fast_path import CALLS as FAST_CALLS
+from tests.test_fast_path import D, H200, dev  # noqa: F401  (dev: a fixture)
+from tests.test_moe_replay import CALLS as MOE_CALLS
+
+DEVICE1 = 0x7F8000000000            # fake arrays at or above this address live on cuda:1
+CTX = {0: 0xC0, 1: 0xC1}            # the fake primary contexts
+STREAM = {0: 100, 1: 101}           # each device's current stream
+
+
+def device_of_pointer(p: int) -> int:
+    return 1 if p >= DEVICE1 else 0
+
+
+class FakeDriver:
+    """The driver's per-thread current context and context stack, and every launch made: (kernel,
+    current context, stream); pushes are counted."""
+
+    def __init__(self):
+        self.local = threading.local()
+        self.launches = []
+        self.pushes = 0
+
+    def stack(self) -> list:
+        s = getattr(self.local, "stack", None)
+        if s is None:
+            s = self.local.stack = [CTX[0]]      # cuda:0 current, as after cudaSetDevice(0)
+        return s
+
+    def set_current(self, ctx: int) -> None:
+        self.stack()[:] = [ctx] if ctx else []
+
+    def current(self) -> int:
+        s = self.stack()
+        return s[-1] if s else 0
+
+    def push(self, ctx) -> None:
+        self.pushes += 1
+        self.stack().append(ctx)
+
+    def pop(self) -> None:
+        self.stack().pop()
+
+
+class FakeFn:
+    """A loaded kernel of one device (its address registered with that device's context)."""
+
+    _next = [0x5000]
+
+    def __init__(self, symbol: str, dev: int):
+        self.symbol, self.device = symbol, dev
+        self.ptr = FakeFn._next[0]
+        FakeFn._next[0] += 16
+
+
+@pytest.fixture
+def multi(dev, monkeypatch):  # noqa: F811
+    """``dev`` (tests/test_fast_path.py) on two devices: the real ``runtime.device.launch`` (and the
+    cooperative launch) over a fake driver; kernels loaded per device; per-device streams; arrays on
+    cuda:1 at addresses >= DEVICE1."""
+    drv = FakeDriver()
+    fns: dict = {}
+
+    def load(reg, unit, symbol, device=None):
+        fn = fns.get((symbol, device))
+        if fn is None:
+            fn = fns[(symbol, device)] = FakeFn(symbol, device)
+            monkeypatch.setitem(device_mod._fn_ctx, fn.ptr, CTX[device])
+        return fn
+    device_mod = device
+    by_ptr = {}
+
+    def record(f, gx, gy, gz, bx, by, bz, smem, stream, params):
+        drv.launches.append((by_ptr[f].symbol, drv.current(), stream))
+        return 0
+
+    def loaded(reg, unit, symbol, device=None):
+        fn = load(reg, unit, symbol, device)
+        by_ptr[fn.ptr] = fn
+        return fn
+
+    def coop_call(name):
+        assert name == "cuLaunchCooperativeKernel"
+
+        def call(f, gx, gy, gz, bx, by, bz, smem, stream, params):
+            return record(f, gx, gy, gz, bx, by, bz, smem, stream or 0, params)
+        return call
+
+    monkeypatch.setattr(device, "context_current", drv.current)
+    monkeypatch.setattr(device, "_context_push", drv.push)
+    monkeypatch.setattr(device, "_context_pop", drv.pop)
+    monkeypatch.setattr(device, "_cu_launch", record)
+    monkeypatch.setattr(device, "_libcuda_call", coop_call)
+    for mod in (launch_mod, dyn):
+        monkeypatch.setattr(mod, "launch", device.launch)
+    monkeypatch.setattr(dyn, "launch_cooperative", device.launch_cooperative)
+    monkeypatch.setattr(dyn, "memset_u32", lambda ptr, value, count, stream:
+                        drv.launches.append(("memset", drv.current(), stream)))
+    for mod in (training, dyn, launch_mod, moe):
+        monkeypatch.setattr(mod, "load_function", loaded)
+    monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: loaded(self, None,
+                                                                                     self.lookup(sku).symbol, device))
+    # the moe launcher's device queries (as tests/test_moe_replay.py's ``mdev``)
+    monkeypatch.setattr(moe, "properties", lambda device: H200)
+    monkeypatch.setattr(moe, "_blocks_per_sm", lambda fn, threads, smem: 2)
+    monkeypatch.setattr(moe, "_smem_optin", lambda device: 227 * 1024)
+    monkeypatch.setattr(moe, "_arch", lambda ref: 90)
+    # arrays: the device from the address; streams: each device's current one
+    monkeypatch.setattr(arrays, "_device_of_pointer", device_of_pointer)
+
+    def describe(obj):
+        cai = obj.__cuda_array_interface__
+        p = cai["data"][0]
+        return (D, cai["shape"], cai["strides"], cai["typestr"], device_of_pointer(p), p & 15), p
+    monkeypatch.setattr(replay, "describe", describe)
+    monkeypatch.setattr(replay, "stream_getter", lambda ref: (lambda: STREAM[ref.device]))
+    for mod in (qz, training, dyn, launch_mod, moe):
+        monkeypatch.setattr(mod, "stream_handle", lambda ref: STREAM[ref.device])
+    params = []
+    real_params = device._params
+
+    def recorded_params(fmt, values):
+        params.append(tuple(values))
+        return real_params(fmt, values)
+    monkeypatch.setattr(device, "_params", recorded_params)
+    dev.driver, dev.params = drv, params
+    return dev
+
+
+def _call(multi, call, base):
+    multi.at(base)
+    multi.driver.launches, multi.params[:] = [], []
+    hits = multi.hits
+    call(multi)
+    return multi.driver.launches, multi.hits - hits
+
+
+ALL_CALLS = {**{k: v[0] for k, v in FAST_CALLS.items()}, **{"moe " + k: v[0] for k, v in MOE_CALLS.items()}}
+
+
+@pytest.mark.parametrize("name", list(ALL_CALLS))
+def test_every_op_on_device_1_launches_there_while_device_0_is_current(multi, name):
+    """Slow path, then a replay: every launch (and the cooperative kernel's memset) with device 1's
+    context current and on device 1's stream; the status word passed is device 1's; device 0's
+    context is current again after each call."""
+    call = ALL_CALLS[name]
+    for base, replayed in ((DEVICE1, 0), (DEVICE1 + 0x40000000000, 1)):
+        launches, hits = _call(multi, call, base)
+        assert hits == replayed
+        assert launches
+        assert all((ctx, stream) == (CTX[1], STREAM[1]) for _, ctx, stream in launches), launches
+        assert multi.driver.current() == CTX[0] and multi.driver.stack() == [CTX[0]]
+        words = [v for values in multi.params for v in values if isinstance(v, int) and status.is_status_pointer(v)]
+        assert all(w == status.pointer(1) for w in words), (name, words)
+
+
+def test_one_layout_on_two_devices_is_two_replay_entries(multi):
+    call = ALL_CALLS["quantize token"]
+    launches0, hits = _call(multi, call, 0x7F0000000000)
+    assert hits == 0 and {(c, s) for _, c, s in launches0} == {(CTX[0], STREAM[0])}
+    assert multi.driver.pushes == 0, "the kernel's context was current: nothing pushed"
+    launches1, hits = _call(multi, call, DEVICE1)
+    assert hits == 0, "the same shapes on another device are another call (the device is in the key)"
+    assert {(c, s) for _, c, s in launches1} == {(CTX[1], STREAM[1])}
+    assert len(replay.CACHE) == 2
+    for base, d in ((0x7F2000000000, 0), (DEVICE1 + 0x1000000000, 1)):
+        launches, hits = _call(multi, call, base)
+        assert hits == 1 and {(c, s) for _, c, s in launches} == {(CTX[d], STREAM[d])}
+
+
+def test_the_current_context_is_left_alone_when_it_is_the_kernels(multi):
+    multi.driver.set_current(CTX[1])
+    launches, _ = _call(multi, ALL_CALLS["moe fwd row_experts mma"], DEVICE1)
+    assert len(launches) == 4 and multi.driver.pushes == 0
+    assert multi.driver.stack() == [CTX[1]]
+
+
+def test_a_thread_without_a_current_context(multi):
+    """A new thread has no current context until something makes one current: the launch makes
+    the kernel's current for itself and leaves none current."""
+    out = {}
+
+    def run():
+        multi.driver.set_current(0)
+        out["launches"], _ = _call(multi, ALL_CALLS["dequantize group"], DEVICE1)
+        out["after"] = multi.driver.stack()[:]
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert out["launches"] and {(c, s) for _, c, s in out["launches"]} == {(CTX[1], STREAM[1])}
+    assert out["after"] == []
+    assert multi.driver.stack() == [CTX[0]], "the main thread's context is its own"
+
+
+def test_a_failed_launch_restores_the_context(multi, monkeypatch):
+    monkeypatch.setattr(device, "_cu_launch", lambda *a: 700)       # CUDA_ERROR_ILLEGAL_ADDRESS
+    err(lambda: ALL_CALLS["quantize token"](multi.at(DEVICE1)), SkuforgeError, "cuLaunchKernel failed", "700")
+    assert multi.driver.stack() == [CTX[0]]
+
+
+def test_the_status_word_of_the_arrays_device_is_read(multi):
+    words = status._words
+    call = ALL_CALLS["moe fwd offsets i32 mma"]
+    _call(multi, call, DEVICE1)                                      # the slow path; remembered
+    words[0] = status.code("quantize", "scale")                     # a report of device 0: not this call's
+    launches, hits = _call(multi, call, DEVICE1 + 0x1000000000)
+    assert hits == 1 and launches and words[0]
+    words[1] = status.code("grouped_matmul", "offsets")
+    with pytest.raises(sf.DeviceValueError) as e:
+        _call(multi, call, DEVICE1 + 0x2000000000)                   # a replay reads device 1's word
+    assert (e.value.device, e.value.op, e.value.arg) == (1, "grouped_matmul", "offsets")
+    assert not words[1] and words[0]
+    replay.CACHE.clear()
+    words[1] = status.code("grouped_matmul", "offsets")
+    with pytest.raises(sf.DeviceValueError) as e:
+        _call(multi, call, DEVICE1 + 0x3000000000)                   # so does the slow path
+    assert e.value.device == 1 and words[0]
+    with pytest.raises(sf.DeviceValueError) as e:
+        _call(multi, call, 0x7F0000000000)                           # a call on device 0 reads its own
+    assert (e.value.device, e.value.op) == (0, "quantize")
+
+
+def test_on_context_of_unknown_kernels_changes_nothing(multi):
+    with device.on_context_of("a symbol"):
+        assert multi.driver.stack() == [CTX[0]]
+    fn = FakeFn("k", 1)
+    device._fn_ctx[fn.ptr] = CTX[1]
+    try:
+        with device.on_context_of(fn):
+            assert multi.driver.stack() == [CTX[0], CTX[1]]
+        assert multi.driver.stack() == [CTX[0]]
+        with pytest.raises(RuntimeError):
+            with device.on_context_of(fn):
+                raise RuntimeError("inside")
+        assert multi.driver.stack() == [CTX[0]]
+    finally:
+        del device._fn_ctx[fn.ptr]
+
+
+def test_load_function_loads_per_device_and_remembers_the_context(monkeypatch):
+    """A module per (registry, unit, device), loaded with that device current; its functions are
+    launched in the context that was current while it loaded."""
+    current = [CTX[0]]
+
+    class Dev:
+        def __init__(self, d):
+            self.d = d
+
+        def __enter__(self):
+            self.prev = current[0]
+            current[0] = CTX[self.d]
+
+        def __exit__(self, *exc):
+            current[0] = self.prev
+
+    class Module:
+        def load(self, cubin):
+            self.ctx = current[0]
+
+        def get_function(self, symbol):
+            f = FakeFn(symbol, None)
+            f.module = self
+            return f
+
+    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Device=Dev, function=SimpleNamespace(Module=Module)))
+
+    class Reg:
+        root = "/fake"
+        units = {"u": {"nvrtc_options": (), "skus": ()}}
+
+        def unit_source(self, unit):
+            return "src"
+
+    monkeypatch.setattr(device, "_modules", {})
+    monkeypatch.setattr(device, "cupy", lambda: fake_cupy)
+    monkeypatch.setattr(device, "compile_arch", lambda d: 90)
+    monkeypatch.setattr(device, "compile_cached", lambda *a, **k: type("R", (), {"cubin": b""})())
+    monkeypatch.setattr(device, "context_current", lambda: current[0])
+    f0 = device.load_function(Reg(), "u", "k", 0)
+    f1 = device.load_function(Reg(), "u", "k", 1)
+    assert f0 is not f1 and f0.module.ctx == CTX[0] and f1.module.ctx == CTX[1]
+    assert device.context_of(f0) == CTX[0] and device.context_of(f1) == CTX[1]
+    assert device.load_function(Reg(), "u", "k", 1) is f1
+    assert current == [CTX[0]]
+    for f in (f0, f1):
+        del device._fn_ctx[f.ptr]
+
+
+def test_context_calls_through_ctypes(monkeypatch):
+    """The ctypes path of the context calls: cuCtxGetCurrent writes the context into a per-thread
+    slot; push takes the handle; pop writes the popped handle into the slot's second word."""
+    seen = []
+
+    class Fn:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, arg):
+            seen.append((self.name, arg))
+            if self.name == "cuCtxGetCurrent":
+                ctypes.c_void_p.from_address(arg).value = 0xC1
+            return 0
+
+    class Lib:
+        def __getattr__(self, name):
+            f = Fn(name)
+            setattr(self, name, f)
+            return f
+    monkeypatch.setattr(device, "_libcuda", lambda: Lib())
+    device._context_calls.cache_clear()
+    try:
+        current, push, pop = device._context_calls()
+        assert current() == 0xC1
+        assert push(0xC0) == 0 and pop() == 0
+        assert [n for n, _ in seen] == ["cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"]
+        assert seen[1][1] == 0xC0 and seen[2][1] == seen[0][1] + ctypes.sizeof(ctypes.c_void_p)
+    finally:
+        device._context_calls.cache_clear()
+
+
+# -- arguments on different devices: a typed error naming them ---------------------------------
+_addresses = itertools.count(1)
+
+
+def A(shape, dtype="float32", on=0):
+    """A fake array on cuda:``on`` (each at its own address)."""
+    return FakeDeviceArray(shape, dtype, ptr=(DEVICE1 if on else 0x7F0000000000) + 0x100000 * next(_addresses))
+
+H = "float16"
+MIXED = {
+    "quantize scale": (lambda: sf.quantize(A((8, 64)), A((8,), on=1), scope="token"), ("x", "scale")),
+    "quantize zero_point": (lambda: sf.quantize(A((8, 64)), A((8,)), A((8,), "int32", on=1), scope="token"),
+                            ("x", "zero_point")),
+    "quantize out": (lambda: sf.quantize(A((8, 64)), 0.5, scope="tensor", out=A((8, 64), "int8", on=1)),
+                     ("x", "out")),
+    "dequantize scale": (lambda: sf.dequantize(A((8, 64), "int8", on=1), A((8,)), scope="token"), ("q", "scale")),
+    "dynamic_quantize out": (lambda: sf.dynamic_quantize(A((8, 64)), scope="token",
+                                                         out=(A((8, 64), "int8"), A((8,), on=1))),
+                             ("x", "out[1] (scale)")),
+    "quantize_backward x": (lambda: sf.quantize_backward(A((8, 64)), A((8, 64), on=1), A((8,)), scope="token"),
+                            ("dy", "x")),
+    "dequantize_backward out": (lambda: sf.dequantize_backward(A((8, 64)), 0.5, scope="tensor",
+                                                               out=A((8, 64), on=1)), ("dy", "out")),
+    "fake_quantize scale": (lambda: sf.fake_quantize(A((8, 64), on=1), A((64,)), scope="channel", axis=1),
+                            ("x", "scale")),
+    "fake_quantize_backward dy": (lambda: sf.fake_quantize_backward(A((8, 64), on=1), A((8, 64)), 0.5, 0,
+                                                                    scope="tensor"), ("dy", "x")),
+    "lsq scale": (lambda: sf.fake_quantize_learnable_backward(A((8, 64)), A((8, 64)), A((8,), on=1),
+                                                             scope="token"), ("x", "scale")),
+    "grouped_matmul w": (lambda: sf.grouped_matmul(A((16, 64), H), A((4, 32, 64), H, on=1),
+                                                   row_experts=A((16,), "int32")), ("x", "w", "row_experts")),
+    "grouped_matmul offsets": (lambda: sf.grouped_matmul(A((16, 64), H), A((4, 32, 64), H),
+                                                         offsets=A((5,), "int32", on=1)), ("x", "offsets")),
+    "grouped_matmul out": (lambda: sf.grouped_matmul(A((16, 64), H), A((4, 32, 64), H), offsets=A((5,), "int32"),
+                                                     out=A((16, 32), H, on=1)), ("x", "out")),
+    "grouped_matmul workspace": (lambda: sf.grouped_matmul(
+        A((16, 64), H), A((4, 32, 64), H), offsets=A((5,), "int32"),
+        workspace=A((sf.moe.grouped_matmul_workspace_size(16, 4, "offsets"),), "uint8", on=1)), ("x", "workspace")),
+    "grouped_matmul_backward dy": (lambda: sf.grouped_matmul_backward(A((16, 64), H), A((4, 32, 64), H),
+                                                                      A((16, 32), H, on=1), offsets=A((5,), "int32")),
+                                   ("x", "dy")),
+    "grouped_matmul_backward out": (lambda: sf.grouped_matmul_backward(
+        A((16, 64), H), A((4, 32, 64), H), A((16, 32), H), offsets=A((5,), "int32"),
+        out=(A((16, 64), H), A((4, 32, 64), on=1))), ("x", "out[1] (dw)")),
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED))
+def test_arguments_on_different_devices_are_a_typed_error(monkeypatch, name):
+    monkeypatch.setattr(arrays, "_device_of_pointer", device_of_pointer)
+    call, named = MIXED[name]
+    with pytest.raises(DeviceMismatchError) as e:
+        call()
+    assert isinstance(e.value, InvalidProblemError)
+    msg = str(e.value)
+    assert "different devices" in msg and "cuda:0" in msg and "cuda:1" in msg, msg
+    for arg in named:
+        assert f"{arg} on cuda:" in msg, msg
+    assert set(e.value.devices.values()) == {"cuda:0", "cuda:1"}
+    assert set(named) <= set(e.value.devices)
+
+
+def test_torch_fakes_name_the_arguments_on_different_devices():
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    import runtime.torch  # noqa: F401  (registers the ops)
+    sk = torch.ops.skuforge
+    with FakeTensorMode():
+        x = torch.empty(16, 64, device="cuda:0", dtype=torch.bfloat16)
+        cases = [
+            (lambda: sk.quantize(x, torch.empty(16, device="cuda:1"), None, "token"), {"x", "scale"}),
+            (lambda: sk.grouped_matmul(x, torch.empty(4, 32, 64, device="cuda:1", dtype=torch.bfloat16),
+                                       torch.zeros(16, dtype=torch.int32, device="cuda:0")),
+             {"x", "w", "row_experts"}),
+            (lambda: sk.quantize.out(x.float(), torch.empty(16, device="cuda:0"), None, "token",
+                                     out=torch.empty(16, 64, dtype=torch.int8, device="cuda:1")), {"x", "out"}),
+        ]
+        for call, named in cases:
+            with pytest.raises(DeviceMismatchError) as e:
+                call()
+            assert set(e.value.devices) == named and set(e.value.devices.values()) == {"cuda:0", "cuda:1"}
