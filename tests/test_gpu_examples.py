@@ -1,6 +1,8 @@
 """GPU: every script in examples/ runs as a subprocess and exits 0 (each asserts its own check
 against a PyTorch reference: W8A8 within int8 error, FP8 row-wise and 1x128 groups, QAT equal to
-PyTorch's fake-quant ops, the MoE layer vs a float64 reference and a falling loss)."""
+PyTorch's fake-quant ops, the MoE layer vs a float64 reference and a falling loss, the
+expert-parallel layer in one process (world size 1 over NCCL) vs the one-process layer; on two GPUs
+under torchrun: tests/test_gpu_multi.py)."""
 import os
 import subprocess
 import sys
@@ -13,8 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
 
 
-def test_the_examples_are_the_four_documented_ones():
-    assert EXAMPLES == ["fp8_linear.py", "moe_layer.py", "qat_mlp.py", "w8a8_linear.py"]
+def test_the_examples_are_the_five_documented_ones():
+    assert EXAMPLES == ["ep_moe.py", "fp8_linear.py", "moe_layer.py", "qat_mlp.py", "w8a8_linear.py"]
 
 
 @pytest.mark.parametrize("script", EXAMPLES)
