@@ -52,7 +52,8 @@ def compile_arch(device: int) -> int:
 
 def load_function(registry, unit: str, symbol: str, device: int = None):
     """Compile ``unit`` for the device's arch (disk cache) and return ``symbol`` as a CuPy function.
-    Modules are loaded once per (registry, unit, device), into the device's primary context; each
+    Modules are loaded once per (registry, unit, device), into the device's primary context (made
+    current for the load only: the calling thread may have another device current, or none); each
     function's context is remembered so that :func:`launch` runs it there whatever device is current."""
     cp = cupy()
     if device is None:
@@ -66,19 +67,34 @@ def load_function(registry, unit: str, symbol: str, device: int = None):
                 meta = registry.units[unit]
                 res = compile_cached(registry.unit_source(unit), unit, compile_arch(device), meta["nvrtc_options"],
                                      skus=meta.get("skus", ()))
-                with cp.cuda.Device(device):
+                ctx = primary_context(device)
+                with on_context(ctx):
                     mod = cp.cuda.function.Module()
                     mod.load(res.cubin)
-                    ctx = context_current()
                 mod = (mod, {}, ctx)
                 _modules[key] = mod
     module, functions, ctx = mod
     fn = functions.get(symbol)
     if fn is None:
-        fn = functions[symbol] = module.get_function(symbol)
-        if ctx:
-            _fn_ctx[fn.ptr] = ctx
+        with on_context(ctx):
+            fn = module.get_function(symbol)
+        _fn_ctx[fn.ptr] = ctx
+        functions[symbol] = fn
     return fn
+
+
+@lru_cache(maxsize=None)
+def primary_context(device: int) -> int:
+    """The device's primary context (the one the CUDA runtime, PyTorch and CuPy use), retained once
+    for the process; :class:`DeviceRequiredError` where the driver cannot give it."""
+    from cuda.bindings import driver
+    err, dev = driver.cuDeviceGet(device)
+    if int(err) == 0:
+        err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+    if int(err) != 0:
+        raise DeviceRequiredError(f"cuda:{device}: no primary context (CUresult {int(err)}); is the device "
+                                  "visible to this process (CUDA_VISIBLE_DEVICES)?")
+    return int(ctx)
 
 
 _resident: dict = {}
@@ -203,19 +219,22 @@ def _context_calls():
             return int(driver.cuCtxPopCurrent()[0])
         return current, push_, pop_
 
+    local = _launch_local
+
     def slot():
-        s = getattr(_launch_local, "ctx", None)
-        if s is None:
-            buf = (_ctypes.c_void_p * 2)()
-            s = _launch_local.ctx = (buf, _ctypes.addressof(buf), _ctypes.addressof(buf) + _ctypes.sizeof(_ctypes.c_void_p))
+        """This thread's two words: the current context as read, a popped context (written by
+        the driver while the GIL is released, hence one pair per thread)."""
+        buf = (_ctypes.c_void_p * 2)()
+        at = _ctypes.addressof(buf)
+        local.ctx = s = (buf, at, at + _ctypes.sizeof(_ctypes.c_void_p))
         return s
 
     def current():
-        buf, at, _ = slot()
-        return (buf[0] or 0) if get(at) == 0 else 0
+        s = getattr(local, "ctx", None) or slot()
+        return (s[0][0] or 0) if get(s[1]) == 0 else 0
 
     def pop_():
-        return pop(slot()[2])
+        return pop((getattr(local, "ctx", None) or slot())[2])
     return current, push, pop_
 
 
@@ -240,14 +259,14 @@ def context_of(fn) -> int:
     return _fn_ctx.get(getattr(fn, "ptr", None), 0)
 
 
-class on_context_of:
-    """``with on_context_of(fn):`` the block runs with ``fn``'s context current (pushed only where
-    another is current, popped after); a function of unknown context changes nothing."""
+class on_context:
+    """``with on_context(ctx):`` the block runs with ``ctx`` current (pushed only where another is
+    current, popped after); ``ctx`` 0 changes nothing."""
 
     __slots__ = ("ctx", "pushed")
 
-    def __init__(self, fn):
-        self.ctx = context_of(fn)
+    def __init__(self, ctx: int):
+        self.ctx = ctx
         self.pushed = False
 
     def __enter__(self):
@@ -259,7 +278,14 @@ class on_context_of:
     def __exit__(self, *exc):
         if self.pushed:
             _context_pop()
+            self.pushed = False
         return False
+
+
+def on_context_of(fn) -> on_context:
+    """``with on_context_of(fn):`` the block runs in the context ``fn`` was loaded in (a function of
+    unknown context changes nothing)."""
+    return on_context(context_of(fn))
 
 
 def launch(fn, grid, block, fmt: str, values, stream: int, shared_mem: int = 0) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from .errors import InvalidProblemError
+from .errors import InvalidProblemError, UnsupportedError
 
 OPS = ("quantize", "dequantize", "quantize_backward", "dequantize_backward", "fake_quantize",
        "fake_quantize_backward", "fake_quantize_learnable_backward", "dynamic_quantize",
@@ -77,6 +77,9 @@ def _alloc() -> None:
 
 def pointer(device: int) -> int:
     """The device address of ``device``'s status word (the ``status`` kernel parameter)."""
+    if not 0 <= device < MAX_DEVICES:
+        raise UnsupportedError(f"cuda:{device}: skuforge keeps status words for devices 0 to {MAX_DEVICES - 1} "
+                               "of a process (CUDA_VISIBLE_DEVICES selects which)")
     if _words is None:
         _alloc()
     return _base + 4 * device
@@ -92,7 +95,7 @@ def raise_pending(device: int) -> None:
     before it launches."""
     w = _words
     if w is not None:
-        value = w[device]
+        value = w[device] if device < MAX_DEVICES else 0     # (pointer() refuses such a device)
         if value:
             w[device] = 0
             raise DeviceValueError(device, value)

@@ -261,32 +261,19 @@ def test_on_context_of_unknown_kernels_changes_nothing(multi):
         del device._fn_ctx[fn.ptr]
 
 
-def test_load_function_loads_per_device_and_remembers_the_context(monkeypatch):
-    """A module per (registry, unit, device), loaded with that device current; its functions are
-    launched in the context that was current while it loaded."""
-    current = [CTX[0]]
-
-    class Dev:
-        def __init__(self, d):
-            self.d = d
-
-        def __enter__(self):
-            self.prev = current[0]
-            current[0] = CTX[self.d]
-
-        def __exit__(self, *exc):
-            current[0] = self.prev
+def test_load_function_loads_in_the_devices_primary_context(multi, monkeypatch):
+    """A module per (registry, unit, device), loaded (and its functions looked up) with that device's
+    primary context current, whatever the thread has current; launched in that context."""
+    drv = multi.driver
 
     class Module:
         def load(self, cubin):
-            self.ctx = current[0]
+            self.ctx = drv.current()
 
         def get_function(self, symbol):
             f = FakeFn(symbol, None)
-            f.module = self
+            f.module, f.looked_up_in = self, drv.current()
             return f
-
-    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Device=Dev, function=SimpleNamespace(Module=Module)))
 
     class Reg:
         root = "/fake"
@@ -295,19 +282,24 @@ def test_load_function_loads_per_device_and_remembers_the_context(monkeypatch):
         def unit_source(self, unit):
             return "src"
 
+    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(function=SimpleNamespace(Module=Module)))
     monkeypatch.setattr(device, "_modules", {})
     monkeypatch.setattr(device, "cupy", lambda: fake_cupy)
     monkeypatch.setattr(device, "compile_arch", lambda d: 90)
-    monkeypatch.setattr(device, "compile_cached", lambda *a, **k: type("R", (), {"cubin": b""})())
-    monkeypatch.setattr(device, "context_current", lambda: current[0])
-    f0 = device.load_function(Reg(), "u", "k", 0)
-    f1 = device.load_function(Reg(), "u", "k", 1)
-    assert f0 is not f1 and f0.module.ctx == CTX[0] and f1.module.ctx == CTX[1]
-    assert device.context_of(f0) == CTX[0] and device.context_of(f1) == CTX[1]
-    assert device.load_function(Reg(), "u", "k", 1) is f1
-    assert current == [CTX[0]]
-    for f in (f0, f1):
-        del device._fn_ctx[f.ptr]
+    monkeypatch.setattr(device, "compile_cached", lambda *a, **k: SimpleNamespace(cubin=b""))
+    monkeypatch.setattr(device, "primary_context", lambda d: CTX[d])
+    for current in (CTX[0], 0):                     # cuda:0 current, then a thread with none
+        drv.set_current(current)
+        device._modules.clear()
+        f0 = device.load_function(Reg(), "u", "k", 0)
+        f1 = device.load_function(Reg(), "u", "k", 1)
+        assert f0 is not f1 and (f0.module.ctx, f1.module.ctx) == (CTX[0], CTX[1])
+        assert (f0.looked_up_in, f1.looked_up_in) == (CTX[0], CTX[1])
+        assert device.context_of(f0) == CTX[0] and device.context_of(f1) == CTX[1]
+        assert device.load_function(Reg(), "u", "k", 1) is f1
+        assert drv.stack() == ([current] if current else [])
+        for f in (f0, f1):
+            del device._fn_ctx[f.ptr]
 
 
 def test_context_calls_through_ctypes(monkeypatch):
@@ -423,3 +415,9 @@ def test_torch_fakes_name_the_arguments_on_different_devices():
             with pytest.raises(DeviceMismatchError) as e:
                 call()
             assert set(e.value.devices) == named and set(e.value.devices.values()) == {"cuda:0", "cuda:1"}
+
+
+def test_status_words_exist_for_64_devices():
+    assert status.pointer(63) == status._base + 4 * 63
+    err(lambda: status.pointer(64), sf.UnsupportedError, "cuda:64", "0 to 63")
+    status.raise_pending(64)                    # nothing to report for a device without a word
