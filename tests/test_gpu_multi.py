@@ -18,11 +18,12 @@ import threading
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
-
 torch = pytest.importorskip("torch")
 
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="torch without CUDA")]
+
 import runtime as sf  # noqa: E402
+import runtime.torch as sft  # noqa: E402
 from runtime import device as sf_device  # noqa: E402
 from runtime import reference, replay  # noqa: E402
 
@@ -30,17 +31,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs; {GPUS} visible")
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-@pytest.fixture(autouse=True)
-def _cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
-
-
-def sft():
-    import runtime.torch as m
-    return m
 
 
 def inputs(dev):
@@ -96,14 +86,14 @@ OPS = {
 
 def _gmm_autograd(d):
     x, w = d["gx"].clone().requires_grad_(True), d["gw"].clone().requires_grad_(True)
-    y = sft().grouped_matmul(x, w, row_experts=d["ids"])
+    y = sft.grouped_matmul(x, w, row_experts=d["ids"])
     y.backward(d["gdy"])
     return y.detach(), x.grad, w.grad
 
 
 def _lfq_autograd(d):
     x, s = d["x"].clone().requires_grad_(True), d["s"].clone().requires_grad_(True)
-    y = sft().fake_quantize_learnable(x, s, scope="token")
+    y = sft.fake_quantize_learnable(x, s, scope="token")
     y.backward(d["dy"])
     return y.detach(), x.grad, s.grad
 
@@ -190,7 +180,6 @@ def test_arguments_on_two_devices_raise_a_typed_error():
              (lambda: sf.dequantize(d0["q"], d0["s"], scope="token", out=torch.empty(64, 512, device="cuda:1")),
               {"q", "out"}),
              (lambda: torch.ops.skuforge.quantize(d1["x"], d0["s"], None, "token"), {"x", "scale"})]
-    sft()
     for call, named in cases:
         with pytest.raises(sf.DeviceMismatchError) as e:
             call()
