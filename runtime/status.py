@@ -57,6 +57,7 @@ def decode(value: int) -> tuple:
 _words = None          # ctypes array over the mapped host memory: one word per device
 _base = 0              # its address (with unified addressing, also its device address)
 _lock = threading.Lock()
+_used: set = set()     # devices whose word a launch was given: what check() visits
 
 
 def _alloc() -> None:
@@ -82,6 +83,7 @@ def pointer(device: int) -> int:
                                "of a process (CUDA_VISIBLE_DEVICES selects which)")
     if _words is None:
         _alloc()
+    _used.add(device)
     return _base + 4 * device
 
 
@@ -103,13 +105,14 @@ def raise_pending(device: int) -> None:
 
 def check(device=None, synchronize: bool = True) -> None:
     """The explicit check point: wait for the device's work (``synchronize``), then raise what its
-    kernels reported. ``device=None``: every device this process has used."""
+    kernels reported. ``device=None``: every device this process has launched checking kernels on
+    (no other device is touched: synchronizing one would create its context)."""
     if _words is None:
         return
     from .device import cupy
-    cp = cupy()
-    for d in (range(min(MAX_DEVICES, cp.cuda.runtime.getDeviceCount())) if device is None else (device,)):
+    for d in (sorted(_used) if device is None else (device,)):
         if synchronize:
+            cp = cupy()
             with cp.cuda.Device(d):
                 cp.cuda.runtime.deviceSynchronize()
         raise_pending(d)

@@ -421,3 +421,17 @@ def test_status_words_exist_for_64_devices():
     assert status.pointer(63) == status._base + 4 * 63
     err(lambda: status.pointer(64), sf.UnsupportedError, "cuda:64", "0 to 63")
     status.raise_pending(64)                    # nothing to report for a device without a word
+
+
+def test_check_visits_the_devices_launched_on(multi, monkeypatch):
+    """``runtime.check()`` visits the devices whose status word a launch was given, no other (a
+    synchronization of an unused device would create its context)."""
+    monkeypatch.setattr(status, "_used", set())
+    _call(multi, ALL_CALLS["moe fwd offsets i32 mma"], DEVICE1)
+    assert status._used == {1}
+    status._words[0] = status.code("quantize", "scale")            # never visited: no launch on cuda:0
+    sf.check(synchronize=False)
+    status._words[1] = status.code("grouped_matmul", "offsets")
+    with pytest.raises(sf.DeviceValueError) as e:
+        sf.check(synchronize=False)
+    assert e.value.device == 1
