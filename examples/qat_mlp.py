@@ -1,6 +1,7 @@
 """QAT fine-tune of a small MLP: LSQ (learnable per-channel scales) on the weights, static
 per-tensor fake quantization of the activations, all through ``torch.ops.skuforge``. The same
-model with PyTorch's own fake-quant ops trains to the same losses.
+model with PyTorch's own fake-quant ops trains to the same losses (to float32 rounding in the first
+steps, within 2 % after 30: the two sum the scale gradient in different orders).
 
     python examples/qat_mlp.py
 """
@@ -64,7 +65,11 @@ def main(device: str = "cuda") -> list:
     ours = train(mlp_skuforge, device)
     theirs = train(mlp_torch, device)
     assert ours[-1] < 0.8 * ours[0], ours
-    torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-3, atol=1e-5)
+    # The first steps agree to float32 rounding; later ones drift apart slowly: the two compute the
+    # scale gradient in different summation orders, and fake quantization is discontinuous, so a
+    # rounding-level difference in a scale can move an element to the next code.
+    torch.testing.assert_close(torch.tensor(ours[:3]), torch.tensor(theirs[:3]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=2e-2, atol=1e-5)
     print(f"qat_mlp: loss {ours[0]:.4f} -> {ours[-1]:.4f} in {len(ours)} steps "
           f"(PyTorch's fake-quant ops: {theirs[0]:.4f} -> {theirs[-1]:.4f})")
     return ours

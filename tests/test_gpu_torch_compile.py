@@ -8,6 +8,7 @@ learnable fake-quant (forward + backward), an MoE layer forward + backward (offs
 grouped_matmul -> GELU -> grouped_matmul)."""
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -19,8 +20,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _example(name):
-    spec = importlib.util.spec_from_file_location(f"skuforge_example_{name}", os.path.join(ROOT, "examples", f"{name}.py"))
+    """An example script as a module, registered in sys.modules (Dynamo looks up the module of every
+    function it traces by name)."""
+    mod_name = f"skuforge_example_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, os.path.join(ROOT, "examples", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod
     spec.loader.exec_module(mod)
     return mod
 

@@ -351,3 +351,19 @@ def test_make_fx_symbolic_token_dimension():
     out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
     val = out[0].meta["val"] if isinstance(out, (list, tuple)) else out.meta["val"]
     assert isinstance(val.shape[0], torch.SymInt)
+
+
+def test_symbolic_integer_arguments_specialize():
+    """torch.compile(dynamic=True) makes integer arguments symbolic (a group size computed from a
+    shape, here): the fake impls specialize on them instead of refusing them as non-integers."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(x):
+        q, s, _ = sft.dynamic_quantize(x, scope="group", group_size=x.shape[-1] // 2, out_dtype="fp8_e4m3")
+        return sft.dequantize(q, s, scope="group", group_size=x.shape[-1] // 2, out_dtype="bfloat16")
+
+    x = torch.empty(24, 64, device="meta", dtype=torch.bfloat16)
+    gm = make_fx(step, tracing_mode="symbolic")(x)
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    val = out[0].meta["val"] if isinstance(out, (list, tuple)) else out.meta["val"]
+    assert tuple(val.shape)[1] == 64 or isinstance(val.shape[1], torch.SymInt)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+import sys
 import time
 
 from .records import ROOT
@@ -21,8 +22,14 @@ LINEAR_SHAPE = (4096, 4096, 4096)      # M, K, N
 
 
 def _example(name: str):
-    spec = importlib.util.spec_from_file_location(f"skuforge_example_{name}", EXAMPLES / f"{name}.py")
+    """An example script as a module, registered in sys.modules (Dynamo looks up the module of every
+    function it traces by name)."""
+    mod_name = f"skuforge_example_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, EXAMPLES / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod
     spec.loader.exec_module(mod)
     return mod
 

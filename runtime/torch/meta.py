@@ -8,6 +8,7 @@ runtime.params, runtime.lowbit, runtime.moe.check_problem, ...) on descriptions 
 them. The same functions serve the fake implementations (FakeTensor / meta tensors, torch.compile)
 and nothing else: the real implementations call the functional API, which checks again.
 """
+import functools
 import math
 from typing import Optional
 
@@ -23,6 +24,28 @@ from runtime.scopes import check_range, check_scope, param_shape, rows_view
 from runtime.training import fake_quant_range
 
 E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", torch.uint8)   # e8m0 scales: torch >= 2.7 has the dtype
+
+
+def _concrete(v):
+    """A symbolic scalar argument as a Python number. ``torch.compile(dynamic=True)`` makes integer
+    arguments (group_size, axis, qmin, ...) symbolic; they select the kernel and the output shapes,
+    so the fake impl specializes on them (a guard on the value, as for any Python int)."""
+    if isinstance(v, torch.SymInt):
+        return int(v)
+    if isinstance(v, torch.SymFloat):
+        return float(v)
+    if isinstance(v, torch.SymBool):
+        return bool(v)
+    return v
+
+
+def concrete_scalars(fn):
+    """Call ``fn`` with its symbolic scalar arguments specialized (:func:`_concrete`); tensors stay
+    symbolic."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*map(_concrete, args), **{k: _concrete(v) for k, v in kwargs.items()})
+    return wrapper
 
 
 def torch_dtype_of(kind: str) -> torch.dtype:
@@ -101,6 +124,7 @@ def _dense(shape, kind: str):
 
 
 # -- quantize / dequantize -------------------------------------------------------------------------
+@concrete_scalars
 def quantize_spec(x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype):
     xr = _float_input(x, "x", "quantize")
     qk = kind_of(out_dtype, "out_dtype")
@@ -134,6 +158,7 @@ def quantize_spec(x, scale, zero_point, scope, axis, group_size, out_dtype, qmin
     return _dense(xr.shape, qk)
 
 
+@concrete_scalars
 def dequantize_spec(q, scale, zero_point, scope, axis, group_size, out_dtype, in_dtype, scale_dtype):
     qr = describe(q, "q")
     same_device(q=q, scale=scale, zero_point=zero_point)
@@ -172,6 +197,7 @@ def dequantize_spec(q, scale, zero_point, scope, axis, group_size, out_dtype, in
     return _dense(qr.shape, yk)
 
 
+@concrete_scalars
 def dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype):
     """``(q, scale, zero_point)`` specs; zero_point None in symmetric mode."""
     xr = _float_input(x, "x", "dynamic_quantize")
@@ -226,6 +252,7 @@ def _grad(dy, xr: ArrayRef) -> ArrayRef:
     return d
 
 
+@concrete_scalars
 def quantize_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax):
     xr = _float_input(x, "x", "quantize_backward")
     _grad(dy, xr)
@@ -242,6 +269,7 @@ def quantize_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, ou
     return _dense(xr.shape, xr.kind)
 
 
+@concrete_scalars
 def dequantize_backward_spec(dy, scale, scope, axis, group_size):
     dr = _float_input(dy, "dy", "dequantize_backward")
     same_device(dy=dy, scale=scale)
@@ -251,6 +279,7 @@ def dequantize_backward_spec(dy, scale, scope, axis, group_size):
     return _dense(dr.shape, dr.kind)
 
 
+@concrete_scalars
 def fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, dy=None, op="fake_quantize"):
     xr = _float_input(x, "x", op)
     if dy is not None:
@@ -264,6 +293,7 @@ def fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax
     return _dense(xr.shape, xr.kind)
 
 
+@concrete_scalars
 def fake_quantize_learnable_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor):
     """The learnable op takes floating-point parameters of any dtype (cast to the math precision)."""
     xr = _float_input(x, "x", "fake_quantize_learnable")
@@ -279,6 +309,7 @@ def fake_quantize_learnable_spec(x, scale, zero_point, scope, axis, group_size, 
     return _dense(xr.shape, xr.kind)
 
 
+@concrete_scalars
 def fake_quantize_learnable_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax,
                                           grad_factor):
     """``(dx, dscale, dzero_point)``: dzero_point is an empty float32 tensor in symmetric mode."""
@@ -304,11 +335,13 @@ def _moe(x, w, dy, row_experts, offsets, strategy):
     return refs[0], check_problem(*refs)
 
 
+@concrete_scalars
 def grouped_matmul_spec(x, w, row_experts, offsets, strategy):
     xr, (M, N, K, E) = _moe(x, w, None, row_experts, offsets, strategy)
     return _dense((M, N), xr.kind)
 
 
+@concrete_scalars
 def grouped_matmul_backward_spec(x, w, dy, row_experts, offsets, strategy, need_input, need_weight, dw_dtype):
     """``(dx, dw)``; a gradient not asked for is an empty (0,) tensor of its dtype."""
     xr, (M, N, K, E) = _moe(x, w, dy, row_experts, offsets, strategy)
