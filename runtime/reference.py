@@ -9,7 +9,7 @@ import numpy as np
 
 from . import kinds
 from .arrays import numpy_dtype
-from .scopes import implied_zero_point
+from .scopes import implied_zero_point, param_shape
 
 
 def math_dtype(kind_or_dtype) -> np.dtype:
@@ -288,6 +288,9 @@ def lsq_team_sum(a, vec: int):
 def lsq_reduce(t, x_shape, scope, axis=None, group_size=None, vec=4):
     """Sum per-element terms ``t`` (x's shape, math precision) per scale element in the kernels' order."""
     t = np.asarray(t)
+    if t.size == 0:                     # nothing to sum: the zeros the op returns for an empty x
+        return np.zeros(param_shape(x_shape, scope, None if axis is None else axis % len(x_shape), group_size),
+                        t.dtype)
     ndim = len(x_shape)
     cols = x_shape[-1]
     rows = int(np.prod(x_shape[:-1], dtype=np.int64))

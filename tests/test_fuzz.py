@@ -1,0 +1,250 @@
+"""CPU fuzz of every public function: hypothesis draws calls (tests/fuzz_cases.py), valid and broken on
+purpose, and runs them through the whole call path (normalize -> plan -> launch, and the replay of
+repeated calls) on fake device arrays with a fake launcher (the ``dev`` / ``mdev`` fixtures of
+tests/test_fast_path.py and tests/test_moe_replay.py).
+
+The property, for every call: it returns, or it raises one of the project's typed argument errors
+(:data:`ALLOWED`); any other exception fails. When it returns:
+
+* every launch has a grid and block the driver takes and every pointer parameter lies inside an
+  array of the call (an argument or an allocation) or is the device's status word;
+* a call that raised launched nothing (every check comes before any launch);
+* a valid problem (no mutation) does not raise InvalidProblemError, and its results have the
+  shapes and dtypes the NumPy reference gives (tests/fuzz_cases.py ``expected``, on host values);
+* the same call on other arrays of the same layouts (a replay) launches exactly what the slow
+  path launches for those arrays.
+
+Deterministic (``derandomize=True``): the same examples on every run. At least 10,000 calls in
+all (``test_the_fuzz_made_enough_calls`` prints the counts).
+"""
+from __future__ import annotations
+
+import math
+import struct
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import runtime as sf
+from runtime import InvalidProblemError, UnsupportedError, replay, status
+from tests import fuzz_cases as fc
+from tests.test_fast_path import D, dev  # noqa: F401  (dev: a fixture)
+from tests.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
+
+# The errors an argument may raise. The other SkuforgeErrors are about the environment (no device,
+# no NVRTC, a compile cache or template fault) and cannot come from arguments on the fake device;
+# DeviceValueError (what a kernel found) is an InvalidProblemError.
+ALLOWED = (UnsupportedError, InvalidProblemError)
+
+# examples per op: about 10,000 calls in all (a call that returns is made three times)
+EXAMPLES = {"quantize": 700, "dequantize": 600, "dynamic_quantize": 700, "quantize_backward": 400,
+            "dequantize_backward": 300, "fake_quantize": 400, "fake_quantize_backward": 350,
+            "fake_quantize_learnable_backward": 400, "grouped_matmul": 500, "grouped_matmul_backward": 500}
+MALFORMED_EXAMPLES = 600
+
+CALLS: Counter = Counter()          # op -> calls made
+OUTCOMES: Counter = Counter()       # (op, outcome) -> count
+DONE: set = set()                   # the fuzz tests that ran to the end
+
+
+def _settings(n):
+    return settings(max_examples=n, derandomize=True, database=None, deadline=None, print_blob=True,
+                    suppress_health_check=list(HealthCheck))
+
+
+class FD(D):
+    """A fake device array that takes ``a[...] = 0`` (LSQ's zero gradients of an empty input)."""
+
+    def __setitem__(self, key, value):
+        pass
+
+
+class Space:
+    """Made-up addresses for a problem's arrays, and the byte ranges every pointer must fall in."""
+
+    def __init__(self, base):
+        self.next = base
+        self.buffers = []
+
+    def make(self, a: fc.Arr, made):
+        item = a.itemsize
+        lo, hi = a.span()
+        if a.null:
+            ptr = 0
+        elif a.alias is not None and isinstance(made.get(a.alias[0]), D):
+            ptr = made[a.alias[0]].ptr + a.alias[1] + a.offset
+        else:
+            start = self.next
+            ptr = start - lo * item + a.offset
+            self.next += -(-min((hi - lo) * item + a.offset + 64, 1 << 36) // 4096) * 4096
+        if ptr:                             # an empty array: its pointer, nothing past it
+            self.buffers.append((ptr + lo * item, ptr + hi * item))
+        return FD(a.shape, a.dtype, a.strides(), ptr=ptr)
+
+
+@pytest.fixture
+def fz(mdev, monkeypatch):  # noqa: F811
+    """``mdev`` plus a record of every allocation's byte range."""
+    made = []
+    new = mdev.new
+
+    def recorded(shape, kind):
+        d = new(shape, kind)
+        a = FD(d.shape, d.dtype, ptr=d.ptr)
+        made.append((a.ptr, a.ptr + max(1, math.prod(shape)) * a.dtype.itemsize))
+        return a
+    monkeypatch.setattr(mdev, "new", recorded)
+    # CuPy arrays and torch tensors never hold a null pointer when they have elements; a fake one
+    # that does (a mutation) is described as what it is, a foreign array (no replay)
+    described = replay.describe
+
+    def describe(obj):
+        if isinstance(obj, D) and not obj.ptr and math.prod(obj.shape):
+            return None, None
+        return described(obj)
+    monkeypatch.setattr(replay, "describe", describe)
+    mdev.alloc_ranges = made
+    replay.CACHE.clear()
+    return mdev
+
+
+def _launch_problems(launches, ranges) -> list:
+    """What is wrong with these launches: grid / block limits, pointers outside every array."""
+    bad = []
+    for launch in launches:
+        if launch[0] == "memset":
+            _, ptr, _, count = launch
+            if not any(lo <= ptr and ptr + 4 * count <= hi for lo, hi in ranges):
+                bad.append(f"memset at {ptr:#x} outside every array")
+            continue
+        fn, grid, block, fmt, values = launch
+        if not (1 <= grid[0] < 2 ** 31 and all(1 <= g < 65536 for g in grid[1:])):
+            bad.append(f"{fn}: grid {grid}")
+        if not (all(b >= 1 for b in block) and math.prod(block) <= 1024 and block[0] <= 1024):
+            bad.append(f"{fn}: block {block}")
+        for j, (c, v) in enumerate(zip(fmt, values)):
+            if c == "Q" and v and not status.is_status_pointer(v) and not any(lo <= v <= hi for lo, hi in ranges):
+                bad.append(f"{fn}: parameter {j} = {v:#x} points outside every array of the call")
+    return bad
+
+
+def _comparable(launches):
+    """Launches with float parameters compared by their bits (NaN equals itself)."""
+    out = []
+    for launch in launches:
+        if launch[0] == "memset":
+            out.append(launch)
+            continue
+        fn, grid, block, fmt, values = launch
+        out.append((fn, grid, block, fmt, struct.pack("@" + fmt, *values)))
+    return out
+
+
+def _run_once(d, p, base, alloc_base):
+    """Materialize ``p`` at ``base`` (allocations from ``alloc_base``) and call it:
+    (outcome, result or exception, launches, byte ranges of the arrays)."""
+    space = Space(base)
+    d.at(alloc_base).launches = []
+    start = len(d.alloc_ranges)
+    args, kw = p.build(space.make)
+    CALLS[p.op] += 1
+    try:
+        result = fc.call(sf, p, args, kw)
+    except ALLOWED as e:
+        assert str(e), f"{type(e).__name__} without a message"
+        return "typed", e, list(d.launches), None
+    except Exception as e:  # noqa: BLE001 - the property: anything else is a bug
+        raise AssertionError(f"untyped {type(e).__name__}: {e}\n{p!r}") from e
+    return "ok", result, list(d.launches), space.buffers + d.alloc_ranges[start:]
+
+
+def _shape_dtype(obj):
+    if obj is None:
+        return None
+    cai = obj.__cuda_array_interface__
+    return tuple(cai["shape"]), np.dtype(cai["typestr"])
+
+
+def check_problem(d, p: fc.Problem):
+    """The fuzz property for one problem (see the module docstring)."""
+    outcome, res, launches, ranges = _run_once(d, p, 0x7A0000000000, 0x7E8000000000)
+    OUTCOMES[(p.op, outcome if p.mutations else f"valid {outcome}")] += 1
+    if outcome == "typed":
+        assert not launches, f"{type(res).__name__} raised after {len(launches)} launches: {res}\n{p!r}"
+        if p.valid:
+            assert isinstance(res, UnsupportedError), f"a valid call raised {type(res).__name__}: {res}\n{p!r}"
+            OUTCOMES[(p.op, f"unsupported: {str(res)[:70]}")] += 1
+        return
+    bad = _launch_problems(launches, ranges)
+    assert not bad, f"{bad[:3]}\n{p!r}"
+    if p.valid and not p.bad_values:
+        _check_against_reference(p, res)
+    # a replay at other addresses (same layouts) launches what the slow path launches there
+    second = _run_once(d, p, 0x7B0000000000, 0x7E9000000000)
+    assert second[0] == "ok", f"the repeated call raised {second[1]!r}\n{p!r}"
+    replay.CACHE.clear()
+    third = _run_once(d, p, 0x7B0000000000, 0x7E9000000000)
+    assert third[0] == "ok", f"the slow path raised {third[1]!r} after the replay returned\n{p!r}"
+    assert _comparable(second[2]) == _comparable(third[2]), f"the replay launched other parameters\n{p!r}"
+    bad = _launch_problems(second[2], second[3])
+    assert not bad, f"replay: {bad[:3]}\n{p!r}"
+
+
+def _check_against_reference(p, res):
+    """The NumPy reference on host values: its outputs have the shapes and dtypes of the call's
+    results (and tests/fuzz_cases.py's compare accepts them: the GPU half's code, run here)."""
+    rng = np.random.default_rng(len(CALLS) + CALLS[p.op])
+    want = fc.expected(p, fc.host_values(p, rng))
+    fc.compare(p, want, want)
+    gots = res if isinstance(res, tuple) else (res,)
+    wants = want if isinstance(want, tuple) else (want,)
+    assert len(gots) == len(wants), f"{len(gots)} results, the reference has {len(wants)}\n{p!r}"
+    for i, (g, w) in enumerate(zip(gots, wants)):
+        if w is None:
+            assert g is None, f"result {i} is not None\n{p!r}"
+            continue
+        shape, dt = _shape_dtype(g)
+        w = fc._bits(w)
+        if p.op.startswith("grouped_matmul"):
+            assert shape == w.shape, f"result {i}: shape {shape}, reference {w.shape}\n{p!r}"
+            continue
+        assert math.prod(shape) == w.size, f"result {i}: shape {shape}, reference {w.shape}\n{p!r}"
+        assert dt == w.dtype, f"result {i}: dtype {dt}, reference {w.dtype}\n{p!r}"
+
+
+def _fuzz(op):
+    def test(fz):
+        @_settings(EXAMPLES[op])
+        @given(p=fc.problems(op))
+        def run(p):
+            check_problem(fz, p)
+        run()
+        DONE.add(op)
+    test.__name__ = f"test_fuzz_{op}"
+    return test
+
+
+test_fuzz_quantize = _fuzz("quantize")
+test_fuzz_dequantize = _fuzz("dequantize")
+test_fuzz_dynamic_quantize = _fuzz("dynamic_quantize")
+test_fuzz_quantize_backward = _fuzz("quantize_backward")
+test_fuzz_dequantize_backward = _fuzz("dequantize_backward")
+test_fuzz_fake_quantize = _fuzz("fake_quantize")
+test_fuzz_fake_quantize_backward = _fuzz("fake_quantize_backward")
+test_fuzz_fake_quantize_learnable_backward = _fuzz("fake_quantize_learnable_backward")
+test_fuzz_grouped_matmul = _fuzz("grouped_matmul")
+test_fuzz_grouped_matmul_backward = _fuzz("grouped_matmul_backward")
+
+
+
+def test_the_fuzz_made_enough_calls():
+    """At least 10,000 calls when every fuzz test of this file ran (a selection skips the count)."""
+    if DONE != set(EXAMPLES):
+        pytest.skip("counted only when every fuzz test of this file runs")
+    total = sum(CALLS.values())
+    print(f"\nfuzz calls: {total} ({', '.join(f'{op} {n}' for op, n in sorted(CALLS.items()))})")
+    for (op, outcome), n in sorted(OUTCOMES.items()):
+        print(f"  {op:34} {outcome:70.70} {n}")
+    assert total >= 10_000
