@@ -29,7 +29,8 @@ class ArrayRef:
     strides: tuple      # in elements
     kind: str
     device: int
-    framework: str      # "cupy" | "torch"
+    framework: str      # "cupy" | "torch" | "cai"
+    readonly: bool = False   # an __cuda_array_interface__ that says so: never an output
 
     @property
     def ndim(self) -> int:
@@ -108,9 +109,17 @@ def _from_cai(obj, cai: dict, arg: str) -> ArrayRef:
         raise InvalidProblemError(f"{arg}: __cuda_array_interface__ must be a dict with 'shape', 'typestr' and "
                                   f"'data'; got {cai!r:.200}")
     try:
+        if not isinstance(cai["typestr"], str):
+            raise TypeError                  # np.dtype(None) is float64
         dt = np.dtype(cai["typestr"])
     except (TypeError, ValueError):
         raise InvalidProblemError(f"{arg}: typestr {cai.get('typestr')!r} is not a dtype skuforge knows") from None
+    if not dt.isnative:
+        raise InvalidProblemError(f"{arg}: typestr {cai['typestr']!r} is not in the device's (little-endian) byte "
+                                  "order")
+    if cai.get("mask") is not None:
+        raise InvalidProblemError(f"{arg}: __cuda_array_interface__ has a mask; masked arrays are not supported "
+                                  "(pass the data without one)")
     kind = kind_of(dt, arg)
     shape = _ints(cai["shape"], arg, "shape", 0)
     data = cai["data"]
@@ -134,7 +143,16 @@ def _from_cai(obj, cai: dict, arg: str) -> ArrayRef:
                                       f"of its item size {item}")
         strides = tuple(s // item for s in cai["strides"])
     ptr = int(data[0] or 0)
-    return ArrayRef(obj, ptr, shape, strides, kind, _device_of_pointer(ptr), "cai")
+    return ArrayRef(obj, ptr, shape, strides, kind, _device_of_pointer(ptr), "cai",
+                    readonly=len(data) > 1 and bool(data[1]))
+
+
+def writable(ref: ArrayRef, arg: str) -> ArrayRef:
+    """``ref`` as an output: an interface that declares its memory read-only is a typed error."""
+    if ref.readonly:
+        raise InvalidProblemError(f"{arg} is read-only (its __cuda_array_interface__ data flag); an output must be "
+                                  "writable")
+    return ref
 
 
 def _checked(ref: ArrayRef, arg: str) -> ArrayRef:

@@ -29,8 +29,9 @@ import numpy as np
 
 from . import kinds, lowbit, replay, status
 from .arrays import ArrayRef, as_array, device_of, empty, kind_of, numpy_dtype, stream_handle
-from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
-                     launch_cooperative, load_function, memset_u32, on_context_of, properties, resident_blocks)
+from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, cupy, current_device,
+                     device_attribute, launch, launch_cooperative, load_function, memset_u32, on_context_of,
+                     properties, resident_blocks)
 from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
@@ -126,7 +127,7 @@ class FusedConfig:
             fields["kernel"] = words.pop(0)
         for w in words:
             key, _, value = w.partition("=")
-            if key in ("ch", "threads"):
+            if key in ("ch", "threads") and value.strip().lstrip("+-").isdigit():
                 fields[key] = int(value)
             elif key == "grid" and value in ("persistent", "full"):
                 fields["persistent"] = value == "persistent"
@@ -562,12 +563,22 @@ def _fill(like: ArrayRef, shape, kind: str, value):
 
 
 def _fill_into(obj, framework: str, value) -> None:
-    """Sets every element of a framework array (torch ``fill_``, CuPy ``fill``)."""
+    """Sets every element of a caller's array: torch ``fill_``, CuPy ``fill``, or, for another object
+    with ``__cuda_array_interface__`` (no ``fill`` of its own), through a zero-copy CuPy view."""
     if framework == "torch":
         obj.fill_(value)
-    else:
+    elif hasattr(obj, "fill"):
         with device_of(obj):
             obj.fill(value)
+    else:
+        _fill_foreign(obj, value)
+
+
+def _fill_foreign(obj, value) -> None:
+    current_device()                     # DeviceRequiredError without a usable device
+    view = cupy().asarray(obj)
+    with device_of(view):
+        view.fill(value)
 
 
 def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8",

@@ -48,7 +48,7 @@ from typing import Optional
 import numpy as np
 
 from . import config, kinds, replay, status
-from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
+from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
 from .device import load_function, on_context_of, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
@@ -726,7 +726,7 @@ def _launch(fast, jobs, like: ArrayRef, ws: Optional[ArrayRef], routing: Routing
 # -- given outputs and workspace ----------------------------------------------------------------
 def _given_out(obj, like: ArrayRef, shape, kind: str, arg: str, why: str = "") -> ArrayRef:
     """A caller's output array, checked: framework, shape, dtype, device, C-contiguity."""
-    ref = as_array(obj, arg)
+    ref = writable(as_array(obj, arg), arg)
     if (ref.framework == "torch") != (like.framework == "torch"):
         raise InvalidProblemError(f"{arg} is a {ref.framework} array but x is a {like.framework} array; "
                                   f"pass a {'torch tensor' if like.framework == 'torch' else 'CuPy array'}")
@@ -746,7 +746,7 @@ def _given_out(obj, like: ArrayRef, shape, kind: str, arg: str, why: str = "") -
 def _given_workspace(obj, like: ArrayRef, M: int, E: int, mode: str) -> ArrayRef:
     """A caller's routing workspace, checked: a contiguous 1-D uint8 array, 16-byte aligned, of x's
     framework and device, of at least grouped_matmul_workspace_size(M, E, mode) bytes."""
-    ref = as_array(obj, "workspace")
+    ref = writable(as_array(obj, "workspace"), "workspace")
     need = workspace_layout(M, E, mode)["total"]
     if (ref.framework == "torch") != (like.framework == "torch"):
         raise InvalidProblemError(f"workspace is a {ref.framework} array but x is a {like.framework} array")

@@ -12,7 +12,7 @@ import numbers
 import sys
 
 from . import config, kinds
-from .arrays import ArrayRef, as_array, byte_span, empty, kind_of, overlap
+from .arrays import ArrayRef, as_array, byte_span, empty, kind_of, overlap, writable
 from .errors import DeviceMismatchError, InvalidProblemError, UnsupportedError
 from .scopes import param_shape
 
@@ -101,7 +101,7 @@ def device_check(ref: ArrayRef, arg: str, predicate, what: str):
 def out_arg(out, like: ArrayRef, shape, kind, arg="out"):
     if out is None:
         return as_array(empty(like, shape, kind), arg)
-    ref = as_array(out, arg)
+    ref = writable(as_array(out, arg), arg)
     if tuple(ref.shape) != tuple(shape) or ref.kind != kind:
         raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and dtype {ref.kind}; "
                                   f"expected shape {tuple(shape)} and dtype {kind}")

@@ -19,6 +19,7 @@ all (``test_the_fuzz_made_enough_calls`` prints the counts).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from collections import Counter
@@ -26,6 +27,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError, replay, status
@@ -43,6 +45,7 @@ EXAMPLES = {"quantize": 700, "dequantize": 600, "dynamic_quantize": 700, "quanti
             "dequantize_backward": 300, "fake_quantize": 400, "fake_quantize_backward": 350,
             "fake_quantize_learnable_backward": 400, "grouped_matmul": 500, "grouped_matmul_backward": 500}
 MALFORMED_EXAMPLES = 600
+VALID = dataclasses.replace(fc.CPU, mutate=0)
 
 CALLS: Counter = Counter()          # op -> calls made
 OUTCOMES: Counter = Counter()       # (op, outcome) -> count
@@ -105,6 +108,9 @@ def fz(mdev, monkeypatch):  # noqa: F811
             return None, None
         return described(obj)
     monkeypatch.setattr(replay, "describe", describe)
+    # dynamic_quantize fills a foreign out= of an empty x through CuPy (a device): recorded here
+    from runtime import dynamic
+    monkeypatch.setattr(dynamic, "_fill_foreign", lambda obj, value: obj.__cuda_array_interface__)
     mdev.alloc_ranges = made
     replay.CACHE.clear()
     return mdev
@@ -239,9 +245,154 @@ test_fuzz_grouped_matmul_backward = _fuzz("grouped_matmul_backward")
 
 
 
+
+# -- malformed __cuda_array_interface__ objects --------------------------------------------------------
+class Cai:
+    """An object whose ``__cuda_array_interface__`` is whatever the fuzz wrote."""
+
+    def __init__(self, cai):
+        self.__cuda_array_interface__ = cai
+
+    def __repr__(self):
+        return f"Cai({self.__cuda_array_interface__!r:.300})"
+
+
+# (name, must the call refuse it?, how it changes the interface dict)
+CORRUPTIONS = (
+    ("no shape", True, lambda c, a: c.pop("shape")),
+    ("no typestr", True, lambda c, a: c.pop("typestr")),
+    ("no data", True, lambda c, a: c.pop("data")),
+    ("float extent", True, lambda c, a: c.update(shape=tuple(float(n) for n in c["shape"]) or (1.0,))),
+    ("negative extent", True, lambda c, a: c.update(shape=(-1,) + tuple(c["shape"][1:]))),
+    ("bool extent", True, lambda c, a: c.update(shape=(True,) + tuple(c["shape"][1:]))),
+    ("string shape", True, lambda c, a: c.update(shape="x".join(map(str, c["shape"])) or "1")),
+    ("shape None", True, lambda c, a: c.update(shape=None)),
+    ("nested shape", True, lambda c, a: c.update(shape=(tuple(c["shape"]),))),
+    ("huge extent", True, lambda c, a: c.update(shape=(2 ** 64,) + tuple(c["shape"][1:]))),
+    ("numpy extents", False, lambda c, a: c.update(shape=tuple(np.int64(n) for n in c["shape"]))),
+    ("list shape", False, lambda c, a: c.update(shape=list(c["shape"]))),
+    ("typestr junk", True, lambda c, a: c.update(typestr="<q9")),
+    ("typestr empty", True, lambda c, a: c.update(typestr="")),
+    ("typestr None", True, lambda c, a: c.update(typestr=None)),
+    ("typestr int", True, lambda c, a: c.update(typestr=4)),
+    ("typestr object", True, lambda c, a: c.update(typestr="|O")),
+    ("typestr void", True, lambda c, a: c.update(typestr="|V4")),
+    ("big-endian", True, lambda c, a: c.update(typestr=">" + c["typestr"][1:]) if c["typestr"][0] == "<" else
+     c.update(typestr="|V1")),
+    ("typestr descr list", True, lambda c, a: c.update(typestr=[("f0", "<f4")])),
+    ("data not a tuple", True, lambda c, a: c.update(data=c["data"][0])),
+    ("data empty", True, lambda c, a: c.update(data=())),
+    ("data pointer string", True, lambda c, a: c.update(data=(hex(c["data"][0]), False))),
+    ("data pointer float", True, lambda c, a: c.update(data=(float(c["data"][0]), False))),
+    ("data pointer negative", True, lambda c, a: c.update(data=(-16, False))),
+    ("data pointer 2**64", True, lambda c, a: c.update(data=(2 ** 64, False))),
+    ("data pointer bool", True, lambda c, a: c.update(data=(True, False))),
+    ("data pointer None", False, lambda c, a: c.update(data=(None, False))),
+    ("data one element", False, lambda c, a: c.update(data=(c["data"][0],))),
+    ("strides short", True, lambda c, a: c.update(strides=(a.itemsize,) * max(0, len(a.shape) - 1) or (1, 1))),
+    ("strides float", True, lambda c, a: c.update(strides=tuple(float(s) for s in (c["strides"] or (a.itemsize,))))),
+    ("strides not bytes", False, lambda c, a: c.update(strides=tuple(s + 1 for s in (c["strides"] or (a.itemsize,))))),
+    ("strides string", True, lambda c, a: c.update(strides="1,2")),
+    ("strides huge", True, lambda c, a: c.update(strides=(2 ** 63,) + tuple((c["strides"] or ())[1:]))),
+    ("strides None", False, lambda c, a: c.update(strides=None)),
+    ("masked", True, lambda c, a: c.update(mask=Cai(dict(c)))),
+    ("mask None", False, lambda c, a: c.update(mask=None)),
+    ("version 0", False, lambda c, a: c.update(version=0)),
+    ("no version", False, lambda c, a: c.pop("version")),
+    ("not a dict", True, lambda c, a: (c.clear(), c.update(_list=True))),
+    ("read-only", "output", lambda c, a: c.update(data=(c["data"][0], True))),
+    ("extra keys", False, lambda c, a: c.update(stream=None, descr=[("", c["typestr"])])),
+)
+
+
+def _cai_of(fake: D) -> dict:
+    return dict(fake.__cuda_array_interface__)
+
+
+@_settings(MALFORMED_EXAMPLES)
+@given(p=st.one_of(*(fc.problems(op, VALID) for op in ("quantize", "dequantize", "dynamic_quantize",
+                                                       "fake_quantize_learnable_backward", "grouped_matmul_backward"))),
+       pick=st.integers(0, 10 ** 6), how=st.lists(st.sampled_from(range(len(CORRUPTIONS))), min_size=1, max_size=3))
+def _malformed(d, p, pick, how):
+    target = p.arrays()[pick % len(p.arrays())]
+    names = [CORRUPTIONS[i][0] for i in how]
+    must = any(CORRUPTIONS[i][1] is True or (CORRUPTIONS[i][1] == "output" and target.fill[0] in ("out", "workspace"))
+               for i in how)
+
+    space = Space(0x7A0000000000)
+
+    def make(a, made):
+        fake = space.make(a, made)
+        if a.key != target.key:
+            return fake
+        cai = _cai_of(fake)
+        for i in how:
+            try:
+                CORRUPTIONS[i][2](cai, a)
+            except (KeyError, IndexError, TypeError):
+                pass                    # an earlier corruption removed what this one changes
+        return Cai(list(cai.items()) if "_list" in cai else cai)
+    d.launches = []
+    args, kw = p.build(make)
+    CALLS["malformed interface"] += 1
+    try:
+        fc.call(sf, p, args, kw)
+    except ALLOWED as e:
+        OUTCOMES[("malformed interface", "typed")] += 1
+        assert not d.launches, f"launched before raising {e!r}"
+        return
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"untyped {type(e).__name__}: {e}\n{target.key}: {names}\n{p!r}") from e
+    OUTCOMES[("malformed interface", "ok")] += 1
+    assert not must, f"a malformed interface ({names}) of {target.key} was accepted\n{p!r}"
+
+
+def test_fuzz_malformed_interfaces(fz):
+    _malformed(fz)
+    DONE.add("malformed interface")
+
+
+# -- the settings (SKUFORGE_* environment variables) -----------------------------------------------------
+SETTING_TEXTS = {
+    "SKUFORGE_DYNAMIC_CONFIG": ("auto", "block", "t8", "t16,ch=8", "t8,ch=abc", "t4,threads=", "t2,threads=1e3",
+                                "t8,grid=sideways", "t99", "", ",,,", "t8,ch=4,threads=256,grid=full", "t8,ch=-4",
+                                "t16,threads=64,fixed=0", "t8,index=div", "=", "t8,ch=8=8"),
+    "SKUFORGE_DYNAMIC_TENSOR": ("auto", "two_pass", "three_pass", "", "AUTO"),
+    "SKUFORGE_COLUMNS_GRID": ("2d", "1d", "3d", "", "2D"),
+    "SKUFORGE_MOE_CONFIG": ("", "default", "fwd=default", "bogus", "fwd=,wgrad=", "x=y", "=", "fwd=128x128x32s5",
+                            ",", "fwd"),
+    "SKUFORGE_LOCK_TIMEOUT": ("", "5", "-1", "abc", "nan", "inf", "1e400"),
+    "SKUFORGE_SEED": ("", "7", "x", "1.5", "-3"),
+}
+
+
+@_settings(300)
+@given(env=st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in SETTING_TEXTS.items()}),
+       p=fc.problems("dynamic_quantize") | fc.problems("grouped_matmul") | fc.problems("quantize"))
+def _settings_fuzz(d, env, p):
+    from runtime import config
+    CALLS["settings"] += 1
+    try:
+        s = config.from_environ(env)
+    except ALLOWED as e:
+        OUTCOMES[("settings", "typed")] += 1
+        assert "SKUFORGE_" in str(e), f"the error does not name the variable: {e}"
+        return
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"untyped {type(e).__name__} reading {env}: {e}") from e
+    p.mutations.append(f"settings {env}")
+    with config.override(**{f: getattr(s, f) for f in ("dynamic_config", "dynamic_tensor", "columns_grid",
+                                                       "moe_config")}):
+        check_problem(d, p)
+
+
+def test_fuzz_settings(fz):
+    _settings_fuzz(fz)
+    DONE.add("settings")
+
 def test_the_fuzz_made_enough_calls():
     """At least 10,000 calls when every fuzz test of this file ran (a selection skips the count)."""
-    if DONE != set(EXAMPLES):
+    if DONE != set(EXAMPLES) | {"malformed interface", "settings"}:
         pytest.skip("counted only when every fuzz test of this file runs")
     total = sum(CALLS.values())
     print(f"\nfuzz calls: {total} ({', '.join(f'{op} {n}' for op, n in sorted(CALLS.items()))})")
