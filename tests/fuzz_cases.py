@@ -722,7 +722,8 @@ def mutate(g: _G, p: Problem, env: Env):
             p.kw["row_experts"] = _param(g, "row_experts", (M + 1, 1)[:g.int(1, 2)], "int32", ("ids", E))
         elif how == "offs_shape":
             p.kw.pop("row_experts", None)
-            p.kw["offsets"] = _param(g, "offsets", (E + g.pick((0, 2, -1 if E > 1 else 3)),), "int64", ("offsets", M, E))
+            n = E + g.pick((0, 2, -1 if E > 1 else 3))
+            p.kw["offsets"] = _param(g, "offsets", (n,), "int64", ("offsets", M, E))
         else:
             p.kw["strategy"] = g.pick(("mma", "simt"))
             p.kw["trusted_offsets"] = g.pick((0, 1, "yes", None, 2.5))

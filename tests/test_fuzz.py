@@ -257,51 +257,54 @@ class Cai:
         return f"Cai({self.__cuda_array_interface__!r:.300})"
 
 
-# (name, must the call refuse it?, how it changes the interface dict)
+# (name, the field it changes, must the call refuse it?, how it changes the interface dict)
 CORRUPTIONS = (
-    ("no shape", True, lambda c, a: c.pop("shape")),
-    ("no typestr", True, lambda c, a: c.pop("typestr")),
-    ("no data", True, lambda c, a: c.pop("data")),
-    ("float extent", True, lambda c, a: c.update(shape=tuple(float(n) for n in c["shape"]) or (1.0,))),
-    ("negative extent", True, lambda c, a: c.update(shape=(-1,) + tuple(c["shape"][1:]))),
-    ("bool extent", True, lambda c, a: c.update(shape=(True,) + tuple(c["shape"][1:]))),
-    ("string shape", True, lambda c, a: c.update(shape="x".join(map(str, c["shape"])) or "1")),
-    ("shape None", True, lambda c, a: c.update(shape=None)),
-    ("nested shape", True, lambda c, a: c.update(shape=(tuple(c["shape"]),))),
-    ("huge extent", True, lambda c, a: c.update(shape=(2 ** 64,) + tuple(c["shape"][1:]))),
-    ("numpy extents", False, lambda c, a: c.update(shape=tuple(np.int64(n) for n in c["shape"]))),
-    ("list shape", False, lambda c, a: c.update(shape=list(c["shape"]))),
-    ("typestr junk", True, lambda c, a: c.update(typestr="<q9")),
-    ("typestr empty", True, lambda c, a: c.update(typestr="")),
-    ("typestr None", True, lambda c, a: c.update(typestr=None)),
-    ("typestr int", True, lambda c, a: c.update(typestr=4)),
-    ("typestr object", True, lambda c, a: c.update(typestr="|O")),
-    ("typestr void", True, lambda c, a: c.update(typestr="|V4")),
-    ("big-endian", True, lambda c, a: c.update(typestr=">" + c["typestr"][1:]) if c["typestr"][0] == "<" else
+    ("no shape", "shape", True, lambda c, a: c.pop("shape")),
+    ("no typestr", "typestr", True, lambda c, a: c.pop("typestr")),
+    ("no data", "data", True, lambda c, a: c.pop("data")),
+    ("float extent", "shape", True, lambda c, a: c.update(shape=tuple(float(n) for n in c["shape"]) or (1.0,))),
+    ("negative extent", "shape", True, lambda c, a: c.update(shape=(-1,) + tuple(c["shape"][1:]))),
+    ("bool extent", "shape", True, lambda c, a: c.update(shape=(True,) + tuple(c["shape"][1:]))),
+    ("string shape", "shape", True, lambda c, a: c.update(shape="x".join(map(str, c["shape"])) or "1")),
+    ("shape None", "shape", True, lambda c, a: c.update(shape=None)),
+    ("nested shape", "shape", True, lambda c, a: c.update(shape=(tuple(c["shape"]),))),
+    ("huge extent", "shape", True, lambda c, a: c.update(shape=(2 ** 64,) + tuple(c["shape"][1:]))),
+    ("numpy extents", "shape", False, lambda c, a: c.update(shape=tuple(np.int64(n) for n in c["shape"]))),
+    ("list shape", "shape", False, lambda c, a: c.update(shape=list(c["shape"]))),
+    ("typestr junk", "typestr", True, lambda c, a: c.update(typestr="<q9")),
+    ("typestr empty", "typestr", True, lambda c, a: c.update(typestr="")),
+    ("typestr None", "typestr", True, lambda c, a: c.update(typestr=None)),
+    ("typestr int", "typestr", True, lambda c, a: c.update(typestr=4)),
+    ("typestr object", "typestr", True, lambda c, a: c.update(typestr="|O")),
+    ("typestr void", "typestr", True, lambda c, a: c.update(typestr="|V4")),
+    ("big-endian", "typestr", True, lambda c, a: c.update(typestr=">" + c["typestr"][1:]) if c["typestr"][0] == "<" else
      c.update(typestr="|V1")),
-    ("typestr descr list", True, lambda c, a: c.update(typestr=[("f0", "<f4")])),
-    ("data not a tuple", True, lambda c, a: c.update(data=c["data"][0])),
-    ("data empty", True, lambda c, a: c.update(data=())),
-    ("data pointer string", True, lambda c, a: c.update(data=(hex(c["data"][0]), False))),
-    ("data pointer float", True, lambda c, a: c.update(data=(float(c["data"][0]), False))),
-    ("data pointer negative", True, lambda c, a: c.update(data=(-16, False))),
-    ("data pointer 2**64", True, lambda c, a: c.update(data=(2 ** 64, False))),
-    ("data pointer bool", True, lambda c, a: c.update(data=(True, False))),
-    ("data pointer None", False, lambda c, a: c.update(data=(None, False))),
-    ("data one element", False, lambda c, a: c.update(data=(c["data"][0],))),
-    ("strides short", True, lambda c, a: c.update(strides=(a.itemsize,) * max(0, len(a.shape) - 1) or (1, 1))),
-    ("strides float", True, lambda c, a: c.update(strides=tuple(float(s) for s in (c["strides"] or (a.itemsize,))))),
-    ("strides not bytes", False, lambda c, a: c.update(strides=tuple(s + 1 for s in (c["strides"] or (a.itemsize,))))),
-    ("strides string", True, lambda c, a: c.update(strides="1,2")),
-    ("strides huge", True, lambda c, a: c.update(strides=(2 ** 63,) + tuple((c["strides"] or ())[1:]))),
-    ("strides None", False, lambda c, a: c.update(strides=None)),
-    ("masked", True, lambda c, a: c.update(mask=Cai(dict(c)))),
-    ("mask None", False, lambda c, a: c.update(mask=None)),
-    ("version 0", False, lambda c, a: c.update(version=0)),
-    ("no version", False, lambda c, a: c.pop("version")),
-    ("not a dict", True, lambda c, a: (c.clear(), c.update(_list=True))),
-    ("read-only", "output", lambda c, a: c.update(data=(c["data"][0], True))),
-    ("extra keys", False, lambda c, a: c.update(stream=None, descr=[("", c["typestr"])])),
+    ("typestr descr list", "typestr", True, lambda c, a: c.update(typestr=[("f0", "<f4")])),
+    ("data not a tuple", "data", True, lambda c, a: c.update(data=c["data"][0])),
+    ("data empty", "data", True, lambda c, a: c.update(data=())),
+    ("data pointer string", "data", True, lambda c, a: c.update(data=(hex(c["data"][0]), False))),
+    ("data pointer float", "data", True, lambda c, a: c.update(data=(float(c["data"][0]), False))),
+    ("data pointer negative", "data", True, lambda c, a: c.update(data=(-16, False))),
+    ("data pointer 2**64", "data", True, lambda c, a: c.update(data=(2 ** 64, False))),
+    ("data pointer bool", "data", True, lambda c, a: c.update(data=(True, False))),
+    ("data pointer None", "data", False, lambda c, a: c.update(data=(None, False))),
+    ("data one element", "data", False, lambda c, a: c.update(data=(c["data"][0],))),
+    ("strides short", "strides", True,
+     lambda c, a: c.update(strides=(a.itemsize,) * max(0, len(a.shape) - 1) or (1, 1))),
+    ("strides float", "strides", True,
+     lambda c, a: c.update(strides=tuple(float(s) for s in (c["strides"] or (a.itemsize,))))),
+    ("strides not bytes", "strides", False,
+     lambda c, a: c.update(strides=tuple(s + 1 for s in (c["strides"] or (a.itemsize,))))),
+    ("strides string", "strides", True, lambda c, a: c.update(strides="1,2")),
+    ("strides huge", "strides", True, lambda c, a: c.update(strides=(2 ** 63,) + tuple((c["strides"] or ())[1:]))),
+    ("strides None", "strides", False, lambda c, a: c.update(strides=None)),
+    ("masked", "mask", True, lambda c, a: c.update(mask=Cai(dict(c)))),
+    ("mask None", "mask", False, lambda c, a: c.update(mask=None)),
+    ("version 0", "version", False, lambda c, a: c.update(version=0)),
+    ("no version", "version", False, lambda c, a: c.pop("version")),
+    ("not a dict", "*", True, lambda c, a: (c.clear(), c.update(_list=True))),
+    ("read-only", "data", "output", lambda c, a: c.update(data=(c["data"][0], True))),
+    ("extra keys", "extra", False, lambda c, a: c.update(stream=None, descr=[("", c["typestr"])])),
 )
 
 
@@ -315,8 +318,10 @@ def _cai_of(fake: D) -> dict:
        pick=st.integers(0, 10 ** 6), how=st.lists(st.sampled_from(range(len(CORRUPTIONS))), min_size=1, max_size=3))
 def _malformed(d, p, pick, how):
     target = p.arrays()[pick % len(p.arrays())]
+    last = {CORRUPTIONS[i][1]: i for i in how}            # one change per field (a later one would undo it)
+    how = sorted(last.values(), key=lambda i: CORRUPTIONS[i][1] == "*")
     names = [CORRUPTIONS[i][0] for i in how]
-    must = any(CORRUPTIONS[i][1] is True or (CORRUPTIONS[i][1] == "output" and target.fill[0] in ("out", "workspace"))
+    must = any(CORRUPTIONS[i][2] is True or (CORRUPTIONS[i][2] == "output" and target.fill[0] in ("out", "workspace"))
                for i in how)
 
     space = Space(0x7A0000000000)
@@ -328,7 +333,7 @@ def _malformed(d, p, pick, how):
         cai = _cai_of(fake)
         for i in how:
             try:
-                CORRUPTIONS[i][2](cai, a)
+                CORRUPTIONS[i][3](cai, a)
             except (KeyError, IndexError, TypeError):
                 pass                    # an earlier corruption removed what this one changes
         return Cai(list(cai.items()) if "_list" in cai else cai)

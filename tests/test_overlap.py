@@ -135,7 +135,8 @@ def test_lowbit_and_mx_outputs(dev):
     e8 = D((8, 2), "uint8", ptr=S0)
     q = D(SHAPE, "uint8", ptr=X0)
     err(lambda: sf.dequantize(q, e8, scope="group", group_size=32, in_dtype="fp8_e4m3", scale_dtype="e8m0",
-                              out_dtype="float16", out=D(SHAPE, "float16", ptr=S0 - 2)), sf.InvalidProblemError, "out overlaps scale")
+                              out_dtype="float16", out=D(SHAPE, "float16", ptr=S0 - 2)),
+        sf.InvalidProblemError, "out overlaps scale")
 
 
 def test_dynamic_quantize_outputs_apart(dev):
