@@ -49,7 +49,8 @@ ODD_DTYPES = ("bool", "int16", "uint16", "uint32", "int64", "complex64", "dateti
 class Env:
     """What the materializing side can make: ``floats`` (input dtypes), ``torch`` (torch fp8 code
     containers exist), ``null`` (null data pointers), ``huge`` (extents nothing allocates), ``mutate``
-    (the chance, in percent, that a problem is broken on purpose)."""
+    (the chance, in percent, that a problem is broken on purpose), ``bad_values`` (the chance that
+    a scale, zero point, e8m0 code or offset array holds an invalid value: the kernels report it)."""
 
     floats: tuple = ("float16", "float32", "float64")
     torch: bool = False
@@ -57,6 +58,7 @@ class Env:
     huge: bool = True
     mutate: int = 60
     moe_floats: tuple = ("float16", "float32")
+    bad_values: int = 0      # percent: invalid values in a device array of an otherwise valid call
 
 
 CPU = Env()
@@ -697,12 +699,8 @@ def mutate(g: _G, p: Problem, env: Env):
         p.args[i] = v
         p.mutations.append(f"{pos[i]}={v!r:.40}")
     elif what == "bad_values":
-        cands = [a for a in arrs if a.fill[0] in ("scale", "zp", "e8m0", "offsets", "ids")]
-        if not cands:
+        if not _bad_values(g, p):
             return mutate(g, p, env)
-        a = g.pick(cands)
-        _replace_arr(p, a.key, replace(a, fill=(a.fill[0] + "!",) + a.fill[1:]))
-        p.bad_values = True                      # still a valid call: the kernels check the values
     elif what == "routing":
         if not p.op.startswith("grouped_matmul"):
             return mutate(g, p, env)
@@ -730,6 +728,18 @@ def mutate(g: _G, p: Problem, env: Env):
         p.mutations.append(f"routing {how}")
 
 
+def _bad_values(g, p: Problem) -> bool:
+    """An invalid value in one scale / zero point / e8m0 / offsets array (still a valid call: the
+    kernels check the values they read and report them)."""
+    cands = [a for a in p.arrays() if a.fill[0] in ("scale", "zp", "e8m0", "offsets")]
+    if not cands:
+        return False
+    a = g.pick(cands)
+    _replace_arr(p, a.key, replace(a, fill=(a.fill[0] + "!",) + a.fill[1:]))
+    p.bad_values = True
+    return True
+
+
 @st.composite
 def problems(draw, op: str, env: Env = CPU):
     """A problem for ``op``: valid, or (``env.mutate`` percent of the time) broken on purpose."""
@@ -738,6 +748,8 @@ def problems(draw, op: str, env: Env = CPU):
     if g.chance(env.mutate):
         for _ in range(g.pick((1, 1, 1, 2, 3))):
             mutate(g, p, env)
+    elif env.bad_values and g.chance(env.bad_values):
+        _bad_values(g, p)
     return p
 
 
