@@ -41,6 +41,7 @@ variable names another, per pass or for all: ``"128x128x32s5"`` or
 """
 from __future__ import annotations
 
+import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
@@ -582,6 +583,9 @@ def grouped_matmul_workspace_size(M: int, E: int, routing: str = "row_experts") 
     the calls that share one must run in one stream (docs/moe.md)."""
     if routing not in ("row_experts", "offsets"):
         raise InvalidProblemError(f"routing={routing!r}; use 'row_experts' or 'offsets'")
+    for name, v, lo, hi in (("M", M, 0, MAX_ROWS), ("E", E, 1, MAX_EXPERTS)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not lo <= v <= hi:
+            raise InvalidProblemError(f"{name}={v!r}; an integer in [{lo}, {hi}] is required")
     return workspace_layout(int(M), int(E), routing)["total"]
 
 

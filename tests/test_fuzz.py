@@ -40,10 +40,10 @@ from tests.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
 # DeviceValueError (what a kernel found) is an InvalidProblemError.
 ALLOWED = (UnsupportedError, InvalidProblemError)
 
-# examples per op: about 10,000 calls in all (a call that returns is made three times)
-EXAMPLES = {"quantize": 700, "dequantize": 600, "dynamic_quantize": 700, "quantize_backward": 400,
-            "dequantize_backward": 300, "fake_quantize": 400, "fake_quantize_backward": 350,
-            "fake_quantize_learnable_backward": 400, "grouped_matmul": 500, "grouped_matmul_backward": 500}
+# examples per op: about 15,000 calls of the ten ops (a call that returns is made three times)
+EXAMPLES = {"quantize": 1000, "dequantize": 900, "dynamic_quantize": 1000, "quantize_backward": 600,
+            "dequantize_backward": 450, "fake_quantize": 600, "fake_quantize_backward": 500,
+            "fake_quantize_learnable_backward": 600, "grouped_matmul": 700, "grouped_matmul_backward": 700}
 MALFORMED_EXAMPLES = 600
 VALID = dataclasses.replace(fc.CPU, mutate=0)
 
@@ -395,12 +395,71 @@ def test_fuzz_settings(fz):
     _settings_fuzz(fz)
     DONE.add("settings")
 
+# -- the plan and registry API ------------------------------------------------------------------------
+def _sku_texts():
+    skus = [str(s) for s in sf.default_registry().skus()[::37]]
+    field = st.sampled_from(["quantization", "moe", "quantize", "-", "", "sm90", "sm7", "smXX", "simt", "f32.acc-f32",
+                             "f32.acc-f32.det.fast", "x" * 300, "token", "s8", "bf16", "wgmma", "f32", "acc-"])
+
+    @st.composite
+    def mutated(draw):
+        parts = draw(st.sampled_from(skus)).split("/")
+        for _ in range(draw(st.integers(0, 3))):
+            how = draw(st.integers(0, 2))
+            if how == 0 and parts:
+                parts[draw(st.integers(0, len(parts) - 1))] = draw(field)
+            elif how == 1 and parts:
+                parts.pop(draw(st.integers(0, len(parts) - 1)))
+            else:
+                parts.insert(draw(st.integers(0, len(parts))), draw(field))
+        return "/".join(parts)
+    return mutated() | st.text(max_size=40) | st.sampled_from([None, 5, b"quantization", ["a"], 1.5])
+
+
+JUNK_FIELD = st.sampled_from([None, "", "quantize", "dequantize", "grouped_matmul", "token", "group", "symmetric",
+                              "f16", "bf16", "s8", "fp8_e4m3", "moe", "quantization", ["f16"], 3, 80, 90, "90", 1.5,
+                              True, "mma", "simt", "wgmma", "e8m0"])
+
+
+@_settings(500)
+@given(text=_sku_texts(), fields=st.fixed_dictionaries({}, optional={
+    k: JUNK_FIELD for k in ("category", "op", "scope", "mode", "element", "aux_element", "arch", "backend")}),
+    pattern=st.sampled_from(["*", "moe/*", "[", None, 3, "quantization/quantize/*/f16/*"]),
+    ws=st.tuples(st.sampled_from([0, 1, 5, 2 ** 31, 2 ** 31 + 1, -1, 1.5, "8", None, True, 2 ** 70]),
+                 st.sampled_from([1, 8, 1024, 1025, 0, -2, 2.0, None, "4"]),
+                 st.sampled_from(["row_experts", "offsets", "sorted", None])))
+def _plan_api(text, fields, pattern, ws):
+    reg = sf.default_registry()
+    calls = (lambda: sf.KernelSku.parse(text), lambda: reg.lookup(text), lambda: sf.Plan(text),
+             lambda: reg.query(pattern), lambda: sf.moe.grouped_matmul_workspace_size(*ws),
+             lambda: reg.select(**{"category": "quantization", "op": "quantize", "element": "f32", **fields}),
+             lambda: sf.Plan.select(sf.Descriptor(**{k: v for k, v in fields.items() if k not in ("arch", "backend")}
+                                                  | {"op": fields.get("op", "quantize")}),
+                                    sf.Preference(**{k: v for k, v in fields.items() if k in ("arch", "backend")})))
+    for fn in calls:
+        CALLS["plan and registry"] += 1
+        try:
+            fn()
+        except ALLOWED:
+            OUTCOMES[("plan and registry", "typed")] += 1
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(f"untyped {type(e).__name__}: {e} ({text!r}, {fields}, {pattern!r}, {ws})") from e
+        else:
+            OUTCOMES[("plan and registry", "ok")] += 1
+
+
+def test_fuzz_plan_and_registry():
+    _plan_api()
+    DONE.add("plan and registry")
+
+
 def test_the_fuzz_made_enough_calls():
-    """At least 10,000 calls when every fuzz test of this file ran (a selection skips the count)."""
-    if DONE != set(EXAMPLES) | {"malformed interface", "settings"}:
+    """At least 10,000 calls of the ten ops when every fuzz test of this file ran (a selection skips the count)."""
+    if DONE != set(EXAMPLES) | {"malformed interface", "settings", "plan and registry"}:
         pytest.skip("counted only when every fuzz test of this file runs")
     total = sum(CALLS.values())
-    print(f"\nfuzz calls: {total} ({', '.join(f'{op} {n}' for op, n in sorted(CALLS.items()))})")
+    ops = sum(CALLS[op] for op in EXAMPLES)
+    print(f"\nfuzz calls: {total}, of the ten ops {ops} ({', '.join(f'{op} {n}' for op, n in sorted(CALLS.items()))})")
     for (op, outcome), n in sorted(OUTCOMES.items()):
         print(f"  {op:34} {outcome:70.70} {n}")
-    assert total >= 10_000
+    assert ops >= 10_000

@@ -227,3 +227,17 @@ def test_lsq_reference_of_an_empty_x():
                                                          np.ones(want, np.float32), np.zeros(want, np.int32),
                                                          scope=scope, axis=axis, group_size=gs)
         assert ds.shape == want and dz.shape == want and not ds.any()
+
+
+def test_plan_and_registry_arguments_are_typed_errors():
+    reg = sf.default_registry()
+    for bad in (None, 5, ["a"], b"quantization"):
+        err(lambda bad=bad: sf.KernelSku.parse(bad), InvalidProblemError, "SKU")
+        err(lambda bad=bad: reg.lookup(bad), InvalidProblemError, "SKU")
+    err(lambda: reg.query(3), InvalidProblemError, "pattern")
+    err(lambda: reg.select(category="quantization", op="quantize", element="f32", arch="90"), InvalidProblemError,
+        "arch")
+    for m, e, words in (("8", 4, ("M=",)), (None, 4, ("M=",)), (-1, 4, ("M=",)), (1.5, 4, ("M=",)),
+                        (8, 0, ("E=",)), (8, 2.0, ("E=",)), (8, 2 ** 70, ("E=",))):
+        err(lambda m=m, e=e: sf.moe.grouped_matmul_workspace_size(m, e), InvalidProblemError, *words)
+    assert sf.moe.grouped_matmul_workspace_size(np.int64(8), 4) == sf.moe.grouped_matmul_workspace_size(8, 4)
