@@ -314,19 +314,25 @@ def _out(g, key, shape, dtype, chance=35):
     return Arr(g.key(key), tuple(shape), dtype, ("out",))
 
 
-def _quantize(g, env):
-    xk = g.pick(env.floats)
+def _coded(g, int4_groups=(2, 4, 8, 16, 32, 64)):
+    """(code kind, MX?, scope, axis, group size, x's shape) of a call with codes: fp8 with e8m0 scales
+    takes groups of 32; packed int4 even groups and an even last axis."""
     qk = g.pick(kinds.CODES)
     mx = qk in kinds.FP8 and g.chance(25)
     pack = 2 if qk in kinds.INT4 else 1
     if mx:
         scope, axis, gs, mult = "group", None, 32, 32
     else:
-        scope, axis, gs, mult = _scope(g, (2, 4, 8, 16, 32, 64) if pack == 2 else (1, 2, 4, 8, 16, 32, 64, 128),
-                                       pack)
+        scope, axis, gs, mult = _scope(g, int4_groups if pack == 2 else (1, 2, 4, 8, 16, 32, 64, 128), pack)
     shape = _shape(g, mult)
     if scope == "channel":
         axis = g.int(-len(shape), len(shape) - 1)
+    return qk, mx, scope, axis, gs, shape
+
+
+def _quantize(g, env):
+    xk = g.pick(env.floats)
+    qk, mx, scope, axis, gs, shape = _coded(g)
     math_np = "float64" if xk == "float64" else "float32"
     x = _data(g, "x", shape, xk)
     scale = _scale(g, shape, scope, axis, gs, math_np, mx)
@@ -355,17 +361,7 @@ def _quantize(g, env):
 
 def _dequantize(g, env):
     yk = g.pick(env.floats)
-    qk = g.pick(kinds.CODES)
-    mx = qk in kinds.FP8 and g.chance(25)
-    pack = 2 if qk in kinds.INT4 else 1
-    if mx:
-        scope, axis, gs, mult = "group", None, 32, 32
-    else:
-        scope, axis, gs, mult = _scope(g, (2, 4, 8, 16, 32, 64) if pack == 2 else (1, 2, 4, 8, 16, 32, 64, 128),
-                                       pack)
-    shape = _shape(g, mult)
-    if scope == "channel":
-        axis = g.int(-len(shape), len(shape) - 1)
+    qk, mx, scope, axis, gs, shape = _coded(g)
     cdt, cshape = _code_container(g, env, qk, shape)
     q = _data(g, "q", cshape, cdt, ("codes", qk))
     math_np = "float64" if yk == "float64" else "float32"
@@ -403,18 +399,8 @@ def _symmetric_range(g, qk):
 
 def _dynamic(g, env):
     xk = g.pick(env.floats)
-    qk = g.pick(kinds.CODES)
-    mx = qk in kinds.FP8 and g.chance(25)
-    pack = 2 if qk in kinds.INT4 else 1
+    qk, mx, scope, axis, gs, shape = _coded(g, (2, 4, 8, 16, 32, 64, 128))
     mode = "symmetric" if qk in kinds.FP8 else g.pick(("symmetric", "asymmetric"))
-    if mx:
-        scope, axis, gs, mult = "group", None, 32, 32
-    else:
-        scope, axis, gs, mult = _scope(g, (2, 4, 8, 16, 32, 64, 128) if pack == 2 else (1, 2, 4, 8, 16, 32, 64, 128),
-                                       pack)
-    shape = _shape(g, mult)
-    if scope == "channel":
-        axis = g.int(-len(shape), len(shape) - 1)
     x = _data(g, "x", shape, xk)
     kw = dict(scope=scope, out_dtype=_spelling(g, qk))
     if mode != "symmetric" or g.chance(30):
