@@ -772,7 +772,8 @@ def _values(a: Arr, rng) -> np.ndarray:
             flat = v.reshape(-1)
             idx = rng.integers(0, flat.size, size=max(1, flat.size // 50))
             flat[idx] = rng.choice([np.nan, np.inf, -np.inf, 0.5, -2.5, 0.0, -0.0], size=idx.size)
-        return v.astype(dt)
+        with np.errstate(invalid="ignore", over="ignore"):    # a mutated integer dtype: any values
+            return v.astype(dt)
     if kind == "scale":
         v = (rng.random(shape) * 0.2 + 0.01).astype(dt)
         if bad and v.size:

@@ -15,7 +15,6 @@ comparison with NumPy arrays standing in for device arrays, so the harness is ex
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -117,12 +116,13 @@ class CupyBackend:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self):
+    def __init__(self, device="cuda"):
         import torch
         self.torch = torch
+        self.device = device                  # "cpu": the rehearsal of the views, writes and reads
 
     def arena(self, nbytes):
-        buf = self.torch.zeros(-(-nbytes // 16) * 16, dtype=self.torch.uint8, device="cuda")
+        buf = self.torch.zeros(-(-nbytes // 16) * 16, dtype=self.torch.uint8, device=self.device)
         return buf, buf.data_ptr()
 
     def view(self, arena, byte_off, a: fc.Arr):
@@ -310,10 +310,10 @@ def test_gpu_fuzz_made_enough_calls():
 
 
 # -- the harness, rehearsed on the CPU ------------------------------------------------------------------
-def _rehearse(p: fc.Problem, seed: int):
-    """materialize on NumPy, read every input back (the values as laid out: strided rows, offsets,
-    an out= that is exactly an input), then the reference and the comparison as the GPU half makes them."""
-    backend = NumpyBackend()
+def _rehearse(p: fc.Problem, seed: int, backend):
+    """materialize on ``backend`` (NumPy, or torch on the CPU), read every input back (the values as
+    laid out: strided rows, offsets, an out= that is exactly an input), then the reference and the
+    comparison as the GPU half makes them."""
     host = fc.host_values(p, np.random.default_rng(seed))
     try:
         args, kw, arena, views = materialize(p, host, backend)
@@ -323,8 +323,8 @@ def _rehearse(p: fc.Problem, seed: int):
         return "not compared"
     for a in p.arrays():
         if a.key in host and a.fill[0] not in ("out", "workspace"):
-            assert _same(views[a.key], host[a.key]), f"{a!r} does not hold its values\n{p!r}"
-        if a.alias is not None and a.size:
+            assert _same(backend.host(views[a.key]), host[a.key]), f"{a!r} does not hold its values\n{p!r}"
+        if a.alias is not None and a.size and backend.name == "numpy":
             assert np.shares_memory(views[a.key], views[a.alias[0]]), f"{a!r} is not a view of {a.alias[0]}"
     want = fc.expected(p, host)
     got = tuple(None if w is None else np.array(w) for w in want) if isinstance(want, tuple) else np.array(want)
@@ -343,11 +343,18 @@ def _same(a, b):
 
 
 REHEARSAL = Counter()
+try:
+    _torch_cpu = TorchBackend("cpu")
+except ImportError:
+    _torch_cpu = None
 
 
 @_settings(400)
 @given(op=st.sampled_from(sorted(EXAMPLES)), data=st.data(), seed=st.integers(0, 2 ** 32 - 1))
 def test_gpu_fuzz_harness_on_the_cpu(op, data, seed):
-    env = dataclasses.replace(_env(True), torch=False)         # NumPy views hold bf16 (ml_dtypes) too
+    env = _env(True)                      # NumPy views hold bf16 and fp8 (ml_dtypes) too
     p = data.draw(fc.problems(op, env))
-    REHEARSAL[_rehearse(p, seed)] += 1
+    backend = NumpyBackend()
+    if _torch_cpu is not None and seed % 3 == 0:
+        backend = _torch_cpu
+    REHEARSAL[(backend.name, _rehearse(p, seed, backend))] += 1
