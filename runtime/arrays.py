@@ -29,7 +29,8 @@ class ArrayRef:
     strides: tuple      # in elements
     kind: str
     device: int
-    framework: str      # "cupy" | "torch"
+    framework: str      # "cupy" | "torch" | "cai"
+    readonly: bool = False   # an __cuda_array_interface__ that says so: never an output
 
     @property
     def ndim(self) -> int:
@@ -108,9 +109,17 @@ def _from_cai(obj, cai: dict, arg: str) -> ArrayRef:
         raise InvalidProblemError(f"{arg}: __cuda_array_interface__ must be a dict with 'shape', 'typestr' and "
                                   f"'data'; got {cai!r:.200}")
     try:
+        if not isinstance(cai["typestr"], str):
+            raise TypeError                  # np.dtype(None) is float64
         dt = np.dtype(cai["typestr"])
     except (TypeError, ValueError):
         raise InvalidProblemError(f"{arg}: typestr {cai.get('typestr')!r} is not a dtype skuforge knows") from None
+    if not dt.isnative:
+        raise InvalidProblemError(f"{arg}: typestr {cai['typestr']!r} is not in the device's (little-endian) byte "
+                                  "order")
+    if cai.get("mask") is not None:
+        raise InvalidProblemError(f"{arg}: __cuda_array_interface__ has a mask; masked arrays are not supported "
+                                  "(pass the data without one)")
     kind = kind_of(dt, arg)
     shape = _ints(cai["shape"], arg, "shape", 0)
     data = cai["data"]
@@ -134,7 +143,16 @@ def _from_cai(obj, cai: dict, arg: str) -> ArrayRef:
                                       f"of its item size {item}")
         strides = tuple(s // item for s in cai["strides"])
     ptr = int(data[0] or 0)
-    return ArrayRef(obj, ptr, shape, strides, kind, _device_of_pointer(ptr), "cai")
+    return ArrayRef(obj, ptr, shape, strides, kind, _device_of_pointer(ptr), "cai",
+                    readonly=len(data) > 1 and bool(data[1]))
+
+
+def writable(ref: ArrayRef, arg: str) -> ArrayRef:
+    """``ref`` as an output: an interface that declares its memory read-only is a typed error."""
+    if ref.readonly:
+        raise InvalidProblemError(f"{arg} is read-only (its __cuda_array_interface__ data flag); an output must be "
+                                  "writable")
+    return ref
 
 
 def _checked(ref: ArrayRef, arg: str) -> ArrayRef:
@@ -155,6 +173,29 @@ def _checked(ref: ArrayRef, arg: str) -> ArrayRef:
             raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and strides {tuple(ref.strides)}: beyond "
                                       "the 2**62 elements the kernels index")
     return ref
+
+
+def overlap(spans, vals):
+    """The first pair ``(i, j)`` of arguments named in ``spans`` that share bytes, or None.
+    ``spans``: (index, first byte, end byte) relative to the pointers ``vals[index]`` (for a
+    replay, fixed by the cache key's shapes and strides; see :func:`byte_span`)."""
+    for k, (i, lo_i, hi_i) in enumerate(spans):
+        a = vals[i]
+        for j, lo_j, hi_j in spans[k + 1:]:
+            b = vals[j]
+            if a + lo_i < b + hi_j and b + lo_j < a + hi_i:
+                return i, j
+    return None
+
+
+def byte_span(ref: ArrayRef) -> tuple:
+    """(first, end) byte offsets of an array's elements relative to its pointer (strides may be
+    negative); (0, 0) when it is empty."""
+    if ref.size == 0:
+        return 0, 0
+    lo = sum((n - 1) * st for n, st in zip(ref.shape, ref.strides) if st < 0)
+    hi = sum((n - 1) * st for n, st in zip(ref.shape, ref.strides) if st > 0) + 1
+    return lo * ref.itemsize, hi * ref.itemsize
 
 
 def _device_of_pointer(ptr: int) -> int:

@@ -23,12 +23,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from .errors import InvalidProblemError
 
 _local = threading.local()
 
@@ -158,6 +161,22 @@ def _flag(text: str) -> bool:
     return text.strip().lower() not in ("", "0", "false")
 
 
+CHOICES = {"columns_grid": ("2d", "1d"), "dynamic_tensor": ("auto", "two_pass")}
+
+
+def _number(f, text: str, kind, default, ok, what: str):
+    """A number from an environment variable (empty: ``default``), or a typed error naming it."""
+    if not text.strip():
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise InvalidProblemError(f"{f.metadata['env']}={text!r}; expected {what}")
+    return value
+
+
 def from_environ(environ=None) -> Settings:
     """:class:`Settings` from ``environ`` (default ``os.environ``): the one place that reads it."""
     env = os.environ if environ is None else environ
@@ -173,9 +192,15 @@ def from_environ(environ=None) -> Settings:
             # the cache and the prebuilt folder are resolved once, here: a later chdir does not move them
             values[f.name] = path.absolute() if f.name in ("cache_dir", "prebuilt_dir") else path
         elif f.name == "lock_timeout":
-            values[f.name] = float(text) if text.strip() else 120.0
+            values[f.name] = _number(f, text, float, 120.0, lambda v: math.isfinite(v) and v >= 0,
+                                     "a finite number of seconds >= 0")
         elif f.name == "seed":
-            values[f.name] = int(text)
+            values[f.name] = _number(f, text, int, None, lambda v: True, "an integer")
+        elif f.name in CHOICES:
+            value = text.strip().lower() or f.default
+            if value not in CHOICES[f.name]:
+                raise InvalidProblemError(f"{f.metadata['env']}={text!r}; one of {', '.join(CHOICES[f.name])}")
+            values[f.name] = value
         elif f.name in ("exhaustive", "full_compile"):
             values[f.name] = bool(text)
         elif f.name in ("dirty", "sync_checks", "disable_jit"):

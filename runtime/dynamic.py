@@ -29,13 +29,14 @@ import numpy as np
 
 from . import kinds, lowbit, replay, status
 from .arrays import ArrayRef, as_array, device_of, empty, kind_of, numpy_dtype, stream_handle
-from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, device_attribute, launch,
-                     launch_cooperative, load_function, memset_u32, on_context_of, properties, resident_blocks)
+from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, cupy, current_device,
+                     device_attribute, launch, launch_cooperative, load_function, memset_u32, on_context_of,
+                     properties, resident_blocks)
 from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .params import channel_params, check_scale_dtype, out_arg, same_device
+from .params import channel_params, check_apart, check_scale_dtype, out_arg, same_device
 from .quantization import code_out
 from .reference import dynamic_qparams, dynamic_quantize_lowbit_ref, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
@@ -126,7 +127,7 @@ class FusedConfig:
             fields["kernel"] = words.pop(0)
         for w in words:
             key, _, value = w.partition("=")
-            if key in ("ch", "threads"):
+            if key in ("ch", "threads") and value.strip().lstrip("+-").isdigit():
                 fields[key] = int(value)
             elif key == "grid" and value in ("persistent", "full"):
                 fields["persistent"] = value == "persistent"
@@ -562,12 +563,22 @@ def _fill(like: ArrayRef, shape, kind: str, value):
 
 
 def _fill_into(obj, framework: str, value) -> None:
-    """Sets every element of a framework array (torch ``fill_``, CuPy ``fill``)."""
+    """Sets every element of a caller's array: torch ``fill_``, CuPy ``fill``, or, for another object
+    with ``__cuda_array_interface__`` (no ``fill`` of its own), through a zero-copy CuPy view."""
     if framework == "torch":
         obj.fill_(value)
-    else:
+    elif hasattr(obj, "fill"):
         with device_of(obj):
             obj.fill(value)
+    else:
+        _fill_foreign(obj, value)
+
+
+def _fill_foreign(obj, value) -> None:
+    current_device()                     # DeviceRequiredError without a usable device
+    view = cupy().asarray(obj)
+    with device_of(view):
+        view.fill(value)
 
 
 def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8",
@@ -611,18 +622,6 @@ def _out_tuple(out, mode) -> tuple:
     return q, s, z
 
 
-def _check_disjoint(fast, refs) -> None:
-    """No two of these arrays share bytes (the kernels read x while they write q, scale, zp), and a
-    replay of this call makes the same test (runtime.replay.overlap) on the same spans.
-    ``refs``: ``[(name, ArrayRef or None)]`` in the call's argument order (x, q, scale, zero_point)."""
-    spans = tuple((i, *replay.byte_span(r)) for i, (_, r) in enumerate(refs) if r is not None and r.size)
-    pair = replay.overlap(spans, [0 if r is None else r.ptr for _, r in refs])
-    if pair is not None:
-        raise InvalidProblemError(f"{refs[pair[1]][0]} overlaps {refs[pair[0]][0]} in memory; "
-                                  "dynamic_quantize needs separate arrays")
-    fast.require_disjoint(spans)
-
-
 def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, outs=()):
     xr = as_array(x, "x")
     if xr.kind not in kinds.FLOAT:
@@ -664,7 +663,9 @@ def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, q
         qv = rows_view(qref, "out[0] (q)")          # its layout errors name the argument
         same_device(("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref),
                     ("out[2] (zero_point)", zref))
-        _check_disjoint(fast, [("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref), ("out[2] (zero_point)", zref)])
+        # the kernels read x while they write q, scale (and zero_point): all four apart
+        check_apart(fast, "dynamic_quantize", [("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref),
+                                               ("out[2] (zero_point)", zref)], (1, 2, 3))
     if xr.size == 0:
         # empty slices reduce to 0: the scale (and zero point) of an all-zero slice, no kernel
         zeros = np.zeros((2,), numpy_dtype(xr.kind))

@@ -133,6 +133,8 @@ def of(dtype, arg: str = "dtype") -> str:
 def _of(dtype, arg: str) -> str:
     if isinstance(dtype, str):
         name = dtype.lower()
+    elif isinstance(dtype, type) and dtype.__module__.partition(".")[0] in ("numpy", "ml_dtypes"):
+        name = dtype.__name__          # a scalar type: numpy.int8, ml_dtypes.bfloat16
     else:
         name = str(getattr(dtype, "name", None) or dtype).replace("torch.", "")
         if "bfloat16" in name:

@@ -28,7 +28,7 @@ import threading
 from typing import Optional
 
 from . import config, kinds
-from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
+from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
 from .device import properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid, stream_params
@@ -141,7 +141,7 @@ def lowbit_out(out, like: ArrayRef, shape, kind: str, arg: str = "out") -> Array
     if out is None:
         torch_fp8 = kind in FP8 and like.framework == "torch"
         return retag(as_array(empty(like, shape, kind if torch_fp8 else "u8"), "out"), kind)
-    ref = as_array(out, arg)
+    ref = writable(as_array(out, arg), arg)
     ok_kinds = ("u8", kind) if kind in FP8 else ("u8",)
     if tuple(ref.shape) != tuple(shape) or ref.kind not in ok_kinds:
         raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and dtype {ref.kind}; expected shape "

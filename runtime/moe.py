@@ -41,6 +41,7 @@ variable names another, per pass or for all: ``"128x128x32s5"`` or
 """
 from __future__ import annotations
 
+import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
@@ -48,11 +49,11 @@ from typing import Optional
 import numpy as np
 
 from . import config, kinds, replay, status
-from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle
+from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
 from .device import load_function, on_context_of, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
-from .params import same_device
+from .params import check_apart, same_device
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 
 MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (SPEC §5)
@@ -582,6 +583,9 @@ def grouped_matmul_workspace_size(M: int, E: int, routing: str = "row_experts") 
     the calls that share one must run in one stream (docs/moe.md)."""
     if routing not in ("row_experts", "offsets"):
         raise InvalidProblemError(f"routing={routing!r}; use 'row_experts' or 'offsets'")
+    for name, v, lo, hi in (("M", M, 0, MAX_ROWS), ("E", E, 1, MAX_EXPERTS)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not lo <= v <= hi:
+            raise InvalidProblemError(f"{name}={v!r}; an integer in [{lo}, {hi}] is required")
     return workspace_layout(int(M), int(E), routing)["total"]
 
 
@@ -613,8 +617,8 @@ def _forward(fast, x, w, row_experts, offsets, strategy, trusted_offsets, out, w
     y = None if out is None else _given_out(out, xr, (M, N), xr.kind, "out")
     ws = None if workspace is None else _given_workspace(workspace, xr, M, E, routing.mode)
     if out is not None or workspace is not None:
-        _check_disjoint(fast, "grouped_matmul", [("x", xr), ("w", wr), ("row_experts", routing.row_experts),
-                                                 ("offsets", routing.offsets), ("out", y), ("workspace", ws)], (4, 5))
+        check_apart(fast, "grouped_matmul", [("x", xr), ("w", wr), ("row_experts", routing.row_experts),
+                                             ("offsets", routing.offsets), ("out", y), ("workspace", ws)], (4, 5))
     if y is None:
         y = as_array(empty(xr, (M, N), xr.kind), "y")
     args = _args("grouped_matmul", xr, wr, None, y, routing, dims)
@@ -674,10 +678,10 @@ def _backward(fast, x, w, dy, row_experts, offsets, strategy, need_input, need_w
         dw = _given_out(dwo, xr, (E, N, K), dw_kind, "out[1] (dw)", f" (dw_dtype={dw_dtype!r})")
     ws = None if workspace is None else _given_workspace(workspace, xr, M, E, routing.mode)
     if out is not None or workspace is not None:
-        _check_disjoint(fast, "grouped_matmul_backward",
-                        [("x", xr), ("w", wr), ("dy", dyr), ("row_experts", routing.row_experts),
-                         ("offsets", routing.offsets), ("out[0] (dx)", dx), ("out[1] (dw)", dw), ("workspace", ws)],
-                        (5, 6, 7))
+        check_apart(fast, "grouped_matmul_backward",
+                    [("x", xr), ("w", wr), ("dy", dyr), ("row_experts", routing.row_experts),
+                     ("offsets", routing.offsets), ("out[0] (dx)", dx), ("out[1] (dw)", dw), ("workspace", ws)],
+                    (5, 6, 7))
     if need_input and dx is None:
         dx = as_array(empty(xr, (M, K), xr.kind), "dx")
     if need_weight and dw is None:
@@ -726,7 +730,7 @@ def _launch(fast, jobs, like: ArrayRef, ws: Optional[ArrayRef], routing: Routing
 # -- given outputs and workspace ----------------------------------------------------------------
 def _given_out(obj, like: ArrayRef, shape, kind: str, arg: str, why: str = "") -> ArrayRef:
     """A caller's output array, checked: framework, shape, dtype, device, C-contiguity."""
-    ref = as_array(obj, arg)
+    ref = writable(as_array(obj, arg), arg)
     if (ref.framework == "torch") != (like.framework == "torch"):
         raise InvalidProblemError(f"{arg} is a {ref.framework} array but x is a {like.framework} array; "
                                   f"pass a {'torch tensor' if like.framework == 'torch' else 'CuPy array'}")
@@ -746,7 +750,7 @@ def _given_out(obj, like: ArrayRef, shape, kind: str, arg: str, why: str = "") -
 def _given_workspace(obj, like: ArrayRef, M: int, E: int, mode: str) -> ArrayRef:
     """A caller's routing workspace, checked: a contiguous 1-D uint8 array, 16-byte aligned, of x's
     framework and device, of at least grouped_matmul_workspace_size(M, E, mode) bytes."""
-    ref = as_array(obj, "workspace")
+    ref = writable(as_array(obj, "workspace"), "workspace")
     need = workspace_layout(M, E, mode)["total"]
     if (ref.framework == "torch") != (like.framework == "torch"):
         raise InvalidProblemError(f"workspace is a {ref.framework} array but x is a {like.framework} array")
@@ -760,21 +764,6 @@ def _given_workspace(obj, like: ArrayRef, M: int, E: int, mode: str) -> ArrayRef
     if ref.ptr % 16:
         raise InvalidProblemError(f"workspace at {ref.ptr:#x} is not 16-byte aligned")
     return ref
-
-
-def _check_disjoint(fast, op: str, refs, written) -> None:
-    """No array the call writes (``written``: indices into ``refs``, the call's argument order)
-    shares bytes with any other argument (inputs may overlap each other); a replay makes the same
-    test on the same spans (FastCall.require_disjoint)."""
-    spans = [(i, *replay.byte_span(r)) for i, (_, r) in enumerate(refs) if r is not None and r.size]
-    ptrs = [0 if r is None else r.ptr for _, r in refs]
-    for i in written:
-        mine = [s for s in spans if s[0] == i]
-        for k, j in ((k, s[0]) for k, s in enumerate(spans) if s[0] != i):
-            if mine and replay.overlap((mine[0], spans[k]), ptrs) is not None:
-                raise InvalidProblemError(f"{refs[i][0]} overlaps {refs[j][0]} in memory; {op} writes "
-                                          f"{refs[i][0]} while it reads or writes {refs[j][0]}: pass separate arrays")
-    fast.require_disjoint(spans, written)
 
 
 def validate_offsets(offsets, M: int, E: Optional[int] = None) -> None:

@@ -12,7 +12,7 @@ import numbers
 import sys
 
 from . import config, kinds
-from .arrays import ArrayRef, as_array, empty, kind_of
+from .arrays import ArrayRef, as_array, byte_span, empty, kind_of, overlap, writable
 from .errors import DeviceMismatchError, InvalidProblemError, UnsupportedError
 from .scopes import param_shape
 
@@ -101,13 +101,52 @@ def device_check(ref: ArrayRef, arg: str, predicate, what: str):
 def out_arg(out, like: ArrayRef, shape, kind, arg="out"):
     if out is None:
         return as_array(empty(like, shape, kind), arg)
-    ref = as_array(out, arg)
+    ref = writable(as_array(out, arg), arg)
     if tuple(ref.shape) != tuple(shape) or ref.kind != kind:
         raise InvalidProblemError(f"{arg} has shape {tuple(ref.shape)} and dtype {ref.kind}; "
                                   f"expected shape {tuple(shape)} and dtype {kind}")
     if (ref.framework == "torch") != (like.framework == "torch"):
         raise InvalidProblemError(f"{arg} is a {ref.framework} array but the input is {like.framework}")
     return ref
+
+
+def check_apart(fast, op: str, refs, written, in_place=()) -> None:
+    """No array the call writes shares a byte with another of its arrays, unless it *is* that input.
+
+    ``refs``: ``[(name, ArrayRef or anything else)]`` in the order of the call's replay arguments
+    (``replay.call(op, static, args, ...)``), so that the indices are the replay's; only non-empty
+    ArrayRefs have a span. ``written``: the indices of the outputs (given by the caller).
+    ``in_place``: the indices of the inputs an output may be exactly (the same pointer, shape,
+    strides and dtype: an elementwise op whose kernels read each element before they write it
+    in the same thread); any other overlap, partial or with another input, a parameter or another
+    output, is an InvalidProblemError naming both arguments. Inputs may overlap each other.
+
+    ``fast`` (a runtime.replay.FastCall) records the spans: a replay (same layouts, other
+    addresses) makes the same test and takes this slow path when it fails."""
+    spans = tuple((i, *byte_span(r)) for i, (_, r) in enumerate(refs) if isinstance(r, ArrayRef) and r.size)
+    ptrs = [r.ptr if isinstance(r, ArrayRef) else 0 for _, r in refs]
+    for mine in (s for s in spans if s[0] in written):
+        i = mine[0]
+        for other in spans:
+            j = other[0]
+            if j == i or (j in written and j < i) or overlap((mine, other), ptrs) is None:
+                continue
+            if j in in_place and same_array(refs[i][1], refs[j][1]):
+                continue
+            a, b = refs[i][0], refs[j][0]
+            also = (f" ({a} may be exactly {b}: the same pointer, shape, strides and dtype)"
+                    if j in in_place else "")
+            raise InvalidProblemError(f"{a} overlaps {b} in memory; {op} writes {a} while it reads or writes {b}: "
+                                      f"pass separate arrays{also}")
+    if fast is not None:
+        fast.require_disjoint(spans, written)
+
+
+def same_array(a: ArrayRef, b: ArrayRef) -> bool:
+    """The same elements at the same addresses: pointer, kind, shape and the strides of the axes
+    with more than one element."""
+    return (a.ptr == b.ptr and a.kind == b.kind and tuple(a.shape) == tuple(b.shape)
+            and all(n <= 1 or s == t for n, s, t in zip(a.shape, a.strides, b.strides)))
 
 
 def channel_params(shape, scope, axis):

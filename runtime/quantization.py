@@ -13,7 +13,8 @@ from . import kinds, lowbit, replay, status
 from .arrays import ArrayRef, as_array, kind_of, stream_handle
 from .errors import UnsupportedError
 from .launch import ElementwiseArgs
-from .params import channel_params, check_scale_dtype, out_arg, same_device, scale_arg, zero_point_arg
+from .params import (channel_params, check_apart, check_scale_dtype, out_arg, same_device, scale_arg,
+                     zero_point_arg)
 from .plans import Descriptor, cached_plan
 from .scopes import check_range, check_scope, implied_zero_point, rows_view
 
@@ -109,6 +110,9 @@ def _quantize(fast, x, scale, zero_point, scope, axis, group_size, out_dtype, qm
     same_device(("x", xr), ("scale", s), ("scale", e8), ("zero_point", zp))
     outr = code_out(out, xr, xr.shape, qk)
     same_device(("x", xr), ("out", outr))
+    if out is not None:
+        check_apart(fast, "quantize", [("x", xr), ("scale", s if e8 is None else e8), ("zero_point", zp),
+                                       ("out", outr)], (3,))
     mode = "symmetric" if zero_point is None else "asymmetric"
     launch_elementwise("quantize", mode, xr.kind, qk, [(xr, xv)], [(outr, rows_view(outr, "out"))], s,
                        zp if isinstance(zp, ArrayRef) else None, zp_value, xr.shape, scope, axis, group_size,
@@ -151,6 +155,9 @@ def _dequantize(fast, q, scale, zero_point, scope, axis, group_size, out_dtype, 
     same_device(("q", qr), ("scale", s), ("scale", e8), ("zero_point", zp))
     outr = out_arg(out, qr, shape, yk)
     same_device(("q", qr), ("out", outr))
+    if out is not None:
+        check_apart(fast, "dequantize", [("q", qr), ("scale", s if e8 is None else e8), ("zero_point", zp),
+                                         ("out", outr)], (3,))
     mode = "symmetric" if zero_point is None else "asymmetric"
     launch_elementwise("dequantize", mode, qk, yk, [(qref, qv)], [(outr, rows_view(outr, "out"))], s,
                        zp if isinstance(zp, ArrayRef) else None, zp_value, shape, scope, axis, group_size, lo, hi,

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import kinds
 from .arrays import numpy_dtype
-from .scopes import implied_zero_point
+from .scopes import implied_zero_point, param_shape
 
 
 def math_dtype(kind_or_dtype) -> np.dtype:
@@ -75,8 +75,9 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
         zp = np.int64(implied_zero_point(in_kind))
     else:
         zp = broadcast_param(np.asarray(zero_point, dtype=np.int32), q.shape, scope, axis, group_size)
-    y = ((q.astype(np.int64) - zp).astype(math) * s).astype(math)
-    return y.astype(numpy_dtype(out_dtype))
+    with np.errstate(over="ignore"):
+        y = ((q.astype(np.int64) - zp).astype(math) * s).astype(math)
+        return y.astype(numpy_dtype(out_dtype))
 
 
 # -- dynamic_quantize ---------------------------------------------------------------------------
@@ -198,7 +199,8 @@ def dequantize_backward(dy, scale, *, scope, axis=None, group_size=None):
     dy = np.asarray(dy)
     math = math_dtype(dy.dtype)
     s = broadcast_param(np.asarray(scale).astype(math), dy.shape, scope, axis, group_size)
-    return (dy.astype(math) * s).astype(math).astype(dy.dtype)
+    with np.errstate(over="ignore"):
+        return (dy.astype(math) * s).astype(math).astype(dy.dtype)
 
 
 def fake_quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, qmin=-128, qmax=127):
@@ -209,7 +211,8 @@ def fake_quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=Non
     _, s, _, zp, v = _fq_values(x, scale, zero_point, fake_quant_zero_point(qmin, qmax), scope, axis, group_size)
     with np.errstate(all="ignore"):
         y = ((np.clip(v, math.type(qmin), math.type(qmax)) - zp).astype(math) * s).astype(math)
-    return y.astype(x.dtype), _in_range(v, qmin, qmax)
+        y = y.astype(x.dtype)                 # rounded once: beyond the dtype's range is +-inf
+    return y, _in_range(v, qmin, qmax)
 
 
 def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None,
@@ -288,6 +291,9 @@ def lsq_team_sum(a, vec: int):
 def lsq_reduce(t, x_shape, scope, axis=None, group_size=None, vec=4):
     """Sum per-element terms ``t`` (x's shape, math precision) per scale element in the kernels' order."""
     t = np.asarray(t)
+    if t.size == 0:                     # nothing to sum: the zeros the op returns for an empty x
+        return np.zeros(param_shape(x_shape, scope, None if axis is None else axis % len(x_shape), group_size),
+                        t.dtype)
     ndim = len(x_shape)
     cols = x_shape[-1]
     rows = int(np.prod(x_shape[:-1], dtype=np.int64))

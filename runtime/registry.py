@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from .config import settings
-from .errors import UnsupportedError
+from .errors import InvalidProblemError, UnsupportedError
 from .sku import KernelSku
 
 GENERATED = settings().generated
@@ -58,6 +58,8 @@ class Registry:
 
     def query(self, pattern: str = "*", **fields) -> list:
         """SKUs whose string matches the glob and whose fields equal ``fields``."""
+        if not isinstance(pattern, str):
+            raise InvalidProblemError(f"pattern={pattern!r}: a glob on the SKU string is required")
         out = []
         for sku in sorted(self.entries):
             if not fnmatch.fnmatchcase(str(sku), pattern):
@@ -67,7 +69,7 @@ class Registry:
         return out
 
     def lookup(self, sku) -> KernelEntry:
-        if isinstance(sku, str):
+        if not isinstance(sku, KernelSku):
             sku = KernelSku.parse(sku)
         entry = self.entries.get(sku)
         if entry is not None:
@@ -82,6 +84,8 @@ class Registry:
         """The best generated SKU for a problem: matching fields, built for an arch ≤ ``arch``,
         preferring ``backend`` when given, then the newest arch, then tensor cores."""
         want = dict(category=category, op=op, scope=scope, mode=mode, element=element, aux_element=aux_element)
+        if arch is not None and (not isinstance(arch, int) or isinstance(arch, bool)):
+            raise InvalidProblemError(f"arch={arch!r}: a compute capability such as 90 (or None) is required")
         matches = [s for s in self.entries if all(getattr(s, k) == v for k, v in want.items())]
         if not matches:
             for sku, reason in sorted(self.excluded.items()):

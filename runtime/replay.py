@@ -136,29 +136,6 @@ class Entry:
         return self.result(args)
 
 
-def overlap(spans, vals):
-    """The first pair ``(i, j)`` of arguments named in ``spans`` that share bytes, or None.
-    ``spans``: (index, first byte, end byte) relative to the pointers ``vals[index]`` (for a
-    replay, fixed by the cache key's shapes and strides; see :func:`byte_span`)."""
-    for k, (i, lo_i, hi_i) in enumerate(spans):
-        a = vals[i]
-        for j, lo_j, hi_j in spans[k + 1:]:
-            b = vals[j]
-            if a + lo_i < b + hi_j and b + lo_j < a + hi_i:
-                return i, j
-    return None
-
-
-def byte_span(ref: ArrayRef) -> tuple:
-    """(first, end) byte offsets of an array's elements relative to its pointer (strides may be
-    negative); (0, 0) when it is empty."""
-    if ref.size == 0:
-        return 0, 0
-    lo = sum((n - 1) * st for n, st in zip(ref.shape, ref.strides) if st < 0)
-    hi = sum((n - 1) * st for n, st in zip(ref.shape, ref.strides) if st > 0) + 1
-    return lo * ref.itemsize, hi * ref.itemsize
-
-
 def _scalar_check(scale_at, zp_check):
     """The hit-time check of Python scalar parameters (what _scale_arg / _zero_point_arg accept)."""
     inf = math.inf
@@ -260,7 +237,7 @@ class FastCall:
 
     def require_disjoint(self, spans, written=None):
         """A replay must find these arguments apart in memory, as the slow path checked: ``spans``
-        is ``((argument index, first byte, end byte), ...)`` (:func:`byte_span`; fixed by the key).
+        is ``((argument index, first byte, end byte), ...)`` (:func:`runtime.arrays.byte_span`; fixed by the key).
         ``written``: the argument indices the call writes; only pairs with one of them are tested
         (inputs may overlap each other). None: every pair."""
         if self.key is not None:

@@ -41,7 +41,7 @@ def rows_view(a, arg: str) -> RowsView:
         raise InvalidProblemError(f"{arg} has a non-contiguous last axis (stride {a.strides[-1]} elements); "
                                   "the last axis must be contiguous (strided rows are fine)")
     dims = [(n, s) for n, s in zip(a.shape[:-1], a.strides[:-1]) if n != 1]
-    if not dims:
+    if not dims or rows * cols == 0:       # nothing is read or written: any strides will do
         return RowsView(rows, cols, max(cols, 1))
     stride = dims[-1][1]
     expect = stride

@@ -123,6 +123,9 @@ class KernelSku:
 
     @classmethod
     def parse(cls, text: str) -> "KernelSku":
+        if not isinstance(text, str):
+            raise InvalidProblemError(f"SKU {text!r}: a string category/op/scope/mode/element/aux_element/arch/"
+                                      "backend/precision is required")
         parts = text.strip().split("/")
         if len(parts) != 9:
             raise InvalidProblemError(

@@ -32,7 +32,7 @@ from .device import load_function, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
 from .plans import Descriptor, Launcher, cached_plan, launcher
-from .params import channel_params, out_arg, same_device, scale_arg, zero_point_arg
+from .params import channel_params, check_apart, out_arg, same_device, scale_arg, zero_point_arg
 from .quantization import launch_elementwise
 from .reference import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
 from .scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
@@ -143,6 +143,9 @@ def _straight_through(fast, op, dyr, xr, p, out, scope, group_size, qmin, qmax):
     same_device(("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp))
     outr = out_arg(out, xr, xr.shape, xr.kind)
     same_device(("x", xr), ("out", outr))
+    if out is not None:
+        check_apart(fast, op, [("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr)],
+                    (4,), in_place=(0, 1))
     _elementwise(fast, op, p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope, group_size, xr.kind,
                  qmin, qmax)
     fast.remember(outr.obj, (qmin, qmax))
@@ -186,6 +189,9 @@ def _dequantize_backward(fast, dy, scale, out, scope, axis, group_size):
     same_device(("dy", dyr), ("scale", p.scale))
     outr = out_arg(out, dyr, dyr.shape, dyr.kind)
     same_device(("dy", dyr), ("out", outr))
+    if out is not None:
+        check_apart(fast, "dequantize_backward", [("dy", dyr), ("scale", p.scale), ("zero_point", None),
+                                                  ("out", outr)], (3,), in_place=(0,))
     _elementwise(fast, "dequantize_backward", p, ins, [(outr, rows_view(outr, "out"))], dyr.shape, scope,
                  group_size, dyr.kind, 0, 0)
     fast.remember(outr.obj)
@@ -225,6 +231,9 @@ def _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmi
         mstream = (mref, rows_view(mref, "mask"))
     else:
         mstream = _null_stream(xr, "u8")
+    if out is not None:
+        check_apart(fast, "fake_quantize", [("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr)],
+                    (3,), in_place=(0,))
     _elementwise(fast, "fake_quantize", p, ins, [(outr, rows_view(outr, "out")), mstream], xr.shape, scope,
                  group_size, xr.kind, qmin, qmax)
     result = (outr.obj, mask) if return_mask else outr.obj
@@ -423,6 +432,10 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
     same_device(("x", xr), ("out", outr))
     ds_shape = tuple(p.scale.shape) if isinstance(p.scale, ArrayRef) else pshape
     dz_shape = tuple(p.zp.shape) if isinstance(p.zp, ArrayRef) else pshape
+    if out is not None:
+        check_apart(fast, "fake_quantize_learnable_backward", [("dy", dyr), ("x", xr), ("scale", p.scale),
+                                                               ("zero_point", p.zp), ("out", outr)],
+                    (4,), in_place=(0, 1))
     if xr.size == 0:
         ds = _zeros(xr, ds_shape, mk)
         dz = None if zero_point is None else _zeros(xr, dz_shape, "f32")

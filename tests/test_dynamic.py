@@ -155,7 +155,7 @@ def test_bad_out():
     err(lambda: dq(X, scope="token", out=(D((8, 64), "int8", ptr=0x7F0000000400), S)), InvalidProblemError,
         "out[0] (q) overlaps x")
     err(lambda: dq(X, scope="token", out=(Q, D((8,), "float32", ptr=0x7F0000100010))), InvalidProblemError,
-        "out[1] (scale) overlaps out[0] (q)")
+        "out[0] (q) overlaps out[1] (scale)")
     # low-bit codes go into their container: uint8 (or the torch fp8 dtype)
     err(lambda: dq(X, scope="token", out_dtype="float8_e4m3fn", out=(Q, S)), InvalidProblemError, "out[0] (q)",
         "u8 or fp8_e4m3")
@@ -163,7 +163,7 @@ def test_bad_out():
 
 def test_byte_span_and_overlap():
     from runtime.arrays import as_array
-    from runtime.replay import byte_span, overlap as _overlap
+    from runtime.arrays import byte_span, overlap as _overlap
     a = as_array(D((4, 8), "float32", ptr=0x1000), "a")
     assert byte_span(a) == (0, 128)
     b = as_array(D((4, 8), "int8", strides=(16, 1), ptr=0x2000), "b")          # strided rows

@@ -1,6 +1,7 @@
 """Training ops (docs/training.md), CPU: the NumPy reference by hand, the LSQ summation order, the matrix
 cells, and every bad input's typed error before any launch."""
 import importlib.util
+import itertools
 
 import ml_dtypes
 import numpy as np
@@ -9,8 +10,18 @@ import pytest
 import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
 from runtime import reference as ref
-from tests.fakes import FakeDeviceArray as D
+from tests.fakes import FakeDeviceArray
 from tests.fakes import err
+
+_addresses = itertools.count()
+
+
+def D(shape, dtype="float32", strides=None, ptr=None):
+    """A fake device array at its own address (a given out= must not overlap the inputs)."""
+    if ptr is None:
+        ptr = 0x7E0000000000 + next(_addresses) * 0x1000000
+    return FakeDeviceArray(shape, dtype, strides, ptr)
+
 
 F32 = np.float32
 OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",

@@ -153,3 +153,91 @@ def test_huge_python_numbers_are_typed_errors():
     err(lambda: sf.quantize(X, 0.5, 2 ** 70, scope="tensor"), InvalidProblemError, "zero_point")
     err(lambda: sf.quantize(X, 0.5, scope="tensor", qmin=-(2 ** 70)), InvalidProblemError, "qmin")
     err(lambda: sf.quantize(X, 0.5, scope="channel", axis=2 ** 70), InvalidProblemError, "axis")
+
+
+def test_numpy_scalar_types_are_dtype_spellings():
+    import ml_dtypes
+    from runtime import kinds
+    assert [kinds.of(t) for t in (np.int8, np.uint8, np.float16, np.float32, np.float64, np.int32)] == \
+        ["s8", "u8", "f16", "f32", "f64", "i32"]
+    assert kinds.of(ml_dtypes.bfloat16) == "bf16" and kinds.of(ml_dtypes.float8_e4m3fn) == "fp8_e4m3"
+    for t in (float, int, np.bool_, np.int16):           # Python's float is not float32 (nor float64)
+        err(lambda t=t: kinds.of(t, "out_dtype"), InvalidProblemError, "out_dtype")
+
+
+def test_empty_arrays_take_any_strides():
+    """torch.empty(3, 0, 5) has strides (5, 5, 1), torch.empty(0, 0, 0) (1, 1, 1): nothing is read."""
+    for shape, strides in (((3, 0, 5), (5, 5, 1)), ((0, 0, 0), (1, 1, 1)), ((2, 0, 4, 8), (1, 7, 3, 1))):
+        view = sf.scopes.rows_view(sf.arrays.as_array(D(shape, strides=strides), "x"), "x")
+        assert view.rows * view.cols == 0
+
+
+def test_interfaces_that_would_be_misread_are_refused():
+    good = dict(shape=(8, 64), typestr="<f4", data=(0x7F0000000000, False), version=3)
+    for bad, words in ((dict(good, typestr=">f4"), ("byte order",)), (dict(good, typestr=None), ("typestr",)),
+                       (dict(good, mask=_Cai(**good)), ("mask",))):
+        err(lambda bad=bad: sf.quantize(_Cai(**bad), 0.5, scope="tensor"), InvalidProblemError, "x", *words)
+    sf.arrays.as_array(_Cai(**dict(good, mask=None)), "x")             # no mask: fine
+    read_only = _Cai(**dict(good, typestr="|i1", data=(0x7F0000100000, True)))
+    err(lambda: sf.quantize(X, 0.5, scope="tensor", out=read_only), InvalidProblemError, "out", "read-only")
+    assert sf.arrays.as_array(read_only, "x").readonly                 # as an input it is fine
+
+
+def test_dynamic_quantize_fills_a_foreign_out_of_an_empty_x(monkeypatch):
+    """An empty x has all-zero slices: the given scale (and zero point) arrays are filled; one with
+    only __cuda_array_interface__ (no fill) through a zero-copy CuPy view."""
+    from runtime import dynamic
+    filled = []
+    monkeypatch.setattr(dynamic, "current_device", lambda: 0)
+
+    class FakeCupy:
+        @staticmethod
+        def asarray(obj):
+            class View:
+                def fill(self, value):
+                    filled.append((obj, value))
+            return View()
+    monkeypatch.setattr(dynamic, "cupy", lambda: FakeCupy)
+    q, s, z = D((0, 64), "int8"), D((0,), ptr=0x7F0000100000), D((0,), "int32", ptr=0x7F0000200000)
+    x = D((0, 64), ptr=0x7F0000300000)
+    assert sf.dynamic_quantize(x, scope="token", mode="asymmetric", out=(q, s, z)) == (q, s, z)
+    assert [o for o, _ in filled] == [s, z]
+
+
+def test_bad_settings_are_typed_errors_naming_the_variable():
+    from runtime import config, dynamic
+    for env, words in (({"SKUFORGE_SEED": "x"}, ("SKUFORGE_SEED",)),
+                       ({"SKUFORGE_LOCK_TIMEOUT": "abc"}, ("SKUFORGE_LOCK_TIMEOUT",)),
+                       ({"SKUFORGE_LOCK_TIMEOUT": "-1"}, ("SKUFORGE_LOCK_TIMEOUT",)),
+                       ({"SKUFORGE_COLUMNS_GRID": "3d"}, ("SKUFORGE_COLUMNS_GRID", "2d, 1d")),
+                       ({"SKUFORGE_DYNAMIC_TENSOR": "three_pass"}, ("SKUFORGE_DYNAMIC_TENSOR", "two_pass"))):
+        err(lambda env=env: config.from_environ(env), InvalidProblemError, *words)
+    s = config.from_environ({"SKUFORGE_SEED": "", "SKUFORGE_LOCK_TIMEOUT": "", "SKUFORGE_COLUMNS_GRID": "1D"})
+    assert (s.seed, s.lock_timeout, s.columns_grid) == (None, 120.0, "1d")
+    for text in ("t8,ch=abc", "t4,threads=", "t2,threads=1e3"):
+        err(lambda text=text: dynamic.FusedConfig.parse(text), UnsupportedError, "SKUFORGE_DYNAMIC_CONFIG", text)
+
+
+def test_lsq_reference_of_an_empty_x():
+    from runtime import reference as ref
+    for scope, axis, gs, want in (("channel", 0, None, (0,)), ("channel", -1, None, (4,)), ("tensor", None, None, ()),
+                                  ("token", None, None, (0,)), ("group", None, 2, (0, 2))):
+        shape = (0, 4)
+        _, ds, dz = ref.fake_quantize_learnable_backward(np.zeros(shape, np.float32), np.zeros(shape, np.float32),
+                                                         np.ones(want, np.float32), np.zeros(want, np.int32),
+                                                         scope=scope, axis=axis, group_size=gs)
+        assert ds.shape == want and dz.shape == want and not ds.any()
+
+
+def test_plan_and_registry_arguments_are_typed_errors():
+    reg = sf.default_registry()
+    for bad in (None, 5, ["a"], b"quantization"):
+        err(lambda bad=bad: sf.KernelSku.parse(bad), InvalidProblemError, "SKU")
+        err(lambda bad=bad: reg.lookup(bad), InvalidProblemError, "SKU")
+    err(lambda: reg.query(3), InvalidProblemError, "pattern")
+    err(lambda: reg.select(category="quantization", op="quantize", element="f32", arch="90"), InvalidProblemError,
+        "arch")
+    for m, e, words in (("8", 4, ("M=",)), (None, 4, ("M=",)), (-1, 4, ("M=",)), (1.5, 4, ("M=",)),
+                        (8, 0, ("E=",)), (8, 2.0, ("E=",)), (8, 2 ** 70, ("E=",))):
+        err(lambda m=m, e=e: sf.moe.grouped_matmul_workspace_size(m, e), InvalidProblemError, *words)
+    assert sf.moe.grouped_matmul_workspace_size(np.int64(8), 4) == sf.moe.grouped_matmul_workspace_size(8, 4)
