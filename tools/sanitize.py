@@ -62,9 +62,12 @@ def shards(reg, skus, jobs: int) -> list:
 
 
 def summary(text: str) -> dict:
-    m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    """memcheck / synccheck / initcheck end with ``ERROR SUMMARY: N errors``; racecheck with
+    ``RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)`` (warnings count here too)."""
+    m = re.search(r"SUMMARY: [^\n]*?(\d+) errors?", text)
+    w = re.search(r"SUMMARY: [^\n]*?(\d+) warnings?", text)
     v = re.search(r"(\d+) passed, (\d+) failed of (\d+) selected", text)
-    return {"errors": int(m.group(1)) if m else None,
+    return {"errors": int(m.group(1)) + (int(w.group(1)) if w else 0) if m else None,
             "passed": int(v.group(1)) if v else None, "failed": int(v.group(2)) if v else None}
 
 

@@ -337,6 +337,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> dy_v[U];
 #pragma unroll
@@ -346,46 +352,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                         dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            f16_t& dq_e = dq_o.v[i];
-                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        f16_t& dq_e = dq_o.v[i];
+                        dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            f16_t& dq_e = dq_o.v[i];
-                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
-                    }
-
+                    store_vec<f16_t, VEC>(dq_row + c, dq_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        f16_t& dq_e = dq_o.v[i];
+                        dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                    }
+                    store_vec<f16_t, VEC>(dq_row + c, dq_o);
+                }
+            }
             }
         }
     } else {
@@ -558,6 +570,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
             const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> dy_v[U];
 #pragma unroll
@@ -567,46 +585,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                         dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            f16_t& dq_e = dq_o.v[i];
-                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        f16_t& dq_e = dq_o.v[i];
+                        dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            f16_t& dq_e = dq_o.v[i];
-                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
-                    }
-
+                    store_vec<f16_t, VEC>(dq_row + c, dq_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        f16_t& dq_e = dq_o.v[i];
+                        dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                    }
+                    store_vec<f16_t, VEC>(dq_row + c, dq_o);
+                }
+            }
             }
         }
     } else {
@@ -659,6 +683,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
             const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> dy_v[U];
 #pragma unroll
@@ -668,46 +698,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                         dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            f16_t& dq_e = dq_o.v[i];
-                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        f16_t& dq_e = dq_o.v[i];
+                        dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dq_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            f16_t& dq_e = dq_o.v[i];
-                            dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
-                        }
-                        store_vec<f16_t, VEC>(dq_row + c, dq_o);
-                    }
-
+                    store_vec<f16_t, VEC>(dq_row + c, dq_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dq_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        f16_t& dq_e = dq_o.v[i];
+                        dq_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * s);   // NaN: invalid scale
+                    }
+                    store_vec<f16_t, VEC>(dq_row + c, dq_o);
+                }
+            }
             }
         }
     } else {

@@ -326,8 +326,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                         dy_v[u] = load_vec<double, VEC>(dy_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -343,8 +341,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                     }
                     store_vec<double, VEC>(dq_row + c, dq_o);
                 }
-
-
             }
         }
     } else {
@@ -504,8 +500,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                         dy_v[u] = load_vec<double, VEC>(dy_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -521,8 +515,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                     }
                     store_vec<double, VEC>(dq_row + c, dq_o);
                 }
-
-
             }
         }
     } else {
@@ -586,8 +578,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                         dy_v[u] = load_vec<double, VEC>(dy_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -603,8 +593,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                     }
                     store_vec<double, VEC>(dq_row + c, dq_o);
                 }
-
-
             }
         }
     } else {

@@ -337,6 +337,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
             float* y_row = y + row * y_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
             (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
@@ -347,46 +349,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        float& y_e = y_o.v[i];
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
                 }
-
             }
         }
     } else {
@@ -555,6 +532,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -564,46 +547,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        float& y_e = y_o.v[i];
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        float& y_e = y_o.v[i];
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
+                    }
+                    store_vec<float, VEC>(y_row + c, y_o);
+                }
+            }
             }
         }
     } else {
@@ -896,6 +885,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
             float* y_row = y + row * y_rs;
             const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
             (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
@@ -906,46 +897,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        float& y_e = y_o.v[i];
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
                 }
-
             }
         }
     } else {
@@ -998,6 +964,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
             const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -1007,46 +979,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        float& y_e = y_o.v[i];
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        float& y_e = y_o.v[i];
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
+                    }
+                    store_vec<float, VEC>(y_row + c, y_o);
+                }
+            }
             }
         }
     } else {
@@ -1098,6 +1076,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
             float* y_row = y + row * y_rs;
             const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
             (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
@@ -1108,46 +1088,21 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        float& y_e = y_o.v[i];
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
                 }
-
             }
         }
     } else {
@@ -1200,6 +1155,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
             const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -1209,46 +1170,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                         q_v[u] = load_vec<u8_t, VEC>(q_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        float& y_e = y_o.v[i];
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                            float& y_e = y_o.v[i];
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC> q_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
+                        float& y_e = y_o.v[i];
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
+                    }
+                    store_vec<float, VEC>(y_row + c, y_o);
+                }
+            }
             }
         }
     } else {

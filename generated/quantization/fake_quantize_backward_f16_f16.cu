@@ -350,6 +350,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
@@ -361,50 +367,58 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
-                    }
-
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                    }
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                }
+            }
             }
         }
     } else {
@@ -588,6 +602,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
@@ -599,50 +619,58 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
-                    }
-
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                    }
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                }
+            }
             }
         }
     } else {
@@ -961,6 +989,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
@@ -972,50 +1006,58 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
-                    }
-
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                    }
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                }
+            }
             }
         }
     } else {
@@ -1073,6 +1115,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
@@ -1084,50 +1132,58 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
-                    }
-
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                    }
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                }
+            }
             }
         }
     } else {
@@ -1185,6 +1241,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
@@ -1196,50 +1258,58 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
-                    }
-
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                    }
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                }
+            }
             }
         }
     } else {
@@ -1297,6 +1367,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<f16_t, VEC> dy_v[U];
                 Vec<f16_t, VEC> x_v[U];
@@ -1308,50 +1384,58 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         x_v[u] = load_vec<f16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<f16_t, VEC> dx_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const f16_t dy_e = dy_v[u].v[i];
-                            const f16_t x_e = x_v[u].v[i];
-                            f16_t& dx_e = dx_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                        }
-                        store_vec<f16_t, VEC>(dx_row + c, dx_o);
-                    }
-
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<f16_t, VEC> dy_v[U];
+                Vec<f16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        dy_v[u] = load_vec<f16_t, VEC>(dy_row + c);
+                        x_v[u] = load_vec<f16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<f16_t, VEC> dx_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const f16_t dy_e = dy_v[u].v[i];
+                        const f16_t x_e = x_v[u].v[i];
+                        f16_t& dx_e = dx_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        dx_e = from_f32<f16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                    }
+                    store_vec<f16_t, VEC>(dx_row + c, dx_o);
+                }
+            }
             }
         }
     } else {

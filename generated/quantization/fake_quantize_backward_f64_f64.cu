@@ -339,8 +339,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -358,8 +356,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -532,8 +528,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -551,8 +545,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -832,8 +824,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -851,8 +841,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -923,8 +911,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -942,8 +928,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -1014,8 +998,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1033,8 +1015,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -1105,8 +1085,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1124,8 +1102,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {

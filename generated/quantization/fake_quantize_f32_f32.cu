@@ -356,6 +356,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -365,56 +371,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    }
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                }
+            }
             }
         }
     } else {
@@ -606,6 +618,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -615,56 +633,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    }
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                }
+            }
             }
         }
     } else {
@@ -997,6 +1021,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -1006,56 +1036,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    }
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                }
+            }
             }
         }
     } else {
@@ -1115,6 +1151,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -1124,56 +1166,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    }
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                }
+            }
             }
         }
     } else {
@@ -1233,6 +1281,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -1242,56 +1296,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    }
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                }
+            }
             }
         }
     } else {
@@ -1351,6 +1411,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> x_v[U];
 #pragma unroll
@@ -1360,56 +1426,62 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                         x_v[u] = load_vec<float, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<float, VEC> y_o;
-                        Vec<u8_t, VEC> mask_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const float x_e = x_v[u].v[i];
-                            float& y_e = y_o.v[i];
-                            u8_t& mask_e = mask_o.v[i];
-                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                            y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
-                            mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
-                        }
-                        store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
-                    }
-
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<float, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<float, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<float, VEC> y_o;
+                    Vec<u8_t, VEC> mask_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const float x_e = x_v[u].v[i];
+                        float& y_e = y_o.v[i];
+                        u8_t& mask_e = mask_o.v[i];
+                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                        y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
+                        mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
+                    }
+                    store_vec<float, VEC>(y_row + c, y_o);
+                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                }
+            }
             }
         }
     } else {

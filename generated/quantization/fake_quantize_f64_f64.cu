@@ -340,8 +340,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -362,8 +360,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
-
             }
         }
     } else {
@@ -539,8 +535,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -561,8 +555,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
-
             }
         }
     } else {
@@ -848,8 +840,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -870,8 +860,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
-
             }
         }
     } else {
@@ -942,8 +930,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -964,8 +950,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
-
             }
         }
     } else {
@@ -1036,8 +1020,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1058,8 +1040,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
-
             }
         }
     } else {
@@ -1130,8 +1110,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1152,8 +1130,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                     store_vec<double, VEC>(y_row + c, y_o);
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
-
-
             }
         }
     } else {

@@ -339,8 +339,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_a
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -358,8 +356,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_a
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -532,8 +528,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_s
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -551,8 +545,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_s
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -832,8 +824,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_as
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -851,8 +841,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_as
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -923,8 +911,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_sy
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -942,8 +928,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_sy
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -1014,8 +998,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_asy
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1033,8 +1015,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_asy
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {
@@ -1105,8 +1085,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_sym
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1124,8 +1102,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_sym
                     }
                     store_vec<double, VEC>(dx_row + c, dx_o);
                 }
-
-
             }
         }
     } else {

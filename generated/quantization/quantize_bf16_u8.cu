@@ -338,6 +338,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -347,46 +353,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                         x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
-                    }
-
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
+            }
             }
         }
     } else {
@@ -555,6 +567,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -564,46 +582,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                         x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
-                    }
-
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
+            }
             }
         }
     } else {
@@ -897,6 +921,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
             const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -906,46 +936,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                         x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
-                    }
-
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
+            }
             }
         }
     } else {
@@ -998,6 +1034,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_b
             const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -1007,46 +1049,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_b
                         x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
-                    }
-
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
+            }
             }
         }
     } else {
@@ -1099,6 +1147,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_b
             const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -1108,46 +1162,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_b
                         x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
-                    }
-
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
+            }
             }
         }
     } else {
@@ -1200,6 +1260,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf
             const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
+            // The row is computed as if its scale were valid, then checked: a check before the
+            // loads would make every row wait for its scale before loading its data (the compiler
+            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
+            // makes a second pass overwrite the row's outputs with the op's poison.
+            {
+                constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
 #pragma unroll
@@ -1209,46 +1275,52 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf
                         x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const float inv = recip(s);
                 (void)inv;
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                if (!(bad)) {
-                    constexpr bool bad = false;
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
                     }
-
-                } else {
-                    constexpr bool bad = true;   // an invalid scale element: its outputs are poisoned
-    #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const i64_t c = c0 + (i64_t)u * TX * VEC;
-                        if (c >= cols) break;
-                        Vec<u8_t, VEC> q_o;
-    #pragma unroll
-                        for (int i = 0; i < VEC; ++i) {
-                            const bf16_t x_e = x_v[u].v[i];
-                            u8_t& q_e = q_o.v[i];
-                            q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
-                        }
-                        store_vec<u8_t, VEC>(q_row + c, q_o);
-                    }
-
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
+            }
+            }
+            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+            (void)bad;
+            if (bad) {
+                constexpr bool bad = true;
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<bf16_t, VEC> x_v[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                    }
+                }
+                const float inv = recip(s);
+                (void)inv;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    Vec<u8_t, VEC> q_o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        const bf16_t x_e = x_v[u].v[i];
+                        u8_t& q_e = q_o.v[i];
+                        q_e = to_q<u8_t>(bad ? qmin : quant_code_bits(to_f32(x_e) * inv, quant_bounds<float>(zp, qmin, qmax)));
+                    }
+                    store_vec<u8_t, VEC>(q_row + c, q_o);
+                }
+            }
             }
         }
     } else {

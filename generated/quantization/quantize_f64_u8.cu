@@ -327,8 +327,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -344,8 +342,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
-
             }
         }
     } else {
@@ -503,8 +499,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -520,8 +514,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
-
             }
         }
     } else {
@@ -778,8 +770,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -795,8 +785,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
-
             }
         }
     } else {
@@ -860,8 +848,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -877,8 +863,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
-
             }
         }
     } else {
@@ -942,8 +926,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -959,8 +941,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
-
             }
         }
     } else {
@@ -1024,8 +1004,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f6
                         x_v[u] = load_vec<double, VEC>(x_row + c);
                     }
                 }
-                // The scale is checked (and branched on) only after the data loads are issued: a
-                // check before them would make every row wait for its scale before loading its data.
                 const double inv = recip(s);
                 (void)inv;
 #pragma unroll
@@ -1041,8 +1019,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f6
                     }
                     store_vec<u8_t, VEC>(q_row + c, q_o);
                 }
-
-
             }
         }
     } else {
