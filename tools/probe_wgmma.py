@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -187,28 +186,16 @@ def stage_check(args):
 
 
 # -- time ------------------------------------------------------------------------------------------
-def _time(torch, fn, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
-
-
 def stage_time(args):
     import torch
 
     import runtime as sf
     from codegen.harness.workloads import moe as wl
+    from codegen.harness.workloads.moe import _time
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    dense = 2 * 8192 ** 3 / _time(torch, lambda: a @ b, args.reps) / 1e9
-    del a, b
+    dense = 2 * 8192 ** 3 / _time(lambda: a @ b, args.reps, 3) / 1e9
+    a = b = None
     log(f"dense bf16 8192^3: {dense:.0f} TFLOP/s")
     out = {"dense_tflops": dense, "rows": []}
     shapes = [tuple(s) for s in wl.SHAPES] + [(128, 4096, 1536, 2048, r) for r in ("balanced", "skewed")]
@@ -221,7 +208,7 @@ def stage_time(args):
         flops = 2.0 * M * N * K
         for pass_, op in PASSES.items():
             ours_fn, ref_fn = wl.calls(op, data, "wgmma", "float32")
-            theirs = _time(torch, ref_fn, args.reps)
+            theirs = _time(ref_fn, args.reps, 3)
             sku = reg.select(category="moe", op=op, element="bf16", aux_element="f32" if pass_ == "wgrad" else None,
                              arch=90, backend="wgmma")
             rule = sf.moe.default_variant(sf.moe.select_plan(op, data["x"], data["w"], data["dy"],
@@ -231,7 +218,7 @@ def stage_time(args):
                    "rule": rule, "variants": {}}
             for name in reg.lookup(sku).launch["variants"]:
                 with sf.moe.use_config(**{pass_: name}):
-                    ms = _time(torch, ours_fn, args.reps)
+                    ms = _time(ours_fn, args.reps, 3)
                 row["variants"][name] = {"ms": ms, "tflops": flops / ms / 1e9, "pct_torch": 100 * theirs / ms}
             out["rows"].append(row)
             best = max(row["variants"], key=lambda n: row["variants"][n]["tflops"])

@@ -57,7 +57,7 @@ def ceiling(timer) -> dict:
     a = torch.randn(DENSE, DENSE, device="cuda", dtype=torch.bfloat16, generator=g)
     b = torch.randn(DENSE, DENSE, device="cuda", dtype=torch.bfloat16, generator=g)
     m = timer.measure([lambda: a @ b])
-    del a, b
+    a = b = None
     return {"name": f"dense bf16 matmul {DENSE}^3 (torch)", "ms": m["ms"], "tflops": 2.0 * DENSE ** 3 / m["ms"] / 1e9}
 
 
