@@ -28,7 +28,7 @@ import traceback
 import numpy as np
 
 PASSES = {"fwd": "grouped_matmul", "dgrad": "grouped_matmul_backward_input", "wgrad": "grouped_matmul_backward_weight"}
-LIMITS = {"compile": 150, "check": 150, "time": 240}
+LIMITS = {"compile": 120, "check": 120, "time": 220}
 TOL = 1e-2
 T0 = time.time()
 
