@@ -867,6 +867,11 @@ def cmd_bench(args) -> int:
     from .verify import _precompile, environment
     cp.cuda.Device(args.device).use()
     env = environment(args.device)
+    cc = int(env["gpu"]["cc"].replace(".", ""))
+    todo = [t for t in todo if t[0].runs_on(cc)]      # arch-specific SKUs (sm_90a) run on their own arch only
+    if not todo:
+        console.print(f"bench: no selected SKU runs on sm_{cc}")
+        return 2
     t0 = time.perf_counter()      # NVRTC for every unit in parallel first (else serially on first calls)
     _precompile(reg, sorted({sku for sku, _, _ in todo}), int(env["gpu"]["cc"].replace(".", "")), os.cpu_count() or 1)
     console.print(f"compiled units in {time.perf_counter() - t0:.1f} s")
