@@ -198,7 +198,7 @@ def stage_time(args):
     a = b = None
     log(f"dense bf16 8192^3: {dense:.0f} TFLOP/s")
     out = {"dense_tflops": dense, "rows": []}
-    shapes = [tuple(s) for s in wl.SHAPES] + [(128, 4096, 1536, 2048, r) for r in ("balanced", "skewed")]
+    shapes = [tuple(s) for s in wl.PASS_SHAPES]
     reg = sf.default_registry()
     for shape in shapes:
         if args.shapes and f"E{shape[0]}" not in args.shapes.split(","):

@@ -664,7 +664,8 @@ def moe_host_calls(device: int = 0, torch=None) -> list:
     """Repeated grouped_matmul / grouped_matmul_backward calls (M=256, N=K=512, E=8, bf16 for torch,
     f16 for CuPy, unsorted row_experts: three routing launches + one product per pass), with and
     without ``out=`` (``out=`` alone allocates the routing workspace; with ``workspace=`` too, nothing),
-    CuPy and (when available) torch.
+    CuPy and (when available) torch; and with offsets routing (one routing launch; on an H100 / H200 the
+    wgmma kernels, whose replay looks their tensor maps up by address).
     Target: 10 µs plus 3 µs per launch beyond the first (``target_us``)."""
     import cupy as cp
     import numpy as np
@@ -674,17 +675,18 @@ def moe_host_calls(device: int = 0, torch=None) -> list:
     rng = np.random.default_rng(0)
     host = [rng.standard_normal(s).astype(np.float32) for s in ((M, K), (E, N, K), (M, N))]
     ids = rng.integers(0, E, M).astype(np.int32)
+    offs = np.searchsorted(np.sort(ids), np.arange(E + 1)).astype(np.int32)
     ws_size = sf.moe.grouped_matmul_workspace_size(M, E, "row_experts")
     data = {}
     with cp.cuda.Device(device):
         x, w, dy = (cp.asarray(h.astype(np.float16)) for h in host)
-        data["cupy"] = dict(x=x, w=w, dy=dy, ids=cp.asarray(ids), y=cp.empty((M, N), cp.float16),
+        data["cupy"] = dict(x=x, w=w, dy=dy, ids=cp.asarray(ids), offs=cp.asarray(offs), y=cp.empty((M, N), cp.float16),
                             dx=cp.empty((M, K), cp.float16), dw=cp.empty((E, N, K), cp.float32),
                             ws=cp.empty(ws_size, cp.uint8))
     if torch is not None and torch.cuda.is_available():
         dev = f"cuda:{device}"
         x, w, dy = (torch.tensor(h, device=dev).to(torch.bfloat16) for h in host)
-        data["torch"] = dict(x=x, w=w, dy=dy, ids=torch.tensor(ids, device=dev),
+        data["torch"] = dict(x=x, w=w, dy=dy, ids=torch.tensor(ids, device=dev), offs=torch.tensor(offs, device=dev),
                              y=torch.empty((M, N), device=dev, dtype=torch.bfloat16),
                              dx=torch.empty((M, K), device=dev, dtype=torch.bfloat16),
                              dw=torch.empty((E, N, K), device=dev, dtype=torch.float32),
@@ -702,13 +704,19 @@ def moe_host_calls(device: int = 0, torch=None) -> list:
              ("grouped_matmul_backward, out= workspace=", 5,
               lambda d: sf.grouped_matmul_backward(d["x"], d["w"], d["dy"], row_experts=d["ids"],
                                                    out=(d["dx"], d["dw"]), workspace=d["ws"])))
+    by_offsets = (("grouped_matmul", 2, lambda d: sf.grouped_matmul(d["x"], d["w"], offsets=d["offs"])),
+                  ("grouped_matmul_backward", 3,
+                   lambda d: sf.grouped_matmul_backward(d["x"], d["w"], d["dy"], offsets=d["offs"])),
+                  ("grouped_matmul, out= workspace=", 2,
+                   lambda d: sf.grouped_matmul(d["x"], d["w"], offsets=d["offs"], out=d["y"], workspace=d["ws"])))
     out = []
     for fw, d in data.items():
-        for name, launches, call in calls:
-            def default(call=call, d=d):
-                return call(d)
-            out.append({"label": f"{name} row_experts (M={M}, N={N}, K={K}, E={E}), {fw}, default settings",
-                        "framework": fw, "call": default, "launches": launches})
+        for routing, items in (("row_experts", calls), ("offsets", by_offsets)):
+            for name, launches, call in items:
+                def default(call=call, d=d):
+                    return call(d)
+                out.append({"label": f"{name} {routing} (M={M}, N={N}, K={K}, E={E}), {fw}, default settings",
+                            "framework": fw, "call": default, "launches": launches})
     if "torch" in data:
         import runtime.torch as sft
         d = data["torch"]
