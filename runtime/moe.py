@@ -539,6 +539,18 @@ class MoeLauncher(Launcher):
             st.prep.launch(stream)
 
 
+def _sources(slots, index_of):
+    """``((slot, ArrayRef, extra), ...)`` -> ``[(slot, argument index, extra), ...]`` by the arrays'
+    pointers, or None when one is not an argument or allocation of the call."""
+    out = []
+    for j, ref, extra in slots:
+        i = index_of(ref.ptr)
+        if i is None:
+            return None
+        out.append((j, i, extra))
+    return out
+
+
 def _binder(steps: list):
     """A ``FastCall.set_runner`` binder replaying ``steps``: every pointer slot named by a step is
     re-filled with its array's new pointer (plus the region offset), every tensor-map slot with the
@@ -548,18 +560,9 @@ def _binder(steps: list):
     def bind(index_of):
         plan = []
         for st in steps:
-            fills = []
-            for j, ref, off in st.refs:
-                i = index_of(ref.ptr)
-                if i is None:
-                    return None
-                fills.append((j, i, off))
-            maps = []
-            for j, ref, spec in st.maps:
-                i = index_of(ref.ptr)
-                if i is None:
-                    return None
-                maps.append((j, i, spec))
+            fills, maps = _sources(st.refs, index_of), _sources(st.maps, index_of)
+            if fills is None or maps is None:
+                return None
             filled = {j for j, _, _ in fills}
             fmt, values = st.prep.fmt, st.prep.values
             if len(fmt) != len(values):
