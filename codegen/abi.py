@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-PACKING = {"i64_t": "i64", "int": "i32", "i32_t": "i32", "u32_t": "u32", "float": "f32", "double": "f64"}
+TENSOR_MAP = "const __grid_constant__ CUtensorMap"   # a TMA descriptor passed by value (runtime/tma.py)
+PACKING = {"i64_t": "i64", "int": "i32", "i32_t": "i32", "u32_t": "u32", "float": "f32", "double": "f64",
+           TENSOR_MAP: "tmap"}
 
 
 @dataclass(frozen=True)
@@ -167,8 +169,10 @@ def lsq(k) -> dict:
 def moe_gemm(k) -> dict:
     """Grouped matmul (templates/moe/grouped_matmul.cu.j2): the persistent kernel of every tile
     variant (``gemm``) and the routing prologue ``<symbol>_route_*``. ``ws_status``: the
-    workspace's offsets verdict; ``status``: the device's status word."""
+    workspace's offsets verdict; ``status``: the device's status word. The wgmma kernels also take
+    the tensor maps of their two operands (``tmap_a``, ``tmap_b``: runtime/tma.py)."""
     T = k["T"]
+    maps = [Param("tmap_a", TENSOR_MAP), Param("tmap_b", TENSOR_MAP)] if k["backend"] == "wgmma" else []
 
     def offsets(ctype):
         return [Param("off", f"const {ctype}*"), *_int("E"), *_i64("M"), *_int("bm", "trusted"),
@@ -179,7 +183,7 @@ def moe_gemm(k) -> dict:
                  *_i64("w_se", "w_sn"), _ptr("dy", T, const=True), Param("lddy", "i64_t"), _ptr("out", k["OUT"]),
                  *_i64("M", "N", "K"), *_int("E"), _ptr("perm", "i32_t", const=True),
                  _ptr("row_start", "i64_t", const=True), _ptr("tile_start", "i64_t", const=True),
-                 _ptr("ws_status", "i32_t", const=True), Param("counter", "u64_t*")],
+                 _ptr("ws_status", "i32_t", const=True), Param("counter", "u64_t*"), *maps],
         "route_offsets_i32": offsets("i32_t"),
         "route_offsets_i64": offsets("i64_t"),
         "route_count": [Param("ids", "const u32_t*"), *_i64("M"), *_int("E"), *_i64("chunk_rows", "chunks"),

@@ -113,13 +113,15 @@ def _compile_one(job):
 
 
 def compile_jobs(reg, archs, pattern="*"):
-    """(unit, source, arch, options) for every unit holding a selected SKU whose min arch ≤ arch."""
+    """(unit, source, arch, options) for every unit holding a selected SKU whose min arch ≤ arch (a unit
+    pinned to an arch-specific target, ``sm_90a``, only for its own arch)."""
+    from runtime.compiler import builds_for
     jobs = []
     for unit, meta in sorted(reg.units.items()):
         for arch in archs:
             skus = [s for s in meta["skus"] if fnmatch.fnmatchcase(s, pattern)
                     and int(s.split("/")[6][2:]) <= arch]
-            if skus:
+            if skus and builds_for(meta["nvrtc_options"], arch):
                 jobs.append((unit, reg.unit_source(unit), arch, tuple(meta["nvrtc_options"])))
     return jobs
 

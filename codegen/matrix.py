@@ -194,6 +194,28 @@ MOE_TILES = {
 }
 MOE_OPKIND = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad",
               "grouped_matmul_backward_weight": "wgrad"}
+# wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES); BK = 64 (one 128-byte
+# swizzle row of 16-bit elements). One producer warpgroup (TMA) and two consumer warpgroups: with
+# BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows and
+# half of the columns. Shared memory: STAGES * (BM + BN) * 64 * 2 bytes (+ WGMMA_ALIGN to place the
+# ring on a 1024-byte boundary, which the 128-byte swizzle needs).
+WGMMA_VARIANTS = {
+    "wg128x256s4": (128, 256, 4),
+    "wg128x128s6": (128, 128, 6),
+    "wg64x256s5": (64, 256, 5),
+}
+WGMMA_DEFAULT = "wg128x256s4"
+WGMMA_ALIGN = 1024
+# The documented choice (runtime/moe.py variant_for; docs/moe.md): experts averaging fewer than
+# ``short_rows`` rows take ``short_variant`` (64-row tiles waste less on partial m-tiles; measured on
+# an H200: best at 32 rows per expert, 3-15 % behind 128-row tiles at 128 rows skewed); an output
+# ``narrow_cols`` columns wide or less (N for the forward, K for the input gradient and the weight
+# gradient) takes ``narrow_variant``; otherwise the default.
+WGMMA_RULE = {
+    "fwd": {"short_variant": "wg64x256s5", "short_rows": 96, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
+    "dgrad": {"short_variant": "wg64x256s5", "short_rows": 96, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
+    "wgrad": {"narrow_variant": "wg128x128s6", "narrow_cols": 128},
+}
 MOE_ROUTE = ("offsets_i32", "offsets_i64", "count", "scan", "scatter")
 
 
@@ -224,7 +246,17 @@ def _moe_context(cell, ctx):
     opkind = MOE_OPKIND[sku.op]
     out_kind = sku.aux_element or sku.element
     size = kinds.SIZE[sku.element]
-    if sku.backend == "mma":
+    rules = {}
+    if sku.backend == "wgmma":
+        variants = []
+        for name, (bm, bn, stages) in WGMMA_VARIANTS.items():
+            tile = {"BM": bm, "BN": bn, "BK": 64, "STAGES": stages, "THREADS": 384, "MIN_BLOCKS": 1,
+                    "WN": bn if bm == 128 else bn // 2}
+            variants.append({"name": name, "symbol": sku.symbol if name == WGMMA_DEFAULT else f"{sku.symbol}__v{name}",
+                             "tile": tile, "dynamic_smem": stages * (bm + bn) * 64 * size + WGMMA_ALIGN})
+        variants.sort(key=lambda v: v["name"] != WGMMA_DEFAULT)
+        rules = dict(WGMMA_RULE[opkind])
+    elif sku.backend == "mma":
         default = mma_default[opkind]
         variants = []
         for name in [default] + [n for n in mma_variants if n != default]:
@@ -240,18 +272,20 @@ def _moe_context(cell, ctx):
     launch = {"block_threads": tile["THREADS"], "tile": tile, "dynamic_smem": smem,
               "out": out_kind, "route_threads": 1024,
               "route": {r: f"{sku.symbol}_route_{r}" for r in MOE_ROUTE}}
-    if sku.backend == "mma":
+    if sku.backend in ("mma", "wgmma"):
         launch["default_variant"] = variants[0]["name"]
         launch["variants"] = {v["name"]: {k: v[k] for k in ("symbol", "tile", "dynamic_smem")} for v in variants}
+        launch.update(rules)
     return {
         "ns": sku.symbol + "_ns", "T": kinds.CTYPE[sku.element], "OUT": kinds.CTYPE[out_kind], "out_kind": out_kind,
         "opkind": opkind, "tile": tile, "variants": variants, "route_threads": 1024, "launch": launch,
+        "wgmma_n": sorted({v["tile"]["WN"] for v in variants}) if sku.backend == "wgmma" else [],
     }
 
 
 def _moe_precision(op, scope, mode, el, aux, arch, backend):
-    # mma multiplies the f16/bf16 inputs as they are (exact products) into fp32 accumulators.
-    math = el if backend == "mma" and el in kinds.HALF else kinds.math_kind(el)
+    # mma / wgmma multiply the f16/bf16 inputs as they are (exact products) into fp32 accumulators.
+    math = el if backend in ("mma", "wgmma") and el in kinds.HALF else kinds.math_kind(el)
     return Precision(math, "f64" if el == "f64" else "f32", deterministic=True, bit_stable=False)
 
 
@@ -260,7 +294,22 @@ _MOE_EXCLUSIONS = (
               lambda s: s.element == "f64"),
     Exclusion("the tensor-core (mma) path takes f16/bf16 inputs with fp32 accumulation; f32 runs on simt",
               lambda s: s.backend == "mma" and s.element == "f32"),
+    Exclusion("the Hopper tensor-core (wgmma) path takes f16/bf16 inputs with fp32 accumulation; f32 runs on simt",
+              lambda s: s.backend == "wgmma" and s.element == "f32"),
 )
+
+
+@dataclass(frozen=True)
+class ArchSpecificFamily(Family):
+    """Cells built for an arch-specific target (``sm_90a``: wgmma, setmaxnreg): units of their own
+    (``..._sm90a.cu``) whose NVRTC options name the target, so that they are compiled for it and for
+    no other arch (runtime.compiler.pinned_target), and the Hopper helpers in their units."""
+
+    target: str = "sm_90a"
+    headers: tuple = ("common/hopper.cuh",)
+
+    def unit(self, sku: KernelSku) -> str:
+        return f"{super().unit(sku)[:-3]}_{self.target.replace('_', '')}.cu"
 
 MOE_GEMM = Family(
     name="moe-grouped-matmul",
@@ -290,6 +339,14 @@ MOE_WGRAD = Family(
     extra_context=_moe_context,
     precision=_moe_precision,
 )
+
+# The Hopper backend (docs/moe.md): warp-specialised wgmma + TMA kernels, built for sm_90a only.
+MOE_GEMM_WGMMA, MOE_WGRAD_WGMMA = (
+    ArchSpecificFamily(name=f"{fam.name}-wgmma", category="moe", ops=fam.ops, template=fam.template,
+                       pairs=tuple(p for p in fam.pairs if p[0] != "f64"), arches=("sm90",), backends=("wgmma",),
+                       launch="moe_gemm", nvrtc_options=("--gpu-architecture=sm_90a",), exclusions=_MOE_EXCLUSIONS,
+                       extra_context=_moe_context, precision=_moe_precision)
+    for fam in (MOE_GEMM, MOE_WGRAD))
 
 
 
@@ -491,7 +548,8 @@ def local_memory_allowed(symbol: str, stack_bytes: int) -> Optional[LocalMemory]
     return None
 
 
-FAMILIES: tuple = (STATIC_QUANTIZE, STATIC_DEQUANTIZE, DYNAMIC_QUANTIZE, MOE_GEMM, MOE_WGRAD,
+FAMILIES: tuple = (STATIC_QUANTIZE, STATIC_DEQUANTIZE, DYNAMIC_QUANTIZE, MOE_GEMM, MOE_WGRAD, MOE_GEMM_WGMMA,
+                  MOE_WGRAD_WGMMA,
                   TRAINING_STE, TRAINING_DEQUANTIZE_BACKWARD, TRAINING_FAKE_QUANTIZE, TRAINING_LSQ,
                   LOWBIT_QUANTIZE, LOWBIT_DEQUANTIZE, LOWBIT_DYNAMIC_QUANTIZE)
 

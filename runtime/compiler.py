@@ -107,6 +107,30 @@ def _log(prog) -> str:
     return buf.decode(errors="replace").rstrip("\x00 \n")
 
 
+ARCH_OPTION = "--gpu-architecture="
+
+
+def pinned_target(options) -> Optional[str]:
+    """The target a unit's own options name (``--gpu-architecture=sm_90a``: an arch-specific unit,
+    built for that target whatever device arch it is compiled for), or None."""
+    for o in options:
+        if o.startswith(ARCH_OPTION):
+            return o[len(ARCH_OPTION):]
+    return None
+
+
+def builds_for(options, arch: int) -> bool:
+    """Whether a unit with these options is built for devices of ``sm_<arch>``: every unit is, but one
+    pinned to an arch-specific target (``sm_90a``) only for its own arch."""
+    target = pinned_target(options)
+    return target is None or int(re.sub(r"\D", "", target)) == arch
+
+
+def _target_options(arch: int, options) -> list:
+    """``--gpu-architecture=sm_<arch>`` unless the unit's options pin a target of their own."""
+    return [] if pinned_target(options) else [f"{ARCH_OPTION}sm_{arch}"]
+
+
 def _compile(source: str, name: str, arch: int, options, report: bool) -> tuple:
     """(cubin, ptxas log) of one translation unit for ``sm_<arch>``; the log holds ptxas's
     per-kernel resource lines when ``report`` is set (``--ptxas-options=-v``)."""
@@ -115,7 +139,7 @@ def _compile(source: str, name: str, arch: int, options, report: bool) -> tuple:
     if int(err) != 0:
         raise CompileError(f"nvrtcCreateProgram failed on {name}: {err}")
     try:
-        opts = [f"--gpu-architecture=sm_{arch}".encode()] + ([b"--ptxas-options=-v"] if report else []) + \
+        opts = [o.encode() for o in _target_options(arch, options)] + ([b"--ptxas-options=-v"] if report else []) + \
                [o.encode() for o in (*BASE_OPTIONS, *options)]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         log = _log(prog)
@@ -184,7 +208,7 @@ def cache_key(source: str, arch: int, options=()) -> str:
 
 def full_options(arch: int, options=()) -> list:
     """The NVRTC options a unit is compiled with (recorded in entries and the prebuilt index)."""
-    return [f"--gpu-architecture=sm_{arch}", *BASE_OPTIONS, *options]
+    return [*_target_options(arch, options), *BASE_OPTIONS, *options]
 
 
 @dataclass

@@ -122,27 +122,43 @@ import ctypes as _ctypes
 import struct as _struct
 
 _launch_local = threading.local()
-_CTYPE_FMT = {"ptr": "Q", "i64": "q", "i32": "i", "u32": "I", "f32": "f", "f64": "d"}
+# One character per parameter. "T": a 128-byte CUDA tensor map (``const __grid_constant__ CUtensorMap``,
+# 64-byte aligned in the kernel's parameter space), packed from a 128-byte ``bytes`` value.
+_CTYPE_FMT = {"ptr": "Q", "i64": "q", "i32": "i", "u32": "I", "f32": "f", "f64": "d", "tmap": "T"}
+_WIDE = {"T": ("128s", 128, 64)}   # format character -> (struct code, size, alignment)
 
 
 class _ParamBlock:
+    """The packed values of one parameter list and the ``void**`` array of their addresses. The
+    driver copies each parameter from its address, so the host-side padding only keeps every field
+    at its natural alignment (explicit pad bytes, one struct)."""
+
     def __init__(self, fmt: str):
-        self.struct = _struct.Struct("@" + fmt)
+        codes, offsets, off = [], [], 0
+        for ch in fmt:
+            code, size, align = _WIDE.get(ch) or (ch, _struct.calcsize("@" + ch), _struct.calcsize("@" + ch))
+            pad = -off % align
+            if pad:
+                codes.append(f"{pad}x")
+            off += pad
+            offsets.append(off)
+            codes.append(code)
+            off += size
+        self.struct = _struct.Struct("=" + "".join(codes))
+        assert self.struct.size == off
         self.buf = _ctypes.create_string_buffer(max(self.struct.size, 1))
         base = _ctypes.addressof(self.buf)
-        offsets, off = [], 0
-        for ch in fmt:
-            size = _struct.calcsize("@" + ch)
-            off = (off + size - 1) // size * size
-            offsets.append(base + off)
-            off += size
-        assert _struct.calcsize("@" + fmt) >= off
-        self.ptrs = (_ctypes.c_void_p * max(len(fmt), 1))(*offsets)
+        self.ptrs = (_ctypes.c_void_p * max(len(fmt), 1))(*(base + o for o in offsets))
         self.ptrs_addr = _ctypes.addressof(self.ptrs)
 
 
+def pack_params(fmt: str, values) -> bytes:
+    """The parameter values packed as a launch packs them (a struct.error where they do not fit)."""
+    return _ParamBlock(fmt).struct.pack(*values)
+
+
 def param_format(types) -> str:
-    """``("ptr", "i64", "f32", ...)`` → a struct format string."""
+    """``("ptr", "i64", "f32", ...)`` → one format character per parameter (:class:`_ParamBlock`)."""
     return "".join(_CTYPE_FMT[t] for t in types)
 
 

@@ -27,17 +27,20 @@ bytes; the routing tables) take caller arrays; a repeated call with same-layout 
 the remembered launches (runtime/replay.py: routing + products as ``PreparedLaunch``es, every
 pointer slot re-filled, workspace regions by offset). docs/moe.md says how a workspace may be shared.
 
-Strategies are SKU backends: ``simt`` (every dtype, any shape) and ``mma`` (tensor cores,
-f16/bf16, sm_80+; needs N and K multiples of 8 and 16-byte aligned operands). ``auto`` picks
-``mma`` whenever it can implement the problem and ``simt`` otherwise; failures are never hidden.
+Strategies are SKU backends: ``simt`` (every dtype, any shape), ``mma`` (tensor cores through
+``mma.sync``, f16/bf16, sm_80+; needs N and K multiples of 8 and 16-byte aligned operands) and
+``wgmma`` (Hopper: warp-specialised wgmma + TMA kernels built for sm_90a, run on compute capability
+9.0 only; the mma conditions plus offsets routing). ``auto`` picks ``wgmma`` on sm_90 whenever it can
+implement the problem, else ``mma`` whenever it can, else ``simt``; failures are never hidden.
 Every reduction runs in a fixed order (no float atomics): the same inputs give the same bits.
 
-Tile configurations: each mma SKU carries several (``launch["variants"]``, compiled into the
-same unit; names like ``128x256x32s4p`` = BM x BN x BK, stages, producer/fragment pipelining).
-The launcher runs the default unless ``CONFIG`` or the ``SKUFORGE_MOE_CONFIG`` environment
-variable names another, per pass or for all: ``"128x128x32s5"`` or
-``"fwd=128x256x32s4p,dgrad=128x128x32s5p,wgrad=default"`` (passes ``fwd``, ``dgrad``, ``wgrad``;
-``CONFIG`` wins over the environment; ``use_config(...)`` sets it for a ``with`` block).
+Tile configurations: each mma / wgmma SKU carries several (``launch["variants"]``, compiled into the
+same unit; names like ``128x256x32s4p`` = BM x BN x BK, stages, producer/fragment pipelining, or
+``wg128x256s4`` = a wgmma BM x BN tile with 4 stages). The launcher runs the SKU's rule
+(:func:`default_variant`) unless ``CONFIG`` or the ``SKUFORGE_MOE_CONFIG`` environment variable names
+another, per pass or for all: ``"128x128x32s5"`` or ``"fwd=128x256x32s4p,dgrad=wg64x256s5,wgrad=default"``
+(passes ``fwd``, ``dgrad``, ``wgrad``; a name configures the backend that has it; ``CONFIG`` wins over
+the environment; ``use_config(...)`` sets it for a ``with`` block).
 """
 from __future__ import annotations
 
@@ -55,9 +58,10 @@ from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
 from .params import check_apart, same_device
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
+from .tma import MapSpec, tensor_map
 
 MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (SPEC §5)
-STRATEGIES = ("auto", "simt", "mma")
+STRATEGIES = ("auto", "simt", "mma", "wgmma")
 MAX_EXPERTS = 1024          # routing keeps one counter per expert per warp in shared memory
 MAX_ROWS = 2**31            # row indices are stored as int32 in the routing permutation
 ROUTE_WARPS = 8             # warps per block of the count / scatter kernels (one chunk each)
@@ -67,6 +71,7 @@ PASS_OF = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad", "g
 CONFIG_ENV = "SKUFORGE_MOE_CONFIG"
 CONFIG: dict = {}           # pass ("fwd" / "dgrad" / "wgrad" / "*") -> variant name; wins over CONFIG_ENV
 MAX_MMA_EXTENT = 2**31 - 256   # the mma kernels index the reduction / columns with 32-bit integers
+WGMMA_ARCH = 90             # the wgmma kernels are built for sm_90a: they run on compute capability 9.0 only
 COUNTER_SLOT = {"grouped_matmul": 0, "grouped_matmul_backward_input": 1, "grouped_matmul_backward_weight": 2}
 
 
@@ -229,6 +234,47 @@ def mma_blockers(args: MoeArgs) -> list:
     return out
 
 
+def tma_specs(args: MoeArgs, tile: dict) -> dict:
+    """The tensor maps of a wgmma pass (kernel parameter -> (array, MapSpec)): the two operands as
+    whole arrays, 64-element (128-byte) boxes along the contiguous axis. Forward: x rows and w[e]
+    rows n (K-major); input gradient: dy rows and w[e] as [n][k] (k MN-major); weight gradient: dy
+    and x as [m][n] / [m][k] (both MN-major), 64 rows of the reduction a box."""
+    kind, M, N, K, E = (args.x if args.x is not None else args.dy).kind, args.M, args.N, args.K, args.E
+    BM, BN = tile["BM"], tile["BN"]
+
+    def rows(ref, cols, box_rows):          # a 2-D [M][cols] operand
+        return ref, MapSpec(kind, (cols, M), (ref.strides[0] * ref.itemsize,), (64, box_rows))
+
+    def weights(box_rows):                  # w [E][N][K]
+        w = args.w
+        return w, MapSpec(kind, (K, N, E), (w.strides[1] * w.itemsize, w.strides[0] * w.itemsize), (64, box_rows, 1))
+    if args.op == "grouped_matmul":
+        return {"tmap_a": rows(args.x, K, BM), "tmap_b": weights(BN)}
+    if args.op == "grouped_matmul_backward_input":
+        return {"tmap_a": rows(args.dy, N, BM), "tmap_b": weights(64)}
+    return {"tmap_a": rows(args.dy, N, 64), "tmap_b": rows(args.x, K, 64)}
+
+
+def wgmma_blockers(args: MoeArgs) -> list:
+    """Why the wgmma kernels (sm_90a) cannot take these arguments (empty: they can): those of the
+    mma kernels, rows routed by ``row_experts`` (the copy engine loads an expert's rows as one box:
+    they must be consecutive, as ``offsets`` routing gives them; a row gather is the mma path's),
+    and what a tensor map cannot describe (no rows: M = 0; a zero row stride)."""
+    out = mma_blockers(args)
+    if args.routing.mode != "offsets":
+        out.append("rows are routed by row_experts: the wgmma kernels load each expert's rows as one block "
+                   "(tensor maps), which needs offsets routing (rows sorted by expert)")
+    if not out:
+        for param, (ref, spec) in tma_specs(args, {"BM": 128, "BN": 128}).items():
+            out += [f"{_OPERAND[args.op][param]}: {why}" for why in spec.problems(ref.ptr)]
+    return out
+
+
+_OPERAND = {"grouped_matmul": {"tmap_a": "x", "tmap_b": "w"},
+            "grouped_matmul_backward_input": {"tmap_a": "dy", "tmap_b": "w"},
+            "grouped_matmul_backward_weight": {"tmap_a": "dy", "tmap_b": "x"}}
+
+
 # -- tile configurations (variants) -----------------------------------------------------------
 _parsed: dict = {}
 
@@ -289,20 +335,46 @@ def _smem_optin(dev: int) -> int:
     return n
 
 
-def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optional[float] = None) -> tuple:
+def default_variant(plan, rows_per_expert: Optional[float] = None, cols: Optional[int] = None) -> str:
+    """The SKU's configuration for a problem when none is asked for: its ``short_variant`` when the
+    experts average fewer than ``short_rows`` rows, else its ``narrow_variant`` when the output tile
+    axis (``cols``: N for the forward, K for the gradients) is at most ``narrow_cols`` wide, else its
+    ``default_variant`` (codegen/matrix.py declares the rule per SKU; docs/moe.md)."""
+    launch, variants = plan.launch, plan.launch["variants"]
+    short, narrow = launch.get("short_variant"), launch.get("narrow_variant")
+    if short in variants and rows_per_expert is not None and rows_per_expert < launch["short_rows"]:
+        return short
+    if narrow in variants and cols is not None and cols <= launch["narrow_cols"]:
+        return narrow
+    return launch["default_variant"]
+
+
+def _names_elsewhere(plan) -> set:
+    """Configuration names of the other moe SKUs of the plan's op (another backend's): a name asked for
+    configures the backend that has it, and leaves the others on their defaults."""
+    reg, sku = getattr(plan, "registry", None), getattr(plan, "sku", None)
+    if reg is None or sku is None:
+        return set()
+    out = set()
+    for other in reg.query(category="moe", op=sku.op):
+        if other.backend != sku.backend:
+            out.update(reg.lookup(other).launch.get("variants") or ())
+    return out
+
+
+def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optional[float] = None,
+                cols: Optional[int] = None) -> tuple:
     """(name, {"symbol", "tile", "dynamic_smem"}) of the tile configuration that runs ``op``:
-    ``CONFIG``, else ``SKUFORGE_MOE_CONFIG``, else the SKU's default (backward-weight: its
-    ``short_variant`` when the experts average fewer than ``short_rows`` rows). With ``dev``, a
-    default that does not fit the device's shared memory falls back to the first configuration
-    that does; an asked-for one that does not fit is an error."""
+    ``CONFIG``, else ``SKUFORGE_MOE_CONFIG``, else :func:`default_variant` (from the experts' average
+    rows and the output columns ``cols``). A name of another backend's configuration leaves this
+    plan on its default; an unknown name is an error. With ``dev``, a default that does not fit the
+    device's shared memory falls back to the first configuration that does; an asked-for one that
+    does not fit is an error."""
     variants = plan.launch.get("variants")
     if not variants:
         return "default", {"symbol": plan.entry.symbol, "tile": plan.launch["tile"],
                            "dynamic_smem": plan.launch["dynamic_smem"]}
-    default = plan.launch["default_variant"]
-    short = plan.launch.get("short_variant")
-    if short in variants and rows_per_expert is not None and rows_per_expert < plan.launch["short_rows"]:
-        default = short
+    default = default_variant(plan, rows_per_expert, cols)
     key = PASS_OF[op]
     want = None
     for src in (CONFIG, parse_config(config.settings().moe_config)):
@@ -311,8 +383,11 @@ def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optio
             break
     name = default if want in (None, "", "default") else want
     if name not in variants:
-        raise InvalidProblemError(f"tile configuration {name!r} ({CONFIG_ENV} / runtime.moe.CONFIG) is not one of "
-                                  f"{plan.sku}'s: {', '.join(variants)}")
+        if name in _names_elsewhere(plan):
+            name = default
+        else:
+            raise InvalidProblemError(f"tile configuration {name!r} ({CONFIG_ENV} / runtime.moe.CONFIG) is not one "
+                                      f"of {plan.sku}'s: {', '.join(variants)}")
     meta = variants[name]
     if dev is not None:
         limit = _smem_optin(dev) - 4096   # static shared memory: row table and tile slot
@@ -344,21 +419,27 @@ def _blocks_per_sm(fn, threads: int, smem: int) -> int:
 @dataclass
 class Step:
     """One prepared launch of a moe call, and where its pointer parameters come from: ``refs`` =
-    ``((slot, ArrayRef, byte offset), ...)`` (the workspace regions are offsets into one array).
+    ``((slot, ArrayRef, byte offset), ...)`` (the workspace regions are offsets into one array);
+    ``maps`` = ``((slot, ArrayRef, MapSpec), ...)``: tensor-map parameters of an array (wgmma).
     The repeated-call fast path re-fills exactly these slots (:func:`_binder`)."""
 
     prep: PreparedLaunch
     refs: tuple
+    maps: tuple = ()
 
 
-def _step(plan, group: str, fn, grid, block, smem: int, ptrs: dict, **scalars) -> Step:
+def _step(plan, group: str, fn, grid, block, smem: int, ptrs: dict, maps: Optional[dict] = None, **scalars) -> Step:
     """A :class:`Step` of entry-point group ``group``: ``ptrs`` names each pointer parameter's
-    ``(ArrayRef or None, byte offset)`` (None: a null pointer); ``scalars`` the other parameters
-    (the status word's address is one: a constant of the device)."""
+    ``(ArrayRef or None, byte offset)`` (None: a null pointer); ``maps`` each tensor-map parameter's
+    ``(ArrayRef, MapSpec)``; ``scalars`` the other parameters (the status word's address is one: a
+    constant of the device)."""
     abi = plan.abi(group)
+    maps = maps or {}
     named = {k: 0 if r is None else r.ptr + off for k, (r, off) in ptrs.items()}
+    named.update({k: tensor_map(r.ptr, spec) for k, (r, spec) in maps.items()})
     prep = PreparedLaunch(fn, tuple(grid), tuple(block), abi, abi.values(**named, **scalars), smem)
-    return Step(prep, tuple((abi.slot[k], r, off) for k, (r, off) in ptrs.items() if r is not None))
+    return Step(prep, tuple((abi.slot[k], r, off) for k, (r, off) in ptrs.items() if r is not None),
+                tuple((abi.slot[k], r, spec) for k, (r, spec) in maps.items()))
 
 
 @launcher("moe_gemm")
@@ -373,11 +454,12 @@ class MoeLauncher(Launcher):
         if src.kind != sku.element or args.out.kind != (sku.aux_element or sku.element):
             raise InvalidProblemError(f"{sku} takes {sku.element} -> {sku.aux_element or sku.element}; "
                                       f"got {src.kind} -> {args.out.kind}")
-        if sku.backend == "mma":
-            why = mma_blockers(args)
+        if sku.backend in ("mma", "wgmma"):
+            why = (mma_blockers if sku.backend == "mma" else wgmma_blockers)(args)
             if why:
+                other = "'mma' or 'simt'" if sku.backend == "wgmma" else "'simt'"
                 raise InvalidProblemError(f"{sku} (tensor cores) cannot take this problem: " + "; ".join(why)
-                                          + "; use strategy='simt' (or 'auto')")
+                                          + f"; use strategy={other} (or 'auto')")
 
     def workspace_size(self, plan, args: MoeArgs) -> int:
         return workspace_layout(args.M, args.E, args.routing.mode)["total"]
@@ -419,7 +501,8 @@ class MoeLauncher(Launcher):
         """Every launch of one pass (routing first unless ``args.routed``), prepared: the variant,
         the grid (occupancy) and the parameters, nothing launched."""
         dev = args.out.device
-        _, meta = variant_for(plan, args.op, dev, args.M / max(args.E, 1))
+        cols = args.N if args.op == "grouped_matmul" else args.K
+        _, meta = variant_for(plan, args.op, dev, args.M / max(args.E, 1), cols)
         tile = meta["tile"]
         out = [] if args.routed else self.route_steps(plan, args, ws, tile["BM"])
         lay = workspace_layout(args.M, args.E, args.routing.mode)
@@ -436,7 +519,8 @@ class MoeLauncher(Launcher):
                     perm=(ws if args.routing.mode == "row_experts" else None, lay.get("perm", 0)),
                     row_start=(ws, lay["row_start"]), tile_start=(ws, lay["tile_start"]),
                     ws_status=(ws, lay["status"]), counter=(ws, lay["counters"] + 8 * COUNTER_SLOT[args.op]))
-        out.append(_step(plan, "gemm", fn, (grid,), (threads,), smem, ptrs,
+        maps = tma_specs(args, tile) if plan.sku.backend == "wgmma" else None
+        out.append(_step(plan, "gemm", fn, (grid,), (threads,), smem, ptrs, maps,
                          ldx=x.strides[0] if x is not None else 0,
                          w_se=w.strides[0] if w is not None else 0, w_sn=w.strides[1] if w is not None else 0,
                          lddy=dy.strides[0] if dy is not None else 0, M=args.M, N=args.N, K=args.K, E=args.E))
@@ -455,20 +539,30 @@ class MoeLauncher(Launcher):
             st.prep.launch(stream)
 
 
+def _sources(slots, index_of):
+    """``((slot, ArrayRef, extra), ...)`` -> ``[(slot, argument index, extra), ...]`` by the arrays'
+    pointers, or None when one is not an argument or allocation of the call."""
+    out = []
+    for j, ref, extra in slots:
+        i = index_of(ref.ptr)
+        if i is None:
+            return None
+        out.append((j, i, extra))
+    return out
+
+
 def _binder(steps: list):
     """A ``FastCall.set_runner`` binder replaying ``steps``: every pointer slot named by a step is
-    re-filled with its array's new pointer (plus the region offset); the rest of the parameters
+    re-filled with its array's new pointer (plus the region offset), every tensor-map slot with the
+    map of its array at the new address; the rest of the parameters
     (shapes, strides, grids, variants: what the slow path chose) are the remembered values. No
     binding (no fast path) when a nonzero pointer slot is not accounted for."""
     def bind(index_of):
         plan = []
         for st in steps:
-            fills = []
-            for j, ref, off in st.refs:
-                i = index_of(ref.ptr)
-                if i is None:
-                    return None
-                fills.append((j, i, off))
+            fills, maps = _sources(st.refs, index_of), _sources(st.maps, index_of)
+            if fills is None or maps is None:
+                return None
             filled = {j for j, _, _ in fills}
             fmt, values = st.prep.fmt, st.prep.values
             if len(fmt) != len(values):
@@ -476,13 +570,15 @@ def _binder(steps: list):
             for j, (c, v) in enumerate(zip(fmt, values)):
                 if c == "Q" and v and j not in filled and not status.is_status_pointer(v):
                     return None
-            plan.append((st.prep, list(values), tuple(fills)))
+            plan.append((st.prep, list(values), tuple(fills), tuple(maps)))
 
         def run(objs, ptrs, stream):
-            for prep, template, fills in plan:
+            for prep, template, fills, maps in plan:
                 values = template.copy()
                 for j, i, off in fills:
                     values[j] = ptrs[i] + off
+                for j, i, spec in maps:           # the tensor map of the new array (encoded once per address)
+                    values[j] = tensor_map(ptrs[i], spec)
                 prep.launch(stream, values)
         return run
     return bind
@@ -499,8 +595,9 @@ def _out_kind(op: str, element: str, dw_dtype) -> str:
 
 
 def plan_for(args: MoeArgs, strategy: str = "auto", arch: Optional[int] = None):
-    """The plan that runs ``args``: ``strategy`` is a backend, or ``auto`` (mma when it can
-    implement the problem on this arch, else simt)."""
+    """The plan that runs ``args``: ``strategy`` is a backend, or ``auto``: wgmma on sm_90 when it can
+    implement the problem, else mma (sm_80+) when it can, else simt. Only these pre-launch checks
+    decide; a failure is never retried on another backend."""
     if strategy not in STRATEGIES:
         raise InvalidProblemError(f"strategy={strategy!r}; supported: {', '.join(STRATEGIES)}")
     element = (args.x if args.x is not None else args.dy).kind
@@ -508,9 +605,10 @@ def plan_for(args: MoeArgs, strategy: str = "auto", arch: Optional[int] = None):
     desc = Descriptor(args.op, element=element, aux_element=aux, category="moe")
     if strategy == "auto":
         if element in kinds.HALF and (arch is None or arch >= 80):
-            plan = cached_plan(desc, Preference("mma", arch))
-            if plan.can_implement(args):
-                return plan
+            for backend in (("wgmma", "mma") if arch == WGMMA_ARCH else ("mma",)):
+                plan = cached_plan(desc, Preference(backend, arch))
+                if plan.can_implement(args):
+                    return plan
         return cached_plan(desc, Preference("simt", arch))
     plan = cached_plan(desc, Preference(strategy, arch))
     plan.launcher.check(plan, args)  # a typed error says why the asked-for backend cannot run it

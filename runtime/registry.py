@@ -81,8 +81,9 @@ class Registry:
 
     def select(self, *, category: str, op: str, scope=None, mode=None, element: str,
                aux_element=None, arch: Optional[int] = None, backend: Optional[str] = None) -> KernelSku:
-        """The best generated SKU for a problem: matching fields, built for an arch ≤ ``arch``,
-        preferring ``backend`` when given, then the newest arch, then tensor cores."""
+        """The best generated SKU for a problem: matching fields, runnable on a device of compute
+        capability ``arch`` (built for an arch ≤ it; an arch-specific SKU such as ``wgmma`` only on its
+        own arch), preferring ``backend`` when given, then the newest arch, then tensor cores."""
         want = dict(category=category, op=op, scope=scope, mode=mode, element=element, aux_element=aux_element)
         if arch is not None and (not isinstance(arch, int) or isinstance(arch, bool)):
             raise InvalidProblemError(f"arch={arch!r}: a compute capability such as 90 (or None) is required")
@@ -95,9 +96,13 @@ class Registry:
                 f"no kernel for {op} scope={scope} mode={mode} element={element} aux_element={aux_element}; "
                 f"supported for {op}: " + ", ".join(sorted({f'{s.element}->{s.aux_element}' for s in self.entries if s.op == op})))
         if arch is not None:
-            fit = [s for s in matches if s.arch_number <= arch]
+            fit = [s for s in matches if s.runs_on(arch)]
             if not fit:
                 raise UnsupportedError(f"{op} {element}->{aux_element} needs {min(s.arch for s in matches)}; the device is sm{arch}")
+            theirs = sorted({s.target for s in matches if s.backend == backend and s not in fit})
+            if backend is not None and theirs and not any(s.backend == backend for s in fit):
+                raise UnsupportedError(f"{op} {element}->{aux_element}: the {backend!r} kernel is built for "
+                                       f"{', '.join(theirs)} and runs only on such a device; the device is sm{arch}")
             matches = fit
         if backend is not None:
             fit = [s for s in matches if s.backend == backend]
@@ -105,7 +110,7 @@ class Registry:
                 raise UnsupportedError(f"{op} {element}->{aux_element} has no {backend!r} kernel; available: "
                                        + ", ".join(sorted({s.backend for s in matches})))
             matches = fit
-        return max(matches, key=lambda s: (s.arch_number, s.backend == "mma"))
+        return max(matches, key=lambda s: (s.arch_number, ("simt", "mma", "wgmma").index(s.backend)))
 
     def abi(self, abi_id: str):
         """The parameter list ``abi_id`` of the manifest (codegen/abi.py declares it) as a

@@ -28,7 +28,11 @@ OPS = {
 SCOPES = ("tensor", "channel", "token", "group")
 MODES = ("symmetric", "asymmetric")
 ARCHES = ("sm80", "sm89", "sm90")
-BACKENDS = ("simt", "mma")
+BACKENDS = ("simt", "mma", "wgmma")
+# Backends built for an arch-specific target (NVRTC ``sm_90a``): their machine code runs on devices of
+# exactly that compute capability (sm_90a instructions such as wgmma and setmaxnreg are not carried
+# forward to later architectures).
+ARCH_SPECIFIC = {"wgmma": "sm_90a"}
 
 NONE = "-"
 
@@ -141,6 +145,19 @@ class KernelSku:
     def arch_number(self) -> int:
         """``sm90`` → 90: the minimum compute capability as an integer."""
         return int(self.arch[2:])
+
+    @property
+    def target(self) -> str:
+        """The NVRTC ``--gpu-architecture`` a device of the SKU's arch builds it for: ``sm_90a`` for the
+        arch-specific backends, else ``sm_<cc>`` of the device (any cc at or above ``arch``)."""
+        return ARCH_SPECIFIC.get(self.backend, f"sm_{self.arch_number}")
+
+    def runs_on(self, cc: int) -> bool:
+        """Whether the kernel runs on a device of compute capability ``cc`` (90 for sm_90): built for
+        an arch at or below it, and an arch-specific SKU only on its own arch."""
+        if self.backend in ARCH_SPECIFIC:
+            return cc == self.arch_number
+        return self.arch_number <= cc
 
     @property
     def symbol(self) -> str:

@@ -20,7 +20,7 @@ def _c_lists(source: str) -> dict:
         lst = []
         for p in params.split(","):
             decl, pname = p.strip().rsplit(None, 1)
-            lst.append([pname, "ptr" if "*" in decl else PACKING[decl.replace("const ", "").strip()]])
+            lst.append([pname, "ptr" if "*" in decl else PACKING.get(decl) or PACKING[decl.replace("const ", "").strip()]])
         out[name] = lst
     return out
 
@@ -61,3 +61,18 @@ def test_no_launcher_writes_a_positional_layout():
         if path.name in ("device.py", "abi.py"):
             continue
         assert "param_format(" not in path.read_text(), path
+
+
+def test_tensor_map_parameters_are_128_bytes_at_64_byte_alignment():
+    """A `const __grid_constant__ CUtensorMap` parameter (packing "tmap") is 128 bytes at a 64-byte
+    aligned offset of the parameter block, as in the kernel's parameter space."""
+    from runtime.device import _ParamBlock, pack_params, param_format
+    fmt = param_format(("ptr", "i32", "tmap", "i64", "tmap"))
+    assert fmt == "QiTqT"
+    block = _ParamBlock(fmt)
+    base = block.ptrs[0]
+    assert [block.ptrs[i] - base for i in range(5)] == [0, 8, 64, 192, 256]
+    raw = pack_params(fmt, [7, 3, bytes(range(128)), -1, b"\xff" * 128])
+    assert len(raw) == 384 and raw[64:192] == bytes(range(128)) and raw[256:] == b"\xff" * 128
+    with pytest.raises(Exception):
+        pack_params(fmt, [7, 3, 5, -1, b""])

@@ -398,6 +398,9 @@ def test_bench_merge_keyed_by_sku_and_shape():
     assert r2["host_overhead"] == [{"label": "h", "us": 9.0}] and r2["copy"]["gbps"] == 4100.0
 
 
+GMM = "moe/grouped_matmul/-/-/bf16/-/sm80/{}/bf16.acc-f32.det"
+
+
 def test_bench_targets_and_markdown():
     def res(sku, op, label, shape, ms, scope="token", **kw):
         return bench.finish({"sku": sku, "op": op, "label": label, "shape": list(shape), "scope": scope,
@@ -409,8 +412,15 @@ def test_bench_targets_and_markdown():
           res(S_GRP, "quantize", "bf16->s8 group", (16, 4096), 0.25, scope="group"),        # not a large shape
           res("d1", "dynamic_quantize", "dyn token", (8192, 8192), 0.2299),                   # 87% >= 85 (default)
           res("d2", "dynamic_quantize", "dyn tensor", (8192, 8192), 0.4, scope="tensor", target_pct=55.0),
-          {"sku": "m", "op": "grouped_matmul", "label": "gmm", "shape": [8, 1], "flops": 1e12, "speedup_ref": 0.6,
-           "target_ref": 0.5}]
+          {"sku": GMM.format("mma"), "op": "grouped_matmul", "label": "gmm", "shape": [8, 1], "flops": 1e12,
+           "speedup_ref": 0.6, "target_ref": 0.5},
+          {"sku": GMM.format("wgmma"), "op": "grouped_matmul", "label": "gmm E8", "shape": [8, 1], "flops": 1e12,
+           "speedup_ref": 1.0, "target_ref": 0.95, "pct_ceiling": 90.0},
+          {"sku": GMM.format("wgmma"), "op": "grouped_matmul", "label": "gmm E128", "shape": [128, 1], "flops": 1e12,
+           "speedup_ref": 1.05, "target_ref": 1.1},
+          {"sku": GMM.format("wgmma"), "op": "grouped_matmul_backward_weight",
+           "label": "grouped_matmul_backward (dx + dw) E8", "shape": [8, 1, "dx+dw"], "flops": 1e12,
+           "speedup_ref": 0.92, "target_ref": 0.9}]
     rec = {"gpu": {"name": "G"}, "copy": {"gbps": 5000.0, "bytes": 2**30}, "results": rs,
            "host_overhead": [{"label": "quantize cupy", "us": 12.0, "min_us": 11.0, "target_us": 15.0}]}
     t = {what: (val, want, ok) for what, val, want, ok, _ in bench.targets(rec)}
@@ -419,11 +429,16 @@ def test_bench_targets_and_markdown():
     assert g[0] == pytest.approx(math.sqrt(1.5 * 1.2)) and g[2] is True
     assert t["dynamic_quantize (token): min % of copy on 65536x4096/8192x8192"][1:] == (85.0, True)
     assert t["dynamic_quantize (tensor): min % of copy on 65536x4096/8192x8192"] == (pytest.approx(50.0), 55.0, False)
-    assert t["grouped_matmul: min ratio to the PyTorch reference"] == (0.6, 0.5, True)
+    assert t["grouped_matmul [mma]: min ratio to the PyTorch reference"] == (0.6, 0.5, True)
+    assert t["grouped_matmul [wgmma]: min ratio to the PyTorch reference"] in ((1.0, 0.95, True), (1.05, 1.1, False))
+    levels = [(v, w, ok) for what, v, w, ok, _ in bench.targets(rec) if what.startswith("grouped_matmul [wgmma]")]
+    assert sorted(levels) == [(1.0, 0.95, True), (1.05, 1.1, False)]          # one line per target level
+    assert t["grouped_matmul_backward (dx + dw) [wgmma]: min ratio to the PyTorch reference"] == (0.92, 0.9, True)
     assert t["host overhead: quantize cupy"][2] is True
     md = bench.to_markdown(rec)
     assert "| quantize | bf16->s8 token | 8192x8192 | 220.0 | 4545 | 90.9 | 20.0 | 60.6 | 4.55 | 1.50 | ✓ |" in md
     assert "❌" in md and "✅" in md and "| grouped_matmul | gmm |" in md
+    assert "| grouped_matmul | gmm E8 | 8x1 |  |  | 90.0 |  | 1.00 | ≥ 0.95 |" in md
 
 
 def test_bench_targets_declared_by_modules():
@@ -432,6 +447,9 @@ def test_bench_targets_declared_by_modules():
     assert bench.target_for(types.SimpleNamespace(TARGET_PCT=70), sku) == {"target_pct": 70.0}
     assert bench.target_for(types.SimpleNamespace(TARGET_PCT={"quantize": 95}), sku) == {"target_pct": 95.0}
     assert bench.target_for(types.SimpleNamespace(TARGET_PCT_OF_TORCH=50.0), sku) == {"target_ref": 0.5}
+    by_shape = types.SimpleNamespace(TARGET_PCT_OF_TORCH=lambda s, shape: 110.0 if shape[0] >= 128 else None)
+    assert bench.target_for(by_shape, sku, [128, 4096]) == {"target_ref": 1.1}
+    assert bench.target_for(by_shape, sku, (8, 4096)) == {} == bench.target_for(by_shape, sku)
     assert bench.target_for(types.SimpleNamespace(), sku) == {}
     per_sku = types.SimpleNamespace(TARGET_PCT=lambda s: None if s.scope == "token" else 80.0)
     assert bench.target_for(per_sku, sku) == {"no_target": True}

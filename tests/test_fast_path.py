@@ -70,8 +70,8 @@ class Device:
         return D(shape, dt, ptr=self.ptr(math.prod(shape) * np.dtype(dt).itemsize))
 
     def launch(self, fn, grid, block, fmt, values, stream, shared_mem=0):
-        import struct
-        struct.pack("@" + fmt, *values)           # the values fit the kernel's format
+        from runtime.device import pack_params
+        pack_params(fmt, values)                  # the values fit the kernel's format
         self.launches.append((fn, tuple(grid), tuple(block), fmt, tuple(values)))
 
     def launch_cooperative(self, fn, grid, block, fmt, values, stream, shared_mem):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import struct
 from collections import Counter
 
 import numpy as np
@@ -30,10 +29,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import runtime as sf
-from runtime import InvalidProblemError, UnsupportedError, replay, status
+from runtime import InvalidProblemError, UnsupportedError, moe, replay, status
+from runtime.device import pack_params
+from runtime.kinds import SIZE
 from tests import fuzz_cases as fc
 from tests.test_fast_path import D, dev  # noqa: F401  (dev: a fixture)
-from tests.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
+from tests.test_moe_replay import fake_tensor_map, mdev  # noqa: F401  (mdev: a fixture)
+
+MAPS: dict = {}      # fake tensor map -> (address, MapSpec): what the wgmma launches can reach
 
 # The errors an argument may raise. The other SkuforgeErrors are about the environment (no device,
 # no NVRTC, a compile cache or template fault) and cannot come from arguments on the fake device;
@@ -112,6 +115,12 @@ def fz(mdev, monkeypatch):  # noqa: F811
     from runtime import dynamic
     monkeypatch.setattr(dynamic, "_fill_foreign", lambda obj, value: obj.__cuda_array_interface__)
     mdev.alloc_ranges = made
+
+    def recorded_map(ptr, spec):
+        m = fake_tensor_map(ptr, spec)
+        MAPS[m] = (ptr, spec)
+        return m
+    monkeypatch.setattr(moe, "tensor_map", recorded_map)
     replay.CACHE.clear()
     return mdev
 
@@ -133,6 +142,11 @@ def _launch_problems(launches, ranges) -> list:
         for j, (c, v) in enumerate(zip(fmt, values)):
             if c == "Q" and v and not status.is_status_pointer(v) and not any(lo <= v <= hi for lo, hi in ranges):
                 bad.append(f"{fn}: parameter {j} = {v:#x} points outside every array of the call")
+            if c == "T":    # a tensor map: every element it can address lies in one array of the call
+                ptr, spec = MAPS[v]
+                end = ptr + spec.dims[0] * SIZE[spec.kind] + sum((n - 1) * st for n, st in zip(spec.dims[1:], spec.strides))
+                if not any(lo <= ptr and end <= hi for lo, hi in ranges):
+                    bad.append(f"{fn}: tensor map {j} ({spec} at {ptr:#x}) reaches outside every array of the call")
     return bad
 
 
@@ -144,7 +158,7 @@ def _comparable(launches):
             out.append(launch)
             continue
         fn, grid, block, fmt, values = launch
-        out.append((fn, grid, block, fmt, struct.pack("@" + fmt, *values)))
+        out.append((fn, grid, block, fmt, pack_params(fmt, values)))
     return out
 
 

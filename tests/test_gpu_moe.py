@@ -15,23 +15,46 @@ REG = sf.default_registry()
 MOE = [s for s in REG.skus() if s.category == "moe"]
 
 
+def _sm90() -> bool:
+    """The wgmma kernels (sm_90a) run on compute capability 9.0 only."""
+    import cupy as cp
+    return cp.cuda.Device().compute_capability == "90"
+
+
+def _skip_unless_runs(strategy):
+    if strategy == "wgmma" and not _sm90():
+        pytest.skip("the wgmma kernels run on sm_90 (H100 / H200) only")
+
+
 @pytest.mark.parametrize("sku", MOE, ids=str)
 def test_moe_sku(sku, rng):
+    _skip_unless_runs(sku.backend)
     res = verify.check(sku, rng)
     assert res.passed, f"{res.detail}: {res.failures[:6]}"
 
 
+@pytest.mark.parametrize("strategy", ["mma", "wgmma"])
 @pytest.mark.parametrize("op", ["grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight"])
-def test_every_tile_configuration_poisoned(op, rng):
-    """Each mma configuration writes every element (NaN-poisoned outputs), matches torch.mm per
-    expert, and gives the same bits twice; partial tiles, padding ids, K and N tails."""
+def test_every_tile_configuration_poisoned(op, strategy, rng):
+    """Each mma / wgmma configuration writes every element (NaN-poisoned outputs), matches torch.mm
+    per expert, and gives the same bits twice; partial tiles, padding rows, an expert without rows,
+    K and N tails. wgmma: the rows sorted by expert, the padding rows last (trusted offsets)."""
     torch = pytest.importorskip("torch")
+    _skip_unless_runs(strategy)
     E, M, N, K = 6, 700, 264, 392
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-    ids = torch.tensor(rng.integers(-1, E + 1, M).astype(np.int32), device="cuda")
-    sku = REG.select(category="moe", op=op, element="bf16", backend="mma",
+    ids_h = rng.integers(-1, E + 1, M).astype(np.int32)
+    ids_h[ids_h == 2] = 0                                 # expert 2: no rows
+    route = {}
+    if strategy == "wgmma":
+        ids_h = np.sort(np.where((ids_h >= 0) & (ids_h < E), ids_h, E)).astype(np.int32)
+        offs = np.searchsorted(ids_h, np.arange(E + 1)).astype(np.int32)     # offsets[E] < M: padding after
+        route = dict(offsets=torch.tensor(offs, device="cuda"), trusted_offsets=True)
+    ids = torch.tensor(ids_h, device="cuda")
+    route = route or dict(row_experts=ids)
+    sku = REG.select(category="moe", op=op, element="bf16", backend=strategy, arch=90,
                      aux_element="f32" if op.endswith("weight") else None)
     shape = {"grouped_matmul": (M, N), "grouped_matmul_backward_input": (M, K),
              "grouped_matmul_backward_weight": (E, N, K)}[op]
@@ -50,12 +73,16 @@ def test_every_tile_configuration_poisoned(op, rng):
         with sf.moe.use_config(**{sf.moe.PASS_OF[op]: name}):
             for _ in range(2):
                 o = torch.full(shape, float("nan"), dtype=dt, device="cuda")
-                assert _run_pass(op, o, x, w, dy, row_experts=ids, strategy="mma") is o
+                assert _run_pass(op, o, x, w, dy, strategy=strategy, **route) is o
                 outs.append(o)
         assert torch.isfinite(outs[0]).all(), name
         err = ((outs[0].float() - want).norm() / want.norm()).item()
         assert err < 1e-2, (name, err)
         assert torch.equal(outs[0], outs[1]), name
+        if op != "grouped_matmul_backward_weight":
+            assert bool((outs[0][(ids < 0) | (ids >= E)] == 0).all()), name      # padding rows: exact zeros
+        else:
+            assert bool((outs[0][2] == 0).all()), name                           # no rows: exact zeros
 
 
 def _run_pass(op, o, x, w, dy, **kw):
@@ -80,11 +107,12 @@ def _torch_problem(rng, E, M, N, K, dtype, sorted_rows=True, empty=()):
     return x, w, dy, torch.tensor(offsets, device="cuda"), counts
 
 
-@pytest.mark.parametrize("strategy", ["mma", "simt"])
+@pytest.mark.parametrize("strategy", ["mma", "simt", "wgmma", "auto"])
 def test_against_torch_grouped_mm(strategy, rng):
     torch = pytest.importorskip("torch")
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip("torch._grouped_mm is not in this torch")
+    _skip_unless_runs(strategy)
     E, M, N, K = 8, 1000, 256, 384
     x, w, dy, offs, _ = _torch_problem(rng, E, M, N, K, torch.bfloat16, empty=(3,))
     ends = offs[1:].contiguous()
@@ -98,6 +126,10 @@ def test_against_torch_grouped_mm(strategy, rng):
         assert ref.rel_error(got.float().cpu().numpy(), theirs.float().cpu().numpy()) < 1e-2
     assert dw.dtype == torch.float32
     assert torch.all(dw[3] == 0)   # expert without rows: exact zeros
+    if strategy == "auto":         # bf16, offsets routing, aligned: wgmma on an H100 / H200
+        cc = torch.cuda.get_device_capability()
+        want = "wgmma" if cc == (9, 0) else "mma"
+        assert sf.moe.select_plan("grouped_matmul", x, w, offsets=offs).sku.backend == want
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -134,13 +166,14 @@ def _clear_pending():
         pass
 
 
-@pytest.mark.parametrize("strategy", ["mma", "simt"])
+@pytest.mark.parametrize("strategy", ["mma", "simt", "wgmma"])
 def test_invalid_offsets_give_nan_and_trusted_stays_in_bounds(strategy):
     """Invalid offsets: every output element NaN, no exception from the call itself; the routing
     kernel reports them to the status word, so the next call (or runtime.check()) raises
     DeviceValueError naming the pass that routed and ``offsets``. trusted_offsets=True: clamped,
     finite, nothing reported."""
     import cupy as cp
+    _skip_unless_runs(strategy)
     E, M, N, K = 4, 64, 32, 32
     x = cp.random.standard_normal((M, K), dtype=cp.float32).astype(cp.float16)
     w = cp.random.standard_normal((E, N, K), dtype=cp.float32).astype(cp.float16)
@@ -230,8 +263,14 @@ def test_backward_is_deterministic(rng):
     dy = cp.asarray(rng.standard_normal((M, N)).astype(np.float16))
     p = 1.0 / (np.arange(E) + 1.0) ** 2
     ids = cp.asarray(rng.choice(E, size=M, p=p / p.sum()).astype(np.int32))
-    for strategy in ("mma", "simt"):
-        runs = [sf.grouped_matmul_backward(x, w, dy, row_experts=ids, strategy=strategy) for _ in range(3)]
+    order = cp.asarray(np.argsort(ids.get(), kind="stable"))
+    offs = cp.asarray(np.searchsorted(np.sort(ids.get()), np.arange(E + 1)).astype(np.int64))
+    for strategy in ("mma", "simt") + (("wgmma",) if _sm90() else ()):
+        if strategy == "wgmma":      # rows sorted by expert (offsets routing)
+            xs, dys = x[order], dy[order]
+            runs = [sf.grouped_matmul_backward(xs, w, dys, offsets=offs, strategy=strategy) for _ in range(3)]
+        else:
+            runs = [sf.grouped_matmul_backward(x, w, dy, row_experts=ids, strategy=strategy) for _ in range(3)]
         for dx, dw in runs[1:]:
             assert bool(cp.all(dx.view(cp.uint16) == runs[0][0].view(cp.uint16)))
             assert bool(cp.all(dw.view(cp.uint32) == runs[0][1].view(cp.uint32)))

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen.matrix import FAMILIES, MOE_GEMM, MOE_WGRAD
+from codegen.matrix import FAMILIES, MOE_GEMM, MOE_GEMM_WGMMA, MOE_WGRAD, MOE_WGRAD_WGMMA
 from runtime import InvalidProblemError, KernelSku, UnsupportedError
 from runtime import reference_moe as ref
 from runtime.arrays import ArrayRef
 from runtime.plans import Plan
-from runtime.moe import (MoeArgs, Routing, mma_blockers, plan_for, route_chunks,
+from runtime.moe import (MoeArgs, Routing, mma_blockers, plan_for, route_chunks, wgmma_blockers,
                          workspace_layout)
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
@@ -23,9 +23,9 @@ MOE = [s for s in REG.skus() if s.category == "moe"]
 
 # -- matrix, manifest, sources ------------------------------------------------------------------
 def test_matrix_cells_and_exclusions():
-    assert MOE_GEMM in FAMILIES and MOE_WGRAD in FAMILIES
+    assert all(f in FAMILIES for f in (MOE_GEMM, MOE_WGRAD, MOE_GEMM_WGMMA, MOE_WGRAD_WGMMA))
     gen = {str(s) for s in MOE}
-    assert len(MOE) == 19
+    assert len(MOE) == 27
     for op in ("grouped_matmul", "grouped_matmul_backward_input"):
         for el in ("f32", "f16", "bf16"):
             assert f"moe/{op}/-/-/{el}/-/sm80/simt/f32.acc-f32.det" in gen
@@ -33,8 +33,15 @@ def test_matrix_cells_and_exclusions():
             assert f"moe/{op}/-/-/{el}/-/sm80/mma/{el}.acc-f32.det" in gen
     assert "moe/grouped_matmul_backward_weight/-/-/bf16/f32/sm80/mma/bf16.acc-f32.det" in gen
     assert "moe/grouped_matmul_backward_weight/-/-/f16/-/sm80/simt/f32.acc-f32.det" in gen
+    for op in ("grouped_matmul", "grouped_matmul_backward_input"):
+        for el in ("f16", "bf16"):
+            assert f"moe/{op}/-/-/{el}/-/sm90/wgmma/{el}.acc-f32.det" in gen
+    for el in ("f16", "bf16"):
+        for aux in ("f32", "-"):
+            assert f"moe/grouped_matmul_backward_weight/-/-/{el}/{aux}/sm90/wgmma/{el}.acc-f32.det" in gen
     excluded = {str(s): r for s, r in REG.excluded.items() if s.category == "moe"}
     assert "tensor-core" in excluded["moe/grouped_matmul/-/-/f32/-/sm80/mma/f32.acc-f32.det"]
+    assert "wgmma" in excluded["moe/grouped_matmul/-/-/f32/-/sm90/wgmma/f32.acc-f32.det"]
     assert "f64" in excluded["moe/grouped_matmul_backward_weight/-/-/f64/-/sm80/simt/f64.acc-f64.det"]
     for s in MOE:
         assert s.precision.accumulator == "f32" and s.precision.deterministic and not s.precision.bit_stable
@@ -62,10 +69,17 @@ def test_manifest_launch_metadata_and_sources():
                 assert ins in src
             t = e.launch["tile"]
             assert e.launch["dynamic_smem"] == t["STAGES"] * (t["BM"] + t["BN"]) * t["BK"] * 2 <= 227 * 1024
+        if s.backend == "wgmma":
+            for ins in ("wgmma.mma_async.sync.aligned.m64n256k16.f32", "cp.async.bulk.tensor.2d", "mbarrier.try_wait",
+                        "setmaxnreg.inc", "setmaxnreg.dec", "const __grid_constant__ CUtensorMap tmap_a"):
+                assert ins in src
+            assert "#include" not in src                     # header-free: inline PTX only
+            assert e.unit.endswith("_sm90a.cu") and s.target == "sm_90a"
         assert "atomicAdd(counter" in src     # integer tile counter only: no float atomics
         assert not re.search(r"atomicAdd\((?!counter)", src)
     units = json.loads((REG.root / "manifest.json").read_text())["units"]
     assert units["moe/grouped_matmul_bf16.cu"]["nvrtc_options"] == []   # fmad on
+    assert units["moe/grouped_matmul_bf16_sm90a.cu"]["nvrtc_options"] == ["--gpu-architecture=sm_90a"]
 
 
 @pytest.mark.parametrize("arch", [80, 90])
@@ -154,7 +168,18 @@ def _args(op, M, N, K, E, kind, ptr=0x7F0000000000, out_kind=None):
 @pytest.mark.parametrize("op", ["grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight"])
 def test_auto_strategy(op):
     out = "f32" if op.endswith("weight") else None
+    # sm_90: wgmma for offsets routing, mma for row_experts (no row gather in the TMA kernels)
+    assert plan_for(_offsets(_args(op, 64, 64, 64, 4, "bf16", out_kind=out)), "auto", 90).sku.backend == "wgmma"
+    assert plan_for(_offsets(_args(op, 64, 64, 64, 4, "f16")), "auto", 90).sku.arch == "sm90"
     assert plan_for(_args(op, 64, 64, 64, 4, "bf16", out_kind=out), "auto", 90).sku.backend == "mma"
+    for cc in (80, 89, 100):          # sm_90a machine code runs on sm_90 only
+        assert plan_for(_offsets(_args(op, 64, 64, 64, 4, "bf16", out_kind=out)), "auto", cc).sku.backend == "mma"
+    assert plan_for(_offsets(_args(op, 64, 64, 12, 4, "bf16", out_kind=out)), "auto", 90).sku.backend == "simt"
+    assert plan_for(_offsets(_args(op, 0, 64, 64, 4, "bf16", out_kind=out)), "auto", 90).sku.backend == "mma"
+    with pytest.raises(InvalidProblemError, match="row_experts.*offsets routing"):
+        plan_for(_args(op, 64, 64, 64, 4, "bf16", out_kind=out), "wgmma", 90)
+    with pytest.raises(UnsupportedError, match="sm_90a"):
+        plan_for(_offsets(_args(op, 64, 64, 64, 4, "bf16", out_kind=out)), "wgmma", 80)
     assert plan_for(_args(op, 64, 64, 64, 4, "f16", out_kind=out), "auto", 80).sku.backend == "mma"
     assert plan_for(_args(op, 64, 64, 64, 4, "f32"), "auto", 90).sku.backend == "simt"
     assert plan_for(_args(op, 64, 7, 64, 4, "bf16", out_kind=out), "auto", 90).sku.backend == "simt"
@@ -166,6 +191,23 @@ def test_auto_strategy(op):
         plan_for(_args(op, 64, 64, 64, 4, "f32"), "mma", 90)
     p = plan_for(_args(op, 64, 64, 64, 4, "f16", out_kind=out), "simt", 90)
     assert p.sku.backend == "simt" and p.sku.op == op
+
+
+def _offsets(args):
+    args.routing = Routing(args.E, args.M, offsets=_ref((args.E + 1,), "i32"))
+    return args
+
+
+def test_wgmma_blockers_name_the_reason():
+    a = _offsets(_args("grouped_matmul_backward_weight", 16, 64, 64, 2, "bf16", out_kind="f32"))
+    assert wgmma_blockers(a) == []
+    assert any("row_experts" in r for r in wgmma_blockers(_args("grouped_matmul", 16, 64, 64, 2, "bf16")))
+    a.x = _ref((16, 64), "bf16", strides=(0, 1))                  # a broadcast row: no tensor map
+    assert any(r.startswith("x:") and "row strides" in r for r in wgmma_blockers(a))
+    a = _offsets(_args("grouped_matmul", 0, 64, 64, 2, "bf16"))
+    assert any("extents" in r for r in wgmma_blockers(a))
+    a = _offsets(_args("grouped_matmul", 16, 64, 60, 2, "bf16"))
+    assert wgmma_blockers(a) == mma_blockers(a) != []
 
 
 def test_mma_blockers_name_the_reason():
@@ -228,10 +270,22 @@ def test_rel_error():
 def test_variants_in_manifest_and_sources():
     for s in MOE:
         e = REG.lookup(s)
-        if s.backend != "mma":
+        if s.backend == "simt":
             assert "variants" not in e.launch
             continue
         v = e.launch["variants"]
+        if s.backend == "wgmma":
+            assert set(v) == {"wg128x256s4", "wg128x128s6", "wg64x256s5"}
+            assert v[e.launch["default_variant"]]["symbol"] == e.symbol
+            src = REG.source(s)
+            for name, meta in v.items():
+                t = meta["tile"]
+                assert f" {meta['symbol']}(" in src and f"WTile<{t['BM']}, {t['BN']}, {t['STAGES']}>" in src
+                assert t["THREADS"] == 384 and t["BK"] == 64 and t["WN"] == (t["BN"] if t["BM"] == 128 else t["BN"] // 2)
+                assert meta["dynamic_smem"] == t["STAGES"] * (t["BM"] + t["BN"]) * 64 * 2 + 1024 <= 227 * 1024 - 2048
+            for key in ("short_variant", "narrow_variant"):
+                assert e.launch.get(key, "wg128x128s6") in v
+            continue
         assert "128x128x32s5" in v, "the first measured configuration stays selectable"
         default = e.launch["default_variant"]
         assert v[default]["symbol"] == e.symbol
@@ -456,3 +510,107 @@ def test_trusted_is_gone_and_trusted_offsets_skips_validation():
     r = sf.moe._prepare("grouped_matmul", D((8, 16), "float32"), D((2, 4, 16), "float32"), None, None,
                         D((3,), "int32"), True, "simt")[3]
     assert r.trusted and r.mode == "offsets"
+
+
+# -- the wgmma backend: tile rule, arch-specific build, machine code --------------------------------
+def test_wgmma_tile_rule(override_settings):
+    """Experts averaging fewer than short_rows rows -> 64-row tiles; narrow outputs -> 128x128; else the
+    default; a configuration asked for wins, a name of another backend's configuration leaves wgmma on its
+    rule, an unknown name is an error naming the wgmma configurations."""
+    override_settings(moe_config="")
+    op = "grouped_matmul"
+    plan = plan_for(_offsets(_args(op, 64, 64, 64, 4, "bf16")), "wgmma", 90)
+    rule = plan.launch
+    assert sf.moe.variant_for(plan, op, None, 32.0, 4096)[0] == rule["short_variant"] == "wg64x256s5"
+    assert sf.moe.variant_for(plan, op, None, 128.0, 4096)[0] == "wg128x256s4"
+    assert sf.moe.variant_for(plan, op, None, 2048.0, 4096)[0] == rule["default_variant"] == "wg128x256s4"
+    assert sf.moe.variant_for(plan, op, None, 2048.0, 128)[0] == rule["narrow_variant"] == "wg128x128s6"
+    with sf.moe.use_config(fwd="wg128x128s6"):
+        assert sf.moe.variant_for(plan, op, None, 16.0, 4096)[0] == "wg128x128s6"
+    with sf.moe.use_config("128x128x32s5"):            # an mma configuration: wgmma keeps its rule
+        assert sf.moe.variant_for(plan, op, None, 16.0, 4096)[0] == "wg64x256s5"
+        mma = plan_for(_args(op, 64, 64, 64, 4, "bf16"), "mma", 90)
+        assert sf.moe.variant_for(mma, op)[0] == "128x128x32s5"
+    override_settings(moe_config="fwd=wg12x34s5")
+    err(lambda: sf.moe.variant_for(plan, op), InvalidProblemError, "'wg12x34s5'", "wg128x256s4")
+    wplan = plan_for(_offsets(_args("grouped_matmul_backward_weight", 64, 64, 64, 4, "bf16", out_kind="f32")),
+                     "wgmma", 90)
+    override_settings(moe_config="")
+    wg = "grouped_matmul_backward_weight"
+    assert sf.moe.variant_for(wplan, wg, None, 8.0, 4096)[0] == "wg128x256s4"   # no short rule for dw
+    assert sf.moe.variant_for(wplan, wg, None, 8.0, 96)[0] == "wg128x128s6"
+
+
+def test_wgmma_units_are_built_for_sm_90a_only():
+    """The wgmma units name their target (sm_90a): compiled for sm_90 only, and the registry offers
+    their SKUs to compute capability 9.0 only."""
+    from codegen.cli import compile_jobs
+    from runtime.compiler import builds_for, full_options, pinned_target
+    opts = REG.units["moe/grouped_matmul_bf16_sm90a.cu"]["nvrtc_options"]
+    assert pinned_target(opts) == "sm_90a" and builds_for(opts, 90) and not builds_for(opts, 100)
+    assert full_options(90, opts).count("--gpu-architecture=sm_90a") == 1
+    assert not any(o.startswith("--gpu-architecture") for o in full_options(90, ())[1:])
+    jobs = compile_jobs(REG, [80, 90, 100], "moe/grouped_matmul/*/bf16/*")
+    assert {(u, a) for u, _, a, _ in jobs if u.endswith("_sm90a.cu")} == {("moe/grouped_matmul_bf16_sm90a.cu", 90)}
+    assert sum(1 for u, _, a, _ in jobs if u == "moe/grouped_matmul_bf16.cu") == 3
+    pick = lambda cc, b=None: REG.select(category="moe", op="grouped_matmul", element="bf16", arch=cc, backend=b)  # noqa: E731
+    assert pick(90).backend == "wgmma" and pick(100).backend == "mma" and pick(89).backend == "mma"
+    with pytest.raises(UnsupportedError, match="sm_90a"):
+        pick(100, "wgmma")
+
+
+WGMMA_UNITS = ["moe/grouped_matmul_bf16_sm90a.cu", "moe/grouped_matmul_backward_input_f16_sm90a.cu",
+               "moe/grouped_matmul_backward_weight_bf16_f32_sm90a.cu", "moe/grouped_matmul_backward_weight_f16_sm90a.cu"]
+
+
+def _sass_by_function(cubin: bytes) -> dict:
+    """{kernel: SASS text} of a cubin, by the cuobjdump of the nvidia-cuda-cuobjdump wheel."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+    tool = shutil.which("cuobjdump")
+    try:
+        import nvidia.cu13
+        for base in nvidia.cu13.__path__:
+            cand = Path(base) / "bin" / "cuobjdump"
+            if cand.is_file():
+                tool = str(cand)
+    except ImportError:
+        pass
+    if tool is None:
+        pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "unit.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+    out = {}
+    for part in text.split("Function : ")[1:]:
+        name, _, body = part.partition("\n")
+        out[name.strip()] = body
+    return out
+
+
+@pytest.mark.parametrize("unit", WGMMA_UNITS)
+def test_wgmma_machine_code(unit):
+    """Every wgmma kernel compiles for sm_90a without spills or a stack frame, at 168 registers at
+    entry (384 threads, one block per SM: what setmaxnreg redistributes as 40 / 232), and its machine
+    code holds warpgroup MMAs (HGMMA), tensor-map loads (UTMALDG), the register reallocation and no
+    local-memory access."""
+    from runtime.compiler import compile_with_report
+    cubin, rep = compile_with_report(REG.unit_source(unit), unit, 90, tuple(REG.units[unit]["nvrtc_options"]))
+    sass = _sass_by_function(cubin)
+    skus = [s for s in REG.units[unit]["skus"]]
+    assert len(skus) == 1
+    e = REG.lookup(skus[0])
+    tnsp = {"grouped_matmul": "", "grouped_matmul_backward_input": ".tnspB",
+            "grouped_matmul_backward_weight": ".tnspA.tnspB"}[e.sku.op]
+    for name, meta in e.launch["variants"].items():
+        sym = meta["symbol"]
+        r = rep[sym]
+        assert (r["stack"], r["spill_stores"], r["spill_loads"], r["registers"]) == (0, 0, 0, 168), (name, r)
+        code = sass[sym]
+        n = meta["tile"]["WN"]
+        assert re.search(rf"HGMMA\.64x{n}x16\.F32(\.BF16)? .*gdesc\[UR\d+\]{re.escape(tnsp)},", code), name
+        assert "UTMALDG" in code and "USETMAXREG" in code and "SYNCS" in code, name
+        assert not re.search(r"\b(LDL|STL)\b", code), name

@@ -7,6 +7,8 @@ blocks and every parameter value (the workspace regions are pointers into the re
 workspace; the status word is a constant). With ``out=`` and ``workspace=`` a repeated call
 allocates nothing.
 """
+import hashlib
+
 import pytest
 
 import runtime as sf
@@ -25,6 +27,7 @@ def mdev(dev, monkeypatch):  # noqa: F811
     monkeypatch.setattr(moe, "_smem_optin", lambda device: 227 * 1024)
     monkeypatch.setattr(moe, "_arch", lambda ref: 90)
     monkeypatch.setattr(moe, "stream_handle", lambda ref: 7)
+    monkeypatch.setattr(moe, "tensor_map", fake_tensor_map)
     allocs = []
     new = dev.new
 
@@ -34,6 +37,11 @@ def mdev(dev, monkeypatch):  # noqa: F811
     monkeypatch.setattr(dev, "new", counted)
     dev.allocs = allocs
     return dev
+
+
+def fake_tensor_map(ptr, spec):
+    """128 bytes that name the address and the layout (cuTensorMapEncodeTiled needs a driver)."""
+    return hashlib.sha512(repr((ptr, spec)).encode()).digest()[:64] * 2
 
 
 M, N, K, E = 256, 512, 512, 8
@@ -58,6 +66,8 @@ CALLS = {
     "fwd offsets i32 mma": (lambda d: sf.grouped_matmul(d.a((M, K), H), d.a((E, N, K), H), offsets=_offs(d)), 2),
     "fwd offsets i64 trusted": (lambda d: sf.grouped_matmul(d.a((M, K), H), d.a((E, N, K), H),
                                                             offsets=_offs(d, "int64"), trusted_offsets=True), 2),
+    "fwd offsets wgmma, strided x": (lambda d: sf.grouped_matmul(d.a((M, K), H, strides=(K + 8, 1)), d.a((E, N, K), H),
+                                                                 offsets=_offs(d), strategy="wgmma"), 2),
     "fwd f32 simt": (lambda d: sf.grouped_matmul(d.a((M, 40)), d.a((E, 24, 40)), row_experts=_ids(d)), 4),
     "fwd simt asked, strided x": (lambda d: sf.grouped_matmul(d.a((M, K), H, strides=(K + 8, 1)), d.a((E, N, K), H),
                                                               offsets=_offs(d), strategy="simt"), 2),
@@ -75,6 +85,9 @@ CALLS = {
     "bwd weight only, dw f16": (lambda d: sf.grouped_matmul_backward(d.a((M, K), H), d.a((E, N, K), H),
                                                                      d.a((M, N), H), offsets=_offs(d),
                                                                      need_input=False, dw_dtype="float16"), 2),
+    "bwd offsets wgmma, dw f16": (lambda d: sf.grouped_matmul_backward(
+        d.a((M, K), H), d.a((E, N, K), H), d.a((M, N), H), offsets=_offs(d, "int64"), strategy="wgmma",
+        dw_dtype=H), 3),
     "bwd f32 simt": (lambda d: sf.grouped_matmul_backward(d.a((M, 40)), d.a((E, 24, 40)), d.a((M, 24)),
                                                           row_experts=_ids(d)), 5),
     "bwd out=": (lambda d: sf.grouped_matmul_backward(d.a((M, K), H), d.a((E, N, K), H), d.a((M, N), H),
@@ -218,4 +231,23 @@ def test_inputs_may_overlap_each_other_and_still_replay(mdev):
         x, w = D((M, K), H, ptr=base), D((E, N, K), H, ptr=base + 1024)
         ids, y = D((M,), "int32", ptr=base + 0x1000000), D((M, N), H, ptr=base + 0x2000000)
         assert sf.grouped_matmul(x, w, row_experts=ids, out=y) is y
+    assert mdev.hits == 1
+
+
+def test_a_replay_encodes_the_tensor_maps_of_the_new_arrays(mdev):
+    """The wgmma launch's tensor-map parameters are the maps of this call's x and w (by address), in a
+    replay too: a map describes one array at one address."""
+    made = {}
+
+    def call(d):
+        made.update(x=d.a((M, K), H), w=d.a((E, N, K), H))
+        return sf.grouped_matmul(made["x"], made["w"], offsets=_offs(d), strategy="wgmma")
+    for base in (0x7F0000000000, 0x7F4000000000):
+        launches, _ = _run(mdev, call, base)
+        fn, grid, block, fmt, values = launches[-1]
+        assert fmt.count("T") == 2 and block == (384,)
+        maps = [v for c, v in zip(fmt, values) if c == "T"]
+        assert [m == fake_tensor_map(made[a].ptr, spec) for m, (a, spec) in zip(
+            maps, (("x", moe.MapSpec("f16", (K, M), (2 * K,), (64, 64))),   # 32 rows an expert: 64-row tiles
+                   ("w", moe.MapSpec("f16", (K, N, E), (2 * K, 2 * N * K), (64, 256, 1)))))] == [True, True]
     assert mdev.hits == 1

@@ -231,7 +231,7 @@ ERRORS = [
      lambda: sk.grouped_matmul(cuda((8, 64), torch.float64), cuda((2, 16, 64), torch.float64), None,
                                cuda((3,), torch.int32))),
     ("gmm strategy", InvalidProblemError, "strategy=",
-     lambda: sk.grouped_matmul(cuda((8, 64)), cuda((2, 16, 64)), None, cuda((3,), torch.int32), "wgmma")),
+     lambda: sk.grouped_matmul(cuda((8, 64)), cuda((2, 16, 64)), None, cuda((3,), torch.int32), "cublas")),
     ("gmm dw dtype", UnsupportedError, "dw_dtype",
      lambda: sk.grouped_matmul_backward(cuda((8, 64), torch.float16), cuda((2, 16, 64), torch.float16),
                                         cuda((8, 16), torch.float16), None, cuda((3,), torch.int32), "auto", True,

@@ -183,6 +183,14 @@ def cmd_verify(args) -> int:
         return 2
     cp.cuda.Device(args.device).use()
     env = environment(args.device)
+    cc = int(env["gpu"]["cc"].replace(".", ""))
+    elsewhere = [s for s in skus if not s.runs_on(cc)]
+    if elsewhere:      # arch-specific machine code (sm_90a) runs on its own arch only
+        console.print(f"verify: {len(elsewhere)} selected SKUs do not run on sm_{cc} (built for "
+                      f"{', '.join(sorted({s.target for s in elsewhere}))}): not checked here")
+        skus = [s for s in skus if s.runs_on(cc)]
+        if not skus:
+            return 2
     seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**32)
     git = git_info()
     console.print(f"verify: {len(skus)} SKUs on {env['gpu']['name']} (sm_{env['gpu']['cc'].replace('.', '')}, "

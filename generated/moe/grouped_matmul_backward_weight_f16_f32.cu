@@ -417,6 +417,11 @@ __device__ void poison(const Problem& p) {
         p.out[i] = nan;
 }
 
+// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
+__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
+    *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+}
+
 // Padding rows (bucket E) of an m-tile: zeros.
 __device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t c0, int bn, i64_t cols) {
     const OutT zero = from_f32<OutT>(0.0f);
@@ -477,11 +482,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
                  "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two adjacent outputs, rounded once to the output type, in one store.
-__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
-    *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
 }
 
 // Per-lane byte offsets of the warp's ldmatrix reads inside a stage (stage-independent).
@@ -1101,6 +1101,11 @@ __device__ void poison(const Problem& p) {
     const i64_t n = output_size(p);
     for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64_t)gridDim.x * blockDim.x)
         p.out[i] = nan;
+}
+
+// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
+__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
+    *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
 }
 
 // Padding rows (bucket E) of an m-tile: zeros.

@@ -417,6 +417,11 @@ __device__ void poison(const Problem& p) {
         p.out[i] = nan;
 }
 
+// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
+__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
+    *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+}
+
 // Padding rows (bucket E) of an m-tile: zeros.
 __device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t c0, int bn, i64_t cols) {
     const OutT zero = from_f32<OutT>(0.0f);

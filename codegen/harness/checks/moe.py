@@ -2,9 +2,12 @@
 
 Cases: balanced, skewed and empty-expert routings, padding rows (int32 and uint32 ids),
 offsets (int32 and int64), strided rows, many experts, odd shapes (M=1, N=7, K=3; simt only:
-the mma kernels need N, K multiples of 8). Extra exact checks: padding rows and experts
-without rows give exact zeros, the backward gives the same bits twice, and the plan the
-API picks for ``strategy=<backend>`` is the SKU under test.
+the mma kernels need N, K multiples of 8). The wgmma kernels take offsets routing only: they run
+every case with its rows sorted by expert (``WGMMA_ROUTING``: the id routings become offsets, the
+padding ones trusted offsets that end before M, so the rows after them are padding), plus long
+experts (several k-slices of the weight gradient, with a partial last one). Extra exact checks:
+padding rows and experts without rows give exact zeros, the backward gives the same bits twice,
+and the plan the API picks for ``strategy=<backend>`` is the SKU under test.
 """
 from __future__ import annotations
 
@@ -31,6 +34,13 @@ CASES = [
     ("many experts", 1024, 2048, 8, 16, "skewed", False),
     ("two m-tiles per expert", 2, 520, 264, 200, "balanced", False),
 ]
+WGMMA_CASES = [   # rows per expert past several 64-row k-slices of the weight gradient, partial tiles
+    ("long experts", 3, 1000, 264, 200, "skewed", False),
+    ("long experts, N and K tails", 2, 777, 136, 328, "balanced", True),
+]
+# routing kind of a case -> the sorted (offsets) routing the wgmma kernels run it with
+WGMMA_ROUTING = {"balanced": "sorted", "skewed": "sorted_skewed", "padding": "tail_padding",
+                 "padding_u32": "tail_padding"}
 ODD_CASES = [   # simt only
     ("M=1 N=7 K=3", 2, 1, 7, 3, "balanced", False),
     ("odd shapes, skewed", 3, 37, 13, 5, "skewed", False),
@@ -40,7 +50,9 @@ ODD_CASES = [   # simt only
 
 
 def make_routing(kind: str, E: int, M: int, rng):
-    """(row_experts or None, offsets or None, expert of each row for the exact-zero checks)."""
+    """(row_experts or None, offsets or None). Sorted kinds (offsets): ``empty``, ``offsets_i64``,
+    ``sorted_skewed``, ``tail_padding`` (offsets end at M - M // 5: trusted offsets, padding after),
+    any other: multinomial counts."""
     if kind in ("balanced", "skewed", "padding", "padding_u32"):
         if kind == "skewed":
             p = 1.0 / (np.arange(E) + 1.0) ** 2
@@ -55,7 +67,9 @@ def make_routing(kind: str, E: int, M: int, rng):
             ids = np.where(rng.random(M) < 0.2, rng.choice([E, 2**31, 2**32 - 1], size=M), ids)
             return ids.astype(np.uint32), None
         return ids.astype(np.int32), None
-    counts = rng.multinomial(M, np.ones(E) / E) if E > 1 else np.array([M])
+    rows = M - M // 5 if kind == "tail_padding" else M
+    p = 1.0 / (np.arange(E) + 1.0) ** 2 if kind == "sorted_skewed" else np.ones(E)
+    counts = rng.multinomial(rows, p / p.sum()) if E > 1 else np.array([rows])
     if kind == "empty" and E >= 4:
         zero = sorted({0, E // 2, E - 1})              # first, middle and last expert: no rows
         keep = min(set(range(E)) - set(zero))
@@ -91,21 +105,27 @@ def _same_bits(a, b) -> bool:
 def run_case(sku, case, rng, fw="cupy"):
     """(label, rel error, exact-check failures) of one case of one SKU."""
     label, E, M, N, K, routing, strided = case
+    if sku.backend == "wgmma":
+        routing = WGMMA_ROUTING.get(routing, routing)
     kind = sku.element
     x, w, dy = random_problem(E, M, N, K, kind, rng)
     row_experts, offsets = make_routing(routing, E, M, rng)
-    experts = ref.expert_of_rows(M, E, row_experts, offsets)
+    trusted = routing == "tail_padding"
+    if trusted:    # rows past offsets[E] are padding: the reference takes them as ids -1
+        row_experts = np.concatenate([np.repeat(np.arange(E), np.diff(offsets)),
+                                      np.full(M - offsets[-1], -1)]).astype(np.int32)
+    experts = ref.expert_of_rows(M, E, row_experts, None if trusted else offsets)
     xd, wd, dyd = _dev(x, fw, strided, rng), to_device(w, fw), _dev(dy, fw, strided, rng)
-    rd = None if row_experts is None else to_device(row_experts, fw)
+    rd = None if row_experts is None or trusted else to_device(row_experts, fw)
     od = None if offsets is None else to_device(offsets, fw)
-    route = dict(row_experts=rd, offsets=od, strategy=sku.backend)
+    route = dict(row_experts=rd, offsets=od, strategy=sku.backend, trusted_offsets=trusted)
     bad = []
     plan = sf.moe.select_plan(sku.op, xd, wd, dyd, dw_dtype=_dw_dtype(sku), **route)
     if plan.sku != sku:
         bad.append(f"strategy={sku.backend!r} selected {plan.sku}")
     if sku.op == "grouped_matmul":
         got = to_host(sf.grouped_matmul(xd, wd, **route))
-        want = ref.grouped_matmul(x, w, row_experts=row_experts, offsets=offsets)
+        want = ref.grouped_matmul(x, w, row_experts=row_experts, offsets=None if trusted else offsets)
         if np.any(got[experts < 0].astype(np.float64) != 0):
             bad.append("padding rows of y are not exactly 0")
     else:
@@ -118,7 +138,8 @@ def run_case(sku, case, rng, fw="cupy"):
         got = outs[0]
         if not _same_bits(outs[0], outs[1]):
             bad.append("two runs gave different bits")
-        want_dx, want_dw = ref.grouped_matmul_backward(x, w, dy, row_experts=row_experts, offsets=offsets)
+        want_dx, want_dw = ref.grouped_matmul_backward(x, w, dy, row_experts=row_experts,
+                                                       offsets=None if trusted else offsets)
         want = want_dx if need_input else want_dw
         if need_input and np.any(got[experts < 0].astype(np.float64) != 0):
             bad.append("padding rows of dx are not exactly 0")
@@ -146,11 +167,11 @@ def check_moe(sku, rng, preferred_fw="cupy", variants=None) -> CheckResult:
     """Every case on every tile configuration of the SKU (``variants``: a subset by name)."""
     res = CheckResult(str(sku), False)
     tol = ref.TOLERANCE[sku.element]
-    cases = CASES + (ODD_CASES if sku.backend == "simt" else [])
+    cases = CASES + {"simt": ODD_CASES, "wgmma": WGMMA_CASES}.get(sku.backend, [])
     pass_ = sf.moe.PASS_OF[sku.op]
     names = variants_of(sku) if variants is None else list(variants)
     for name in names:
-        with sf.moe.use_config(**({pass_: name} if sku.backend == "mma" else {})):
+        with sf.moe.use_config(**({pass_: name} if sku.backend != "simt" else {})):
             for case in cases:
                 label, err, bad = run_case(sku, case, rng, preferred_fw)
                 if len(names) > 1:
