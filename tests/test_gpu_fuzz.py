@@ -96,6 +96,7 @@ class CupyBackend:
 
     def arena(self, nbytes):
         buf = self.cp.zeros(nbytes, self.cp.uint8)
+        self._arena = buf
         return buf, buf.data.ptr
 
     def view(self, arena, byte_off, a: fc.Arr):
@@ -107,7 +108,22 @@ class CupyBackend:
         return cp.ndarray(a.shape, dt, memptr=mem, strides=[s * dt.itemsize for s in a.strides()])
 
     def write(self, view, values):
-        view[...] = self.cp.asarray(values)
+        cp = self.cp
+        if view.data.ptr % max(1, view.itemsize) == 0:
+            view[...] = cp.asarray(values)
+            return
+        # A view misaligned for its dtype (an argument of a call that must be refused): a typed store
+        # there would be a misaligned access in CuPy's own copy kernel, a sticky error that ends the
+        # context, so its bytes are scattered into the arena one by one instead.
+        values = np.ascontiguousarray(np.asarray(values, dtype=view.dtype)).reshape(-1)
+        base = view.data.ptr - self._arena.data.ptr
+        if view.ndim:
+            idx = np.indices(view.shape).reshape(view.ndim, -1).astype(np.int64)
+            starts = base + (np.asarray(view.strides, dtype=np.int64)[:, None] * idx).sum(0)
+        else:
+            starts = np.array([base], dtype=np.int64)
+        pos = (starts[:, None] + np.arange(view.itemsize)).reshape(-1)
+        self._arena[cp.asarray(pos)] = cp.asarray(values.view(np.uint8))
 
     def host(self, obj):
         return obj.get()
@@ -171,7 +187,9 @@ def materialize(p: fc.Problem, host: dict, backend):
         else:
             place[a.key] = nxt - lo * item + a.offset
             nxt += -(-((hi - lo) * item + a.offset + 64) // 256) * 256
-    shift = margin + 256                      # room before the first array (aliases may reach back)
+    # room before the first array (aliases may reach back), a multiple of 256: every array keeps the
+    # alignment its problem gave it
+    shift = -(-(margin + 256) // 256) * 256
     arena, _ = backend.arena(nxt + 2 * shift)
     views = {}
 
