@@ -94,6 +94,14 @@ def test_local_memory_use_names_kernels_with_a_stack_frame():
     assert clean["k"]["stack"] == 0 and compiler.local_memory_use(clean) == {}
 
 
+def test_the_build_check_fails_on_local_memory_and_deployment_still_writes_the_kernel():
+    from codegen.cli import _compile_one
+    unit, arch, err, _, report = _compile_one(("local.cu", LOCAL_SRC, 90, ()))
+    assert err and err.startswith("local memory in k")           # `compile`: a failure
+    *_, err2, _, _, cubin = _compile_one(("local.cu", LOCAL_SRC, 90, (), True))
+    assert err2 == err and cubin                                   # --out / --fill-cache: written, warned
+
+
 @pytest.mark.parametrize("unit", ["quantization/dynamic_quantize_bf16_s8.cu", "quantization/dynamic_quantize_bf16_u8.cu"])
 def test_bf16_dynamic_kernels_keep_their_chunks_in_registers(unit):
     # The scalar path's one-element bf16 chunks were once read as a 32-bit pair: the 2-byte chunk
