@@ -38,6 +38,9 @@ def check_static(sku, rng, preferred_fw="cupy") -> CheckResult:
             with grid_cap(2) if strided else contextlib.nullcontext():
                 _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qmax, qkind, float_kind,
                              pshape, fw, rng)
+                if pshape and not strided:
+                    _planted_case(sku, res, label, shape, axis, gs, scale, zp, qmin, qmax, qkind, float_kind,
+                                  pshape, fw, rng)
     res.passed = res.mismatches == 0 and res.cases > 0
     res.detail = f"{res.cases} cases, {res.mismatches} mismatching elements"
     return res
@@ -68,3 +71,45 @@ def _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qma
         got = sf.dequantize(qd, to_device(scale, fw), None if zp is None else to_device(zp, fw),
                             scope=sku.scope, axis=axis, group_size=gs, out_dtype=float_kind)
     _record(res, label, to_host(got), want)
+
+
+def _planted_case(sku, res, label, shape, axis, gs, scale, zp, qmin, qmax, qkind, float_kind, pshape, fw, rng):
+    """One scale element planted NaN or 0 (asymmetric: or one zero point outside [qmin, qmax]): the
+    outputs that depend on it are the op's poison (quantize: qmin; dequantize: NaN), every other
+    output is the reference's, and the next check point raises DeviceValueError naming the argument."""
+    from runtime.status import DeviceValueError
+    bad = np.zeros(pshape, bool)
+    at = tuple(int(rng.integers(0, n)) for n in pshape)
+    bad[at] = True
+    s_bad, z_bad = scale.copy(), None if zp is None else zp.copy()
+    if z_bad is not None and rng.random() < 0.5:
+        z_bad[at], arg = qmax + 1, "zero_point"
+    else:
+        s_bad[at], arg = (np.nan if rng.random() < 0.5 else 0.0), "scale"
+    where = np.broadcast_to(ref.broadcast_param(bad, shape, sku.scope, axis, gs), shape)
+    lo, hi = kinds.QRANGE[qkind]
+    if sku.op == "quantize":
+        x = _random_floats(shape, ref.broadcast_param(scale.astype(np.float64), shape, sku.scope, axis, gs),
+                           rng, float_kind)
+        want = ref.quantize(x, scale, zp, scope=sku.scope, axis=axis, group_size=gs, out_dtype=qkind,
+                            qmin=qmin, qmax=qmax)
+        want[where] = qmin
+        got = sf.quantize(to_device(x, fw), to_device(s_bad, fw), None if z_bad is None else to_device(z_bad, fw),
+                          scope=sku.scope, axis=axis, group_size=gs, out_dtype=qkind, qmin=qmin, qmax=qmax)
+    else:
+        q = rng.integers(lo, hi + 1, size=shape).astype(numpy_dtype(qkind))
+        want = ref.dequantize(q, scale, zp, scope=sku.scope, axis=axis, group_size=gs, in_kind=qkind,
+                              out_dtype=float_kind)
+        want[where] = np.nan
+        got = sf.dequantize(to_device(q, fw), to_device(s_bad, fw), None if z_bad is None else to_device(z_bad, fw),
+                            scope=sku.scope, axis=axis, group_size=gs, out_dtype=float_kind)
+    _record(res, f"{label} planted {arg} at {at}", to_host(got), want)
+    try:
+        sf.check()
+    except DeviceValueError as e:
+        if (e.op, e.arg) != (sku.op, arg):
+            res.mismatches += 1
+            res.failures.append(f"{label}: planted {arg}: DeviceValueError names {e.op} / {e.arg}")
+    else:
+        res.mismatches += 1
+        res.failures.append(f"{label}: planted {arg} at {at}: no DeviceValueError at the check point")
