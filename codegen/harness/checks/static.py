@@ -81,13 +81,14 @@ def _planted_case(sku, res, label, shape, axis, gs, scale, zp, qmin, qmax, qkind
     bad = np.zeros(pshape, bool)
     at = tuple(int(rng.integers(0, n)) for n in pshape)
     bad[at] = True
+    lo, hi = kinds.QRANGE[qkind]
     s_bad, z_bad = scale.copy(), None if zp is None else zp.copy()
     if z_bad is not None and rng.random() < 0.5:
-        z_bad[at], arg = qmax + 1, "zero_point"
+        # outside [qmin, qmax] for quantize; outside the code range for dequantize (it takes no qmin / qmax)
+        z_bad[at], arg = (qmax + 1 if sku.op == "quantize" else hi + 1), "zero_point"
     else:
         s_bad[at], arg = (np.nan if rng.random() < 0.5 else 0.0), "scale"
     where = np.broadcast_to(ref.broadcast_param(bad, shape, sku.scope, axis, gs), shape)
-    lo, hi = kinds.QRANGE[qkind]
     if sku.op == "quantize":
         x = _random_floats(shape, ref.broadcast_param(scale.astype(np.float64), shape, sku.scope, axis, gs),
                            rng, float_kind)
