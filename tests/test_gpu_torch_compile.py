@@ -6,9 +6,6 @@ Steps (the functions of examples/): a W8A8 activation step (dynamic_quantize -> 
 FP8 row-wise and 1x128 group steps (dynamic_quantize -> torch._scaled_mm), a QAT linear with
 learnable fake-quant (forward + backward), an MoE layer forward + backward (offsets ->
 grouped_matmul -> GELU -> grouped_matmul)."""
-import importlib.util
-import os
-import sys
 
 import pytest
 
@@ -16,20 +13,7 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _example(name):
-    """An example script as a module, registered in sys.modules (Dynamo looks up the module of every
-    function it traces by name)."""
-    mod_name = f"skuforge_example_{name}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, os.path.join(ROOT, "examples", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from codegen.harness.steps import example_module as _example  # noqa: E402  (the examples as modules)
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ EXAMPLES = ROOT / "examples"
 LINEAR_SHAPE = (4096, 4096, 4096)      # M, K, N
 
 
-def _example(name: str):
+def example_module(name: str):
     """An example script as a module, registered in sys.modules (Dynamo looks up the module of every
     function it traces by name)."""
     mod_name = f"skuforge_example_{name}"
@@ -40,7 +40,7 @@ def _linear_steps(torch, device: str) -> list:
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16, generator=g)
     w = (torch.randn(N, K, device=device, generator=g) / K ** 0.5).to(torch.bfloat16)
     out = []
-    w8, fp8 = _example("w8a8_linear"), _example("fp8_linear")
+    w8, fp8 = example_module("w8a8_linear"), example_module("fp8_linear")
     wq, ws = w8.quantize_weight(w)
     out.append(("w8a8_linear forward", f"M={M} K={K} N={N} bf16", w8.w8a8_linear, w8.w8a8_linear_torch,
                 (x, wq, ws)))
@@ -70,7 +70,7 @@ def _training_step(torch, layer, params: dict, x, target, make_opt, compiled: bo
 
 def _train_steps(torch, device: str) -> list:
     out = []
-    qat = _example("qat_mlp")
+    qat = example_module("qat_mlp")
     g = torch.Generator(device=device).manual_seed(1)
     x = torch.randn(256, 64, device=device, generator=g)
     target = torch.randn(256, 16, device=device, generator=g) * 0.5
@@ -81,7 +81,7 @@ def _train_steps(torch, device: str) -> list:
             p["s2"].clamp_(min=qat.SCALE_EPS)
     out.append(("qat_mlp training step", "batch 256, 64 -> 128 -> 16, f32", qat.mlp_skuforge, qat.mlp_torch,
                 (qat.init(device), x, target, lambda ps: torch.optim.SGD(ps, lr=0.05), clamp)))
-    moe = _example("moe_layer")
+    moe = example_module("moe_layer")
     g = torch.Generator(device=device).manual_seed(3)
     x = torch.randn(512, 128, device=device, generator=g)
     target = torch.tanh(x @ torch.randn(128, 128, device=device, generator=g) / 128 ** 0.5)

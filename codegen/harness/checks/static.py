@@ -39,17 +39,34 @@ def check_static(sku, rng, preferred_fw="cupy") -> CheckResult:
                 _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qmax, qkind, float_kind,
                              pshape, fw, rng)
                 if pshape and not strided:
-                    _planted_case(sku, res, label, shape, axis, gs, scale, zp, qmin, qmax, qkind, float_kind,
-                                  pshape, fw, rng)
+                    _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qmax, qkind,
+                                 float_kind, pshape, fw, rng, plant=True)
     res.passed = res.mismatches == 0 and res.cases > 0
     res.detail = f"{res.cases} cases, {res.mismatches} mismatching elements"
     return res
 
 
 def _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qmax, qkind, float_kind, pshape, fw,
-                 rng):
-    """One quantize / dequantize case against the reference."""
+                 rng, plant=False):
+    """One quantize / dequantize case against the reference. ``plant``: one scale element made NaN or 0
+    (asymmetric: or one zero point outside [qmin, qmax], for dequantize outside the code range): the
+    outputs that depend on it are the op's poison (quantize: qmin; dequantize: NaN), every other output
+    is the reference's, and the next check point raises DeviceValueError naming the argument."""
+    from runtime.status import DeviceValueError
     lo, hi = kinds.QRANGE[qkind]
+    s_arg, z_arg, where, arg = scale, zp, None, None
+    if plant:
+        bad = np.zeros(pshape, bool)
+        at = tuple(int(rng.integers(0, n)) for n in pshape)
+        bad[at] = True
+        s_arg, z_arg = scale.copy(), None if zp is None else zp.copy()
+        if z_arg is not None and rng.random() < 0.5:
+            z_arg[at], arg = (qmax + 1 if sku.op == "quantize" else hi + 1), "zero_point"
+        else:
+            s_arg[at], arg = (np.nan if rng.random() < 0.5 else 0.0), "scale"
+        where = np.broadcast_to(ref.broadcast_param(bad, shape, sku.scope, axis, gs), shape)
+        label = f"{label} planted {arg} at {at}"
+    zd = None if z_arg is None else to_device(z_arg, fw)
     if sku.op == "quantize":
         x = _random_floats(shape, ref.broadcast_param(scale.astype(np.float64), shape, sku.scope, axis, gs),
                            rng, float_kind)
@@ -58,9 +75,9 @@ def _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qma
         xd = to_device(x, fw)
         if strided:
             xd = strided_rows(xd, 8 + int(rng.integers(0, 8)), fw)
-        got = sf.quantize(xd, to_device(scale, fw) if pshape or rng.random() < 0.5 else float(scale),
-                          None if zp is None else to_device(zp, fw), scope=sku.scope, axis=axis,
-                          group_size=gs, out_dtype=qkind, qmin=qmin, qmax=qmax)
+        sd = to_device(s_arg, fw) if pshape or plant or rng.random() < 0.5 else float(s_arg)
+        got = sf.quantize(xd, sd, zd, scope=sku.scope, axis=axis, group_size=gs, out_dtype=qkind, qmin=qmin,
+                          qmax=qmax)
     else:
         q = rng.integers(lo, hi + 1, size=shape).astype(numpy_dtype(qkind))
         want = ref.dequantize(q, scale, zp, scope=sku.scope, axis=axis, group_size=gs, in_kind=qkind,
@@ -68,49 +85,19 @@ def _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qma
         qd = to_device(q, fw)
         if strided:
             qd = strided_rows(qd, 16 + int(rng.integers(0, 8)), fw)
-        got = sf.dequantize(qd, to_device(scale, fw), None if zp is None else to_device(zp, fw),
-                            scope=sku.scope, axis=axis, group_size=gs, out_dtype=float_kind)
+        got = sf.dequantize(qd, to_device(s_arg, fw), zd, scope=sku.scope, axis=axis, group_size=gs,
+                            out_dtype=float_kind)
+    if plant:
+        want[where] = qmin if sku.op == "quantize" else np.nan
     _record(res, label, to_host(got), want)
-
-
-def _planted_case(sku, res, label, shape, axis, gs, scale, zp, qmin, qmax, qkind, float_kind, pshape, fw, rng):
-    """One scale element planted NaN or 0 (asymmetric: or one zero point outside [qmin, qmax]): the
-    outputs that depend on it are the op's poison (quantize: qmin; dequantize: NaN), every other
-    output is the reference's, and the next check point raises DeviceValueError naming the argument."""
-    from runtime.status import DeviceValueError
-    bad = np.zeros(pshape, bool)
-    at = tuple(int(rng.integers(0, n)) for n in pshape)
-    bad[at] = True
-    lo, hi = kinds.QRANGE[qkind]
-    s_bad, z_bad = scale.copy(), None if zp is None else zp.copy()
-    if z_bad is not None and rng.random() < 0.5:
-        # outside [qmin, qmax] for quantize; outside the code range for dequantize (it takes no qmin / qmax)
-        z_bad[at], arg = (qmax + 1 if sku.op == "quantize" else hi + 1), "zero_point"
-    else:
-        s_bad[at], arg = (np.nan if rng.random() < 0.5 else 0.0), "scale"
-    where = np.broadcast_to(ref.broadcast_param(bad, shape, sku.scope, axis, gs), shape)
-    if sku.op == "quantize":
-        x = _random_floats(shape, ref.broadcast_param(scale.astype(np.float64), shape, sku.scope, axis, gs),
-                           rng, float_kind)
-        want = ref.quantize(x, scale, zp, scope=sku.scope, axis=axis, group_size=gs, out_dtype=qkind,
-                            qmin=qmin, qmax=qmax)
-        want[where] = qmin
-        got = sf.quantize(to_device(x, fw), to_device(s_bad, fw), None if z_bad is None else to_device(z_bad, fw),
-                          scope=sku.scope, axis=axis, group_size=gs, out_dtype=qkind, qmin=qmin, qmax=qmax)
-    else:
-        q = rng.integers(lo, hi + 1, size=shape).astype(numpy_dtype(qkind))
-        want = ref.dequantize(q, scale, zp, scope=sku.scope, axis=axis, group_size=gs, in_kind=qkind,
-                              out_dtype=float_kind)
-        want[where] = np.nan
-        got = sf.dequantize(to_device(q, fw), to_device(s_bad, fw), None if z_bad is None else to_device(z_bad, fw),
-                            scope=sku.scope, axis=axis, group_size=gs, out_dtype=float_kind)
-    _record(res, f"{label} planted {arg} at {at}", to_host(got), want)
+    if not plant:
+        return
     try:
         sf.check()
     except DeviceValueError as e:
         if (e.op, e.arg) != (sku.op, arg):
             res.mismatches += 1
-            res.failures.append(f"{label}: planted {arg}: DeviceValueError names {e.op} / {e.arg}")
+            res.failures.append(f"{label}: DeviceValueError names {e.op} / {e.arg}")
     else:
         res.mismatches += 1
-        res.failures.append(f"{label}: planted {arg} at {at}: no DeviceValueError at the check point")
+        res.failures.append(f"{label}: no DeviceValueError at the check point")
