@@ -33,6 +33,42 @@ def _median_us(call, synchronize, n_calls: int, repeats: int) -> dict:
     return {k: r.get(k) for k in ("us", "min_us", "error") if k in r}
 
 
+_SPIN = None
+
+
+def _host_only(call, synchronize, n_calls: int = 400, repeats: int = 5) -> dict:
+    """µs per call on the host clock alone: the calls are queued behind a 40 ms spin kernel, so the
+    launch queue neither drains nor fills (what the host pays, apart from the GPU's launch rate)."""
+    import statistics
+
+    import cupy as cp
+    import numpy as np
+    global _SPIN
+    if _SPIN is None:
+        from codegen.harness.bench import SPIN_SRC
+        _SPIN = cp.RawKernel(SPIN_SRC, "sf_bench_spin")
+    per = []
+    for _ in range(repeats):
+        synchronize()
+        _SPIN((1,), (1,), (np.uint64(40_000_000),), stream=cp.cuda.get_current_stream())
+        t0 = time.perf_counter()
+        for _ in range(n_calls):
+            call()
+        per.append((time.perf_counter() - t0) / n_calls * 1e6)
+    synchronize()
+    return {"us": statistics.median(per), "min_us": min(per)}
+
+
+def python_reference_us(n: int = 200_000) -> float:
+    """A fixed pure-Python workload (µs per iteration of a small loop with a dict lookup and a
+    tuple build): compares this host's Python speed with another machine's."""
+    d = {i: i for i in range(64)}
+    t0 = time.perf_counter()
+    for i in range(n):
+        (d.get(i & 63), i, i + 1)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
     """The parts of a quantize token bf16->s8 call on (16, 4096), per framework."""
     import cupy as cp
@@ -81,6 +117,21 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
             "status word read (runtime.status.raise_pending)": _median_us(
                 lambda: status.raise_pending(xr.device), synchronize, n_calls, repeats),
         }
+        from runtime import device as rdev
+        fn_ptr, fmt = prep.fn.ptr, prep.abi.fmt
+        pb = rdev._params(fmt, template)
+        gx, gy, gz = (tuple(prep.grid) + (1, 1))[:3]
+        bx, by, bz = (tuple(prep.block) + (1, 1))[:3]
+        cu = rdev._cu_launch
+        res["bare cuLaunchKernel (ctypes, parameters packed once)"] = _median_us(
+            lambda: cu(fn_ptr, gx, gy, gz, bx, by, bz, 0, stream, pb.ptrs_addr), synchronize, n_calls, repeats)
+        res["parameter packing (struct.pack_into)"] = _median_us(lambda: rdev._params(fmt, template), synchronize,
+                                                                 n_calls, repeats)
+        res["cuCtxGetCurrent (ctypes)"] = _median_us(rdev.context_current, synchronize, n_calls, repeats)
+        res["call, host clock only, GPU kept busy (no queue stalls)"] = _host_only(
+            lambda: sf.quantize(x, s, scope="token", out_dtype="int8"), synchronize)
+        res["bare cuLaunchKernel, host clock only, GPU kept busy"] = _host_only(
+            lambda: cu(fn_ptr, gx, gy, gz, bx, by, bz, 0, stream, pb.ptrs_addr), synchronize)
         if fw == "torch":
             dt, dev = torch.int8, x.device
             res["torch.empty(shape, dtype=, device=)"] = _median_us(
@@ -171,7 +222,8 @@ def main(argv=None) -> int:
     rec = {"schema": 1, "what": "host overhead per repeated functional call", "date": now(), **git_info(),
            **env, "python": platform.python_version(), "calls": args.calls, "repeats": args.repeats,
            "target_us": bench.TARGET_HOST_US, "compile_s": round(compile_s, 1),
-           "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "components": comps}
+           "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "components": comps,
+           "python_reference_us": python_reference_us()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rec, indent=1, default=str) + "\n")
     width = max(len(h["label"]) for h in host)
@@ -188,6 +240,7 @@ def main(argv=None) -> int:
         path = Path(str(args.out) + ".profile.txt")
         path.write_text("".join(f"==== {k}\n{v}\n" for k, v in profiles.items()))
         print(f"wrote {path}")
+    print(f"pure-Python reference loop: {rec['python_reference_us']:.3f} µs per iteration")
     print(f"wrote {args.out} in {rec['seconds']} s (compile {rec['compile_s']} s)")
     return 0
 
