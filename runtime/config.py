@@ -36,6 +36,11 @@ from .errors import InvalidProblemError
 _local = threading.local()
 
 
+# Whether the synchronous checks were ever turned on in this process (a block, or the settings):
+# until then a repeated call need not ask :func:`sync_checks_on` (runtime/replay.py).
+SYNC_EVER = [False]
+
+
 def sync_checks_on() -> bool:
     """Whether the synchronous value checks run for this thread's calls."""
     on = getattr(_local, "sync", None)
@@ -55,6 +60,8 @@ class sync_checks:
     def __enter__(self):
         self.prev = getattr(_local, "sync", None)
         _local.sync = self.on
+        if self.on:
+            SYNC_EVER[0] = True
         return self
 
     def __exit__(self, *exc):
@@ -233,6 +240,8 @@ DEPENDENT_CACHES = (("runtime.replay", "CACHE"), ("runtime.dynamic", "_LAUNCHES"
 
 
 def _forget() -> None:
+    if _SETTINGS is not None and _SETTINGS.sync_checks:
+        SYNC_EVER[0] = True
     for module, attr in DEPENDENT_CACHES:
         cache = getattr(sys.modules.get(module), attr, None)
         if cache is not None:

@@ -78,7 +78,7 @@ def load_function(registry, unit: str, symbol: str, device: int = None):
     if fn is None:
         with on_context(ctx):
             fn = module.get_function(symbol)
-        _fn_ctx[fn.ptr] = ctx
+        _note_context(fn.ptr, ctx)
         functions[symbol] = fn
     return fn
 
@@ -304,29 +304,68 @@ def on_context_of(fn) -> on_context:
     return on_context(context_of(fn))
 
 
-def launch(fn, grid, block, fmt: str, values, stream: int, shared_mem: int = 0) -> None:
-    """Launch a loaded CuPy function through the driver API with packed parameters, in the context
-    of the device it was loaded on (see :class:`on_context_of`), on ``stream`` (a stream of that
-    device)."""
-    global _cu_launch
-    if _cu_launch is None:
-        _cu_launch = _driver_launch()
-    pb = _params(fmt, values)
-    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-    bx, by, bz = (tuple(block) + (1, 1))[:3]
-    f = fn.ptr
-    ctx = _fn_ctx.get(f)
+# Whether this process has loaded modules in more than one context (several devices): only then
+# can a thread's current context be another device's, and every launch compares it first. With
+# one context a launch goes straight to the driver; a thread where it is not current (none is, or
+# one of the caller's own) gets an error back from the launch, which is then retried with the
+# kernel's context pushed (:func:`_relaunch`): no launch runs in a wrong context either way.
+_several_contexts = [False]
+
+
+def _note_context(f: int, ctx: int) -> None:
+    _fn_ctx[f] = ctx
+    if not _several_contexts[0] and len(set(_fn_ctx.values())) > 1:
+        _several_contexts[0] = True
+
+
+def _relaunch(err: int, ctx: int, f, gx, gy, gz, bx, by, bz, smem, stream, ptrs) -> None:
+    """After a failed launch: when ``ctx`` (the kernel's context) was not current, launch again with
+    it pushed; raise what the driver said otherwise (or when that fails too)."""
     if ctx and context_current() != ctx:
         _context_push(ctx)
         try:
-            err = _cu_launch(f, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
+            err = _cu_launch(f, gx, gy, gz, bx, by, bz, smem, stream, ptrs)
         finally:
             _context_pop()
-    else:
-        err = _cu_launch(f, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
     if err != 0:
         from .errors import SkuforgeError
-        raise SkuforgeError(f"cuLaunchKernel failed: CUresult {err} (grid {grid}, block {block})")
+        raise SkuforgeError(f"cuLaunchKernel failed: CUresult {err} (grid {(gx, gy, gz)}, block {(bx, by, bz)})")
+
+
+def launcher(fn, grid, block, fmt: str, shared_mem: int = 0):
+    """``go(stream, values)``: launches ``fn`` (a loaded CuPy function) on ``grid`` / ``block`` with
+    ``values`` packed by ``fmt`` (:func:`param_format`), in the context of the device it was loaded
+    on, on ``stream`` (a stream of that device). Everything but the stream and the values is
+    resolved here, once: what a repeated call pays is the packing and the driver call."""
+    global _cu_launch
+    if _cu_launch is None:
+        _cu_launch = _driver_launch()
+    cu = _cu_launch
+    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    bx, by, bz = (tuple(block) + (1, 1))[:3]
+    f = fn.ptr
+    ctx = _fn_ctx.get(f, 0)
+    several, current, local = _several_contexts, context_current, _launch_local
+    name = "pb_" + fmt                  # this thread's parameter block for the format
+
+    def go(stream, values):
+        pb = getattr(local, name, None)
+        if pb is None:
+            pb = _ParamBlock(fmt)
+            setattr(local, name, pb)
+        pb.struct.pack_into(pb.buf, 0, *values)
+        if several[0] and ctx and current() != ctx:
+            err = -1                    # not launched: _relaunch pushes the context
+        else:
+            err = cu(f, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
+        if err:
+            _relaunch(err, ctx, f, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
+    return go
+
+
+def launch(fn, grid, block, fmt: str, values, stream: int, shared_mem: int = 0) -> None:
+    """Launch a loaded CuPy function once (:func:`launcher`, for a launch that is not repeated)."""
+    launcher(fn, grid, block, fmt, shared_mem)(stream, values)
 
 
 # -- cooperative launches (every block resident: grid-wide barriers are safe) -----------------

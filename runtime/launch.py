@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 
 from .arrays import ArrayRef, stream_handle
 from .config import settings
-from .device import launch, load_function, properties, resident_blocks
+from .device import launcher, load_function, properties, resident_blocks
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
 
@@ -165,11 +165,19 @@ class PreparedLaunch:
     abi: object            # runtime.abi.Abi
     values: list
     shared_mem: int = 0
+    go: object = field(default=None, repr=False, compare=False)   # device.launcher, bound on first use
 
     @property
     def fmt(self) -> str:
         return self.abi.fmt
 
+    def bound(self):
+        """``go(stream, values)``: this launch with everything but the stream and the parameter
+        values resolved (:func:`runtime.device.launcher`)."""
+        go = self.go
+        if go is None:
+            go = self.go = launcher(self.fn, self.grid, self.block, self.abi.fmt, self.shared_mem)
+        return go
+
     def launch(self, stream: int, values=None) -> None:
-        launch(self.fn, self.grid, self.block, self.abi.fmt, self.values if values is None else values, stream,
-               self.shared_mem)
+        (self.go or self.bound())(stream, self.values if values is None else values)

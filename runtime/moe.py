@@ -570,16 +570,16 @@ def _binder(steps: list):
             for j, (c, v) in enumerate(zip(fmt, values)):
                 if c == "Q" and v and j not in filled and not status.is_status_pointer(v):
                     return None
-            plan.append((st.prep, list(values), tuple(fills), tuple(maps)))
+            plan.append((st.prep.bound(), list(values), tuple(fills), tuple(maps)))
 
         def run(objs, ptrs, stream):
-            for prep, template, fills, maps in plan:
+            for go, template, fills, maps in plan:
                 values = template.copy()
                 for j, i, off in fills:
                     values[j] = ptrs[i] + off
                 for j, i, spec in maps:           # the tensor map of the new array (encoded once per address)
                     values[j] = tensor_map(ptrs[i], spec)
-                prep.launch(stream, values)
+                go(stream, values)
         return run
     return bind
 

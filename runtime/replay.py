@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import operator
 import sys
 
 from . import config, status
@@ -93,47 +92,77 @@ def describe(obj):
 
 
 class Entry:
-    """A remembered call: what to check, allocate and launch, and where the results are."""
+    """A remembered call: what to check, allocate and launch, and where the results are.
+    ``run(args, vals)`` replays it: a function written for this entry by :func:`_compile`."""
 
-    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint", "device")
+    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint", "device", "go")
 
     def run(self, args, vals):
         """Replay on ``args`` (``vals``: their pointers / scalar values, a fresh list); ``MISS``:
         run the slow path instead (it raises the typed error, or takes over)."""
-        if self.checked and config.sync_checks_on():
-            return MISS
-        w = status._words
-        if w is not None and w[self.device]:
-            status.raise_pending(self.device)
-        check = self.check
-        if check is not None and not check(vals):
-            return MISS
-        if self.disjoint is not None:
-            for i, lo_i, hi_i, j, lo_j, hi_j in self.disjoint:
-                a, b = vals[i], vals[j]
-                if a + lo_i < b + hi_j and b + lo_j < a + hi_i:
-                    return MISS       # the slow path raises the typed error
-        if self.allocs:
-            new = []
-            for alloc, align in self.allocs:
-                a, p = alloc()
-                if p & 15 != align:    # never with the frameworks' allocators; the vector path depends on it
-                    return MISS
-                new.append(a)
-                vals.append(p)
-            args = (*args, *new, None)
-        else:
-            args = (*args, None)       # a None result (index -1)
-        stream = self.stream()
-        if self.runner is None:
-            for prep, template, slots in self.launches:
-                values = template.copy()
-                for j, i in slots:
-                    values[j] = vals[i]
-                prep.launch(stream, values)
-        else:
-            self.runner(args, vals, stream)
-        return self.result(args)
+        return self.go(args, vals)
+
+
+def _literal(v):
+    """``v`` as Python source where it reads back exactly (an int, a finite float), else None."""
+    if type(v) is int or (type(v) is float and math.isfinite(v)):
+        return repr(v)
+    return None
+
+
+def _compile(e: Entry, nargs: int, result):
+    """The replay of ``e`` as one straight-line function ``run(args, vals)``: the checks, the
+    allocations, the stream, then each launch with its parameter values spelled out (constants
+    inline, re-filled slots read from ``vals`` or the new allocations) and the result picked.
+    The code a repeated call runs is exactly what this entry needs; nothing is looked up or looped
+    over per call. ``result``: the source index (or tuple of indices, None for a None) of what the
+    call returns."""
+    ns = {"MISS": MISS, "SYNC": config.SYNC_EVER, "sync_on": config.sync_checks_on, "st": status,
+          "raise_pending": status.raise_pending, "check": e.check, "get_stream": e.stream, "runner": e.runner}
+    dev = int(e.device)
+    src = ["def run(args, vals):"]
+    if e.checked:
+        src.append("    if SYNC[0] and sync_on(): return MISS")
+    src.append(f"    w = st._words\n    if w is not None and w[{dev}]: raise_pending({dev})")
+    if e.check is not None:
+        src.append("    if not check(vals): return MISS")
+    for i, lo_i, hi_i, j, lo_j, hi_j in e.disjoint or ():
+        src.append(f"    a, b = vals[{i}], vals[{j}]\n"
+                   f"    if a + {lo_i} < b + {hi_j} and b + {lo_j} < a + {hi_i}: return MISS")
+    for k, (alloc, align) in enumerate(e.allocs):
+        ns[f"alloc{k}"] = alloc
+        src.append(f"    o{k}, p{k} = alloc{k}()\n    if p{k} & 15 != {align}: return MISS")
+    src.append("    stream = get_stream()")
+
+    def source(i):          # the object (o) or pointer (p) of source index i
+        return f"args[{i}]" if i < nargs else f"o{i - nargs}"
+    if e.runner is not None:
+        news = "".join(f"o{k}, " for k in range(len(e.allocs)))
+        if e.allocs:
+            src.append("    vals.extend((" + "".join(f"p{k}, " for k in range(len(e.allocs))) + "))")
+        src.append(f"    runner((*args, {news}None), vals, stream)")
+    else:
+        for n, (prep, template, slots) in enumerate(e.launches):
+            ns[f"go{n}"] = prep.bound()
+            filled = dict(slots)
+            parts = []
+            for j, v in enumerate(template):
+                i = filled.get(j)
+                if i is not None:
+                    parts.append(f"vals[{i}]" if i < nargs else f"p{i - nargs}")
+                else:
+                    lit = _literal(v)
+                    if lit is None:
+                        ns[f"c{n}_{j}"] = v
+                        lit = f"c{n}_{j}"
+                    parts.append(lit)
+            src.append(f"    go{n}(stream, ({', '.join(parts)},))")
+    if isinstance(result, tuple):
+        src.append("    return (" + "".join(("None" if i is None else source(i)) + ", " for i in result) + ")")
+    else:
+        src.append(f"    return {source(result)}")
+    exec(compile("\n".join(src) + "\n", f"<skuforge replay of {e.device}>", "exec"), ns)   # noqa: S102
+    return ns["run"]
 
 
 def _scalar_check(scale_at, zp_check):
@@ -332,14 +361,10 @@ class FastCall:
             streams.append(ref)
         if any((r.framework, r.device) != (streams[0].framework, streams[0].device) for r in streams):
             return
-        e.launches, e.allocs = tuple(launches), tuple(allocs)
-        if isinstance(spec, tuple):
-            idx = tuple(-1 if i is None else i for i in spec)
-            e.result = operator.itemgetter(*idx) if len(idx) > 1 else (lambda pool, i=idx[0]: (pool[i],))
-        else:
-            e.result = operator.itemgetter(spec)
+        e.launches, e.allocs, e.result = tuple(launches), tuple(allocs), spec
         e.stream = stream_getter(streams[0])
         e.device = streams[0].device
+        e.go = _compile(e, len(args), spec)
         try:
             if len(CACHE) >= LIMIT:
                 CACHE.clear()

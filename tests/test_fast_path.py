@@ -24,7 +24,7 @@ from runtime import lowbit
 from runtime import quantization as qz
 from runtime import status
 from runtime import training
-from tests.fakes import FakeDeviceArray, err
+from tests.fakes import FakeDeviceArray, err, launcher_of
 
 H200 = {"sms": 132, "max_threads_per_sm": 2048, "cc": 90, "name": "fake"}
 
@@ -115,8 +115,9 @@ def dev(monkeypatch):
     monkeypatch.setattr(replay, "stream_getter", lambda ref: (lambda: 7))
     for mod in (qz, training, dyn, launch_mod):
         monkeypatch.setattr(mod, "stream_handle", lambda ref: 7)
+    monkeypatch.setattr(dyn, "launch", d.launch)
+    monkeypatch.setattr(launch_mod, "launcher", launcher_of(d.launch))
     for mod in (launch_mod, dyn):
-        monkeypatch.setattr(mod, "launch", d.launch)
         monkeypatch.setattr(mod, "properties", lambda device: H200)
     monkeypatch.setattr(training, "properties", lambda device: H200)
     monkeypatch.setattr(lowbit, "properties", lambda device: H200)   # the plan's arch (lowbit.preference)

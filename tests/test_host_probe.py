@@ -15,10 +15,26 @@ def test_time_host_calls_schema():
                                 lambda: syncs.append(1), n_calls=10, repeats=3)
     assert len(calls) == 200 + 3 * 10 and len(syncs) >= 4
     a, floor, part, broken = out
-    assert set(a) == {"label", "framework", "us", "min_us", "calls", "repeats", "target_us"}
-    assert a["target_us"] == bench.TARGET_HOST_US and a["min_us"] <= a["us"]
+    assert set(a) == {"label", "framework", "us", "min_us", "calls", "repeats", "target_us", "throughput_us", "measure"}
+    assert a["target_us"] == bench.TARGET_HOST_US and a["min_us"] <= a["us"] and a["measure"] == "throughput"
     assert "target_us" not in floor and "target_us" not in part
     assert broken["us"] is None and "ZeroDivisionError" in broken["error"]
+
+
+def test_time_host_calls_behind_a_busy_gpu():
+    """With ``busy``, ``us`` is the host's time alone: each timed batch follows one spin kernel, few
+    enough launches that the queue cannot fill (fewer calls for items of several launches)."""
+    calls, spins = [], []
+    out = bench.time_host_calls([{"label": "one", "call": lambda: calls.append(1)},
+                                 {"label": "four", "call": lambda: calls.append(4), "launches": 4}],
+                                lambda: None, n_calls=10, repeats=3, busy=spins.append)
+    one, four = out
+    assert one["measure"] == four["measure"] == "host" and len(spins) == 2 * 7
+    assert set(spins) == {bench.HOST_BUSY_NS}
+    assert one["host_calls"] == bench.HOST_QUEUE and four["host_calls"] == bench.HOST_QUEUE // 4
+    assert calls.count(1) == 200 + 3 * 10 + 7 * bench.HOST_QUEUE
+    assert four["target_us"] == bench.TARGET_HOST_US + 3 * bench.EXTRA_LAUNCH_US
+    assert one["min_us"] <= one["us"] and one["throughput_us"] > 0
 
 
 def test_host_items_dedupe_by_label_and_record_errors():
@@ -30,7 +46,8 @@ def test_host_items_dedupe_by_label_and_record_errors():
     items, errors = bench.host_items(timer, [m1, m2, m3], api=False)
     assert [i["label"] for i in items] == ["cupy RawKernel launch (floor)", "q", "r"]
     assert items[1]["call"]() == 1
-    assert errors[0]["label"] == "m3.host_calls()" and errors[0]["us"] is None
+    m3_error = [e for e in errors if e["label"] == "m3.host_calls()"]
+    assert m3_error and m3_error[0]["us"] is None
 
 
 def test_probe_script_parses_its_arguments():

@@ -91,12 +91,17 @@ def multi(dev, monkeypatch):  # noqa: F811
         if fn is None:
             fn = fns[(symbol, device)] = FakeFn(symbol, device)
             monkeypatch.setitem(device_mod._fn_ctx, fn.ptr, CTX[device])
+            device_mod._note_context(fn.ptr, CTX[device])
         return fn
     device_mod = device
     by_ptr = {}
 
     def record(f, gx, gy, gz, bx, by, bz, smem, stream, params):
+        want, current = device_mod._fn_ctx.get(f), drv.current()
+        if want and current != want:      # the driver refuses a kernel of another context
+            return 400 if current else 201
         drv.launches.append((by_ptr[f].symbol, drv.current(), stream))
+        return 0
         return 0
 
     def loaded(reg, unit, symbol, device=None):
@@ -116,8 +121,9 @@ def multi(dev, monkeypatch):  # noqa: F811
     monkeypatch.setattr(device, "_context_pop", drv.pop)
     monkeypatch.setattr(device, "_cu_launch", record)
     monkeypatch.setattr(device, "_libcuda_call", coop_call)
-    for mod in (launch_mod, dyn):
-        monkeypatch.setattr(mod, "launch", device.launch)
+    monkeypatch.setattr(device, "_several_contexts", [False])     # set again by the loads, undone after
+    monkeypatch.setattr(dyn, "launch", device.launch)
+    monkeypatch.setattr(launch_mod, "launcher", device.launcher)
     monkeypatch.setattr(dyn, "launch_cooperative", device.launch_cooperative)
     monkeypatch.setattr(dyn, "memset_u32", lambda ptr, value, count, stream:
                         drv.launches.append(("memset", drv.current(), stream)))
@@ -148,7 +154,23 @@ def multi(dev, monkeypatch):  # noqa: F811
     def recorded_params(fmt, values):
         params.append(tuple(values))
         return real_params(fmt, values)
-    monkeypatch.setattr(device, "_params", recorded_params)
+    monkeypatch.setattr(device, "_params", recorded_params)       # the cooperative launch's packing
+
+    class RecordingBlock(device._ParamBlock):                        # device.launcher's packing
+        def __init__(self, fmt):
+            super().__init__(fmt)
+            real = self.struct
+
+            class Recording:
+                size = real.size
+
+                @staticmethod
+                def pack_into(buf, offset, *values):
+                    params.append(tuple(values))
+                    real.pack_into(buf, offset, *values)
+            self.struct = Recording()
+    monkeypatch.setattr(device, "_ParamBlock", RecordingBlock)
+    monkeypatch.setattr(device, "_launch_local", threading.local())  # no parameter block of another test
     dev.driver, dev.params = drv, params
     return dev
 
@@ -176,6 +198,7 @@ def test_every_op_on_device_1_launches_there_while_device_0_is_current(multi, na
         assert launches
         assert all((ctx, stream) == (CTX[1], STREAM[1]) for _, ctx, stream in launches), launches
         assert multi.driver.current() == CTX[0] and multi.driver.stack() == [CTX[0]]
+        assert len(multi.params) >= len(launches), "every launch's parameters are seen"
         words = [v for values in multi.params for v in values if isinstance(v, int) and status.is_status_pointer(v)]
         assert all(w == status.pointer(1) for w in words), (name, words)
 
@@ -199,6 +222,27 @@ def test_the_current_context_is_left_alone_when_it_is_the_kernels(multi):
     launches, _ = _call(multi, ALL_CALLS["moe fwd row_experts mma"], DEVICE1)
     assert len(launches) == 4 and multi.driver.pushes == 0
     assert multi.driver.stack() == [CTX[1]]
+
+
+def test_one_context_launches_without_asking_for_the_current_one(multi, monkeypatch):
+    """With kernels of one device loaded, a launch goes straight to the driver (no cuCtxGetCurrent);
+    where the kernel's context is not current the driver's refusal is answered by one launch with it
+    pushed, and nothing is launched in a wrong context."""
+    asked = []
+    real = multi.driver.current
+    monkeypatch.setattr(device, "context_current", lambda: asked.append(1) or real())
+    call = ALL_CALLS["quantize token"]
+    for base in (0x7F0000000000, 0x7F2000000000):           # slow path, then a replay
+        launches, _ = _call(multi, call, base)
+        assert launches and {c for _, c, _ in launches} == {CTX[0]}
+    assert not device._several_contexts[0] and multi.driver.pushes == 0 and not asked
+    multi.driver.set_current(0)                              # no context current: refused, retried
+    launches, hits = _call(multi, call, 0x7F4000000000)
+    assert hits == 1 and {c for _, c, _ in launches} == {CTX[0]} and multi.driver.pushes == 1
+    assert multi.driver.stack() == []
+    multi.driver.set_current(CTX[0])
+    _call(multi, call, DEVICE1)                              # a second device's kernels: now compared
+    assert device._several_contexts[0]
 
 
 def test_a_thread_without_a_current_context(multi):

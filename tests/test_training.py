@@ -11,7 +11,7 @@ import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
 from runtime import reference as ref
 from tests.fakes import FakeDeviceArray
-from tests.fakes import err
+from tests.fakes import err, launcher_of
 
 _addresses = itertools.count()
 
@@ -353,7 +353,7 @@ def fake_gpu(monkeypatch):
         from runtime import kinds
         return D(shape, kinds.kind(kind).numpy if kind not in ("bf16",) else "float16", ptr=0x7F0000100000)
 
-    monkeypatch.setattr(launch_mod, "launch", rec.launch)
+    monkeypatch.setattr(launch_mod, "launcher", launcher_of(rec.launch))
     monkeypatch.setattr(training, "empty", fake_empty)
     monkeypatch.setattr(training, "load_function", lambda reg, unit, symbol, dev: symbol)
     monkeypatch.setattr(launch_mod, "load_function", lambda reg, unit, symbol, dev: symbol)

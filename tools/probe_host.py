@@ -1,4 +1,4 @@
-"""Host overhead of repeated functional-API calls (target: <= 15 µs per call), on a GPU machine.
+"""Host overhead of repeated functional-API calls (target: 10 µs per call that launches one kernel), on a GPU machine.
 
     PYTHONPATH=. python3 tools/probe_host.py --out probe_host.json
 
