@@ -332,7 +332,7 @@ def _relaunch(err: int, ctx: int, f, gx, gy, gz, bx, by, bz, smem, stream, ptrs)
         raise SkuforgeError(f"cuLaunchKernel failed: CUresult {err} (grid {(gx, gy, gz)}, block {(bx, by, bz)})")
 
 
-def launcher(fn, grid, block, fmt: str, shared_mem: int = 0):
+def bind_launch(fn, grid, block, fmt: str, shared_mem: int = 0):
     """``go(stream, values)``: launches ``fn`` (a loaded CuPy function) on ``grid`` / ``block`` with
     ``values`` packed by ``fmt`` (:func:`param_format`), in the context of the device it was loaded
     on, on ``stream`` (a stream of that device). Everything but the stream and the values is
@@ -364,8 +364,8 @@ def launcher(fn, grid, block, fmt: str, shared_mem: int = 0):
 
 
 def launch(fn, grid, block, fmt: str, values, stream: int, shared_mem: int = 0) -> None:
-    """Launch a loaded CuPy function once (:func:`launcher`, for a launch that is not repeated)."""
-    launcher(fn, grid, block, fmt, shared_mem)(stream, values)
+    """Launch a loaded CuPy function once (:func:`bind_launch`, for a launch that is not repeated)."""
+    bind_launch(fn, grid, block, fmt, shared_mem)(stream, values)
 
 
 # -- cooperative launches (every block resident: grid-wide barriers are safe) -----------------

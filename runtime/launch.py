@@ -8,7 +8,7 @@ from typing import Union
 
 from .arrays import ArrayRef, stream_handle
 from .config import settings
-from .device import launcher, load_function, properties, resident_blocks
+from .device import bind_launch, load_function, properties, resident_blocks
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
 
@@ -165,7 +165,7 @@ class PreparedLaunch:
     abi: object            # runtime.abi.Abi
     values: list
     shared_mem: int = 0
-    go: object = field(default=None, repr=False, compare=False)   # device.launcher, bound on first use
+    go: object = field(default=None, repr=False, compare=False)   # device.bind_launch, bound on first use
 
     @property
     def fmt(self) -> str:
@@ -173,10 +173,10 @@ class PreparedLaunch:
 
     def bound(self):
         """``go(stream, values)``: this launch with everything but the stream and the parameter
-        values resolved (:func:`runtime.device.launcher`)."""
+        values resolved (:func:`runtime.device.bind_launch`)."""
         go = self.go
         if go is None:
-            go = self.go = launcher(self.fn, self.grid, self.block, self.abi.fmt, self.shared_mem)
+            go = self.go = bind_launch(self.fn, self.grid, self.block, self.abi.fmt, self.shared_mem)
         return go
 
     def launch(self, stream: int, values=None) -> None:

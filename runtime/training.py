@@ -78,10 +78,21 @@ def fake_quant_range(qmin, qmax, learnable: bool = False):
     return qmin, qmax
 
 
+F32_MAX = 3.4028234663852886e38
+
+
 def _grad_factor(g) -> float:
-    if not isinstance(g, numbers.Real) or isinstance(g, bool) or not math.isfinite(float(g)):
+    """``grad_factor`` as the float32 kernel parameter: a finite real number float32 can hold."""
+    if not isinstance(g, numbers.Real) or isinstance(g, bool):
         raise InvalidProblemError(f"grad_factor={g!r} must be a finite real number")
-    return float(g)
+    try:
+        v = float(g)
+    except OverflowError:
+        v = math.inf
+    if not math.isfinite(v) or abs(v) > F32_MAX:
+        raise InvalidProblemError(f"grad_factor={g!r} must be a finite real number within float32's range "
+                                  f"(|grad_factor| <= {F32_MAX:.7g})")
+    return v
 
 
 @dataclass

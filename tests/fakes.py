@@ -29,8 +29,8 @@ def err(fn, exc, *words):
 
 
 def launcher_of(launch):
-    """A ``runtime.device.launcher`` stand-in over a recording ``launch(fn, grid, block, fmt, values,
+    """A ``runtime.device.bind_launch`` stand-in over a recording ``launch(fn, grid, block, fmt, values,
     stream, shared_mem)`` (what the repeated-call tests compare)."""
-    def launcher(fn, grid, block, fmt, shared_mem=0):
+    def bind_launch(fn, grid, block, fmt, shared_mem=0):
         return lambda stream, values: launch(fn, grid, block, fmt, list(values), stream, shared_mem)
-    return launcher
+    return bind_launch

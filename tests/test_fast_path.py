@@ -116,7 +116,7 @@ def dev(monkeypatch):
     for mod in (qz, training, dyn, launch_mod):
         monkeypatch.setattr(mod, "stream_handle", lambda ref: 7)
     monkeypatch.setattr(dyn, "launch", d.launch)
-    monkeypatch.setattr(launch_mod, "launcher", launcher_of(d.launch))
+    monkeypatch.setattr(launch_mod, "bind_launch", launcher_of(d.launch))
     for mod in (launch_mod, dyn):
         monkeypatch.setattr(mod, "properties", lambda device: H200)
     monkeypatch.setattr(training, "properties", lambda device: H200)

@@ -123,7 +123,7 @@ def multi(dev, monkeypatch):  # noqa: F811
     monkeypatch.setattr(device, "_libcuda_call", coop_call)
     monkeypatch.setattr(device, "_several_contexts", [False])     # set again by the loads, undone after
     monkeypatch.setattr(dyn, "launch", device.launch)
-    monkeypatch.setattr(launch_mod, "launcher", device.launcher)
+    monkeypatch.setattr(launch_mod, "bind_launch", device.bind_launch)
     monkeypatch.setattr(dyn, "launch_cooperative", device.launch_cooperative)
     monkeypatch.setattr(dyn, "memset_u32", lambda ptr, value, count, stream:
                         drv.launches.append(("memset", drv.current(), stream)))
@@ -481,3 +481,24 @@ def test_check_visits_the_devices_launched_on(multi, monkeypatch):
     with pytest.raises(sf.DeviceValueError) as e:
         sf.check(synchronize=False)
     assert e.value.device == 1
+
+
+def test_a_prepared_launch_goes_to_the_driver(monkeypatch):
+    """``PreparedLaunch.launch`` binds through ``runtime.device.bind_launch`` and calls the driver's
+    cuLaunchKernel with its grid, block, shared memory, stream and packed parameters (nothing faked
+    above the driver call: the binding a replay uses is the real one)."""
+    from runtime.launch import PreparedLaunch
+    seen = []
+
+    def driver(*a):
+        seen.append(a)
+        return 0
+    monkeypatch.setattr(device, "_cu_launch", driver)
+    monkeypatch.setattr(device, "_several_contexts", [False])
+    prep = PreparedLaunch(SimpleNamespace(ptr=0x1234), (3,), (128, 2), SimpleNamespace(fmt="Qi"), [0xDEAD00, 7], 256)
+    prep.launch(99)
+    prep.launch(98, [0xBEEF00, 8])
+    assert [a[:9] for a in seen] == [(0x1234, 3, 1, 1, 128, 2, 1, 256, 99), (0x1234, 3, 1, 1, 128, 2, 1, 256, 98)]
+    monkeypatch.setattr(device, "_cu_launch", lambda *a: 700)        # bound from now on: a sticky error
+    prep = PreparedLaunch(SimpleNamespace(ptr=0x1234), (3,), (128, 2), SimpleNamespace(fmt="Qi"), [0xDEAD00, 7])
+    err(lambda: prep.launch(99), SkuforgeError, "cuLaunchKernel failed", "700")

@@ -739,10 +739,10 @@ def host_items(timer: "Timer", modules, api: bool = True, device: int = 0):
     :func:`api_host_calls` not already measured under the same label."""
     errors = []
     items = [dict(label="cupy RawKernel launch (floor)", framework="cupy", call=lambda: timer.spin_ns(0))]
-    try:                      # the driver's own launch, as the runtime makes it (runtime.device.launcher)
-        from runtime.device import launcher
-        go, stream = launcher(timer.spin.kernel, (1,), (1,), "Q"), timer.stream.ptr
-        items.append(dict(label="driver launch, runtime.device.launcher (floor)", framework="cupy",
+    try:                      # the driver's own launch, as the runtime makes it (runtime.device.bind_launch)
+        from runtime.device import bind_launch
+        go, stream = bind_launch(timer.spin.kernel, (1,), (1,), "Q"), timer.stream.ptr
+        items.append(dict(label="driver launch, runtime.device.bind_launch (floor)", framework="cupy",
                           call=lambda: go(stream, (0,))))
     except Exception as e:  # noqa: BLE001 - recorded, not fatal
         errors.append({"label": "driver launch floor", "error": f"{type(e).__name__}: {e}", "us": None, "min_us": None})
