@@ -10,7 +10,6 @@ import hashlib
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import jinja2
 

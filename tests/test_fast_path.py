@@ -335,7 +335,6 @@ def test_alignment_decides_the_vector_path_of_a_replay(dev, unchecked):
 def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
     """A remembered fused dynamic launch (a prepared launch) is not replayed once
     the launch configuration changes (the probes switch it between calls): the new one is chosen."""
-    from runtime import dynamic as dyn
 
     def call(d):
         return sf.dynamic_quantize(d.a((16, 4096), "float16"), scope="token")

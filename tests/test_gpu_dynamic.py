@@ -168,7 +168,6 @@ def test_every_fused_launch_configuration_is_bit_exact(config, element, mode, sc
     NaN / inf / constant rows included; a configuration that cannot take the problem falls back to
     the block kernel, which is checked the same way."""
     import cupy as cp
-    from runtime import dynamic as dyn
     from runtime.arrays import numpy_dtype
     host = (rng.standard_normal(shape) * 10 ** rng.uniform(-2, 2, (shape[0], 1))).astype(numpy_dtype(element))
     host[1, 3], host[2, :], host[3, -1] = np.nan, 0.25, np.inf

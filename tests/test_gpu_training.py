@@ -230,8 +230,8 @@ def test_torch_compile_qat_step(backend, rng):
     """A tiny QAT loop: LSQ weights per channel, static per-tensor activations, compiled with
     fullgraph=True (a graph break raises); loss and gradients equal eager mode's."""
     torch, sft = _torch(), _sft()
-    import torch._dynamo
-    torch._dynamo.reset()
+    from torch import _dynamo
+    _dynamo.reset()
     torch.manual_seed(int(rng.integers(1 << 30)))
     w = torch.nn.Parameter(torch.randn(64, 128, device="cuda") * 0.1)
     ws = torch.nn.Parameter(torch.full((64,), 0.004, device="cuda"))

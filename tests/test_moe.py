@@ -438,7 +438,7 @@ def _c_params(src, symbol):
 def test_offsets_routing_reports_to_the_status_word():
     """The offsets entry points take the status word last and write status.code(op, "offsets")
     for the SKU's own op; the launcher's format matches the signature."""
-    from runtime import moe, status
+    from runtime import status
     for s in MOE:
         src = REG.source(s)
         code = status.code(s.op, "offsets")

@@ -194,7 +194,7 @@ class MoE(torch.nn.Module):
 
     def route(self, x: Tensor) -> Routing:
         """Steps 1 to 3: gates, the permutation, the counts exchange and the split sizes (one host copy)."""
-        T, k, W, El = x.shape[0], self.top_k, self.world, self.local
+        k, W, El = self.top_k, self.world, self.local
         probs = torch.softmax(x.float() @ self.router.t(), dim=-1)
         gates, experts = probs.topk(k, dim=-1)
         gates = gates / gates.sum(-1, keepdim=True)

@@ -251,7 +251,7 @@ def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=
     dst = torch.empty_like(big)
     ms = _time(lambda: dst.copy_(big), batches=10, per=3)
     copy = 2 * big.numel() / (ms * 1e-3) / 1e9
-    del big, dst
+    big = dst = None       # 2 GiB given back before the runs
     print(f"device copy: {copy:.0f} GB/s")
     for kind in kinds:
         for scope in ("channel", "tensor"):
@@ -287,7 +287,7 @@ def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=
                           f"{r['pct_copy']:5.1f}% copy | torch {r['torch_us']:9.1f} us x{r['x_torch']:.2f}"
                           + (f" | torch.fake_quantize_per_channel_affine {r['public_us']:.1f} us x{r['x_public']:.2f}"
                              if "public_us" in r else ""), flush=True)
-                    del sets
+                    sets = None
                     torch.cuda.empty_cache()
     for kind in kinds:               # LSQ backward (information: no target)
         for scope in ("channel", "tensor"):
