@@ -191,6 +191,7 @@ _cu_launch = None
 
 
 def _params(fmt: str, values):
+    """This thread's parameter block for ``fmt``, packed with ``values`` (the cooperative launch)."""
     blocks = getattr(_launch_local, "blocks", None)
     if blocks is None:
         blocks = _launch_local.blocks = {}
@@ -205,10 +206,10 @@ def _params(fmt: str, values):
 # A module lives in the primary context of the device it was loaded on, and its kernels must be
 # launched with that context current, on a stream of that device. The caller's current device may
 # be another one (arrays on cuda:1 while cuda:0 is current; a thread in which no context is current
-# yet; PyTorch, which may only note a device as current without making its context current), so
-# every launch compares the thread's current context (cuCtxGetCurrent: a fraction of a microsecond)
-# with its kernel's and, where they differ, makes the kernel's current for the launch only
-# (cuCtxPushCurrent / cuCtxPopCurrent): the caller's current device is left as it was.
+# yet; PyTorch, which may only note a device as current without making its context current), so a
+# launch whose kernel's context is not current makes it current for the launch only
+# (cuCtxPushCurrent / cuCtxPopCurrent): the caller's current device is left as it was. How a launch
+# finds out (asking cuCtxGetCurrent first, or only after the driver refused): :func:`bind_launch`.
 _fn_ctx: dict = {}          # CUfunction address -> CUcontext of its module
 
 
