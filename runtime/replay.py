@@ -161,7 +161,7 @@ def _compile(e: Entry, nargs: int, result):
         src.append("    return (" + "".join(("None" if i is None else source(i)) + ", " for i in result) + ")")
     else:
         src.append(f"    return {source(result)}")
-    exec(compile("\n".join(src) + "\n", f"<skuforge replay of {e.device}>", "exec"), ns)   # noqa: S102
+    exec(compile("\n".join(src) + "\n", f"<skuforge replay, cuda:{dev}>", "exec"), ns)   # noqa: S102
     return ns["run"]
 
 
