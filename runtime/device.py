@@ -190,14 +190,20 @@ def _driver_launch():
 _cu_launch = None
 
 
+def _thread_block(fmt: str) -> _ParamBlock:
+    """This thread's parameter block for ``fmt`` (attribute ``pb_<fmt>`` of the thread-local store),
+    made on first use."""
+    name = "pb_" + fmt
+    pb = getattr(_launch_local, name, None)
+    if pb is None:
+        pb = _ParamBlock(fmt)
+        setattr(_launch_local, name, pb)
+    return pb
+
+
 def _params(fmt: str, values):
     """This thread's parameter block for ``fmt``, packed with ``values`` (the cooperative launch)."""
-    blocks = getattr(_launch_local, "blocks", None)
-    if blocks is None:
-        blocks = _launch_local.blocks = {}
-    pb = blocks.get(fmt)
-    if pb is None:
-        pb = blocks[fmt] = _ParamBlock(fmt)
+    pb = _thread_block(fmt)
     pb.struct.pack_into(pb.buf, 0, *values)
     return pb
 
@@ -347,13 +353,10 @@ def bind_launch(fn, grid, block, fmt: str, shared_mem: int = 0):
     f = fn.ptr
     ctx = _fn_ctx.get(f, 0)
     several, current, local = _several_contexts, context_current, _launch_local
-    name = "pb_" + fmt                  # this thread's parameter block for the format
+    name = "pb_" + fmt                  # this thread's parameter block for the format (_thread_block)
 
     def go(stream, values):
-        pb = getattr(local, name, None)
-        if pb is None:
-            pb = _ParamBlock(fmt)
-            setattr(local, name, pb)
+        pb = getattr(local, name, None) or _thread_block(fmt)
         pb.struct.pack_into(pb.buf, 0, *values)
         if several[0] and ctx and current() != ctx:
             err = -1                    # not launched: _relaunch pushes the context
