@@ -170,9 +170,10 @@ def moe_gemm(k) -> dict:
     """Grouped matmul (templates/moe/grouped_matmul.cu.j2): the persistent kernel of every tile
     variant (``gemm``) and the routing prologue ``<symbol>_route_*``. ``ws_status``: the
     workspace's offsets verdict; ``status``: the device's status word. The wgmma kernels also take
-    the tensor maps of their two operands (``tmap_a``, ``tmap_b``: runtime/tma.py)."""
+    the tensor maps of their two operands and of the output (``tmap_a``, ``tmap_b``, ``tmap_c``:
+    runtime/tma.py)."""
     T = k["T"]
-    maps = [Param("tmap_a", TENSOR_MAP), Param("tmap_b", TENSOR_MAP)] if k["backend"] == "wgmma" else []
+    maps = [Param(m, TENSOR_MAP) for m in ("tmap_a", "tmap_b", "tmap_c")] if k["backend"] == "wgmma" else []
 
     def offsets(ctype):
         return [Param("off", f"const {ctype}*"), *_int("E"), *_i64("M"), *_int("bm", "trusted"),

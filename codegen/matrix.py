@@ -197,8 +197,10 @@ MOE_OPKIND = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad",
 # wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES); BK = 64 (one 128-byte
 # swizzle row of 16-bit elements). One producer warpgroup (TMA) and two consumer warpgroups: with
 # BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows and
-# half of the columns. Shared memory: STAGES * (BM + BN) * 64 * 2 bytes (+ WGMMA_ALIGN to place the
-# ring on a 1024-byte boundary, which the 128-byte swizzle needs).
+# half of the columns. Shared memory: the ring, STAGES * (BM + BN) * 64 * 2 bytes, then EPI output
+# staging boxes of 64 rows x 128 bytes per consumer warpgroup (two where they fit under the
+# per-block limit, else one), + WGMMA_ALIGN to place the ring on a 1024-byte boundary, which the
+# 128-byte swizzle needs.
 WGMMA_VARIANTS = {
     "wg128x256s4": (128, 256, 4),
     "wg128x128s6": (128, 128, 6),
@@ -206,6 +208,15 @@ WGMMA_VARIANTS = {
 }
 WGMMA_DEFAULT = "wg128x256s4"
 WGMMA_ALIGN = 1024
+WGMMA_OUT_BOX = 64 * 128            # one staged output box (bytes)
+WGMMA_SMEM_LIMIT = 227 * 1024 - 1024  # shared memory of a block on sm_90, less the static part (ptxas: 1024)
+
+
+def wgmma_smem(bm: int, bn: int, stages: int, size: int) -> tuple:
+    """(staging boxes per consumer warpgroup, dynamic shared memory bytes) of a wgmma tile."""
+    ring = stages * (bm + bn) * 64 * size + WGMMA_ALIGN
+    epi = 2 if ring + 2 * 2 * WGMMA_OUT_BOX <= WGMMA_SMEM_LIMIT else 1
+    return epi, ring + 2 * epi * WGMMA_OUT_BOX
 # The documented choice (runtime/moe.py variant_for; docs/moe.md): experts averaging fewer than
 # ``short_rows`` rows take ``short_variant`` (64-row tiles waste less on partial m-tiles; measured on
 # an H200: best at 32 rows per expert, 3-15 % behind 128-row tiles at 128 rows skewed); an output
@@ -250,10 +261,11 @@ def _moe_context(cell, ctx):
     if sku.backend == "wgmma":
         variants = []
         for name, (bm, bn, stages) in WGMMA_VARIANTS.items():
+            epi, smem = wgmma_smem(bm, bn, stages, size)
             tile = {"BM": bm, "BN": bn, "BK": 64, "STAGES": stages, "THREADS": 384, "MIN_BLOCKS": 1,
-                    "WN": bn if bm == 128 else bn // 2}
+                    "WN": bn if bm == 128 else bn // 2, "EPI": epi}
             variants.append({"name": name, "symbol": sku.symbol if name == WGMMA_DEFAULT else f"{sku.symbol}__v{name}",
-                             "tile": tile, "dynamic_smem": stages * (bm + bn) * 64 * size + WGMMA_ALIGN})
+                             "tile": tile, "dynamic_smem": smem})
         variants.sort(key=lambda v: v["name"] != WGMMA_DEFAULT)
         rules = dict(WGMMA_RULE[opkind])
     elif sku.backend == "mma":

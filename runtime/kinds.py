@@ -38,6 +38,7 @@ class Kind:
     emax: Optional[int] = None      # fp8: exponent of the largest normal (OCP MX "emax_elem")
     container: Optional[str] = None  # the kind whose storage holds it (s4 / u4 / e8m0 -> u8)
     sku: bool = True                # a SKU element kind (SPEC §2)
+    tma: Optional[int] = None       # the driver's CUtensorMapDataType (runtime/tma.py); None: no tensor maps
 
     @property
     def has_zero_point(self) -> bool:
@@ -52,9 +53,9 @@ class Kind:
 
 # Table order is the SKU listing order (SPEC §2); groups below keep the order their users list.
 ALL: Tuple[Kind, ...] = (
-    Kind("f16", ("float16", "half", "fp16"), "f16_t", 2, "float16", "float16", True),
-    Kind("bf16", ("bfloat16",), "bf16_t", 2, "bfloat16", "bfloat16", True),
-    Kind("f32", ("float32", "float", "fp32"), "float", 4, "float32", "float32", True),
+    Kind("f16", ("float16", "half", "fp16"), "f16_t", 2, "float16", "float16", True, tma=6),
+    Kind("bf16", ("bfloat16",), "bf16_t", 2, "bfloat16", "bfloat16", True, tma=9),
+    Kind("f32", ("float32", "float", "fp32"), "float", 4, "float32", "float32", True, tma=7),
     Kind("f64", ("float64", "double", "fp64"), "double", 8, "float64", "float64", True),
     Kind("s8", ("int8",), "s8_t", 1, "int8", "int8", False, qrange=(-128, 127)),
     Kind("u8", ("uint8",), "u8_t", 1, "uint8", "uint8", False, qrange=(0, 255)),

@@ -235,24 +235,25 @@ def mma_blockers(args: MoeArgs) -> list:
 
 
 def tma_specs(args: MoeArgs, tile: dict) -> dict:
-    """The tensor maps of a wgmma pass (kernel parameter -> (array, MapSpec)): the two operands as
-    whole arrays, 64-element (128-byte) boxes along the contiguous axis. Forward: x rows and w[e]
+    """The tensor maps of a wgmma pass (kernel parameter -> (array, MapSpec)): the two operands and
+    the output as whole arrays, 128-byte boxes along the contiguous axis. Forward: x rows and w[e]
     rows n (K-major); input gradient: dy rows and w[e] as [n][k] (k MN-major); weight gradient: dy
-    and x as [m][n] / [m][k] (both MN-major), 64 rows of the reduction a box."""
+    and x as [m][n] / [m][k] (both MN-major), 64 rows of the reduction a box. The output (``tmap_c``):
+    y / dx as [M][cols], dw as [E][N][K], stored in boxes of 64 rows x 128 bytes."""
     kind, M, N, K, E = (args.x if args.x is not None else args.dy).kind, args.M, args.N, args.K, args.E
     BM, BN = tile["BM"], tile["BN"]
 
-    def rows(ref, cols, box_rows):          # a 2-D [M][cols] operand
-        return ref, MapSpec(kind, (cols, M), (ref.strides[0] * ref.itemsize,), (64, box_rows))
+    def rows(ref, cols, box_rows):          # a 2-D [M][cols] array
+        return ref, MapSpec(ref.kind, (cols, M), (ref.strides[0] * ref.itemsize,), (128 // ref.itemsize, box_rows))
 
-    def weights(box_rows):                  # w [E][N][K]
-        w = args.w
-        return w, MapSpec(kind, (K, N, E), (w.strides[1] * w.itemsize, w.strides[0] * w.itemsize), (64, box_rows, 1))
+    def weights(ref, box_rows):             # a 3-D [E][N][K] array (w, dw)
+        return ref, MapSpec(ref.kind, (K, N, E), (ref.strides[1] * ref.itemsize, ref.strides[0] * ref.itemsize),
+                            (128 // ref.itemsize, box_rows, 1))
     if args.op == "grouped_matmul":
-        return {"tmap_a": rows(args.x, K, BM), "tmap_b": weights(BN)}
+        return {"tmap_a": rows(args.x, K, BM), "tmap_b": weights(args.w, BN), "tmap_c": rows(args.out, N, 64)}
     if args.op == "grouped_matmul_backward_input":
-        return {"tmap_a": rows(args.dy, N, BM), "tmap_b": weights(64)}
-    return {"tmap_a": rows(args.dy, N, 64), "tmap_b": rows(args.x, K, 64)}
+        return {"tmap_a": rows(args.dy, N, BM), "tmap_b": weights(args.w, 64), "tmap_c": rows(args.out, K, 64)}
+    return {"tmap_a": rows(args.dy, N, 64), "tmap_b": rows(args.x, K, 64), "tmap_c": weights(args.out, 64)}
 
 
 def wgmma_blockers(args: MoeArgs) -> list:
@@ -270,9 +271,9 @@ def wgmma_blockers(args: MoeArgs) -> list:
     return out
 
 
-_OPERAND = {"grouped_matmul": {"tmap_a": "x", "tmap_b": "w"},
-            "grouped_matmul_backward_input": {"tmap_a": "dy", "tmap_b": "w"},
-            "grouped_matmul_backward_weight": {"tmap_a": "dy", "tmap_b": "x"}}
+_OPERAND = {"grouped_matmul": {"tmap_a": "x", "tmap_b": "w", "tmap_c": "out"},
+            "grouped_matmul_backward_input": {"tmap_a": "dy", "tmap_b": "w", "tmap_c": "dx"},
+            "grouped_matmul_backward_weight": {"tmap_a": "dy", "tmap_b": "x", "tmap_c": "dw"}}
 
 
 # -- tile configurations (variants) -----------------------------------------------------------

@@ -1,8 +1,8 @@
 """Tensor maps: the descriptors the Hopper copy engine (TMA, ``cp.async.bulk.tensor``) loads tiles with.
 
-A kernel of the ``wgmma`` backend takes each operand's tensor map as a ``const __grid_constant__
-CUtensorMap`` parameter (128 bytes, packed as the ``tmap`` kind of runtime/device.py). A map describes
-one array: its address, its extents and row strides, the box (tile) one load copies and the shared
+A kernel of the ``wgmma`` backend takes the tensor map of each operand and of its output as a
+``const __grid_constant__ CUtensorMap`` parameter (128 bytes, packed as the ``tmap`` kind of runtime/device.py). A map describes
+one array: its address, its extents and row strides, the box (tile) one copy moves and the shared
 memory layout (128-byte swizzle). It is encoded on the host by the driver's ``cuTensorMapEncodeTiled``
 once per (address, layout) and remembered, so a repeated call with the same arrays encodes nothing; a
 replay with new arrays looks each map up by its new address (:func:`tensor_map`).
@@ -13,9 +13,11 @@ import ctypes
 from dataclasses import dataclass
 
 from .errors import SkuforgeError
+from .kinds import ALL, SIZE
 
-# CUtensorMapDataType of the 16-bit element kinds; the swizzle, L2 promotion and fill modes used.
-DATA_TYPE = {"bf16": 9, "f16": 6}      # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 / _FLOAT16
+# CUtensorMapDataType of the kinds tensor maps describe (the kind vocabulary's ``tma``); the swizzle,
+# L2 promotion and fill modes used.
+DATA_TYPE = {k.name: k.tma for k in ALL if k.tma is not None}
 INTERLEAVE_NONE = 0
 SWIZZLE_128B = 3                       # 16-byte chunk c of row r at c ^ (r % 8): what wgmma's 128B mode reads
 L2_PROMOTION_256B = 3
@@ -28,10 +30,10 @@ LIMIT = 4096                           # remembered maps (cleared when full)
 class MapSpec:
     """The layout of one tensor map, innermost dimension first (as the driver takes it)."""
 
-    kind: str        # element kind: "bf16" or "f16"
+    kind: str        # element kind (one of DATA_TYPE: "bf16", "f16", "f32")
     dims: tuple      # extents in elements
     strides: tuple   # byte strides of dims[1:], each a multiple of 16
-    box: tuple       # the tile one load copies, in elements (box[0] * 2 bytes <= 128 for the swizzle)
+    box: tuple       # the tile one copy moves, in elements (box[0] * element size <= 128 for the swizzle)
 
     def problems(self, ptr: int) -> list:
         """Why the driver would refuse this map at ``ptr`` (empty: it encodes)."""
@@ -42,7 +44,7 @@ class MapSpec:
             out.append(f"extents {self.dims} must lie in 1..2**32")
         if not all(s % 16 == 0 and 0 < s < 2**40 for s in self.strides):
             out.append(f"row strides {self.strides} (bytes) must be multiples of 16 below 2**40")
-        if not all(0 < b <= 256 for b in self.box) or self.box[0] * 2 > 128:
+        if not all(0 < b <= 256 for b in self.box) or self.box[0] * SIZE[self.kind] > 128:
             out.append(f"box {self.box} must have sides of 1..256 and an inner side of at most 128 bytes")
         return out
 

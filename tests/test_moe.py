@@ -280,9 +280,12 @@ def test_variants_in_manifest_and_sources():
             src = REG.source(s)
             for name, meta in v.items():
                 t = meta["tile"]
-                assert f" {meta['symbol']}(" in src and f"WTile<{t['BM']}, {t['BN']}, {t['STAGES']}>" in src
+                assert f" {meta['symbol']}(" in src
                 assert t["THREADS"] == 384 and t["BK"] == 64 and t["WN"] == (t["BN"] if t["BM"] == 128 else t["BN"] // 2)
-                assert meta["dynamic_smem"] == t["STAGES"] * (t["BM"] + t["BN"]) * 64 * 2 + 1024 <= 227 * 1024 - 2048
+                ring = t["STAGES"] * (t["BM"] + t["BN"]) * 64 * 2 + 1024
+                assert meta["dynamic_smem"] == ring + 2 * t["EPI"] * 64 * 128 <= 227 * 1024 - 1024
+                assert t["EPI"] == 2 or ring + 4 * 64 * 128 > 227 * 1024 - 1024, "two staging boxes where they fit"
+                assert f"WTile<{t['BM']}, {t['BN']}, {t['STAGES']}, {t['EPI']}>" in src
             for key in ("short_variant", "narrow_variant"):
                 assert e.launch.get(key, "wg128x128s6") in v
             continue
@@ -595,8 +598,8 @@ def _sass_by_function(cubin: bytes) -> dict:
 def test_wgmma_machine_code(unit):
     """Every wgmma kernel compiles for sm_90a without spills or a stack frame, at 168 registers at
     entry (384 threads, one block per SM: what setmaxnreg redistributes as 40 / 232), and its machine
-    code holds warpgroup MMAs (HGMMA), tensor-map loads (UTMALDG), the register reallocation and no
-    local-memory access."""
+    code holds warpgroup MMAs (HGMMA), tensor-map loads and stores (UTMALDG, UTMASTG), the register
+    reallocation and no local-memory access."""
     from runtime.compiler import compile_with_report
     cubin, rep = compile_with_report(REG.unit_source(unit), unit, 90, tuple(REG.units[unit]["nvrtc_options"]))
     sass = _sass_by_function(cubin)
@@ -612,5 +615,5 @@ def test_wgmma_machine_code(unit):
         code = sass[sym]
         n = meta["tile"]["WN"]
         assert re.search(rf"HGMMA\.64x{n}x16\.F32(\.BF16)? .*gdesc\[UR\d+\]{re.escape(tnsp)},", code), name
-        assert "UTMALDG" in code and "USETMAXREG" in code and "SYNCS" in code, name
+        assert "UTMALDG" in code and "UTMASTG" in code and "USETMAXREG" in code and "SYNCS" in code, name
         assert not re.search(r"\b(LDL|STL)\b", code), name

@@ -235,19 +235,21 @@ def test_inputs_may_overlap_each_other_and_still_replay(mdev):
 
 
 def test_a_replay_encodes_the_tensor_maps_of_the_new_arrays(mdev):
-    """The wgmma launch's tensor-map parameters are the maps of this call's x and w (by address), in a
-    replay too: a map describes one array at one address."""
+    """The wgmma launch's tensor-map parameters are the maps of this call's x, w and output (by
+    address), in a replay too: a map describes one array at one address."""
     made = {}
 
     def call(d):
         made.update(x=d.a((M, K), H), w=d.a((E, N, K), H))
-        return sf.grouped_matmul(made["x"], made["w"], offsets=_offs(d), strategy="wgmma")
+        made["y"] = sf.grouped_matmul(made["x"], made["w"], offsets=_offs(d), strategy="wgmma")
+        return made["y"]
     for base in (0x7F0000000000, 0x7F4000000000):
         launches, _ = _run(mdev, call, base)
         fn, grid, block, fmt, values = launches[-1]
-        assert fmt.count("T") == 2 and block == (384,)
+        assert fmt.count("T") == 3 and block == (384,)
         maps = [v for c, v in zip(fmt, values) if c == "T"]
         assert [m == fake_tensor_map(made[a].ptr, spec) for m, (a, spec) in zip(
             maps, (("x", moe.MapSpec("f16", (K, M), (2 * K,), (64, 64))),   # 32 rows an expert: 64-row tiles
-                   ("w", moe.MapSpec("f16", (K, N, E), (2 * K, 2 * N * K), (64, 256, 1)))))] == [True, True]
+                   ("w", moe.MapSpec("f16", (K, N, E), (2 * K, 2 * N * K), (64, 256, 1))),
+                   ("y", moe.MapSpec("f16", (N, M), (2 * N,), (64, 64)))))] == [True, True, True]
     assert mdev.hits == 1

@@ -101,6 +101,12 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
 // status word (mapped host memory, read by the host without a sync) and poisons its outputs.
 // status == null: no check (parameters the runtime computed itself).
+// param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
+// records and poisons them in a second sweep only when one failed.
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
+    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
+}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;
@@ -196,7 +202,7 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 
 // ---- skuforge Hopper helpers (templates/common/hopper.cuh) ---------------------------------
 // Inline PTX for the sm_90a units (the wgmma backend): transaction mbarriers, tensor-map (TMA) tile
-// loads, shared-memory matrix descriptors and the wgmma fences, register reallocation. No CUDA
+// loads and stores, shared-memory matrix descriptors and the wgmma fences, register reallocation. No CUDA
 // headers: the tensor map is an opaque 128-byte, 64-byte aligned value (encoded on the host by
 // cuTensorMapEncodeTiled, runtime/tma.py) passed as a `const __grid_constant__` kernel parameter.
 struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
@@ -237,6 +243,26 @@ __device__ __forceinline__ void tma_load_3d(u32_t dst, const CUtensorMap* m, u32
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, { %3, %4, %5 }], [%2];\n"
                  ::"r"(dst), "l"(m), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
+
+// -- tensor-map tile stores: shared memory to the box at coordinates (innermost first) -----------
+// Bulk-async: the issuing thread groups its stores (commit), and waits for a group's shared-memory
+// reads (`.read`: the buffer may be rewritten) or for its completion. Parts of the box outside the
+// tensor's bounds are not written.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* m, u32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, { %2, %3 }], [%1];\n"
+                 ::"l"(m), "r"(src), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* m, u32_t src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 ::"l"(m), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// At most N of this thread's newest store groups still read shared memory.
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Every store group of this thread has completed.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // Ordinary shared-memory stores made visible to the async proxy (wgmma operand reads, TMA writes).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -509,18 +535,22 @@ __device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t 
     }
 }
 
-template <int BM_, int BN_, int STAGES_>
+template <int BM_, int BN_, int STAGES_, int EPI_>
 struct WTile {
     static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
     static constexpr int WN = BM == 128 ? BN : BN / 2;     // columns of one consumer warpgroup
+    static constexpr int EPI = EPI_;                       // output staging buffers of a consumer warpgroup
     static constexpr u32_t A_BYTES = BM * BK * sizeof(T), B_BYTES = BN * BK * sizeof(T);
     static constexpr u32_t STAGE_BYTES = A_BYTES + B_BYTES;
     static_assert((BM == 64 || BM == 128) && BN % 64 == 0 && BN <= 256 && (WN == 64 || WN == 128 || WN == 256),
                   "tile shape");
+    static_assert(EPI == 1 || EPI == 2, "one or two staging buffers");
 };
 constexpr u32_t BOX_BYTES = 64 * 64 * sizeof(T);   // one 64 x 64 box of an MN-major operand
 constexpr u32_t ROW_BYTES = 64 * sizeof(T);        // one 128-byte swizzled row
 constexpr u32_t GROUP_BYTES = 8 * ROW_BYTES;       // 8 rows: one swizzle atom
+constexpr int OUT_CW = 128 / sizeof(OutT);         // output columns of one 128-byte swizzled row
+constexpr u32_t OUT_BUF_BYTES = 64 * 128;          // one staged output box: 64 rows x 128 bytes
 
 // wgmma.mma_async.m64nNk16, fp32 += bf16 x bf16, both operands from shared memory.
 // TA / TB = 1: the operand is MN-major (its contiguous axis is the output axis).
@@ -624,13 +654,79 @@ __device__ void produce(const Problem& p, const CUtensorMap* ta, const CUtensorM
     }
 }
 
+// Two adjacent outputs (an accumulator pair), rounded once to the output type, into shared memory.
+__device__ __forceinline__ void store2_shared(u32_t at, float lo, float hi) {
+    unsigned v;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+}
+
+// A warpgroup's 64 x WN outputs through shared memory: boxes of 64 rows x 128 bytes (OUT_CW columns),
+// each written in the 128-byte swizzled layout the tensor map names (16-byte chunk c of row r at
+// c ^ (r % 8): the four lanes of a row hit one chunk, the 8 rows of a warp 8 different ones, no bank
+// conflicts), then stored by one thread with one TMA store. C::EPI buffers a warpgroup, reused once
+// the copy engine has read them; the thread that issues the stores is the one that waits for them.
+// Output (c0, r0) (and e: the weight gradient's expert) is the box's first column and row.
+template <class C>
+__device__ __forceinline__ void store_tma(const float (&acc)[C::WN / 2], const CUtensorMap* tc, u32_t ebuf, int& eb,
+                                          int wg, int tid, int c0, int r0, int e) {
+    const int warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+    for (int box = 0; box < C::WN / OUT_CW; ++box) {
+        const u32_t buf = ebuf + eb * OUT_BUF_BYTES;
+        if (tid == 0) bulk_wait_read<C::EPI - 1>();      // this buffer's previous box has been read
+        named_sync(2 + wg, 128);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = 16 * warp + (lane >> 2) + 8 * h;
+#pragma unroll
+            for (int qq = 0; qq < OUT_CW / 8; ++qq) {
+                const int q = box * (OUT_CW / 8) + qq;     // accumulator column group (8 columns)
+                const u32_t byte = (8 * qq + 2 * (lane & 3)) * sizeof(OutT);
+                store2_shared(buf + r * 128 + ((((byte >> 4) ^ (r & 7))) << 4) + (byte & 15),
+                              acc[4 * q + 2 * h], acc[4 * q + 2 * h + 1]);
+            }
+        }
+        fence_proxy_async();                               // visible to the copy engine
+        named_sync(2 + wg, 128);
+        if (tid == 0) {
+            tma_store_2d(tc, buf, c0 + box * OUT_CW, r0);
+            (void)e;
+            bulk_commit();
+        }
+        eb = eb + 1 == C::EPI ? 0 : eb + 1;
+    }
+}
+
+// A warpgroup's outputs from registers, rows past the tile's expert left out.
+// Accumulator d[4 q + 2 h + c]: row 16 warp + lane / 4 + 8 h, column 8 q + 2 (lane % 4) + c.
+template <class C>
+__device__ __forceinline__ void store_regs(const Problem& p, const WJob& j, const float (&acc)[C::WN / 2], int m_off,
+                                           int n_off, int warp, int lane) {
+    const i64_t COLS = p.N;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = m_off + 16 * warp + (lane >> 2) + 8 * h;
+        if (r >= j.rows) continue;                         // rows of the next expert: computed, never stored
+        OutT* o = p.out + (j.p0 + r) * COLS;
+#pragma unroll
+        for (int q = 0; q < C::WN / 8; ++q) {
+            const i64_t c = j.c0 + n_off + 8 * q + 2 * (lane & 3);
+            if (c < COLS) store2(o + c, acc[4 * q + 2 * h], acc[4 * q + 2 * h + 1]);
+        }
+    }
+}
+
 // A consumer warpgroup (wg 0 or 1; tid 0..127 inside it): its part of every tile of this block.
 template <class C>
-__device__ void consume(const Problem& p, u32_t ring, u32_t full0, u32_t empty0, i64_t total, i64_t tiles_r,
-                        i64_t tiles_c, int wg, int tid) {
+__device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32_t full0, u32_t empty0, i64_t total,
+                        i64_t tiles_r, i64_t tiles_c, int wg, int tid) {
     constexpr int WN = C::WN;
     const int m_off = C::BM == 128 ? 64 * wg : 0, n_off = C::BM == 128 ? 0 : WN * wg;
     const int warp = tid >> 5, lane = tid & 31;
+    (void)warp; (void)lane;
+    const u32_t ebuf = ring + C::STAGES * C::STAGE_BYTES + wg * C::EPI * OUT_BUF_BYTES;   // this warpgroup's staging
+    int eb = 0;                                            // the staging buffer the next box uses
     u32_t s = 0, ph = 0;
     for (i64_t t = blockIdx.x; t < total; t += gridDim.x) {
         const WJob j = job_of<C>(p, t, tiles_r, tiles_c);
@@ -654,24 +750,19 @@ __device__ void consume(const Problem& p, u32_t ring, u32_t full0, u32_t empty0,
             if (lane == 0) mbar_arrive(empty0 + 8 * s);    // this warp no longer reads the stage
             if (++s == C::STAGES) { s = 0; ph ^= 1; }
         }
-        // Accumulator d[4 q + 2 h + c]: row 16 warp + lane / 4 + 8 h, column 8 q + 2 (lane % 4) + c.
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = m_off + 16 * warp + (lane >> 2) + 8 * h;
-            const i64_t COLS = p.N;
-            if (r >= j.rows) continue;                     // rows of the next expert: computed, never stored
-            OutT* o = p.out + (j.p0 + r) * COLS;
-#pragma unroll
-            for (int q = 0; q < WN / 8; ++q) {
-                const i64_t c = j.c0 + n_off + 8 * q + 2 * (lane & 3);
-                if (c < COLS) store2(o + c, acc[4 * q + 2 * h], acc[4 * q + 2 * h + 1]);
-            }
-        }
+        // The tile's outputs. A warpgroup whose 64 rows all lie in the tile's expert (every
+        // weight-gradient tile: the tensor map's bounds cut rows past N and columns past K) stages
+        // them in shared memory and stores them by TMA, which overlaps the next tile's main loop;
+        // one whose rows end inside the tile (an expert's last m-tile) stores from registers, rows
+        // of the next expert computed and never stored.
+        if (j.rows >= m_off + 64) store_tma<C>(acc, tc, ebuf, eb, wg, tid, (int)(j.c0 + n_off), (int)(j.p0 + m_off), 0);
+        else store_regs<C>(p, j, acc, m_off, n_off, warp, lane);
     }
+    if (tid == 0) bulk_wait_all();                         // the staged stores have left shared memory
 }
 
 template <class C>
-__device__ void run(const Problem& p, const CUtensorMap* ta, const CUtensorMap* tb) {
+__device__ void run(const Problem& p, const CUtensorMap* ta, const CUtensorMap* tb, const CUtensorMap* tc) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     __shared__ __align__(8) u64_t bars[2 * C::STAGES];
     const u32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;   // the swizzle atoms need 1024-byte alignment
@@ -684,6 +775,7 @@ __device__ void run(const Problem& p, const CUtensorMap* ta, const CUtensorMap* 
         mbar_init_fence();
         tma_prefetch(ta);
         tma_prefetch(tb);
+        tma_prefetch(tc);
     }
     __syncthreads();
     const i64_t tiles_r = 0, tiles_c = (p.N + C::BN - 1) / C::BN;
@@ -694,7 +786,7 @@ __device__ void run(const Problem& p, const CUtensorMap* ta, const CUtensorMap* 
         if (tid == 0) produce<C>(p, ta, tb, ring, full0, empty0, total, tiles_r, tiles_c);
     } else {
         regs_grow<232>();
-        consume<C>(p, ring, full0, empty0, total, tiles_r, tiles_c, wg - 1, tid);
+        consume<C>(p, tc, ring, full0, empty0, total, tiles_r, tiles_c, wg - 1, tid);
     }
 }
 }  // namespace sf_grouped_matmul_bf16_sm90_wgmma_ns
@@ -727,37 +819,40 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_bf16_sm90_wg
     const bf16_t* __restrict__ dy, i64_t lddy, bf16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b) {
+    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
+    const __grid_constant__ CUtensorMap tmap_c) {
     sf_grouped_matmul_bf16_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 256, 4>>(p, &tmap_a, &tmap_b);
+    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 256, 4, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma__vwg128x128s6(
     const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const bf16_t* __restrict__ dy, i64_t lddy, bf16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b) {
+    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
+    const __grid_constant__ CUtensorMap tmap_c) {
     sf_grouped_matmul_bf16_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 128, 6>>(p, &tmap_a, &tmap_b);
+    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 128, 6, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma__vwg64x256s5(
     const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const bf16_t* __restrict__ dy, i64_t lddy, bf16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b) {
+    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
+    const __grid_constant__ CUtensorMap tmap_c) {
     sf_grouped_matmul_bf16_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
         sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<64, 256, 5>>(p, &tmap_a, &tmap_b);
+    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<64, 256, 5, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }

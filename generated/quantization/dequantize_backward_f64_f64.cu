@@ -101,6 +101,12 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
 // status word (mapped host memory, read by the host without a sync) and poisons its outputs.
 // status == null: no check (parameters the runtime computed itself).
+// param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
+// records and poisons them in a second sweep only when one failed.
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
+    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
+}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;
@@ -312,7 +318,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* dy_row = dy + row * dy_rs;
             double* dq_row = dq + row * dq_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -343,6 +350,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -486,7 +494,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* dy_row = dy + row * dy_rs;
             double* dq_row = dq + row * dq_rs;
-            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -517,6 +526,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -564,7 +574,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
         for (i64_t row = row0; row < rows; row += row_step) {
             const double* dy_row = dy + row * dy_rs;
             double* dq_row = dq + row * dq_rs;
-            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -595,6 +606,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {

@@ -101,6 +101,12 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
 // status word (mapped host memory, read by the host without a sync) and poisons its outputs.
 // status == null: no check (parameters the runtime computed itself).
+// param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
+// records and poisons them in a second sweep only when one failed.
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
+    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
+}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;

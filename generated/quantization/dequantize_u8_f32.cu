@@ -101,6 +101,12 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
 // status word (mapped host memory, read by the host without a sync) and poisons its outputs.
 // status == null: no check (parameters the runtime computed itself).
+// param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
+// records and poisons them in a second sweep only when one failed.
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
+    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
+}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;
@@ -335,7 +341,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             float* y_row = y + row * y_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -366,6 +373,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -529,45 +537,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             float* y_row = y + row * y_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
-            // The row is computed as if its scale were valid, then checked: a check before the
-            // loads would make every row wait for its scale before loading its data (the compiler
-            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
-            // makes a second pass overwrite the row's outputs with the op's poison.
-            {
-                constexpr bool bad = false;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<u8_t, VEC> q_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                    }
-                }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<float, VEC> y_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                        float& y_e = y_o.v[i];
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                    }
-                    store_vec<float, VEC>(y_row + c, y_o);
-                }
-            }
-            }
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
-            if (bad) {
-                constexpr bool bad = true;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -593,8 +568,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                     store_vec<float, VEC>(y_row + c, y_o);
                 }
             }
-            }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -883,7 +858,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             float* y_row = y + row * y_rs;
-            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -914,6 +890,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -961,45 +938,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             float* y_row = y + row * y_rs;
-            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
-            // The row is computed as if its scale were valid, then checked: a check before the
-            // loads would make every row wait for its scale before loading its data (the compiler
-            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
-            // makes a second pass overwrite the row's outputs with the op's poison.
-            {
-                constexpr bool bad = false;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<u8_t, VEC> q_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                    }
-                }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<float, VEC> y_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                        float& y_e = y_o.v[i];
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                    }
-                    store_vec<float, VEC>(y_row + c, y_o);
-                }
-            }
-            }
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
-            if (bad) {
-                constexpr bool bad = true;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -1025,8 +969,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                     store_vec<float, VEC>(y_row + c, y_o);
                 }
             }
-            }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -1074,7 +1018,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             float* y_row = y + row * y_rs;
-            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -1105,6 +1050,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -1152,45 +1098,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             float* y_row = y + row * y_rs;
-            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
-            (void)s; (void)zp;
-            // The row is computed as if its scale were valid, then checked: a check before the
-            // loads would make every row wait for its scale before loading its data (the compiler
-            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
-            // makes a second pass overwrite the row's outputs with the op's poison.
-            {
-                constexpr bool bad = false;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<u8_t, VEC> q_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        q_v[u] = load_vec<u8_t, VEC>(q_row + c);
-                    }
-                }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<float, VEC> y_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const u8_t q_e = vec_at(q_v[u], i);   // codes stay in words until used
-                        float& y_e = y_o.v[i];
-                        y_e = from_f32<float>(bad ? poison_nan<float>() : (float)(q_to_int(q_e) - zp) * s);
-                    }
-                    store_vec<float, VEC>(y_row + c, y_o);
-                }
-            }
-            }
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
-            if (bad) {
-                constexpr bool bad = true;
+            (void)s; (void)zp;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC> q_v[U];
 #pragma unroll
@@ -1216,8 +1129,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                     store_vec<float, VEC>(y_row + c, y_o);
                 }
             }
-            }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {

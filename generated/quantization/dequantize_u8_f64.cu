@@ -101,6 +101,12 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
 // status word (mapped host memory, read by the host without a sync) and poisons its outputs.
 // status == null: no check (parameters the runtime computed itself).
+// param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
+// records and poisons them in a second sweep only when one failed.
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
+    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
+}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;
@@ -313,7 +319,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -344,6 +351,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -485,7 +493,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -516,6 +525,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -756,7 +766,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -787,6 +798,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -834,7 +846,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -865,6 +878,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -912,7 +926,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -943,6 +958,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -990,7 +1006,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
         for (i64_t row = row0; row < rows; row += row_step) {
             const u8_t* q_row = q + row * q_rs;
             double* y_row = y + row * y_rs;
-            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -1021,6 +1038,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {

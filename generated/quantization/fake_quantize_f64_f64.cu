@@ -101,6 +101,12 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
 // status word (mapped host memory, read by the host without a sync) and poisons its outputs.
 // status == null: no check (parameters the runtime computed itself).
+// param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
+// records and poisons them in a second sweep only when one failed.
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
+    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
+}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;
@@ -326,7 +332,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -362,6 +369,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -521,7 +529,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -557,6 +566,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -826,7 +836,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -862,6 +873,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -916,7 +928,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -952,6 +965,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -1006,7 +1020,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -1042,6 +1057,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -1096,7 +1112,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             const double* x_row = x + row * x_rs;
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
-            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -1132,6 +1149,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {

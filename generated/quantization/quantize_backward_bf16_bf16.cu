@@ -101,6 +101,12 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
 // status word (mapped host memory, read by the host without a sync) and poisons its outputs.
 // status == null: no check (parameters the runtime computed itself).
+// param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
+// records and poisons them in a second sweep only when one failed.
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
+    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
+}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;
@@ -343,19 +349,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_a
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once, its reciprocal taken after the data
         // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
+        // Each row is computed as if its scale were valid and only tested (a few instructions, no
+        // branch): a check before the loads would make every row wait for its scale, and a poison
+        // pass behind every row costs the row's loop entry again. An invalid scale element (an
+        // error: rare) sends this thread over its rows a second time, where each failing row
+        // records its code in the status word and has its outputs overwritten with the op's poison
+        // (the same thread rewrites the same elements: program order makes the poison final).
+        bool any_bad = false;
+#pragma unroll 1
         for (i64_t row = row0; row < rows; row += row_step) {
             const bf16_t* dy_row = dy + row * dy_rs;
             const bf16_t* x_row = x + row * x_rs;
             bf16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            // The row is computed as if its scale were valid, then checked: a check before the
-            // loads would make every row wait for its scale before loading its data (the compiler
-            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
-            // makes a second pass overwrite the row's outputs with the op's poison.
-            {
-                constexpr bool bad = false;
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
+            constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -384,43 +395,55 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_a
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
-            }
-            }
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            if (bad) {
-                constexpr bool bad = true;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<bf16_t, VEC> dy_v[U];
-                Vec<bf16_t, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
-                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
-                    }
-                }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<bf16_t, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        const bf16_t x_e = x_v[u].v[i];
-                        bf16_t& dx_e = dx_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                    }
-                    store_vec<bf16_t, VEC>(dx_row + c, dx_o);
-                }
-            }
             }
         }
+        if (any_bad && status) {
+#pragma unroll 1
+            for (i64_t row = row0; row < rows; row += row_step) {
+                const bf16_t* dy_row = dy + row * dy_rs;
+                const bf16_t* x_row = x + row * x_rs;
+                bf16_t* dx_row = dx + row * dx_rs;
+                const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+                const float s = scale ? scale[srow] : scale_value;
+                const int zp = zero_point ? zero_point[srow] : zp_value;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                (void)s; (void)zp;
+                if (bad) {
+                    constexpr bool bad = true;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+                    Vec<bf16_t, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                            x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            const bf16_t x_e = x_v[u].v[i];
+                            bf16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<bf16_t, VEC>(dx_row + c, dx_o);
+                    }
+                }
+                }
+            }
+        }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -595,19 +618,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_s
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once, its reciprocal taken after the data
         // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
+        // Each row is computed as if its scale were valid and only tested (a few instructions, no
+        // branch): a check before the loads would make every row wait for its scale, and a poison
+        // pass behind every row costs the row's loop entry again. An invalid scale element (an
+        // error: rare) sends this thread over its rows a second time, where each failing row
+        // records its code in the status word and has its outputs overwritten with the op's poison
+        // (the same thread rewrites the same elements: program order makes the poison final).
+        bool any_bad = false;
+#pragma unroll 1
         for (i64_t row = row0; row < rows; row += row_step) {
             const bf16_t* dy_row = dy + row * dy_rs;
             const bf16_t* x_row = x + row * x_rs;
             bf16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            // The row is computed as if its scale were valid, then checked: a check before the
-            // loads would make every row wait for its scale before loading its data (the compiler
-            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
-            // makes a second pass overwrite the row's outputs with the op's poison.
-            {
-                constexpr bool bad = false;
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
+            constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -636,43 +664,55 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_s
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
-            }
-            }
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            if (bad) {
-                constexpr bool bad = true;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<bf16_t, VEC> dy_v[U];
-                Vec<bf16_t, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
-                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
-                    }
-                }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<bf16_t, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        const bf16_t x_e = x_v[u].v[i];
-                        bf16_t& dx_e = dx_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                    }
-                    store_vec<bf16_t, VEC>(dx_row + c, dx_o);
-                }
-            }
             }
         }
+        if (any_bad && status) {
+#pragma unroll 1
+            for (i64_t row = row0; row < rows; row += row_step) {
+                const bf16_t* dy_row = dy + row * dy_rs;
+                const bf16_t* x_row = x + row * x_rs;
+                bf16_t* dx_row = dx + row * dx_rs;
+                const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+                const float s = scale ? scale[srow] : scale_value;
+                const int zp = zp_value;  // symmetric: the implied zero point
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                (void)s; (void)zp;
+                if (bad) {
+                    constexpr bool bad = true;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+                    Vec<bf16_t, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                            x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            const bf16_t x_e = x_v[u].v[i];
+                            bf16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<bf16_t, VEC>(dx_row + c, dx_o);
+                    }
+                }
+                }
+            }
+        }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -982,19 +1022,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_as
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once, its reciprocal taken after the data
         // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
+        // Each row is computed as if its scale were valid and only tested (a few instructions, no
+        // branch): a check before the loads would make every row wait for its scale, and a poison
+        // pass behind every row costs the row's loop entry again. An invalid scale element (an
+        // error: rare) sends this thread over its rows a second time, where each failing row
+        // records its code in the status word and has its outputs overwritten with the op's poison
+        // (the same thread rewrites the same elements: program order makes the poison final).
+        bool any_bad = false;
+#pragma unroll 1
         for (i64_t row = row0; row < rows; row += row_step) {
             const bf16_t* dy_row = dy + row * dy_rs;
             const bf16_t* x_row = x + row * x_rs;
             bf16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            // The row is computed as if its scale were valid, then checked: a check before the
-            // loads would make every row wait for its scale before loading its data (the compiler
-            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
-            // makes a second pass overwrite the row's outputs with the op's poison.
-            {
-                constexpr bool bad = false;
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
+            constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -1023,43 +1068,55 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_as
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
-            }
-            }
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            if (bad) {
-                constexpr bool bad = true;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<bf16_t, VEC> dy_v[U];
-                Vec<bf16_t, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
-                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
-                    }
-                }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<bf16_t, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        const bf16_t x_e = x_v[u].v[i];
-                        bf16_t& dx_e = dx_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                    }
-                    store_vec<bf16_t, VEC>(dx_row + c, dx_o);
-                }
-            }
             }
         }
+        if (any_bad && status) {
+#pragma unroll 1
+            for (i64_t row = row0; row < rows; row += row_step) {
+                const bf16_t* dy_row = dy + row * dy_rs;
+                const bf16_t* x_row = x + row * x_rs;
+                bf16_t* dx_row = dx + row * dx_rs;
+                const i64_t srow = 0;
+                const float s = scale ? scale[srow] : scale_value;
+                const int zp = zero_point ? zero_point[srow] : zp_value;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                (void)s; (void)zp;
+                if (bad) {
+                    constexpr bool bad = true;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+                    Vec<bf16_t, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                            x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            const bf16_t x_e = x_v[u].v[i];
+                            bf16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<bf16_t, VEC>(dx_row + c, dx_o);
+                    }
+                }
+                }
+            }
+        }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -1108,19 +1165,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_sy
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once, its reciprocal taken after the data
         // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
+        // Each row is computed as if its scale were valid and only tested (a few instructions, no
+        // branch): a check before the loads would make every row wait for its scale, and a poison
+        // pass behind every row costs the row's loop entry again. An invalid scale element (an
+        // error: rare) sends this thread over its rows a second time, where each failing row
+        // records its code in the status word and has its outputs overwritten with the op's poison
+        // (the same thread rewrites the same elements: program order makes the poison final).
+        bool any_bad = false;
+#pragma unroll 1
         for (i64_t row = row0; row < rows; row += row_step) {
             const bf16_t* dy_row = dy + row * dy_rs;
             const bf16_t* x_row = x + row * x_rs;
             bf16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            // The row is computed as if its scale were valid, then checked: a check before the
-            // loads would make every row wait for its scale before loading its data (the compiler
-            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
-            // makes a second pass overwrite the row's outputs with the op's poison.
-            {
-                constexpr bool bad = false;
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
+            constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -1149,43 +1211,55 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_sy
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
-            }
-            }
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            if (bad) {
-                constexpr bool bad = true;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<bf16_t, VEC> dy_v[U];
-                Vec<bf16_t, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
-                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
-                    }
-                }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<bf16_t, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        const bf16_t x_e = x_v[u].v[i];
-                        bf16_t& dx_e = dx_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                    }
-                    store_vec<bf16_t, VEC>(dx_row + c, dx_o);
-                }
-            }
             }
         }
+        if (any_bad && status) {
+#pragma unroll 1
+            for (i64_t row = row0; row < rows; row += row_step) {
+                const bf16_t* dy_row = dy + row * dy_rs;
+                const bf16_t* x_row = x + row * x_rs;
+                bf16_t* dx_row = dx + row * dx_rs;
+                const i64_t srow = 0;
+                const float s = scale ? scale[srow] : scale_value;
+                const int zp = zp_value;  // symmetric: the implied zero point
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                (void)s; (void)zp;
+                if (bad) {
+                    constexpr bool bad = true;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+                    Vec<bf16_t, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                            x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            const bf16_t x_e = x_v[u].v[i];
+                            bf16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<bf16_t, VEC>(dx_row + c, dx_o);
+                    }
+                }
+                }
+            }
+        }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -1234,19 +1308,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_asy
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once, its reciprocal taken after the data
         // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
+        // Each row is computed as if its scale were valid and only tested (a few instructions, no
+        // branch): a check before the loads would make every row wait for its scale, and a poison
+        // pass behind every row costs the row's loop entry again. An invalid scale element (an
+        // error: rare) sends this thread over its rows a second time, where each failing row
+        // records its code in the status word and has its outputs overwritten with the op's poison
+        // (the same thread rewrites the same elements: program order makes the poison final).
+        bool any_bad = false;
+#pragma unroll 1
         for (i64_t row = row0; row < rows; row += row_step) {
             const bf16_t* dy_row = dy + row * dy_rs;
             const bf16_t* x_row = x + row * x_rs;
             bf16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            // The row is computed as if its scale were valid, then checked: a check before the
-            // loads would make every row wait for its scale before loading its data (the compiler
-            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
-            // makes a second pass overwrite the row's outputs with the op's poison.
-            {
-                constexpr bool bad = false;
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
+            constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -1275,43 +1354,55 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_asy
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
-            }
-            }
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            if (bad) {
-                constexpr bool bad = true;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<bf16_t, VEC> dy_v[U];
-                Vec<bf16_t, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
-                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
-                    }
-                }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<bf16_t, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        const bf16_t x_e = x_v[u].v[i];
-                        bf16_t& dx_e = dx_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                    }
-                    store_vec<bf16_t, VEC>(dx_row + c, dx_o);
-                }
-            }
             }
         }
+        if (any_bad && status) {
+#pragma unroll 1
+            for (i64_t row = row0; row < rows; row += row_step) {
+                const bf16_t* dy_row = dy + row * dy_rs;
+                const bf16_t* x_row = x + row * x_rs;
+                bf16_t* dx_row = dx + row * dx_rs;
+                const i64_t srow = row;
+                const float s = scale ? scale[srow] : scale_value;
+                const int zp = zero_point ? zero_point[srow] : zp_value;
+                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                (void)s; (void)zp;
+                if (bad) {
+                    constexpr bool bad = true;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+                    Vec<bf16_t, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                            x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            const bf16_t x_e = x_v[u].v[i];
+                            bf16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<bf16_t, VEC>(dx_row + c, dx_o);
+                    }
+                }
+                }
+            }
+        }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -1360,19 +1451,24 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_sym
         // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
         // and stores them; the row's scale is loaded once, its reciprocal taken after the data
         // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
+        // Each row is computed as if its scale were valid and only tested (a few instructions, no
+        // branch): a check before the loads would make every row wait for its scale, and a poison
+        // pass behind every row costs the row's loop entry again. An invalid scale element (an
+        // error: rare) sends this thread over its rows a second time, where each failing row
+        // records its code in the status word and has its outputs overwritten with the op's poison
+        // (the same thread rewrites the same elements: program order makes the poison final).
+        bool any_bad = false;
+#pragma unroll 1
         for (i64_t row = row0; row < rows; row += row_step) {
             const bf16_t* dy_row = dy + row * dy_rs;
             const bf16_t* x_row = x + row * x_rs;
             bf16_t* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;            const float s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            // The row is computed as if its scale were valid, then checked: a check before the
-            // loads would make every row wait for its scale before loading its data (the compiler
-            // hoists a check placed inside the loop). An invalid scale element (an error: rare)
-            // makes a second pass overwrite the row's outputs with the op's poison.
-            {
-                constexpr bool bad = false;
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
+            constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> dy_v[U];
                 Vec<bf16_t, VEC> x_v[U];
@@ -1401,43 +1497,55 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_sym
                     }
                     store_vec<bf16_t, VEC>(dx_row + c, dx_o);
                 }
-            }
-            }
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            if (bad) {
-                constexpr bool bad = true;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<bf16_t, VEC> dy_v[U];
-                Vec<bf16_t, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
-                        x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
-                    }
-                }
-                const float inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<bf16_t, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const bf16_t dy_e = dy_v[u].v[i];
-                        const bf16_t x_e = x_v[u].v[i];
-                        bf16_t& dx_e = dx_o.v[i];
-                        const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
-                        dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
-                    }
-                    store_vec<bf16_t, VEC>(dx_row + c, dx_o);
-                }
-            }
             }
         }
+        if (any_bad && status) {
+#pragma unroll 1
+            for (i64_t row = row0; row < rows; row += row_step) {
+                const bf16_t* dy_row = dy + row * dy_rs;
+                const bf16_t* x_row = x + row * x_rs;
+                bf16_t* dx_row = dx + row * dx_rs;
+                const i64_t srow = row;
+                const float s = scale ? scale[srow] : scale_value;
+                const int zp = zp_value;  // symmetric: the implied zero point
+                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
+                (void)bad;
+                (void)s; (void)zp;
+                if (bad) {
+                    constexpr bool bad = true;
+                for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                    Vec<bf16_t, VEC> dy_v[U];
+                    Vec<bf16_t, VEC> x_v[U];
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c < cols) {
+                            dy_v[u] = load_vec<bf16_t, VEC>(dy_row + c);
+                            x_v[u] = load_vec<bf16_t, VEC>(x_row + c);
+                        }
+                    }
+                    const float inv = recip(s);
+                    (void)inv;
+    #pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        const i64_t c = c0 + (i64_t)u * TX * VEC;
+                        if (c >= cols) break;
+                        Vec<bf16_t, VEC> dx_o;
+    #pragma unroll
+                        for (int i = 0; i < VEC; ++i) {
+                            const bf16_t dy_e = dy_v[u].v[i];
+                            const bf16_t x_e = x_v[u].v[i];
+                            bf16_t& dx_e = dx_o.v[i];
+                            const float v = rne_bounded(to_f32(x_e) * inv) + (float)zp;   // only compared or clamped
+                            dx_e = from_f32<bf16_t>(bad ? poison_nan<float>() : to_f32(dy_e) * ((v >= qlo && v <= qhi) ? (float)1 : (float)0));   // NaN: invalid scale element
+                        }
+                        store_vec<bf16_t, VEC>(dx_row + c, dx_o);
+                    }
+                }
+                }
+            }
+        }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {

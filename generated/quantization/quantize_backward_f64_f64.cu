@@ -101,6 +101,12 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // and, asymmetric, its zero point lies in [qmin, qmax]. An invalid one writes its code to the
 // status word (mapped host memory, read by the host without a sync) and poisons its outputs.
 // status == null: no check (parameters the runtime computed itself).
+// param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
+// records and poisons them in a second sweep only when one failed.
+template <bool ASYM, typename M>
+__device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
+    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
+}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;
@@ -323,7 +329,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_a
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -358,6 +365,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_a
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -512,7 +520,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_s
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -547,6 +556,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_channel_s
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -808,7 +818,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_as
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -843,6 +854,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_as
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -895,7 +907,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_sy
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = 0;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -930,6 +943,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_tensor_sy
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -982,7 +996,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_asy
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -1017,6 +1032,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_asy
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {
@@ -1069,7 +1085,8 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_sym
             const double* dy_row = dy + row * dy_rs;
             const double* x_row = x + row * x_rs;
             double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;            const double s = scale ? scale[srow] : scale_value;
+            const i64_t srow = row;
+            const double s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
             (void)bad;
@@ -1104,6 +1121,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_backward_token_sym
                 }
             }
         }
+
     } else {
         // Scalar path: any cols, any alignment, any group size.
         for (i64_t row = row0; row < rows; row += row_step) {

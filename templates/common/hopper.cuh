@@ -1,6 +1,6 @@
 // ---- skuforge Hopper helpers (templates/common/hopper.cuh) ---------------------------------
 // Inline PTX for the sm_90a units (the wgmma backend): transaction mbarriers, tensor-map (TMA) tile
-// loads, shared-memory matrix descriptors and the wgmma fences, register reallocation. No CUDA
+// loads and stores, shared-memory matrix descriptors and the wgmma fences, register reallocation. No CUDA
 // headers: the tensor map is an opaque 128-byte, 64-byte aligned value (encoded on the host by
 // cuTensorMapEncodeTiled, runtime/tma.py) passed as a `const __grid_constant__` kernel parameter.
 struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
@@ -41,6 +41,26 @@ __device__ __forceinline__ void tma_load_3d(u32_t dst, const CUtensorMap* m, u32
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, { %3, %4, %5 }], [%2];\n"
                  ::"r"(dst), "l"(m), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
+
+// -- tensor-map tile stores: shared memory to the box at coordinates (innermost first) -----------
+// Bulk-async: the issuing thread groups its stores (commit), and waits for a group's shared-memory
+// reads (`.read`: the buffer may be rewritten) or for its completion. Parts of the box outside the
+// tensor's bounds are not written.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* m, u32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, { %2, %3 }], [%1];\n"
+                 ::"l"(m), "r"(src), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* m, u32_t src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 ::"l"(m), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// At most N of this thread's newest store groups still read shared memory.
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Every store group of this thread has completed.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // Ordinary shared-memory stores made visible to the async proxy (wgmma operand reads, TMA writes).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
