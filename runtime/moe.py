@@ -243,17 +243,19 @@ def tma_specs(args: MoeArgs, tile: dict) -> dict:
     kind, M, N, K, E = (args.x if args.x is not None else args.dy).kind, args.M, args.N, args.K, args.E
     BM, BN = tile["BM"], tile["BN"]
 
-    def rows(ref, cols, box_rows):          # a 2-D [M][cols] array
-        return ref, MapSpec(ref.kind, (cols, M), (ref.strides[0] * ref.itemsize,), (128 // ref.itemsize, box_rows))
+    def rows(ref, cols, box_rows, contiguous=False):     # a 2-D [M][cols] array
+        ld = cols if contiguous else ref.strides[0]
+        return ref, MapSpec(ref.kind, (cols, M), (ld * ref.itemsize,), (128 // ref.itemsize, box_rows))
 
-    def weights(ref, box_rows):             # a 3-D [E][N][K] array (w, dw)
-        return ref, MapSpec(ref.kind, (K, N, E), (ref.strides[1] * ref.itemsize, ref.strides[0] * ref.itemsize),
-                            (128 // ref.itemsize, box_rows, 1))
+    def weights(ref, box_rows, contiguous=False):        # a 3-D [E][N][K] array (w, dw)
+        st = (K, N * K) if contiguous else (ref.strides[1], ref.strides[0])
+        return ref, MapSpec(ref.kind, (K, N, E), tuple(v * ref.itemsize for v in st), (128 // ref.itemsize, box_rows, 1))
+    out = args.out                                       # C-contiguous (checked), whatever strides its extents of 1 carry
     if args.op == "grouped_matmul":
-        return {"tmap_a": rows(args.x, K, BM), "tmap_b": weights(args.w, BN), "tmap_c": rows(args.out, N, 64)}
+        return {"tmap_a": rows(args.x, K, BM), "tmap_b": weights(args.w, BN), "tmap_c": rows(out, N, 64, True)}
     if args.op == "grouped_matmul_backward_input":
-        return {"tmap_a": rows(args.dy, N, BM), "tmap_b": weights(args.w, 64), "tmap_c": rows(args.out, K, 64)}
-    return {"tmap_a": rows(args.dy, N, 64), "tmap_b": rows(args.x, K, 64), "tmap_c": weights(args.out, 64)}
+        return {"tmap_a": rows(args.dy, N, BM), "tmap_b": weights(args.w, 64), "tmap_c": rows(out, K, 64, True)}
+    return {"tmap_a": rows(args.dy, N, 64), "tmap_b": rows(args.x, K, 64), "tmap_c": weights(out, 64, True)}
 
 
 def wgmma_blockers(args: MoeArgs) -> list:

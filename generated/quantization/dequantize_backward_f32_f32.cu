@@ -352,7 +352,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
@@ -379,6 +378,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_channel
                     store_vec<float, VEC>(dq_row + c, dq_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -601,7 +601,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
@@ -628,6 +627,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_tensor_
                     store_vec<float, VEC>(dq_row + c, dq_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -730,7 +730,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
@@ -757,6 +756,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_backward_token_f
                     store_vec<float, VEC>(dq_row + c, dq_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1

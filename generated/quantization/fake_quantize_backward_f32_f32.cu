@@ -365,7 +365,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
@@ -396,6 +395,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     store_vec<float, VEC>(dx_row + c, dx_o);
                 }
             }
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -634,7 +634,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
@@ -665,6 +664,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
                     store_vec<float, VEC>(dx_row + c, dx_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1038,7 +1038,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
@@ -1069,6 +1068,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                     store_vec<float, VEC>(dx_row + c, dx_o);
                 }
             }
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1181,7 +1181,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
@@ -1212,6 +1211,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
                     store_vec<float, VEC>(dx_row + c, dx_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1324,7 +1324,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
@@ -1355,6 +1354,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                     store_vec<float, VEC>(dx_row + c, dx_o);
                 }
             }
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1467,7 +1467,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<float, VEC> dy_v[U];
@@ -1498,6 +1497,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
                     store_vec<float, VEC>(dx_row + c, dx_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1

@@ -371,7 +371,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -403,6 +402,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
             }
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -650,7 +650,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -682,6 +681,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1070,7 +1070,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -1102,6 +1101,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
             }
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1217,7 +1217,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -1249,6 +1248,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1364,7 +1364,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -1396,6 +1395,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
             }
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1511,7 +1511,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -1543,6 +1542,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                     if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1

@@ -353,7 +353,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -380,6 +379,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -598,7 +598,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -625,6 +624,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -968,7 +968,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -995,6 +994,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1097,7 +1097,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_b
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -1124,6 +1123,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_b
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1226,7 +1226,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_b
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zero_point ? zero_point[srow] : zp_value;
             (void)s; (void)zp;
-            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -1253,6 +1252,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_b
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
+            any_bad |= param_invalid<true>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
@@ -1355,7 +1355,6 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf
             const float s = scale ? scale[srow] : scale_value;
             const int zp = zp_value;  // symmetric: the implied zero point
             (void)s; (void)zp;
-            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
             constexpr bool bad = false;
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<bf16_t, VEC> x_v[U];
@@ -1382,6 +1381,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf
                     store_vec<s8_t, VEC>(q_row + c, q_o);
                 }
             }
+            any_bad |= param_invalid<false>(s, zp, qmin, qmax);
         }
         if (any_bad && status) {
 #pragma unroll 1
