@@ -209,7 +209,9 @@ WGMMA_VARIANTS = {
 WGMMA_DEFAULT = "wg128x256s4"
 WGMMA_ALIGN = 1024
 WGMMA_OUT_BOX = 64 * 128            # one staged output box (bytes)
-WGMMA_SMEM_LIMIT = 227 * 1024 - 1024  # shared memory of a block on sm_90, less the static part (ptxas: 1024)
+WGMMA_STATIC_SMEM = 1024            # the static shared memory of a wgmma kernel (ptxas: the barriers, aligned)
+MMA_STATIC_SMEM = 4096              # at most, of an mma / simt kernel (row table and tile slot)
+WGMMA_SMEM_LIMIT = 227 * 1024 - WGMMA_STATIC_SMEM   # dynamic shared memory of a block on sm_90
 
 
 def wgmma_smem(bm: int, bn: int, stages: int, size: int) -> tuple:
@@ -265,7 +267,7 @@ def _moe_context(cell, ctx):
             tile = {"BM": bm, "BN": bn, "BK": 64, "STAGES": stages, "THREADS": 384, "MIN_BLOCKS": 1,
                     "WN": bn if bm == 128 else bn // 2, "EPI": epi}
             variants.append({"name": name, "symbol": sku.symbol if name == WGMMA_DEFAULT else f"{sku.symbol}__v{name}",
-                             "tile": tile, "dynamic_smem": smem})
+                             "tile": tile, "dynamic_smem": smem, "static_smem": WGMMA_STATIC_SMEM})
         variants.sort(key=lambda v: v["name"] != WGMMA_DEFAULT)
         rules = dict(WGMMA_RULE[opkind])
     elif sku.backend == "mma":
@@ -276,17 +278,21 @@ def _moe_context(cell, ctx):
             tile = {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "THREADS": 32 * bm * bn // 4096,
                     "MIN_BLOCKS": 0, "PIPE": pipe}
             variants.append({"name": name, "symbol": sku.symbol if name == default else f"{sku.symbol}__v{name}",
-                             "tile": tile, "dynamic_smem": stages * (bm + bn) * bk * size})
+                             "tile": tile, "dynamic_smem": stages * (bm + bn) * bk * size,
+                             "static_smem": MMA_STATIC_SMEM})
     else:
         tile = dict(MOE_TILES[sku.backend])
-        variants = [{"name": "default", "symbol": sku.symbol, "tile": tile, "dynamic_smem": 0}]
+        variants = [{"name": "default", "symbol": sku.symbol, "tile": tile, "dynamic_smem": 0,
+                     "static_smem": MMA_STATIC_SMEM}]
     tile, smem = variants[0]["tile"], variants[0]["dynamic_smem"]
     launch = {"block_threads": tile["THREADS"], "tile": tile, "dynamic_smem": smem,
+              "static_smem": variants[0]["static_smem"],
               "out": out_kind, "route_threads": 1024,
               "route": {r: f"{sku.symbol}_route_{r}" for r in MOE_ROUTE}}
     if sku.backend in ("mma", "wgmma"):
         launch["default_variant"] = variants[0]["name"]
-        launch["variants"] = {v["name"]: {k: v[k] for k in ("symbol", "tile", "dynamic_smem")} for v in variants}
+        launch["variants"] = {v["name"]: {k: v[k] for k in ("symbol", "tile", "dynamic_smem", "static_smem")}
+                              for v in variants}
         launch.update(rules)
     return {
         "ns": sku.symbol + "_ns", "T": kinds.CTYPE[sku.element], "OUT": kinds.CTYPE[out_kind], "out_kind": out_kind,

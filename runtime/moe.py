@@ -367,7 +367,7 @@ def _names_elsewhere(plan) -> set:
 
 def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optional[float] = None,
                 cols: Optional[int] = None) -> tuple:
-    """(name, {"symbol", "tile", "dynamic_smem"}) of the tile configuration that runs ``op``:
+    """(name, {"symbol", "tile", "dynamic_smem", "static_smem"}) of the tile configuration that runs ``op``:
     ``CONFIG``, else ``SKUFORGE_MOE_CONFIG``, else :func:`default_variant` (from the experts' average
     rows and the output columns ``cols``). A name of another backend's configuration leaves this
     plan on its default; an unknown name is an error. With ``dev``, a default that does not fit the
@@ -376,7 +376,7 @@ def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optio
     variants = plan.launch.get("variants")
     if not variants:
         return "default", {"symbol": plan.entry.symbol, "tile": plan.launch["tile"],
-                           "dynamic_smem": plan.launch["dynamic_smem"]}
+                           "dynamic_smem": plan.launch["dynamic_smem"], "static_smem": plan.launch["static_smem"]}
     default = default_variant(plan, rows_per_expert, cols)
     key = PASS_OF[op]
     want = None
@@ -393,12 +393,15 @@ def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optio
                                       f"of {plan.sku}'s: {', '.join(variants)}")
     meta = variants[name]
     if dev is not None:
-        limit = _smem_optin(dev) - 4096   # static shared memory: row table and tile slot
-        if meta["dynamic_smem"] > limit:
+        optin = _smem_optin(dev)
+
+        def fits(m):      # the kernel's static shared memory (manifest) and its dynamic ring
+            return m["dynamic_smem"] + m["static_smem"] <= optin
+        if not fits(meta):
             if name != default:
-                raise InvalidProblemError(f"tile configuration {name!r} needs {meta['dynamic_smem']} bytes of shared "
-                                          f"memory; this device allows {limit + 4096} per block")
-            name = next((n for n in variant_names(plan) if variants[n]["dynamic_smem"] <= limit), name)
+                raise InvalidProblemError(f"tile configuration {name!r} needs {meta['dynamic_smem'] + meta['static_smem']} "
+                                          f"bytes of shared memory; this device allows {optin} per block")
+            name = next((n for n in variant_names(plan) if fits(variants[n])), name)
             meta = variants[name]
     return name, meta
 
