@@ -240,7 +240,7 @@ def tma_specs(args: MoeArgs, tile: dict) -> dict:
     rows n (K-major); input gradient: dy rows and w[e] as [n][k] (k MN-major); weight gradient: dy
     and x as [m][n] / [m][k] (both MN-major), 64 rows of the reduction a box. The output (``tmap_c``):
     y / dx as [M][cols], dw as [E][N][K], stored in boxes of 64 rows x 128 bytes."""
-    kind, M, N, K, E = (args.x if args.x is not None else args.dy).kind, args.M, args.N, args.K, args.E
+    M, N, K, E = args.M, args.N, args.K, args.E
     BM, BN = tile["BM"], tile["BN"]
 
     def rows(ref, cols, box_rows, contiguous=False):     # a 2-D [M][cols] array
