@@ -47,6 +47,7 @@ from __future__ import annotations
 import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import numpy as np
@@ -427,7 +428,7 @@ class Step:
     """One prepared launch of a moe call, and where its pointer parameters come from: ``refs`` =
     ``((slot, ArrayRef, byte offset), ...)`` (the workspace regions are offsets into one array);
     ``maps`` = ``((slot, ArrayRef, MapSpec), ...)``: tensor-map parameters of an array (wgmma).
-    The repeated-call fast path re-fills exactly these slots (:func:`_binder`)."""
+    The repeated-call fast path re-fills exactly these slots (``FastCall.add_launch(refs=, maps=)``)."""
 
     prep: PreparedLaunch
     refs: tuple
@@ -543,51 +544,6 @@ class MoeLauncher(Launcher):
             raise InvalidProblemError(f"workspace has {ws.size} bytes; {self.workspace_size(plan, args)} needed")
         for st in self.steps(plan, args, ws):
             st.prep.launch(stream)
-
-
-def _sources(slots, index_of):
-    """``((slot, ArrayRef, extra), ...)`` -> ``[(slot, argument index, extra), ...]`` by the arrays'
-    pointers, or None when one is not an argument or allocation of the call."""
-    out = []
-    for j, ref, extra in slots:
-        i = index_of(ref.ptr)
-        if i is None:
-            return None
-        out.append((j, i, extra))
-    return out
-
-
-def _binder(steps: list):
-    """A ``FastCall.set_runner`` binder replaying ``steps``: every pointer slot named by a step is
-    re-filled with its array's new pointer (plus the region offset), every tensor-map slot with the
-    map of its array at the new address; the rest of the parameters
-    (shapes, strides, grids, variants: what the slow path chose) are the remembered values. No
-    binding (no fast path) when a nonzero pointer slot is not accounted for."""
-    def bind(index_of):
-        plan = []
-        for st in steps:
-            fills, maps = _sources(st.refs, index_of), _sources(st.maps, index_of)
-            if fills is None or maps is None:
-                return None
-            filled = {j for j, _, _ in fills}
-            fmt, values = st.prep.fmt, st.prep.values
-            if len(fmt) != len(values):
-                return None
-            for j, (c, v) in enumerate(zip(fmt, values)):
-                if c == "Q" and v and j not in filled and not status.is_status_pointer(v):
-                    return None
-            plan.append((st.prep.bound(), list(values), tuple(fills), tuple(maps)))
-
-        def run(objs, ptrs, stream):
-            for go, template, fills, maps in plan:
-                values = template.copy()
-                for j, i, off in fills:
-                    values[j] = ptrs[i] + off
-                for j, i, spec in maps:           # the tensor map of the new array (encoded once per address)
-                    values[j] = tensor_map(ptrs[i], spec)
-                go(stream, values)
-        return run
-    return bind
 
 
 # -- plan selection ----------------------------------------------------------------------------
@@ -828,7 +784,14 @@ def _launch(fast, jobs, like: ArrayRef, ws: Optional[ArrayRef], routing: Routing
         st.prep.launch(stream)
     if routing.offsets is not None and not routing.trusted:
         fast.checks_device_values()          # under runtime.sync_checks() a repeated call validates them
-    fast.set_runner(_binder(steps), like)
+    for st in steps:                         # a replay re-fills the pointers and encodes the new arrays' maps
+        fast.add_launch(st.prep, like, refs=st.refs,
+                        maps=tuple((j, r, partial(_map_at, spec=spec)) for j, r, spec in st.maps))
+
+
+def _map_at(ptr: int, spec: MapSpec) -> bytes:
+    """The tensor map of ``spec`` at ``ptr`` (encoded once per address: runtime/tma.py)."""
+    return tensor_map(ptr, spec)
 
 
 # -- given outputs and workspace ----------------------------------------------------------------

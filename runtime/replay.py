@@ -47,9 +47,12 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
 #
 # Which slot takes which pointer is found when the call is remembered, by matching every nonzero
 # pointer slot ("Q" in the struct format) against the pointers of the array arguments and of
-# the allocations the slow path made (the status word's pointer is a constant of the device): a pointer that matches nothing, or two sources that share
-# a pointer (in-place calls), leave the call without a fast path rather than guess. Scalar slots
-# are named by the launching code (``add_launch(params=...)``) and verified against the values.
+# the allocations the slow path made (the status word's pointer is a constant of the device): a
+# pointer that matches nothing, or two sources that share a pointer (in-place calls), leave the
+# call without a fast path rather than guess. The launching code names the rest: scalar slots
+# (``add_launch(params=...)``, verified against the values), pointers into an array at an offset
+# (``refs``: workspace regions) and parameters encoded from an array's address (``maps``: tensor
+# maps), each re-derived from the new array on a hit.
 CACHE: dict = {}
 LIMIT = 2048
 _NONE = ("none",)
@@ -144,12 +147,18 @@ def _compile(e: Entry, nargs: int, result):
     else:
         for n, (prep, template, slots) in enumerate(e.launches):
             ns[f"go{n}"] = prep.bound()
-            filled = dict(slots)
             parts = []
             for j, v in enumerate(template):
-                i = filled.get(j)
-                if i is not None:
-                    parts.append(f"vals[{i}]" if i < nargs else f"p{i - nargs}")
+                f = slots.get(j)
+                if f is not None:
+                    i, off, encode = f
+                    expr = f"vals[{i}]" if i < nargs else f"p{i - nargs}"
+                    if off:
+                        expr = f"{expr} + {off}"
+                    if encode is not None:
+                        ns[f"m{n}_{j}"] = encode
+                        expr = f"m{n}_{j}({expr})"
+                    parts.append(expr)
                 else:
                     lit = _literal(v)
                     if lit is None:
@@ -249,12 +258,15 @@ class FastCall:
             self._rec.__exit__()
         return False
 
-    def add_launch(self, prep, stream_ref: ArrayRef, params=None):
+    def add_launch(self, prep, stream_ref: ArrayRef, params=None, refs=(), maps=()):
         """A prepared launch of the slow path (``prep.launch(stream_handle(stream_ref))``) to replay.
         ``params``: the names of the parameters that take a Python scalar scale and zero point, or
-        None when the kernel reads neither."""
+        None when the kernel reads neither. ``refs``: ``((slot, ArrayRef, byte offset), ...)``,
+        pointer slots that point into an array (workspace regions); ``maps``: ``((slot, ArrayRef,
+        encode), ...)``, parameters derived from an array's address (``encode(ptr)``: a tensor map).
+        Every other nonzero pointer slot must hold an argument's or an allocation's address."""
         if self.key is not None:
-            self.launches.append((prep, stream_ref, params))
+            self.launches.append((prep, stream_ref, params, tuple(refs), tuple(maps)))
 
     def set_runner(self, bind, stream_ref: ArrayRef):
         """Replay by calling code instead of prepared launches: ``bind(index_of)`` is called when the
@@ -334,24 +346,35 @@ class FastCall:
         if scalars:
             e.check = _scalar_check(scale_at, zp_check)
         launches, streams = [], []
-        for prep, ref, params in self.launches:
+        for prep, ref, params, refs, maps in self.launches:
             template, fmt = prep.values, prep.fmt
             if len(fmt) != len(template):
                 return
-            slots = []
+            # slot -> (source index, byte offset, encode or None)
+            slots = {}
+            for j, r, off in refs:
+                i = srcs.get(r.ptr)
+                if i is None or template[j] != r.ptr + off:
+                    return             # not an argument or allocation, or not the value launched
+                slots[j] = (i, off, None)
+            for j, r, encode in maps:
+                i = srcs.get(r.ptr)
+                if i is None:
+                    return
+                slots[j] = (i, 0, encode)
             for j, (c, v) in enumerate(zip(fmt, template)):
-                if c == "Q" and v and not status.is_status_pointer(v):
+                if c == "Q" and v and j not in slots and not status.is_status_pointer(v):
                     i = srcs.get(v)
                     if i is None:
                         return         # a pointer that is neither an argument nor an allocation
-                    slots.append((j, i))
+                    slots[j] = (i, 0, None)
             for which, i in scalars.items():
                 if params is not None:
                     j = prep.abi.slot[params[which]]
                     if template[j] != args[i] or fmt[j] == "Q":
                         return         # the named slot does not hold the scalar
-                    slots.append((j, i))
-            launches.append((prep, list(template), tuple(slots)))
+                    slots[j] = (i, 0, None)
+            launches.append((prep, list(template), slots))
             streams.append(ref)
         if self.runner is not None:
             bind, ref = self.runner
