@@ -786,12 +786,7 @@ def _launch(fast, jobs, like: ArrayRef, ws: Optional[ArrayRef], routing: Routing
         fast.checks_device_values()          # under runtime.sync_checks() a repeated call validates them
     for st in steps:                         # a replay re-fills the pointers and encodes the new arrays' maps
         fast.add_launch(st.prep, like, refs=st.refs,
-                        maps=tuple((j, r, partial(_map_at, spec=spec)) for j, r, spec in st.maps))
-
-
-def _map_at(ptr: int, spec: MapSpec) -> bytes:
-    """The tensor map of ``spec`` at ``ptr`` (encoded once per address: runtime/tma.py)."""
-    return tensor_map(ptr, spec)
+                        maps=tuple((j, r, partial(tensor_map, spec=spec)) for j, r, spec in st.maps))
 
 
 # -- given outputs and workspace ----------------------------------------------------------------

@@ -35,6 +35,12 @@ class MapSpec:
     strides: tuple   # byte strides of dims[1:], each a multiple of 16
     box: tuple       # the tile one copy moves, in elements (box[0] * element size <= 128 for the swizzle)
 
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.kind, self.dims, self.strides, self.box)))
+
+    def __hash__(self) -> int:   # computed once: every replayed wgmma call looks its maps up by (address, spec)
+        return self._hash
+
     def problems(self, ptr: int) -> list:
         """Why the driver would refuse this map at ``ptr`` (empty: it encodes)."""
         out = []
