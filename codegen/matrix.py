@@ -209,6 +209,7 @@ WGMMA_VARIANTS = {
 WGMMA_DEFAULT = "wg128x256s4"
 WGMMA_ALIGN = 1024
 WGMMA_OUT_BOX = 64 * 128            # one staged output box (bytes)
+WGMMA_CONSUMERS = 2                 # consumer warpgroups, each with its own staging boxes
 WGMMA_STATIC_SMEM = 1024            # the static shared memory of a wgmma kernel (ptxas: the barriers, aligned)
 MMA_STATIC_SMEM = 4096              # at most, of an mma / simt kernel (row table and tile slot)
 WGMMA_SMEM_LIMIT = 227 * 1024 - WGMMA_STATIC_SMEM   # dynamic shared memory of a block on sm_90
@@ -217,8 +218,8 @@ WGMMA_SMEM_LIMIT = 227 * 1024 - WGMMA_STATIC_SMEM   # dynamic shared memory of a
 def wgmma_smem(bm: int, bn: int, stages: int, size: int) -> tuple:
     """(staging boxes per consumer warpgroup, dynamic shared memory bytes) of a wgmma tile."""
     ring = stages * (bm + bn) * 64 * size + WGMMA_ALIGN
-    epi = 2 if ring + 2 * 2 * WGMMA_OUT_BOX <= WGMMA_SMEM_LIMIT else 1
-    return epi, ring + 2 * epi * WGMMA_OUT_BOX
+    epi = 2 if ring + WGMMA_CONSUMERS * 2 * WGMMA_OUT_BOX <= WGMMA_SMEM_LIMIT else 1
+    return epi, ring + WGMMA_CONSUMERS * epi * WGMMA_OUT_BOX
 # The documented choice (runtime/moe.py variant_for; docs/moe.md): experts averaging fewer than
 # ``short_rows`` rows take ``short_variant`` (64-row tiles waste less on partial m-tiles; measured on
 # an H200: best at 32 rows per expert, 3-15 % behind 128-row tiles at 128 rows skewed); an output

@@ -1,11 +1,12 @@
 """Tensor maps: the descriptors the Hopper copy engine (TMA, ``cp.async.bulk.tensor``) loads tiles with.
 
 A kernel of the ``wgmma`` backend takes the tensor map of each operand and of its output as a
-``const __grid_constant__ CUtensorMap`` parameter (128 bytes, packed as the ``tmap`` kind of runtime/device.py). A map describes
-one array: its address, its extents and row strides, the box (tile) one copy moves and the shared
-memory layout (128-byte swizzle). It is encoded on the host by the driver's ``cuTensorMapEncodeTiled``
-once per (address, layout) and remembered, so a repeated call with the same arrays encodes nothing; a
-replay with new arrays looks each map up by its new address (:func:`tensor_map`).
+``const __grid_constant__ CUtensorMap`` parameter (128 bytes, packed as the ``tmap`` kind of
+runtime/device.py). A map describes one array: its address, its extents and row strides, the box
+(tile) one copy moves and the shared memory layout (128-byte swizzle). It is encoded on the host by
+the driver's ``cuTensorMapEncodeTiled`` once per (address, layout) and remembered, so a repeated call
+with the same arrays encodes nothing; a replay with new arrays looks each map up by its new address
+(:func:`tensor_map`).
 """
 from __future__ import annotations
 
