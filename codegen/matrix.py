@@ -194,17 +194,26 @@ MOE_TILES = {
 }
 MOE_OPKIND = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad",
               "grouped_matmul_backward_weight": "wgrad"}
-# wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES); BK = 64 (one 128-byte
-# swizzle row of 16-bit elements). One producer warpgroup (TMA) and two consumer warpgroups: with
-# BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows and
-# half of the columns. Shared memory: the ring, STAGES * (BM + BN) * 64 * 2 bytes, then EPI output
-# staging boxes of 64 rows x 128 bytes per consumer warpgroup (two where they fit under the
-# per-block limit, else one), + WGMMA_ALIGN to place the ring on a 1024-byte boundary, which the
-# 128-byte swizzle needs.
+# wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES, EPI); BK = 64 (one
+# 128-byte swizzle row of 16-bit elements). One producer warpgroup (TMA) and two consumer warpgroups:
+# with BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows
+# and half of the columns. Shared memory: the ring, STAGES * (BM + BN) * 64 * 2 bytes, + WGMMA_ALIGN
+# to place it on a 1024-byte boundary (the 128-byte swizzle needs it), then EPI output staging boxes
+# of 64 rows x 128 bytes per consumer warpgroup. A warpgroup's 64 x 256 float32 outputs are 8 boxes:
+# the weight gradient of short experts (one or two k-slices a tile, the epilogue's stores the whole
+# cost) trades ring stages for staging boxes, so a tile's stores never wait for the copy engine.
 WGMMA_VARIANTS = {
-    "wg128x256s4": (128, 256, 4),
-    "wg128x128s6": (128, 128, 6),
-    "wg64x256s5": (64, 256, 5),
+    "wg128x256s4": (128, 256, 4, 2),
+    "wg128x128s6": (128, 128, 6, 2),
+    "wg64x256s5": (64, 256, 5, 1),
+    "wg128x256s3e5": (128, 256, 3, 5),
+    "wg128x256s2e8": (128, 256, 2, 8),
+}
+# The configurations compiled into each pass's SKUs (the rule below picks among them).
+WGMMA_PASS_VARIANTS = {
+    "fwd": ("wg128x256s4", "wg128x128s6", "wg64x256s5"),
+    "dgrad": ("wg128x256s4", "wg128x128s6", "wg64x256s5"),
+    "wgrad": ("wg128x256s4", "wg128x128s6", "wg64x256s5", "wg128x256s3e5", "wg128x256s2e8"),
 }
 WGMMA_DEFAULT = "wg128x256s4"
 WGMMA_ALIGN = 1024
@@ -215,11 +224,13 @@ MMA_STATIC_SMEM = 4096              # at most, of an mma / simt kernel (row tabl
 WGMMA_SMEM_LIMIT = 227 * 1024 - WGMMA_STATIC_SMEM   # dynamic shared memory of a block on sm_90
 
 
-def wgmma_smem(bm: int, bn: int, stages: int, size: int) -> tuple:
-    """(staging boxes per consumer warpgroup, dynamic shared memory bytes) of a wgmma tile."""
-    ring = stages * (bm + bn) * 64 * size + WGMMA_ALIGN
-    epi = 2 if ring + WGMMA_CONSUMERS * 2 * WGMMA_OUT_BOX <= WGMMA_SMEM_LIMIT else 1
-    return epi, ring + WGMMA_CONSUMERS * epi * WGMMA_OUT_BOX
+def wgmma_smem(bm: int, bn: int, stages: int, epi: int, size: int) -> int:
+    """Dynamic shared memory bytes of a wgmma tile: the ring, its alignment, the staging boxes."""
+    smem = stages * (bm + bn) * 64 * size + WGMMA_ALIGN + WGMMA_CONSUMERS * epi * WGMMA_OUT_BOX
+    if smem > WGMMA_SMEM_LIMIT:
+        raise ValueError(f"wgmma tile {bm}x{bn}, {stages} stages, {epi} staging boxes: {smem} bytes of shared "
+                         f"memory, over the {WGMMA_SMEM_LIMIT} a block may have")
+    return smem
 # The documented choice (runtime/moe.py variant_for; docs/moe.md): experts averaging fewer than
 # ``short_rows`` rows take ``short_variant`` (64-row tiles waste less on partial m-tiles; measured on
 # an H200: best at 32 rows per expert, 3-15 % behind 128-row tiles at 128 rows skewed); an output
@@ -228,7 +239,7 @@ def wgmma_smem(bm: int, bn: int, stages: int, size: int) -> tuple:
 WGMMA_RULE = {
     "fwd": {"short_variant": "wg64x256s5", "short_rows": 96, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
     "dgrad": {"short_variant": "wg64x256s5", "short_rows": 96, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
-    "wgrad": {"narrow_variant": "wg128x128s6", "narrow_cols": 128},
+    "wgrad": {"short_variant": "wg128x256s2e8", "short_rows": 256, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
 }
 MOE_ROUTE = ("offsets_i32", "offsets_i64", "count", "scan", "scatter")
 
@@ -263,8 +274,9 @@ def _moe_context(cell, ctx):
     rules = {}
     if sku.backend == "wgmma":
         variants = []
-        for name, (bm, bn, stages) in WGMMA_VARIANTS.items():
-            epi, smem = wgmma_smem(bm, bn, stages, size)
+        for name in WGMMA_PASS_VARIANTS[opkind]:
+            bm, bn, stages, epi = WGMMA_VARIANTS[name]
+            smem = wgmma_smem(bm, bn, stages, epi, size)
             tile = {"BM": bm, "BN": bn, "BK": 64, "STAGES": stages, "THREADS": 384, "MIN_BLOCKS": 1,
                     "WN": bn if bm == 128 else bn // 2, "EPI": epi}
             variants.append({"name": name, "symbol": sku.symbol if name == WGMMA_DEFAULT else f"{sku.symbol}__v{name}",

@@ -207,6 +207,8 @@ def stage_time(args):
         E, M, N, K, routing = shape
         flops = 2.0 * M * N * K
         for pass_, op in PASSES.items():
+            if args.passes and pass_ not in args.passes.split(","):
+                continue
             ours_fn, ref_fn = wl.calls(op, data, "wgmma", "float32")
             theirs = _time(ref_fn, args.reps, 3)
             sku = reg.select(category="moe", op=op, element="bf16", aux_element="f32" if pass_ == "wgrad" else None,
@@ -239,6 +241,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--shapes", default="", help="e.g. E8,E128 (default: all)")
+    ap.add_argument("--passes", default="", help="stage time: e.g. wgrad or fwd,dgrad (default: all)")
     args = ap.parse_args(argv)
     if args.stage:          # a child: one stage, its result as JSON on the last line
         res = {"compile": stage_compile, "check": stage_check, "time": stage_time}[args.stage](args)
@@ -248,7 +251,7 @@ def main(argv=None):
     for st in args.stages.split(","):
         log(f"== {st}")
         cmd = [sys.executable, __file__, "--stage", st, "--out", args.out, "--reps", str(args.reps),
-               "--seed", str(args.seed), "--shapes", args.shapes]
+               "--seed", str(args.seed), "--shapes", args.shapes, "--passes", args.passes]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMITS[st], env=os.environ)
             text = p.stdout + p.stderr

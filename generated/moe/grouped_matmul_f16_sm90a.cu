@@ -103,15 +103,18 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // status == null: no check (parameters the runtime computed itself).
 // param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
 // records and poisons them in a second sweep only when one failed.
+template <typename M> __device__ __forceinline__ bool scale_invalid(M s) { return !(s > (M)0 && s - s == (M)0); }
+template <bool ASYM> __device__ __forceinline__ bool zp_invalid(int zp, int qmin, int qmax) {
+    return ASYM && (zp < qmin || zp > qmax);
+}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
-    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
+    return scale_invalid(s) || zp_invalid<ASYM>(zp, qmin, qmax);
 }
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;
-    const bool s_bad = !(s > (M)0 && s - s == (M)0);
-    const bool z_bad = ASYM && (zp < qmin || zp > qmax);
+    const bool s_bad = scale_invalid(s), z_bad = zp_invalid<ASYM>(zp, qmin, qmax);
     if (s_bad || z_bad) *(volatile u32_t*)status = s_bad ? bad_scale : bad_zp;
     return s_bad || z_bad;
 }
@@ -518,11 +521,15 @@ __device__ void poison(const Problem& p) {
         p.out[i] = nan;
 }
 
-// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
-__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
+// Two adjacent outputs (an accumulator pair) rounded once to the output type, packed in 32 bits.
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
     unsigned v;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
-    *reinterpret_cast<unsigned*>(p) = v;
+    return v;
+}
+// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
+__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
+    *reinterpret_cast<unsigned*>(p) = pack2(lo, hi);
 }
 
 // Padding rows (bucket E) of an m-tile: zeros.
@@ -544,7 +551,7 @@ struct WTile {
     static constexpr u32_t STAGE_BYTES = A_BYTES + B_BYTES;
     static_assert((BM == 64 || BM == 128) && BN % 64 == 0 && BN <= 256 && (WN == 64 || WN == 128 || WN == 256),
                   "tile shape");
-    static_assert(EPI == 1 || EPI == 2, "one or two staging buffers");
+    static_assert(EPI >= 1 && EPI <= 8, "one to eight staging buffers (bulk_wait_read takes EPI - 1)");
 };
 constexpr u32_t BOX_BYTES = 64 * 64 * sizeof(T);   // one 64 x 64 box of an MN-major operand
 constexpr u32_t ROW_BYTES = 64 * sizeof(T);        // one 128-byte swizzled row
@@ -656,9 +663,7 @@ __device__ void produce(const Problem& p, const CUtensorMap* ta, const CUtensorM
 
 // Two adjacent outputs (an accumulator pair), rounded once to the output type, into shared memory.
 __device__ __forceinline__ void store2_shared(u32_t at, float lo, float hi) {
-    unsigned v;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(v) : "memory");
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack2(lo, hi)) : "memory");
 }
 
 // A warpgroup's 64 x WN outputs through shared memory: boxes of 64 rows x 128 bytes (OUT_CW columns),
