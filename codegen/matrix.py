@@ -199,21 +199,12 @@ MOE_OPKIND = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad",
 # with BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows
 # and half of the columns. Shared memory: the ring, STAGES * (BM + BN) * 64 * 2 bytes, + WGMMA_ALIGN
 # to place it on a 1024-byte boundary (the 128-byte swizzle needs it), then EPI output staging boxes
-# of 64 rows x 128 bytes per consumer warpgroup. A warpgroup's 64 x 256 float32 outputs are 8 boxes:
-# the weight gradient of short experts (one or two k-slices a tile, the epilogue's stores the whole
-# cost) trades ring stages for staging boxes, so a tile's stores never wait for the copy engine.
+# of 64 rows x 128 bytes per consumer warpgroup (two where the ring leaves room; more do not pay:
+# docs/perf-notes.md).
 WGMMA_VARIANTS = {
     "wg128x256s4": (128, 256, 4, 2),
     "wg128x128s6": (128, 128, 6, 2),
     "wg64x256s5": (64, 256, 5, 1),
-    "wg128x256s3e5": (128, 256, 3, 5),
-    "wg128x256s2e8": (128, 256, 2, 8),
-}
-# The configurations compiled into each pass's SKUs (the rule below picks among them).
-WGMMA_PASS_VARIANTS = {
-    "fwd": ("wg128x256s4", "wg128x128s6", "wg64x256s5"),
-    "dgrad": ("wg128x256s4", "wg128x128s6", "wg64x256s5"),
-    "wgrad": ("wg128x256s4", "wg128x128s6", "wg64x256s5", "wg128x256s3e5", "wg128x256s2e8"),
 }
 WGMMA_DEFAULT = "wg128x256s4"
 WGMMA_ALIGN = 1024
@@ -239,7 +230,7 @@ def wgmma_smem(bm: int, bn: int, stages: int, epi: int, size: int) -> int:
 WGMMA_RULE = {
     "fwd": {"short_variant": "wg64x256s5", "short_rows": 96, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
     "dgrad": {"short_variant": "wg64x256s5", "short_rows": 96, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
-    "wgrad": {"short_variant": "wg128x256s2e8", "short_rows": 256, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
+    "wgrad": {"narrow_variant": "wg128x128s6", "narrow_cols": 128},
 }
 MOE_ROUTE = ("offsets_i32", "offsets_i64", "count", "scan", "scatter")
 
@@ -274,8 +265,7 @@ def _moe_context(cell, ctx):
     rules = {}
     if sku.backend == "wgmma":
         variants = []
-        for name in WGMMA_PASS_VARIANTS[opkind]:
-            bm, bn, stages, epi = WGMMA_VARIANTS[name]
+        for name, (bm, bn, stages, epi) in WGMMA_VARIANTS.items():
             smem = wgmma_smem(bm, bn, stages, epi, size)
             tile = {"BM": bm, "BN": bn, "BK": 64, "STAGES": stages, "THREADS": 384, "MIN_BLOCKS": 1,
                     "WN": bn if bm == 128 else bn // 2, "EPI": epi}

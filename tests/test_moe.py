@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen.matrix import (FAMILIES, MOE_GEMM, MOE_GEMM_WGMMA, MOE_OPKIND, MOE_WGRAD, MOE_WGRAD_WGMMA, WGMMA_PASS_VARIANTS,
-                            WGMMA_VARIANTS, wgmma_smem)
+from codegen.matrix import (FAMILIES, MOE_GEMM, MOE_GEMM_WGMMA, MOE_WGRAD, MOE_WGRAD_WGMMA, WGMMA_VARIANTS,
+                            wgmma_smem)
 from runtime import InvalidProblemError, KernelSku, UnsupportedError
 from runtime import reference_moe as ref
 from runtime.arrays import ArrayRef
@@ -270,6 +270,9 @@ def test_rel_error():
 # -- tile configurations (variants) ----------------------------------------------------------------
 def test_wgmma_smem_fits_or_refuses():
     assert wgmma_smem(128, 256, 2, 8, 2) == 2 * 384 * 128 + 1024 + 2 * 8 * 8192 <= 227 * 1024 - 1024
+    for bm, bn, stages, epi in WGMMA_VARIANTS.values():     # the shipped ones use the room the ring leaves
+        with pytest.raises(ValueError):
+            wgmma_smem(bm, bn, stages, epi + 1, 2)
     with pytest.raises(ValueError, match="staging boxes.*over the"):
         wgmma_smem(128, 256, 4, 3, 2)      # 4 stages leave room for two boxes a warpgroup, not three
 
@@ -282,7 +285,7 @@ def test_variants_in_manifest_and_sources():
             continue
         v = e.launch["variants"]
         if s.backend == "wgmma":
-            assert set(v) == set(WGMMA_PASS_VARIANTS[MOE_OPKIND[s.op]]) >= {"wg128x256s4", "wg128x128s6", "wg64x256s5"}
+            assert set(v) == set(WGMMA_VARIANTS) == {"wg128x256s4", "wg128x128s6", "wg64x256s5"}
             assert v[e.launch["default_variant"]]["symbol"] == e.symbol
             src = REG.source(s)
             for name, meta in v.items():
@@ -547,11 +550,8 @@ def test_wgmma_tile_rule(override_settings):
                      "wgmma", 90)
     override_settings(moe_config="")
     wg = "grouped_matmul_backward_weight"
-    short = wplan.launch["short_variant"]
-    assert WGMMA_VARIANTS[short][3] > WGMMA_VARIANTS["wg128x256s4"][3]     # more staging boxes for short experts
-    assert sf.moe.variant_for(wplan, wg, None, 8.0, 4096)[0] == short
-    assert sf.moe.variant_for(wplan, wg, None, wplan.launch["short_rows"], 4096)[0] == "wg128x256s4"
-    assert sf.moe.variant_for(wplan, wg, None, 2048.0, 96)[0] == "wg128x128s6"
+    assert sf.moe.variant_for(wplan, wg, None, 8.0, 4096)[0] == "wg128x256s4"   # no short rule for dw
+    assert sf.moe.variant_for(wplan, wg, None, 8.0, 96)[0] == "wg128x128s6"
 
 
 def test_wgmma_units_are_built_for_sm_90a_only():

@@ -856,31 +856,3 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_
     }
     sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<64, 256, 5, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
-extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma__vwg128x256s3e5(
-    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy, float* __restrict__ out, i64_t M, i64_t N, i64_t K,
-    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-    const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::poison(p);
-        return;
-    }
-    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<128, 256, 3, 5>>(p, &tmap_a, &tmap_b, &tmap_c);
-}
-extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma__vwg128x256s2e8(
-    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy, float* __restrict__ out, i64_t M, i64_t N, i64_t K,
-    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-    const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::poison(p);
-        return;
-    }
-    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<128, 256, 2, 8>>(p, &tmap_a, &tmap_b, &tmap_c);
-}
