@@ -224,12 +224,13 @@ def wgmma_smem(bm: int, bn: int, stages: int, epi: int, size: int) -> int:
     return smem
 # The documented choice (runtime/moe.py variant_for; docs/moe.md): experts averaging fewer than
 # ``short_rows`` rows take ``short_variant`` (64-row tiles waste less on partial m-tiles; measured on
-# an H200: best at 32 rows per expert, 3-15 % behind 128-row tiles at 128 rows skewed); an output
+# an H200: best at 32 rows per expert, and at 128 balanced rows 2-3 % ahead of 128-row tiles, 5 %
+# behind them at 128 rows skewed, where both stay above 1.2x torch: docs/moe.md); an output
 # ``narrow_cols`` columns wide or less (N for the forward, K for the input gradient and the weight
 # gradient) takes ``narrow_variant``; otherwise the default.
 WGMMA_RULE = {
-    "fwd": {"short_variant": "wg64x256s5", "short_rows": 96, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
-    "dgrad": {"short_variant": "wg64x256s5", "short_rows": 96, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
+    "fwd": {"short_variant": "wg64x256s5", "short_rows": 160, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
+    "dgrad": {"short_variant": "wg64x256s5", "short_rows": 160, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
     "wgrad": {"narrow_variant": "wg128x128s6", "narrow_cols": 128},
 }
 MOE_ROUTE = ("offsets_i32", "offsets_i64", "count", "scan", "scatter")

@@ -535,7 +535,8 @@ def test_wgmma_tile_rule(override_settings):
     plan = plan_for(_offsets(_args(op, 64, 64, 64, 4, "bf16")), "wgmma", 90)
     rule = plan.launch
     assert sf.moe.variant_for(plan, op, None, 32.0, 4096)[0] == rule["short_variant"] == "wg64x256s5"
-    assert sf.moe.variant_for(plan, op, None, 128.0, 4096)[0] == "wg128x256s4"
+    assert sf.moe.variant_for(plan, op, None, 128.0, 4096)[0] == "wg64x256s5"      # 128 rows: 64-row tiles
+    assert sf.moe.variant_for(plan, op, None, 192.0, 4096)[0] == "wg128x256s4"
     assert sf.moe.variant_for(plan, op, None, 2048.0, 4096)[0] == rule["default_variant"] == "wg128x256s4"
     assert sf.moe.variant_for(plan, op, None, 2048.0, 128)[0] == rule["narrow_variant"] == "wg128x128s6"
     with sf.moe.use_config(fwd="wg128x128s6"):
