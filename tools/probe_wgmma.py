@@ -1,6 +1,7 @@
 """One-call GPU probe of the wgmma backend of the MoE grouped matmul (docs/moe.md), on an H100 / H200.
 
     PYTHONPATH=. python3 tools/probe_wgmma.py --out $OUT/probe_wgmma.json [--stages check,time] [--reps 10]
+        [--shapes E8,E128] [--passes fwd,dgrad,wgrad]
 
 Stages, each in a child process with a hard time limit (a kernel that never finishes costs that
 limit, not the whole call):

@@ -103,18 +103,15 @@ __device__ __forceinline__ int q_to_int(u8_t v) { return (int)v; }
 // status == null: no check (parameters the runtime computed itself).
 // param_invalid: the test alone (no status write), for a kernel that checks its rows as it goes and
 // records and poisons them in a second sweep only when one failed.
-template <typename M> __device__ __forceinline__ bool scale_invalid(M s) { return !(s > (M)0 && s - s == (M)0); }
-template <bool ASYM> __device__ __forceinline__ bool zp_invalid(int zp, int qmin, int qmax) {
-    return ASYM && (zp < qmin || zp > qmax);
-}
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_invalid(M s, int zp, int qmin, int qmax) {
-    return scale_invalid(s) || zp_invalid<ASYM>(zp, qmin, qmax);
+    return !(s > (M)0 && s - s == (M)0) || (ASYM && (zp < qmin || zp > qmax));
 }
 template <bool ASYM, typename M>
 __device__ __forceinline__ bool param_bad(u32_t* status, M s, int zp, int qmin, int qmax, u32_t bad_scale, u32_t bad_zp) {
     if (!status) return false;
-    const bool s_bad = scale_invalid(s), z_bad = zp_invalid<ASYM>(zp, qmin, qmax);
+    const bool s_bad = !(s > (M)0 && s - s == (M)0);
+    const bool z_bad = ASYM && (zp < qmin || zp > qmax);
     if (s_bad || z_bad) *(volatile u32_t*)status = s_bad ? bad_scale : bad_zp;
     return s_bad || z_bad;
 }
