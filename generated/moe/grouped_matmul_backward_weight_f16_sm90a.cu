@@ -252,9 +252,16 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* m, u32_t src, in
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, { %2, %3 }], [%1];\n"
                  ::"l"(m), "r"(src), "r"(c0), "r"(c1) : "memory");
 }
-__device__ __forceinline__ void tma_store_3d(const CUtensorMap* m, u32_t src, int c0, int c1, int c2) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 ::"l"(m), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+// An L2 policy for stores of outputs far larger than L2 and not read again by the kernel (the weight
+// gradient): their lines are evicted first, ahead of the operands the next tiles read.
+__device__ __forceinline__ u64_t l2_evict_first() {
+    u64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* m, u32_t src, int c0, int c1, int c2, u64_t pol) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, { %2, %3, %4 }], [%1], %5;\n"
+                 ::"l"(m), "r"(src), "r"(c0), "r"(c1), "r"(c2), "l"(pol) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // At most N of this thread's newest store groups still read shared memory.
@@ -712,7 +719,7 @@ __device__ __forceinline__ void store_tma(const float (&acc)[C::WN / 2], const C
         fence_proxy_async();                               // visible to the copy engine
         named_sync(2 + wg, 128);
         if (tid == 0) {
-            tma_store_3d(tc, buf, c0 + box * OUT_CW, r0, e);
+            tma_store_3d(tc, buf, c0 + box * OUT_CW, r0, e, l2_evict_first());   // dw: E N K values, never re-read
             bulk_commit();
         }
         eb = eb + 1 == C::EPI ? 0 : eb + 1;
