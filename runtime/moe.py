@@ -47,7 +47,6 @@ from __future__ import annotations
 import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import Optional
 
 import numpy as np
@@ -59,7 +58,7 @@ from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
 from .params import check_apart, same_device
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .tma import MapSpec, tensor_map
+from .tma import MapSpec, map_encoder
 
 MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (SPEC §5)
 STRATEGIES = ("auto", "simt", "mma", "wgmma")
@@ -443,7 +442,7 @@ def _step(plan, group: str, fn, grid, block, smem: int, ptrs: dict, maps: Option
     abi = plan.abi(group)
     maps = maps or {}
     named = {k: 0 if r is None else r.ptr + off for k, (r, off) in ptrs.items()}
-    named.update({k: tensor_map(r.ptr, spec) for k, (r, spec) in maps.items()})
+    named.update({k: map_encoder(spec)(r.ptr) for k, (r, spec) in maps.items()})
     prep = PreparedLaunch(fn, tuple(grid), tuple(block), abi, abi.values(**named, **scalars), smem)
     return Step(prep, tuple((abi.slot[k], r, off) for k, (r, off) in ptrs.items() if r is not None),
                 tuple((abi.slot[k], r, spec) for k, (r, spec) in maps.items()))
@@ -786,7 +785,7 @@ def _launch(fast, jobs, like: ArrayRef, ws: Optional[ArrayRef], routing: Routing
         fast.checks_device_values()          # under runtime.sync_checks() a repeated call validates them
     for st in steps:                         # a replay re-fills the pointers and encodes the new arrays' maps
         fast.add_launch(st.prep, like, refs=st.refs,
-                        maps=tuple((j, r, partial(tensor_map, spec=spec)) for j, r, spec in st.maps))
+                        maps=tuple((j, r, map_encoder(spec)) for j, r, spec in st.maps))
 
 
 # -- given outputs and workspace ----------------------------------------------------------------

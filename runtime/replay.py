@@ -29,7 +29,7 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
         except TypeError:          # an unhashable keyword argument: the slow path validates it
             entry = None
         if entry is not None:
-            r = entry.run(args, vals)
+            r = entry.go(args, vals)
             if r is not MISS:
                 return r
     with FastCall(op, static, args, scale_at=scale_at) as fast:
@@ -96,14 +96,11 @@ def describe(obj):
 
 class Entry:
     """A remembered call: what to check, allocate and launch, and where the results are.
-    ``run(args, vals)`` replays it: a function written for this entry by :func:`_compile`."""
+    ``go(args, vals)`` replays it on ``args`` (``vals``: their pointers / scalar values, a fresh
+    list): a function written for this entry by :func:`_compile`; ``MISS``: run the slow path
+    instead (it raises the typed error, or takes over)."""
 
     __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint", "device", "go")
-
-    def run(self, args, vals):
-        """Replay on ``args`` (``vals``: their pointers / scalar values, a fresh list); ``MISS``:
-        run the slow path instead (it raises the typed error, or takes over)."""
-        return self.go(args, vals)
 
 
 def _literal(v):

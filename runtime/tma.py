@@ -24,7 +24,7 @@ SWIZZLE_128B = 3                       # 16-byte chunk c of row r at c ^ (r % 8)
 L2_PROMOTION_256B = 3
 OOB_FILL_ZEROS = 0                     # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out-of-bounds elements read as 0
 MAP_BYTES = 128
-LIMIT = 4096                           # remembered maps (cleared when full)
+LIMIT = 4096                           # remembered layouts, and addresses per layout (cleared when full)
 
 
 @dataclass(frozen=True)
@@ -56,18 +56,33 @@ class MapSpec:
         return out
 
 
-_CACHE: dict = {}
+_ENCODERS: dict = {}          # MapSpec -> its encoder (map_encoder)
+
+
+def map_encoder(spec: MapSpec):
+    """``encode(ptr)``: the 128 bytes of the tensor map of ``spec`` at address ``ptr``, encoded once per
+    address and remembered in a table of this layout's own (a replay's lookup is one dict get by
+    address; the layout is not compared again)."""
+    enc = _ENCODERS.get(spec)
+    if enc is None:
+        if len(_ENCODERS) >= LIMIT:
+            _ENCODERS.clear()
+        maps: dict = {}
+
+        def enc(ptr: int) -> bytes:
+            m = maps.get(ptr)
+            if m is None:
+                if len(maps) >= LIMIT:
+                    maps.clear()
+                m = maps[ptr] = encode(ptr, spec)
+            return m
+        _ENCODERS[spec] = enc
+    return enc
 
 
 def tensor_map(ptr: int, spec: MapSpec) -> bytes:
     """The 128 bytes of the tensor map of ``spec`` at address ``ptr`` (encoded once, then remembered)."""
-    key = (ptr, spec)
-    m = _CACHE.get(key)
-    if m is None:
-        if len(_CACHE) >= LIMIT:
-            _CACHE.clear()
-        m = _CACHE[key] = encode(ptr, spec)
-    return m
+    return map_encoder(spec)(ptr)
 
 
 def encode(ptr: int, spec: MapSpec) -> bytes:

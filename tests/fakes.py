@@ -34,3 +34,20 @@ def launcher_of(launch):
     def bind_launch(fn, grid, block, fmt, shared_mem=0):
         return lambda stream, values: launch(fn, grid, block, fmt, list(values), stream, shared_mem)
     return bind_launch
+
+
+def count_replays(monkeypatch, on_replay):
+    """``on_replay(hit)`` after every replay of a call remembered from now on (runtime/replay.py;
+    ``hit``: it ran, rather than handing the call to the slow path). Clear ``replay.CACHE`` after."""
+    from runtime import replay
+    real = replay._compile
+
+    def compile_counted(e, nargs, result):
+        go = real(e, nargs, result)
+
+        def counted(args, vals):
+            r = go(args, vals)
+            on_replay(r is not replay.MISS)
+            return r
+        return counted
+    monkeypatch.setattr(replay, "_compile", compile_counted)

@@ -24,7 +24,7 @@ from runtime import lowbit
 from runtime import quantization as qz
 from runtime import status
 from runtime import training
-from tests.fakes import FakeDeviceArray, err, launcher_of
+from tests.fakes import FakeDeviceArray, count_replays, err, launcher_of
 
 H200 = {"sms": 132, "max_threads_per_sm": 2048, "cc": 90, "name": "fake"}
 
@@ -130,13 +130,7 @@ def dev(monkeypatch):
     for mod in (training, dyn, launch_mod):
         monkeypatch.setattr(mod, "load_function", lambda reg, unit, symbol, device=None: symbol, raising=False)
     monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).symbol)
-    real_run = replay.Entry.run
-
-    def counted(self, args, vals):
-        r = real_run(self, args, vals)
-        d.hits += r is not replay.MISS
-        return r
-    monkeypatch.setattr(replay.Entry, "run", counted)
+    count_replays(monkeypatch, lambda hit: setattr(d, "hits", d.hits + hit))
     replay.CACHE.clear()
     yield d
     replay.CACHE.clear()

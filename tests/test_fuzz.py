@@ -120,7 +120,7 @@ def fz(mdev, monkeypatch):  # noqa: F811
         m = fake_tensor_map(ptr, spec)
         MAPS[m] = (ptr, spec)
         return m
-    monkeypatch.setattr(moe, "tensor_map", recorded_map)
+    monkeypatch.setattr(moe, "map_encoder", lambda spec: lambda ptr: recorded_map(ptr, spec))
     replay.CACHE.clear()
     return mdev
 

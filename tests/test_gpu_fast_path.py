@@ -11,6 +11,7 @@ import pytest
 import runtime as sf
 from codegen.harness.checks import base as checks
 from runtime import replay
+from tests.fakes import count_replays
 
 pytestmark = pytest.mark.gpu
 
@@ -87,13 +88,7 @@ def test_replay_gives_the_slow_path_bits(name, fw, offset, rng, monkeypatch):
     if fw == "torch":
         pytest.importorskip("torch")
     hits = []
-    real = replay.Entry.run
-
-    def counted(self, args, vals):
-        r = real(self, args, vals)
-        hits.append(r is not replay.MISS)
-        return r
-    monkeypatch.setattr(replay.Entry, "run", counted)
+    count_replays(monkeypatch, hits.append)
     call, shape = CASES[name], (48, 512)
     seed = int(rng.integers(2**31))
     replay.CACHE.clear()

@@ -8,6 +8,7 @@ from codegen.harness import verify
 from codegen.harness.checks import base as checks
 from codegen.harness.checks import moe as checks_moe
 from runtime import reference_moe as ref
+from tests.fakes import count_replays
 
 pytestmark = pytest.mark.gpu
 
@@ -340,13 +341,7 @@ def test_more_than_2_pow_31_elements(rng):
 def _hits(monkeypatch):
     from runtime import replay
     hits = []
-    real = replay.Entry.run
-
-    def counted(self, args, vals):
-        r = real(self, args, vals)
-        hits.append(r is not replay.MISS)
-        return r
-    monkeypatch.setattr(replay.Entry, "run", counted)
+    count_replays(monkeypatch, hits.append)
     replay.CACHE.clear()
     return hits
 

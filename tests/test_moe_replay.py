@@ -27,7 +27,7 @@ def mdev(dev, monkeypatch):  # noqa: F811
     monkeypatch.setattr(moe, "_smem_optin", lambda device: 227 * 1024)
     monkeypatch.setattr(moe, "_arch", lambda ref: 90)
     monkeypatch.setattr(moe, "stream_handle", lambda ref: 7)
-    monkeypatch.setattr(moe, "tensor_map", fake_tensor_map)
+    monkeypatch.setattr(moe, "map_encoder", fake_encoder)
     allocs = []
     new = dev.new
 
@@ -37,6 +37,11 @@ def mdev(dev, monkeypatch):  # noqa: F811
     monkeypatch.setattr(dev, "new", counted)
     dev.allocs = allocs
     return dev
+
+
+def fake_encoder(spec):
+    """runtime.tma.map_encoder without a driver: the layout's ``encode(ptr)`` is :func:`fake_tensor_map`."""
+    return lambda ptr: fake_tensor_map(ptr, spec)
 
 
 def fake_tensor_map(ptr, spec):

@@ -26,7 +26,7 @@ from tests.fakes import FakeDeviceArray, err
 from tests.test_fast_path import CALLS as FAST_CALLS
 from tests.test_fast_path import D, H200, dev  # noqa: F401  (dev: a fixture)
 from tests.test_moe_replay import CALLS as MOE_CALLS
-from tests.test_moe_replay import fake_tensor_map
+from tests.test_moe_replay import fake_encoder
 
 DEVICE1 = 0x7F8000000000            # fake arrays at or above this address live on cuda:1
 CTX = {0: 0xC0, 1: 0xC1}            # the fake primary contexts
@@ -136,7 +136,7 @@ def multi(dev, monkeypatch):  # noqa: F811
     monkeypatch.setattr(moe, "_blocks_per_sm", lambda fn, threads, smem: 2)
     monkeypatch.setattr(moe, "_smem_optin", lambda device: 227 * 1024)
     monkeypatch.setattr(moe, "_arch", lambda ref: 90)
-    monkeypatch.setattr(moe, "tensor_map", fake_tensor_map)    # the wgmma launches' tensor maps
+    monkeypatch.setattr(moe, "map_encoder", fake_encoder)      # the wgmma launches' tensor maps
     # arrays: the device from the address; streams: each device's current one
     monkeypatch.setattr(arrays, "_device_of_pointer", device_of_pointer)
 
