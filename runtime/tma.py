@@ -6,7 +6,7 @@ runtime/device.py). A map describes one array: its address, its extents and row 
 (tile) one copy moves and the shared memory layout (128-byte swizzle). It is encoded on the host by
 the driver's ``cuTensorMapEncodeTiled`` once per (address, layout) and remembered, so a repeated call
 with the same arrays encodes nothing; a replay with new arrays looks each map up by its new address
-(:func:`tensor_map`).
+(:func:`map_encoder`).
 """
 from __future__ import annotations
 
@@ -78,11 +78,6 @@ def map_encoder(spec: MapSpec):
             return m
         _ENCODERS[spec] = enc
     return enc
-
-
-def tensor_map(ptr: int, spec: MapSpec) -> bytes:
-    """The 128 bytes of the tensor map of ``spec`` at address ``ptr`` (encoded once, then remembered)."""
-    return map_encoder(spec)(ptr)
 
 
 def encode(ptr: int, spec: MapSpec) -> bytes:
