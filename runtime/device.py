@@ -203,6 +203,14 @@ def _driver_launch():
         return slow
 
 
+def _ints_launch(cu):
+    """``cu`` (called with Python ints, as :class:`_CtypesLaunch` is) behind the ctypes-value
+    convention of ``_CtypesLaunch.raw`` that a bound launch uses."""
+    def raw(*values):
+        return cu(*((v.value or 0) for v in values[:10]))
+    return raw
+
+
 _cu_launch = None
 _stream_values: dict = {}     # stream handle -> its ctypes value (a bound launch's argument)
 
@@ -379,33 +387,23 @@ def bind_launch(fn, grid, block, fmt: str, shared_mem: int = 0):
     several, current, local = _several_contexts, context_current, _launch_local
     name = "pb_" + fmt                  # this thread's parameter block for the format (_thread_block)
 
-    raw = getattr(cu, "raw", None)
-    if raw is not None:                 # ctypes values made once, the stream's cached per handle
-        u = _ctypes.c_uint
-        cf, cgx, cgy, cgz, cbx, cby, cbz, csm = _ctypes.c_void_p(f), u(gx), u(gy), u(gz), u(bx), u(by), u(bz), u(shared_mem)
-        streams = _stream_values
-
-        def go(stream, values):
-            pb = getattr(local, name, None) or _thread_block(fmt)
-            pb.struct.pack_into(pb.buf, 0, *values)
-            s = streams.get(stream)
-            if s is None:
-                s = _stream_value(stream)
-            if several[0] and ctx and current() != ctx:
-                err = -1                # not launched: _relaunch pushes the context
-            else:
-                err = raw(cf, cgx, cgy, cgz, cbx, cby, cbz, csm, s, pb.ptrs_value, None)
-            if err:
-                _relaunch(err, ctx, f, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
-        return go
+    # ctypes values made once (the stream's cached per handle); a launcher taking ints (cuda-python's,
+    # a test's) gets them back as ints (_ints_launch)
+    raw = getattr(cu, "raw", None) or _ints_launch(cu)
+    u = _ctypes.c_uint
+    cf, cgx, cgy, cgz, cbx, cby, cbz, csm = _ctypes.c_void_p(f), u(gx), u(gy), u(gz), u(bx), u(by), u(bz), u(shared_mem)
+    streams = _stream_values
 
     def go(stream, values):
         pb = getattr(local, name, None) or _thread_block(fmt)
         pb.struct.pack_into(pb.buf, 0, *values)
+        s = streams.get(stream)
+        if s is None:
+            s = _stream_value(stream)
         if several[0] and ctx and current() != ctx:
             err = -1                    # not launched: _relaunch pushes the context
         else:
-            err = cu(f, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
+            err = raw(cf, cgx, cgy, cgz, cbx, cby, cbz, csm, s, pb.ptrs_value, None)
         if err:
             _relaunch(err, ctx, f, gx, gy, gz, bx, by, bz, shared_mem, stream, pb.ptrs_addr)
     return go
