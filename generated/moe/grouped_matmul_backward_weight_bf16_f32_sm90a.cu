@@ -736,6 +736,9 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
         float acc[WN / 2];
 #pragma unroll
         for (int i = 0; i < WN / 2; ++i) acc[i] = 0.0f;
+        // One k-slice's wgmma group stays in flight while the next one is issued: a stage is
+        // released once the group after it has been issued and its own group has completed.
+        u32_t held = 0xffffffffu;                          // the stage the in-flight group reads
         for (int kt = 0; kt < j.KT; ++kt) {
             mbar_wait(full0 + 8 * s, ph);                  // the stage's copies have landed
             const u32_t sA = ring + s * C::STAGE_BYTES, sB = sA + C::A_BYTES;
@@ -750,11 +753,15 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
                 wgmma_tile<WN>(acc, da, db);
             }
             wg_commit();
-            wg_wait<0>();
+            wg_wait<1>();                                  // the previous k-slice's group has completed
             wg_fence_regs(acc);
-            if (lane == 0) mbar_arrive(empty0 + 8 * s);    // this warp no longer reads the stage
+            if (lane == 0 && held != 0xffffffffu) mbar_arrive(empty0 + 8 * held);   // this warp no longer reads it
+            held = s;
             if (++s == C::STAGES) { s = 0; ph ^= 1; }
         }
+        wg_wait<0>();
+        wg_fence_regs(acc);
+        if (lane == 0 && held != 0xffffffffu) mbar_arrive(empty0 + 8 * held);
         // The tile's outputs. A warpgroup whose 64 rows all lie in the tile's expert (every
         // weight-gradient tile: the tensor map's bounds cut rows past N and columns past K) stages
         // them in shared memory and stores them by TMA, which overlaps the next tile's main loop;
