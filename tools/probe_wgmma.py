@@ -192,7 +192,7 @@ def stage_time(args):
 
     import runtime as sf
     from codegen.harness.workloads import moe as wl
-    from codegen.harness.workloads.moe import _time
+    from codegen.harness.workloads.moe import _time, time_interleaved
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     dense = 2 * 8192 ** 3 / _time(lambda: a @ b, args.reps, 3) / 1e9
@@ -211,17 +211,23 @@ def stage_time(args):
             if args.passes and pass_ not in args.passes.split(","):
                 continue
             ours_fn, ref_fn = wl.calls(op, data, "wgmma", "float32")
-            theirs = _time(ref_fn, args.reps, 3)
             sku = reg.select(category="moe", op=op, element="bf16", aux_element="f32" if pass_ == "wgrad" else None,
                              arch=90, backend="wgmma")
             rule = sf.moe.default_variant(sf.moe.select_plan(op, data["x"], data["w"], data["dy"],
                                                              offsets=data["offsets"], strategy="wgmma"),
                                           M / E, N if pass_ == "fwd" else K)
+            names = list(reg.lookup(sku).launch["variants"])
+
+            def with_config(name, fn=ours_fn, pass_=pass_):
+                def call():
+                    with sf.moe.use_config(**{pass_: name}):
+                        return fn()
+                return call
+            # torch and every configuration in turns, call by call: one clock state for all
+            theirs, *ms_of = time_interleaved([ref_fn] + [with_config(n) for n in names], args.reps, 3)
             row = {"shape": list(shape), "pass": pass_, "torch_ms": theirs, "torch_tflops": flops / theirs / 1e9,
                    "rule": rule, "variants": {}}
-            for name in reg.lookup(sku).launch["variants"]:
-                with sf.moe.use_config(**{pass_: name}):
-                    ms = _time(ours_fn, args.reps, 3)
+            for name, ms in zip(names, ms_of):
                 row["variants"][name] = {"ms": ms, "tflops": flops / ms / 1e9, "pct_torch": 100 * theirs / ms}
             out["rows"].append(row)
             best = max(row["variants"], key=lambda n: row["variants"][n]["tflops"])

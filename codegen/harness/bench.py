@@ -66,6 +66,7 @@ EXTRA_LAUNCH_US = 3.0      # µs more for each further launch of the call
 MAX_SETS = 256
 WARMUP_MS = 30.0        # device time of back-to-back calls before timing: the clocks ramp back after
                         # idle stretches (a torch.compile of the previous workload takes seconds)
+TURN_MS = 10.0          # device time of one contender's batch when several are timed in turns
 CHART_MIN_BYTES = 64 << 20
 COPY_BYTES = 1 << 30
 
@@ -437,6 +438,11 @@ class Timer:
         self.spin((1,), (1,), (np.uint64(max(0, int(ns))),), stream=self.stream)
 
     def measure(self, calls) -> dict:
+        return self.measure_turns([calls])[0]
+
+    def _warm(self, calls) -> tuple:
+        """First calls (loads, compiles, allocator), then WARMUP_MS of back-to-back calls:
+        (seconds of the first calls, host seconds per call, device ms per call)."""
         cp, st = self.cp, self.stream
         n = len(calls)
         t0 = time.perf_counter()
@@ -461,25 +467,45 @@ class Timer:
             calls[i % n]()
         host_s = (time.perf_counter() - t0) / 8
         st.synchronize()
-        batch = max(1, min(self.samples, int(0.02 / max(host_s, 1e-6))))
-        events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(batch)]
-        times, i, start = [], 0, time.perf_counter()
-        while len(times) < self.samples:
-            b = min(batch, self.samples - len(times))
-            self.spin_ns(min(5e7, b * host_s * 1.5e9 + 2e4))   # keeps the GPU busy while we enqueue
-            for j in range(b):
-                e0, e1 = events[j]
-                e0.record(st)
-                calls[i % n]()
-                e1.record(st)
-                i += 1
-            events[b - 1][1].synchronize()
-            times += [cp.cuda.get_elapsed_time(e0, e1) for e0, e1 in events[:b]]
-            if time.perf_counter() - start > self.max_seconds and len(times) >= 10:
+        return first_s, host_s, per_ms
+
+    def measure_turns(self, contenders) -> list:
+        """One stats dict per contender (a list of zero-arg calls each, cycled over), the contenders
+        timed in turns: a batch of one (at most TURN_MS of device time), then one of the next, ...
+        until each has ``samples``. A ratio between contenders (skuforge against its PyTorch
+        reference) is then taken at one clock and temperature of the GPU, not at two moments of a run
+        whose clocks drift by a few percent."""
+        cp, st = self.cp, self.stream
+        warm = [self._warm(calls) for calls in contenders]
+        batch = [max(1, min(self.samples, int(0.02 / max(host_s, 1e-6)), int(TURN_MS / per_ms) + 1))
+                 for _, host_s, per_ms in warm]
+        events = [[(cp.cuda.Event(), cp.cuda.Event()) for _ in range(b)] for b in batch]
+        times = [[] for _ in contenders]
+        done = [0] * len(contenders)
+        start = time.perf_counter()
+        while any(len(t) < self.samples for t in times):
+            for k, calls in enumerate(contenders):
+                b = min(batch[k], self.samples - len(times[k]))
+                if b <= 0:
+                    continue
+                host_s = warm[k][1]
+                self.spin_ns(min(5e7, b * host_s * 1.5e9 + 2e4))   # keeps the GPU busy while we enqueue
+                for j in range(b):
+                    e0, e1 = events[k][j]
+                    e0.record(st)
+                    calls[done[k] % len(calls)]()
+                    e1.record(st)
+                    done[k] += 1
+                events[k][b - 1][1].synchronize()
+                times[k] += [cp.cuda.get_elapsed_time(e0, e1) for e0, e1 in events[k][:b]]
+            if time.perf_counter() - start > self.max_seconds and all(len(t) >= 10 for t in times):
                 break
-        out = stats(times)
-        out["first_call_s"] = round(first_s, 3)
-        out["host_us"] = round(host_s * 1e6, 2)
+        out = []
+        for (first_s, host_s, _), t in zip(warm, times):
+            r = stats(t)
+            r["first_call_s"] = round(first_s, 3)
+            r["host_us"] = round(host_s * 1e6, 2)
+            out.append(r)
         return out
 
 
@@ -832,7 +858,15 @@ def run_one(timer, baselines, sku, module, shape, l2: int, copy_gbps: float, sha
          "label": w0.get("label") or str(sku), "bytes": w0.get("bytes"), "flops": w0.get("flops"), "sets": n,
          "date": now()}
     r.update(target_for(module, sku, shape))
-    r["skuforge"] = timer.measure([w["call"] for w in sets])
+    ref = [w["torch_ref"] for w in sets] if baselines is not None and w0.get("torch_ref") is not None else None
+    if ref is None:
+        r["skuforge"] = timer.measure([w["call"] for w in sets])
+    else:                   # a library reference (torch._grouped_mm): timed in turns with ours
+        try:
+            r["skuforge"], r["torch_ref"] = timer.measure_turns([[w["call"] for w in sets], ref])
+        except Exception as e:  # noqa: BLE001 - a reference that fails is recorded, not fatal
+            r["skuforge"] = timer.measure([w["call"] for w in sets])
+            r["torch_ref"] = {"error": error_text(e)}
     if baselines is not None and w0.get("torch_fn") is not None:
         r["mismatches_vs_eager"] = baselines.agreement(w0["call"](), w0["torch_fn"](*w0.get("torch_args", ())))
     if baselines is not None:
@@ -850,11 +884,6 @@ def run_one(timer, baselines, sku, module, shape, l2: int, copy_gbps: float, sha
                 r[name] = {"error": error_text(e)}
                 if name == "torch_compile" and not str(e).startswith("skipped:"):
                     baselines.compile_failed(w0.get("torch_fn") or w0.get("torch_eager"), r[name]["error"])
-        if w0.get("torch_ref") is not None:
-            try:
-                r["torch_ref"] = timer.measure([w["torch_ref"] for w in sets])
-            except Exception as e:  # noqa: BLE001
-                r["torch_ref"] = {"error": error_text(e)}
     del sets, w0
     # % of copy is taken against a copy of the same number of bytes ("a device copy of the
     # same bytes"), so launch ramp and tail count alike on both sides; shapes that fit in

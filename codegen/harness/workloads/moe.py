@@ -144,17 +144,27 @@ def make(sku, shape):
 
 def _time(fn, reps: int = 30, warmup: int = 5) -> float:
     """Median ms per call by CUDA events (each call timed on its own, after warm-up)."""
+    return time_interleaved([fn], reps, warmup)[0]
+
+
+def time_interleaved(fns, reps: int = 30, warmup: int = 5) -> list:
+    """Median ms per call of each of ``fns`` by CUDA events, the calls taken in turns (a b c a b c
+    ...), each timed on its own after warm-up: every contender sees the same clocks and temperature,
+    so their ratio does not drift with the GPU's state over the run."""
     import torch
     for _ in range(warmup):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
+    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
+          for _ in range(reps)]
+    for row in ev:
+        for fn, (a, b) in zip(fns, row):
+            a.record()
+            fn()
+            b.record()
     torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
+    return [statistics.median(row[i][0].elapsed_time(row[i][1]) for row in ev) for i in range(len(fns))]
 
 
 def _compile_unit(job):
