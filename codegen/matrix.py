@@ -202,11 +202,9 @@ MOE_OPKIND = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad",
 # of 64 rows x 128 bytes per consumer warpgroup (two where the ring leaves room; more do not pay:
 # docs/perf-notes.md).
 WGMMA_VARIANTS = {
-    "wg128x256s4": (128, 256, 4, 2, 1),
-    "wg128x128s6": (128, 128, 6, 2, 1),
-    "wg64x256s5": (64, 256, 5, 1, 1),
-    "wg128x256s4w0": (128, 256, 4, 2, 0),
-    "wg64x256s5w0": (64, 256, 5, 1, 0),
+    "wg128x256s4": (128, 256, 4, 2),
+    "wg128x128s6": (128, 128, 6, 2),
+    "wg64x256s5": (64, 256, 5, 1),
 }
 WGMMA_DEFAULT = "wg128x256s4"
 WGMMA_ALIGN = 1024
@@ -268,10 +266,10 @@ def _moe_context(cell, ctx):
     rules = {}
     if sku.backend == "wgmma":
         variants = []
-        for name, (bm, bn, stages, epi, inflight) in WGMMA_VARIANTS.items():
+        for name, (bm, bn, stages, epi) in WGMMA_VARIANTS.items():
             smem = wgmma_smem(bm, bn, stages, epi, size)
             tile = {"BM": bm, "BN": bn, "BK": 64, "STAGES": stages, "THREADS": 384, "MIN_BLOCKS": 1,
-                    "WN": bn if bm == 128 else bn // 2, "EPI": epi, "INFLIGHT": inflight}
+                    "WN": bn if bm == 128 else bn // 2, "EPI": epi}
             variants.append({"name": name, "symbol": sku.symbol if name == WGMMA_DEFAULT else f"{sku.symbol}__v{name}",
                              "tile": tile, "dynamic_smem": smem, "static_smem": WGMMA_STATIC_SMEM})
         variants.sort(key=lambda v: v["name"] != WGMMA_DEFAULT)

@@ -540,9 +540,8 @@ __device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t 
     }
 }
 
-template <int BM_, int BN_, int STAGES_, int EPI_, int INFLIGHT_>
+template <int BM_, int BN_, int STAGES_, int EPI_>
 struct WTile {
-    static constexpr int INFLIGHT = INFLIGHT_;
     static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
     static constexpr int WN = BM == 128 ? BN : BN / 2;     // columns of one consumer warpgroup
     static constexpr int EPI = EPI_;                       // output staging buffers of a consumer warpgroup
@@ -754,14 +753,10 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
                 wgmma_tile<WN>(acc, da, db);
             }
             wg_commit();
-            wg_wait<C::INFLIGHT>();                                  // the previous k-slice's group has completed
+            wg_wait<1>();                                  // the previous k-slice's group has completed
             wg_fence_regs(acc);
-            if constexpr (C::INFLIGHT == 0) {
-                if (lane == 0) mbar_arrive(empty0 + 8 * s);
-            } else {
-                if (lane == 0 && held != 0xffffffffu) mbar_arrive(empty0 + 8 * held);   // this warp no longer reads it
-                held = s;
-            }
+            if (lane == 0 && held != 0xffffffffu) mbar_arrive(empty0 + 8 * held);   // this warp no longer reads it
+            held = s;
             if (++s == C::STAGES) { s = 0; ph ^= 1; }
         }
         wg_wait<0>();
@@ -842,7 +837,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_wei
         sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::WTile<128, 256, 4, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::WTile<128, 256, 4, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma__vwg128x128s6(
     const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -856,7 +851,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_
         sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::WTile<128, 128, 6, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::WTile<128, 128, 6, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma__vwg64x256s5(
     const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -870,33 +865,5 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_
         sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::WTile<64, 256, 5, 1, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
-}
-extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma__vwg128x256s4w0(
-    const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const bf16_t* __restrict__ dy, i64_t lddy, float* __restrict__ out, i64_t M, i64_t N, i64_t K,
-    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-    const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::poison(p);
-        return;
-    }
-    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::WTile<128, 256, 4, 2, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
-}
-extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma__vwg64x256s5w0(
-    const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const bf16_t* __restrict__ dy, i64_t lddy, float* __restrict__ out, i64_t M, i64_t N, i64_t K,
-    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-    const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::poison(p);
-        return;
-    }
-    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::WTile<64, 256, 5, 1, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_bf16_f32_sm90_wgmma_ns::WTile<64, 256, 5, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
