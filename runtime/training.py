@@ -20,6 +20,7 @@ without a host sync: an invalid scale element poisons its outputs (NaN) and is r
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import sys
@@ -458,8 +459,14 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
     ov = rows_view(outr, "out")
     inner, count, last = channel_params(xr.shape, scope, p.axis)
     n = lsq_partials(xv.rows, xv.cols, scope, last)
-    ds_part = as_array(empty(xr, (n,), mk), "workspace") if n else None
-    dz_part = as_array(empty(xr, (n,), mk), "workspace") if n and dz is not None else None
+    ds_part = dz_part = None
+    refs = ()
+    if n:       # one workspace: the ds partials, then (asymmetric) the dz partials
+        ws = as_array(empty(xr, (2 * n if dz is not None else n,), mk), "workspace")
+        ds_part = dataclasses.replace(ws, shape=(n,))
+        if dz is not None:
+            dz_part = dataclasses.replace(ws, shape=(n,), ptr=ws.ptr + n * ws.itemsize)
+            refs = (("dz_part", ws, n * ws.itemsize),)
     args = LsqArgs(dy=(dyr, dyv), x=(xr, xv), dx=(outr, ov), scale=p.scale, zero_point=p.zp_array,
                    zp_value=p.zp_value, ds=ds, dz=dz, rows=xv.rows, cols=xv.cols,
                    seg_len=group_size if scope == "group" else xv.cols, chan_inner=inner, chan_count=count,
@@ -470,7 +477,8 @@ def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, gr
     stream = stream_handle(dyr)
     for k, prep in enumerate(plan.launcher.prepare(plan, args)):
         prep.launch(stream)
-        fast.add_launch(prep, dyr, params=("scale_value", "zp_value") if k == 0 else None)
+        fast.add_launch(prep, dyr, params=("scale_value", "zp_value") if k == 0 else None,
+                        refs=tuple((prep.abi.slot[name], ref, off) for name, ref, off in refs))
     result = (outr.obj, ds.obj, None if dz is None else dz.obj)
     fast.remember(result, (qmin, qmax))
     return result

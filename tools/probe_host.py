@@ -138,9 +138,29 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
                 lambda: torch.empty((16, 4096), dtype=dt, device=dev), synchronize, n_calls, repeats)
             res["x.new_empty(shape, dtype=)"] = _median_us(lambda: x.new_empty((16, 4096), dtype=dt),
                                                           synchronize, n_calls, repeats)
+            idx = x.get_device()
+            res["torch.empty(shape, dtype=, device=<int>)"] = _median_us(
+                lambda: torch.empty((16, 4096), dtype=dt, device=idx), synchronize, n_calls, repeats)
+            res["torch.empty_strided(shape, strides, dtype=, device=)"] = _median_us(
+                lambda: torch.empty_strided((16, 4096), (4096, 1), dtype=dt, device=dev), synchronize, n_calls,
+                repeats)
+            res["two torch.empty (a call with two outputs)"] = _median_us(
+                lambda: (torch.empty((16, 4096), dtype=dt, device=dev), torch.empty((16,), dtype=torch.float32,
+                                                                                     device=dev)),
+                synchronize, n_calls, repeats)
+            res["key of one tensor (data_ptr, shape, stride, dtype, get_device)"] = _median_us(
+                lambda: (type(x), x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15), synchronize,
+                n_calls, repeats)
         else:
             res["cupy.empty(shape, dtype)"] = _median_us(lambda: cp.empty((16, 4096), cp.int8), synchronize,
                                                          n_calls, repeats)
+            nd, i8 = cp.ndarray, cp.dtype(cp.int8)
+            res["cupy.ndarray(shape, dtype)"] = _median_us(lambda: nd((16, 4096), i8), synchronize, n_calls, repeats)
+            res["cupy.cuda.runtime.getDevice"] = _median_us(cp.cuda.runtime.getDevice, synchronize, n_calls,
+                                                             repeats)
+            res["key of one array (data.ptr, shape, strides, dtype, device_id)"] = _median_us(
+                lambda: (type(x), x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15), synchronize,
+                n_calls, repeats)
         out[fw] = res
         del q0
     return out
