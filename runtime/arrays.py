@@ -131,11 +131,7 @@ def _from_cai(obj, cai: dict, arg: str) -> ArrayRef:
         raise InvalidProblemError(f"{arg}: __cuda_array_interface__ strides {tuple(cai['strides'])!r} do not match "
                                   f"its shape {shape} (one stride per axis)")
     if cai.get("strides") is None:
-        strides, acc = [], 1
-        for n in reversed(shape):
-            strides.append(acc)
-            acc *= max(n, 1)
-        strides = tuple(reversed(strides))
+        strides = contiguous_strides(shape)
     else:
         item = dt.itemsize
         if any(s % item for s in cai["strides"]):
@@ -218,10 +214,21 @@ def empty(like: ArrayRef, shape, kind: str):
     return obj
 
 
+def contiguous_strides(shape) -> tuple:
+    """C-order strides, in elements, of ``shape``."""
+    out, acc = [], 1
+    for n in reversed(tuple(shape)):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+# torch.empty_strided with the C-order strides spelled out allocates the same tensor as torch.empty
+# in about 1.2 µs less on the GPU machine's CPU (tools/probe_host.py: 2.1 against 3.4 µs).
 def _new(like: ArrayRef, shape, kind: str):
     if like.framework == "torch":
         torch = _torch()
-        return torch.empty(shape, dtype=torch_dtype(kind), device=like.obj.device)
+        return torch.empty_strided(shape, contiguous_strides(shape), dtype=torch_dtype(kind), device=like.obj.device)
     import cupy as cp
     with cp.cuda.Device(like.device):
         return cp.empty(shape, dtype=numpy_dtype(kind))
@@ -256,10 +263,10 @@ def allocator(like: ArrayRef, shape, kind: str):
     shape = tuple(shape)
     if like.framework == "torch":
         torch = _torch()
-        new, dt, dev = torch.empty, torch_dtype(kind), like.obj.device
+        new, dt, dev, strides = torch.empty_strided, torch_dtype(kind), like.obj.device, contiguous_strides(shape)
 
         def alloc():
-            a = new(shape, dtype=dt, device=dev)
+            a = new(shape, strides, dtype=dt, device=dev)
             return a, a.data_ptr()
         return alloc
     import cupy as cp
