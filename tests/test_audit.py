@@ -1,4 +1,5 @@
 """CPU tests of `python -m codegen audit | verify | bench` logic on small synthetic records."""
+import itertools
 import json
 import math
 import subprocess
@@ -553,6 +554,79 @@ def test_bench_run_one_plumbing_with_a_fake_timer():
     assert "torch_eager" not in r and "speedup_compile" not in r
     assert bench.run_one(FakeTimer(), None, KernelSku.parse(S_TOK), types.SimpleNamespace(make=lambda s, sh: None),
                          (16, 4096), 60 << 20, 4000.0, "sha") is None
+
+
+class _FakeClock:
+    """A stand-in for CuPy's events on one stream: every call a contender makes advances a device
+    clock by that contender's duration; an event records the clock when it is recorded, after the
+    calls enqueued before it (what ``Timer.measure_turns`` times)."""
+
+    def __init__(self):
+        self.now, self.log = 0.0, []
+        clock = self
+
+        class Event:
+            def record(self, stream=None):
+                self.t = clock.now
+
+            def synchronize(self):
+                pass
+
+        self.cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
+            Event=Event, get_elapsed_time=lambda a, b: b.t - a.t))
+
+    def call(self, name, ms):
+        def run():
+            self.log.append(name)
+            self.now += ms
+        return run
+
+
+def test_bench_times_contenders_in_turns():
+    """measure_turns: each contender its own median from its own calls, the timed calls of the two
+    alternating in batches (ours, the reference, ours, ...) rather than one block after the other."""
+    clock = _FakeClock()
+    timer = bench.Timer.__new__(bench.Timer)
+    timer.cp, timer.samples, timer.max_seconds = clock.cp, 40, 60.0
+    timer.stream = types.SimpleNamespace(synchronize=lambda: None)
+    timer.spin_ns = lambda ns: None
+    ours, ref = clock.call("ours", 4.0), clock.call("ref", 5.0)     # 4 ms and 5 ms a call: 3 calls a 10 ms turn
+    got = timer.measure_turns([[ours], [ref]])
+    assert [g["ms"] for g in got] == [4.0, 5.0] and [g["samples"] for g in got] == [40, 40]
+    start = len(clock.log) - 80                     # the warm-ups come first, one contender after the other
+    timed = clock.log[start:]
+    assert timed.count("ours") == timed.count("ref") == 40
+    runs = [len(list(g)) for _, g in itertools.groupby(timed)]
+    assert len(runs) > 20 and max(runs) <= 3        # many short turns
+    assert timer.measure([ours])["ms"] == 4.0
+
+
+def test_bench_run_one_times_a_reference_in_turns_and_survives_its_failure():
+    def make(sku, shape):
+        return {"call": lambda: None, "flops": 2e9, "label": "gmm", "torch_ref": lambda: None}
+    mod = types.SimpleNamespace(make=make)
+    seen = []
+    no_composite = types.SimpleNamespace(eager_calls=lambda sets: None, compiled_calls=lambda sets: None)
+
+    class TurnTimer:
+        def measure(self, calls):
+            seen.append("alone")
+            return {"ms": 1.0, "samples": 10}
+
+        def measure_turns(self, contenders):
+            seen.append(len(contenders))
+            return [{"ms": 1.0, "samples": 10}, {"ms": 1.25, "samples": 10}]
+    r = bench.run_one(TurnTimer(), no_composite, KernelSku.parse(S_TOK), mod, (16, 4096), 60 << 20,
+                      4000.0, "sha")
+    assert seen == [2] and r["speedup_ref"] == pytest.approx(1.25)
+
+    class FailingRef(TurnTimer):
+        def measure_turns(self, contenders):
+            raise RuntimeError("torch._grouped_mm refused the layout")
+    seen.clear()
+    r = bench.run_one(FailingRef(), no_composite, KernelSku.parse(S_TOK), mod, (16, 4096), 60 << 20,
+                      4000.0, "sha")
+    assert seen == ["alone"] and r["skuforge"]["ms"] == 1.0 and "refused the layout" in r["torch_ref"]["error"]
 
 
 def test_bench_error_text_keeps_the_cause():
