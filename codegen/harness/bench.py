@@ -477,7 +477,9 @@ class Timer:
         whose clocks drift by a few percent."""
         cp, st = self.cp, self.stream
         warm = [self._warm(calls) for calls in contenders]
-        batch = [max(1, min(self.samples, int(0.02 / max(host_s, 1e-6)), int(TURN_MS / per_ms) + 1))
+        turn = len(contenders) > 1          # one contender: batches as long as the enqueue allows
+        batch = [max(1, min(self.samples, int(0.02 / max(host_s, 1e-6)),
+                            int(TURN_MS / per_ms) + 1 if turn else self.samples))
                  for _, host_s, per_ms in warm]
         events = [[(cp.cuda.Event(), cp.cuda.Event()) for _ in range(b)] for b in batch]
         times = [[] for _ in contenders]
