@@ -118,6 +118,7 @@ def _two_ranks(rank: int, store_path: str, failures: str):
             assert y.squeeze(1).tolist() == [[0.0, 10.0, 11.0], [1.0, 2.0, 3.0, 12.0, 13.0]][rank]
             (y * torch.arange(1.0, 1.0 + y.shape[0]).unsqueeze(1)).sum().backward()
             assert x.grad.squeeze(1).tolist() == [[1.0, 1.0, 2.0, 3.0], [2.0, 3.0, 4.0, 5.0]][rank]
+            dist.barrier()      # both ranks are done with the group before either tears its gloo pairs down
         finally:
             dist.destroy_process_group()
     except BaseException as e:      # noqa: BLE001 - reported to the parent
