@@ -144,10 +144,6 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
             res["torch.empty_strided(shape, strides, dtype=, device=)"] = _median_us(
                 lambda: torch.empty_strided((16, 4096), (4096, 1), dtype=dt, device=dev), synchronize, n_calls,
                 repeats)
-            res["two torch.empty (a call with two outputs)"] = _median_us(
-                lambda: (torch.empty((16, 4096), dtype=dt, device=dev), torch.empty((16,), dtype=torch.float32,
-                                                                                     device=dev)),
-                synchronize, n_calls, repeats)
             res["key of one tensor (data_ptr, shape, stride, dtype, get_device)"] = _median_us(
                 lambda: (type(x), x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15), synchronize,
                 n_calls, repeats)
