@@ -52,7 +52,7 @@ def check(err, what):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="probe_launch.json")
-    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
 
