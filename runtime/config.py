@@ -139,6 +139,10 @@ class Settings:
         default="", metadata={"env": "SKUFORGE_MOE_CONFIG",
         "doc": "MoE tile configuration per pass (``128x128x32s5`` or ``fwd=...,dgrad=...,wgrad=...``); "
                "runtime.moe.CONFIG / use_config() win over it"})
+    graph_replay: str = dataclasses.field(
+        default="on", metadata={"env": "SKUFORGE_GRAPH_REPLAY",
+        "doc": "a repeated call that launches several kernels: ``on`` (one CUDA graph launch, runtime/graphs.py) "
+               "or ``off`` (each kernel launched on the stream)"})
     sync_checks: bool = dataclasses.field(
         default=False, metadata={"env": "SKUFORGE_SYNC_CHECKS",
         "doc": "synchronous host checks of device-array values before each launch (debug mode; "
@@ -168,7 +172,7 @@ def _flag(text: str) -> bool:
     return text.strip().lower() not in ("", "0", "false")
 
 
-CHOICES = {"columns_grid": ("2d", "1d"), "dynamic_tensor": ("auto", "two_pass")}
+CHOICES = {"columns_grid": ("2d", "1d"), "dynamic_tensor": ("auto", "two_pass"), "graph_replay": ("on", "off")}
 
 
 def _number(f, text: str, kind, default, ok, what: str):

@@ -3,7 +3,7 @@
 Every op goes through :func:`call`: a call whose arguments have the same types, shapes, strides,
 dtypes, devices and 16-byte alignment (and the same keyword arguments, types included) as an
 earlier, fully validated call replays that call (its allocations, then its prepared launches with
-every pointer slot re-filled); any other call runs the op's slow path (normalize → plan → launch)
+every pointer slot re-filled; several launches go as one CUDA graph launch, runtime/graphs.py); any other call runs the op's slow path (normalize → plan → launch)
 under a :class:`FastCall` that records it. The status word of the device is read on every call
 (runtime/status.py), on both paths.
 """
@@ -15,6 +15,7 @@ import sys
 
 from . import config, status
 from .arrays import ArrayRef, allocator, recording_allocations, stream_getter
+from .graphs import bind_graph
 
 
 def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
@@ -142,8 +143,13 @@ def _compile(e: Entry, nargs: int, result):
             src.append("    vals.extend((" + "".join(f"p{k}, " for k in range(len(e.allocs))) + "))")
         src.append(f"    runner((*args, {news}None), vals, stream)")
     else:
+        graph = None
+        if len(e.launches) > 1 and config.settings().graph_replay == "on":
+            graph = ns["graph"] = bind_graph([prep for prep, _, _ in e.launches])
+        calls = []
         for n, (prep, template, slots) in enumerate(e.launches):
-            ns[f"go{n}"] = prep.bound()
+            if graph is None:
+                ns[f"go{n}"] = prep.bound()
             parts = []
             for j, v in enumerate(template):
                 f = slots.get(j)
@@ -162,7 +168,11 @@ def _compile(e: Entry, nargs: int, result):
                         ns[f"c{n}_{j}"] = v
                         lit = f"c{n}_{j}"
                     parts.append(lit)
-            src.append(f"    go{n}(stream, ({', '.join(parts)},))")
+            calls.append(f"({', '.join(parts)},)")
+        if graph is None:
+            src += [f"    go{n}(stream, {c})" for n, c in enumerate(calls)]
+        else:
+            src.append(f"    graph(stream, {', '.join(calls)})")
     if isinstance(result, tuple):
         src.append("    return (" + "".join(("None" if i is None else source(i)) + ", " for i in result) + ")")
     else:

@@ -473,3 +473,28 @@ def test_numpy_scalar_scale_is_a_scalar(dev):
     launches, _ = _run(dev, lambda d: sf.quantize(d.a((8, 64)), np.float32(0.5), scope="tensor"), 0x7F0000000000)
     (fn, grid, block, fmt, values), = launches
     assert 0.5 in values
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_a_replay_of_several_launches_is_one_graph_launch(dev, monkeypatch, name):
+    """Where the driver makes graphs (runtime/graphs.py), a replay that launches several kernels
+    launches them as one graph with each kernel's values re-filled; one launch stays a launch."""
+    graphs_used = []
+
+    def fake_bind_graph(preps):
+        def go(stream, *values):
+            graphs_used.append(len(values))
+            assert len(values) == len(preps)
+            for p, v in zip(preps, values):
+                dev.launch(p.fn, p.grid, p.block, p.abi.fmt, list(v), stream, p.shared_mem)
+        return go
+    monkeypatch.setattr(replay, "bind_graph", fake_bind_graph)
+    call, _ = CALLS[name]
+    fast = replay_matches_slow_path(dev, call)
+    (entry,) = replay.CACHE.values()          # remembered again by the last (slow) call
+    prepared = 0 if entry.runner is not None else len(entry.launches)
+    if prepared > 1:
+        assert graphs_used == [prepared], "the replay went as one graph of all its launches"
+        assert len(fast[0]) == prepared
+    else:
+        assert graphs_used == []

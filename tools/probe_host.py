@@ -13,6 +13,10 @@ prepared launch alone (runtime.device.launch), the output allocation, the stream
 cache key (attribute reads), the status-word read, the replay without launch or allocation. Runs in well under a
 minute (kernels are compiled in parallel first; the NVRTC disk cache makes reruns faster).
 
+``--graph-ab``: the calls that launch several kernels (MoE, LSQ; ``launches`` > 1), timed with
+``graph_replay`` off and on in turns (off, on, off, on: runtime/graphs.py against one launch per
+kernel), in ``graph_ab`` of the record.
+
 ``--profile dynamic_quantize,torch``: cProfile of the matching calls (label parts),
 top functions by own and cumulative time, in ``<out>.profile.txt``.
 """
@@ -162,6 +166,22 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
     return out
 
 
+def graph_turns(items, synchronize, n_calls: int, repeats: int) -> dict:
+    """{label: {"off": [µs, µs], "on": [µs, µs]}}: each multi-launch call timed with ``graph_replay``
+    off, on, off, on (both turns of each setting)."""
+    from codegen.harness import bench
+    from runtime import config
+    multi = [i for i in items if i.get("launches", 1) > 1]
+    turns = {}
+    for setting in ("off", "on", "off", "on"):
+        with config.override(graph_replay=setting):        # forgets the remembered calls
+            for r in bench.time_host_calls(multi, synchronize, n_calls, repeats):
+                turns.setdefault(r["label"], {}).setdefault(setting, []).append(r.get("us"))
+    for label, by in turns.items():
+        print(f"  graph replay off {by['off']} / on {by['on']} µs: {label}", flush=True)
+    return turns
+
+
 def profile(items, synchronize, n_calls: int, labels) -> dict:
     """cProfile of ``n_calls`` calls of each item whose label contains one of ``labels``: the top
     functions by own time and by cumulative time, as text (where a repeated call spends its µs)."""
@@ -197,6 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported (default 5)")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--no-components", action="store_true", help="skip the per-part breakdown")
+    ap.add_argument("--graph-ab", action="store_true", help="multi-launch calls with graph replay off and on, in turns")
     ap.add_argument("--profile", default="", help="comma-separated label parts: cProfile those calls "
                     "(written next to --out as <out>.profile.txt)")
     args = ap.parse_args(argv)
@@ -230,15 +251,17 @@ def main(argv=None) -> int:
         stream = cp.cuda.get_current_stream()
     with stream:
         timer = bench.Timer(stream, 1, 0.1)
-        items, errors = bench.host_items(timer, [], api=True, device=args.device)
+        from codegen.harness.workloads import training
+        items, errors = bench.host_items(timer, [training], api=True, device=args.device)
         host = errors + bench.time_host_calls(items, stream.synchronize, args.calls, args.repeats)
+        graph_ab = graph_turns(items, stream.synchronize, args.calls, args.repeats) if args.graph_ab else {}
         comps = {} if args.no_components else components(stream.synchronize, args.calls, args.repeats, args.device)
         profiles = profile(items, stream.synchronize, args.calls, [w for w in args.profile.split(",") if w]) \
             if args.profile else {}
     rec = {"schema": 1, "what": "host overhead per repeated functional call", "date": now(), **git_info(),
            **env, "python": platform.python_version(), "calls": args.calls, "repeats": args.repeats,
            "target_us": bench.TARGET_HOST_US, "compile_s": round(compile_s, 1),
-           "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "components": comps,
+           "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "graph_ab": graph_ab, "components": comps,
            "python_reference_us": python_reference_us()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rec, indent=1, default=str) + "\n")

@@ -1,0 +1,175 @@
+"""A repeated call that launches several kernels, replayed as one CUDA graph launch.
+
+The driver charges a host-side cost for every ``cuLaunchKernel`` (several µs on the H200 machine,
+docs/perf-notes.md); a call that launches N kernels (MoE routing then the product, the two passes of
+a reduction) paid it N times. :func:`bind_graph` turns the prepared launches of such a call into one
+graph of kernel nodes in a chain (each kernel starts after the previous one, as on a stream), and
+its replay is:
+
+- for each node whose parameter values differ from those its executable graph last launched with,
+  ``cuGraphExecKernelNodeSetParams`` (the driver copies the values; launches already queued keep
+  theirs);
+- one ``cuGraphLaunch`` on the caller's stream.
+
+An executable graph is made per stream on first use there: the driver orders every launch of one
+executable graph behind the previous launch of that graph, so sharing one between streams would
+order the caller's streams behind each other. A graph launch inside a caller's stream capture is
+captured as a child graph with the parameters last set (``tools/probe_launch.py`` checks both on a
+GPU). Where the driver refuses a graph (or cannot be reached through ctypes), ``bind_graph``
+returns None and the call replays its launches one by one.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from . import device
+from .errors import SkuforgeError
+
+_vp, _u = ctypes.c_void_p, ctypes.c_uint
+
+
+class KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h)."""
+
+    _fields_ = [("func", _vp), ("gridDimX", _u), ("gridDimY", _u), ("gridDimZ", _u), ("blockDimX", _u),
+                ("blockDimY", _u), ("blockDimZ", _u), ("sharedMemBytes", _u), ("kernelParams", _vp),
+                ("extra", _vp), ("kern", _vp), ("ctx", _vp)]
+
+
+_CALLS = ("cuGraphCreate", "cuGraphAddKernelNode_v2", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
+          "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecDestroy", "cuGraphDestroy")
+_lib: list = []
+
+
+def _driver():
+    """{name: ctypes function} of the graph calls, or None where libcuda cannot be opened by name."""
+    if not _lib:
+        try:
+            lib = device._libcuda()
+            fns = {n: getattr(lib, n) for n in _CALLS}
+        except (OSError, AttributeError):
+            fns = None
+        for f in (fns or {}).values():
+            f.restype = ctypes.c_int
+        _lib.append(fns)
+    return _lib[0]
+
+
+class _Graph:
+    """One chain of kernel nodes, its parameter blocks, and an executable graph per stream."""
+
+    def __init__(self, fns, preps, ctx: int):
+        self.fns, self.ctx = fns, ctx
+        self.graph = _vp()
+        self.nodes, self.blocks, self.params = [], [], []
+        self.execs: dict = {}            # stream handle -> [exec handle, values last set per node]
+        self.lock = threading.Lock()
+        with device.on_context(ctx):
+            self._check(fns["cuGraphCreate"](ctypes.byref(self.graph), _u(0)), "cuGraphCreate")
+            prev = None
+            for p in preps:
+                pb = device._ParamBlock(p.abi.fmt)
+                pb.struct.pack_into(pb.buf, 0, *p.values)
+                gx, gy, gz = (tuple(p.grid) + (1, 1))[:3]
+                bx, by, bz = (tuple(p.block) + (1, 1))[:3]
+                kp = KernelNodeParams(func=p.fn.ptr, gridDimX=gx, gridDimY=gy, gridDimZ=gz, blockDimX=bx,
+                                      blockDimY=by, blockDimZ=bz, sharedMemBytes=p.shared_mem,
+                                      kernelParams=pb.ptrs_addr, extra=None, kern=None, ctx=None)
+                node = _vp()
+                deps = (_vp * 1)(prev) if prev is not None else None
+                self._check(fns["cuGraphAddKernelNode_v2"](ctypes.byref(node), self.graph, deps,
+                                                           ctypes.c_size_t(1 if deps else 0), ctypes.byref(kp)),
+                            "cuGraphAddKernelNode")
+                prev = node.value
+                self.nodes.append(_vp(node.value))
+                self.blocks.append(pb)
+                self.params.append(kp)
+
+    @staticmethod
+    def _check(err: int, what: str) -> None:
+        if err:
+            raise OSError(f"{what}: CUresult {err}")
+
+    def executable(self, stream: int, first: list):
+        """[exec, values per node] for ``stream``, instantiated on first use (``first``: the values the
+        graph was made with)."""
+        ex = _vp()
+        with device.on_context(self.ctx):
+            self._check(self.fns["cuGraphInstantiateWithFlags"](ctypes.byref(ex), self.graph, ctypes.c_ulonglong(0)),
+                        "cuGraphInstantiateWithFlags")
+        if len(self.execs) >= 64:        # streams made and dropped by a caller: forget the oldest
+            old = self.execs.pop(next(iter(self.execs)))
+            self.fns["cuGraphExecDestroy"](old[0])
+        entry = self.execs[stream] = [ex, list(first)]
+        return entry
+
+    def __del__(self):
+        fns = self.fns
+        try:
+            for ex, _ in self.execs.values():
+                fns["cuGraphExecDestroy"](ex)
+            fns["cuGraphDestroy"](self.graph)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the driver may be gone already
+            pass
+
+
+def bind_graph(preps):
+    """``go(stream, values_0, values_1, ...)``: the prepared launches ``preps``
+    (runtime.launch.PreparedLaunch, one context) as one graph launch on ``stream``, each node's
+    parameters re-set only where ``values_i`` changed; None where no graph can be made."""
+    fns = _driver()
+    if fns is None or len(preps) < 2:
+        return None
+    try:
+        ctxs = {device._fn_ctx.get(p.fn.ptr, 0) for p in preps}
+        if len(ctxs) != 1:
+            return None
+        g = _Graph(fns, preps, ctxs.pop())
+    except (OSError, AttributeError):     # the driver refused, or not a loaded function
+        return None
+    first = [tuple(p.values) for p in preps]
+    setp, launch = fns["cuGraphExecKernelNodeSetParams_v2"], fns["cuGraphLaunch"]
+    nodes, blocks, params, execs, lock = g.nodes, g.blocks, g.params, g.execs, g.lock
+    streams = device._stream_values
+    ctx, on_context = g.ctx, device.on_context
+    byref = ctypes.byref
+    n = len(preps)
+
+    several, current = device._several_contexts, device.context_current
+
+    def run(stream, values):
+        s = streams.get(stream)
+        if s is None:
+            s = device._stream_value(stream)
+        with lock:                       # the node parameter blocks and the per-stream state
+            ex, last = execs.get(stream) or g.executable(stream, first)
+            for i in range(n):
+                v = values[i]
+                if v != last[i]:
+                    pb = blocks[i]
+                    pb.struct.pack_into(pb.buf, 0, *v)
+                    last[i] = None       # unknown until the driver took them
+                    err = setp(ex, nodes[i], byref(params[i]))
+                    if err:
+                        raise SkuforgeError(f"cuGraphExecKernelNodeSetParams failed: CUresult {err}")
+                    last[i] = v
+            err = launch(ex, s)
+            if err:
+                raise SkuforgeError(f"cuGraphLaunch failed: CUresult {err}")
+
+    def go(stream, *values):
+        # as runtime.device.bind_launch: the graph's context is made current where another one is
+        # (several devices) or where the driver refused for want of one
+        if several[0] and ctx and current() != ctx:
+            with on_context(ctx):
+                return run(stream, values)
+        try:
+            return run(stream, values)
+        except SkuforgeError:
+            if not ctx or current() == ctx:
+                raise
+        with on_context(ctx):
+            return run(stream, values)
+    go.graph = g
+    return go

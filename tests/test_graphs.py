@@ -1,0 +1,130 @@
+"""The multi-launch replay as one CUDA graph launch (runtime/graphs.py), over a recording driver."""
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass
+
+import pytest
+
+from runtime import device, graphs
+
+
+@dataclass
+class _Fn:
+    ptr: int
+
+
+@dataclass
+class _Abi:
+    fmt: str
+
+
+@dataclass
+class _Prep:
+    fn: _Fn
+    grid: tuple
+    block: tuple
+    abi: _Abi
+    values: list
+    shared_mem: int = 0
+
+
+class _Driver:
+    """The graph calls of libcuda, recorded: node parameters are read back from the packed blocks."""
+
+    def __init__(self, fail=()):
+        self.log, self.fail, self.nodes, self.n = [], set(fail), {}, 0
+
+    def _handle(self):
+        self.n += 1
+        return 0x1000 * self.n
+
+    def fns(self):
+        def create(g, flags):
+            if "cuGraphCreate" in self.fail:
+                return 1
+            g._obj.value = self._handle()
+            return 0
+
+        def add(node, graph, deps, ndeps, kp):
+            h = self._handle()
+            node._obj.value = h
+            self.nodes[h] = kp._obj
+            self.log.append(("add", self._read(kp._obj), ndeps.value))
+            return 0
+
+        def instantiate(ex, graph, flags):
+            ex._obj.value = self._handle()
+            self.log.append(("instantiate", ex._obj.value))
+            return 0
+
+        def setp(ex, node, kp):
+            self.log.append(("set", ex.value, self._read(kp._obj)))
+            return 0
+
+        def launch(ex, stream):
+            self.log.append(("launch", ex.value, stream.value))
+            return 0
+        return {"cuGraphCreate": create, "cuGraphAddKernelNode_v2": add, "cuGraphInstantiateWithFlags": instantiate,
+                "cuGraphLaunch": launch, "cuGraphExecKernelNodeSetParams_v2": setp,
+                "cuGraphExecDestroy": lambda ex: 0, "cuGraphDestroy": lambda g: 0}
+
+    @staticmethod
+    def _read(kp):
+        """(function, grid x, the first parameter as packed): what the node would launch."""
+        first = ctypes.cast(kp.kernelParams, ctypes.POINTER(ctypes.c_void_p))[0]
+        return kp.func, kp.gridDimX, struct.unpack("Q", ctypes.string_at(first, 8))[0]
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    d = _Driver()
+    monkeypatch.setattr(graphs, "_lib", [d.fns()])
+    monkeypatch.setattr(device, "context_current", lambda: 0)
+    return d
+
+
+def _preps():
+    return [_Prep(_Fn(0xA0), (3,), (128,), _Abi("Qi"), [0x500, 7]),
+            _Prep(_Fn(0xB0), (5,), (256,), _Abi("QQf"), [0x600, 0x700, 1.5])]
+
+
+def test_graph_is_a_chain_of_the_launches(driver):
+    go = graphs.bind_graph(_preps())
+    assert go is not None
+    adds = [e for e in driver.log if e[0] == "add"]
+    assert adds == [("add", (0xA0, 3, 0x500), 0), ("add", (0xB0, 5, 0x600), 1)]   # the second after the first
+
+
+def test_replay_sets_only_the_changed_nodes_then_launches_once(driver):
+    go = graphs.bind_graph(_preps())
+    driver.log.clear()
+    go(11, (0x500, 7), (0x600, 0x700, 1.5))            # the values the graph was made with: nothing to set
+    assert [e[0] for e in driver.log] == ["instantiate", "launch"]
+    ex = driver.log[0][1]
+    driver.log.clear()
+    go(11, (0x500, 7), (0x900, 0x700, 1.5))            # second node re-pointed
+    assert driver.log == [("set", ex, (0xB0, 5, 0x900)), ("launch", ex, 11)]
+    driver.log.clear()
+    go(11, (0x500, 7), (0x900, 0x700, 1.5))            # same again: launch only
+    assert driver.log == [("launch", ex, 11)]
+
+
+def test_each_stream_has_its_own_executable_graph(driver):
+    go = graphs.bind_graph(_preps())
+    go(11, (0x500, 7), (0x600, 0x700, 1.5))
+    go(12, (0x500, 7), (0x600, 0x700, 1.5))
+    launches = [e for e in driver.log if e[0] == "launch"]
+    assert launches[0][2] == 11 and launches[1][2] == 12 and launches[0][1] != launches[1][1]
+
+
+def test_no_graph_where_the_driver_refuses_or_for_one_launch(monkeypatch):
+    d = _Driver(fail={"cuGraphCreate"})
+    monkeypatch.setattr(graphs, "_lib", [d.fns()])
+    monkeypatch.setattr(device, "context_current", lambda: 0)
+    assert graphs.bind_graph(_preps()) is None
+    monkeypatch.setattr(graphs, "_lib", [_Driver().fns()])
+    assert graphs.bind_graph(_preps()[:1]) is None
+    monkeypatch.setattr(graphs, "_lib", [None])               # no libcuda
+    assert graphs.bind_graph(_preps()) is None
