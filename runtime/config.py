@@ -141,7 +141,7 @@ class Settings:
                "runtime.moe.CONFIG / use_config() win over it"})
     graph_replay: str = dataclasses.field(
         default="on", metadata={"env": "SKUFORGE_GRAPH_REPLAY",
-        "doc": "a repeated call that launches several kernels: ``on`` (one CUDA graph launch, runtime/graphs.py) "
+        "doc": "a repeated call's kernels: ``on`` (one CUDA graph launch, runtime/graphs.py) "
                "or ``off`` (each kernel launched on the stream)"})
     sync_checks: bool = dataclasses.field(
         default=False, metadata={"env": "SKUFORGE_SYNC_CHECKS",

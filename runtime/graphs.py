@@ -1,10 +1,12 @@
-"""A repeated call that launches several kernels, replayed as one CUDA graph launch.
+"""A repeated call's kernels, replayed as one CUDA graph launch.
 
-The driver charges a host-side cost for every ``cuLaunchKernel`` (several µs on the H200 machine,
-docs/perf-notes.md); a call that launches N kernels (MoE routing then the product, the two passes of
-a reduction) paid it N times. :func:`bind_graph` turns the prepared launches of such a call into one
-graph of kernel nodes in a chain (each kernel starts after the previous one, as on a stream), and
-its replay is:
+On the H200 machine ``cuLaunchKernel`` costs the calling thread about 5.4 µs and ``cuGraphLaunch`` of
+an instantiated graph about 2 µs with one kernel node and 3.2 µs with two or four
+(``tools/probe_launch.py``, docs/perf-notes.md): a replay is cheaper as a graph launch even for one
+kernel, and a call that launches N kernels (MoE routing then the product, the two passes of a
+reduction) no longer pays the launch N times. :func:`bind_graph` turns the prepared launches of a
+remembered call into one graph of kernel nodes in a chain (each kernel starts after the previous
+one, as on a stream), and its replay is:
 
 - for each node whose parameter values differ from those its executable graph last launched with,
   ``cuGraphExecKernelNodeSetParams`` (the driver copies the values; launches already queued keep
@@ -13,10 +15,11 @@ its replay is:
 
 An executable graph is made per stream on first use there: the driver orders every launch of one
 executable graph behind the previous launch of that graph, so sharing one between streams would
-order the caller's streams behind each other. A graph launch inside a caller's stream capture is
-captured as a child graph with the parameters last set (``tools/probe_launch.py`` checks both on a
-GPU). Where the driver refuses a graph (or cannot be reached through ctypes), ``bind_graph``
-returns None and the call replays its launches one by one.
+order the caller's streams behind each other. A graph launch cannot be captured into a caller's
+graph (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, which also invalidates the capture), so on a stream
+that is being captured (``cuStreamIsCapturing``, asked on every replay) the kernels are launched one
+by one, as the capture records them. Where the driver refuses a graph (or cannot be reached
+through ctypes), ``bind_graph`` returns None and the call replays its launches one by one.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ class KernelNodeParams(ctypes.Structure):
 
 
 _CALLS = ("cuGraphCreate", "cuGraphAddKernelNode_v2", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
-          "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecDestroy", "cuGraphDestroy")
+          "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecDestroy", "cuGraphDestroy", "cuStreamIsCapturing")
 _lib: list = []
 
 
@@ -117,9 +120,10 @@ class _Graph:
 def bind_graph(preps):
     """``go(stream, values_0, values_1, ...)``: the prepared launches ``preps``
     (runtime.launch.PreparedLaunch, one context) as one graph launch on ``stream``, each node's
-    parameters re-set only where ``values_i`` changed; None where no graph can be made."""
+    parameters re-set only where ``values_i`` changed; on a stream that is being captured, each
+    launch on the stream (what the capture records). None where no graph can be made."""
     fns = _driver()
-    if fns is None or len(preps) < 2:
+    if fns is None or not preps:
         return None
     try:
         ctxs = {device._fn_ctx.get(p.fn.ptr, 0) for p in preps}
@@ -129,20 +133,29 @@ def bind_graph(preps):
     except (OSError, AttributeError):     # the driver refused, or not a loaded function
         return None
     first = [tuple(p.values) for p in preps]
-    setp, launch = fns["cuGraphExecKernelNodeSetParams_v2"], fns["cuGraphLaunch"]
+    bound = [p.bound() for p in preps]
+    setp, launch, is_capturing = (fns[n] for n in ("cuGraphExecKernelNodeSetParams_v2", "cuGraphLaunch",
+                                                   "cuStreamIsCapturing"))
+    capture = ctypes.c_int(0)             # CUstreamCaptureStatus, written under the lock
+    capture_ref = ctypes.byref(capture)
     nodes, blocks, params, execs, lock = g.nodes, g.blocks, g.params, g.execs, g.lock
     streams = device._stream_values
     ctx, on_context = g.ctx, device.on_context
     byref = ctypes.byref
     n = len(preps)
-
     several, current = device._several_contexts, device.context_current
 
     def run(stream, values):
         s = streams.get(stream)
         if s is None:
             s = device._stream_value(stream)
-        with lock:                       # the node parameter blocks and the per-stream state
+        with lock:                       # the node parameter blocks, the per-stream state, ``capture``
+            if is_capturing(s, capture_ref) or capture.value:
+                # a caller's capture (or a stream the driver cannot tell about): a graph launch
+                # cannot be captured (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the kernels can
+                for b, v in zip(bound, values):
+                    b(stream, v)
+                return
             ex, last = execs.get(stream) or g.executable(stream, first)
             for i in range(n):
                 v = values[i]

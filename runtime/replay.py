@@ -3,7 +3,7 @@
 Every op goes through :func:`call`: a call whose arguments have the same types, shapes, strides,
 dtypes, devices and 16-byte alignment (and the same keyword arguments, types included) as an
 earlier, fully validated call replays that call (its allocations, then its prepared launches with
-every pointer slot re-filled; several launches go as one CUDA graph launch, runtime/graphs.py); any other call runs the op's slow path (normalize → plan → launch)
+every pointer slot re-filled, as one CUDA graph launch: runtime/graphs.py); any other call runs the op's slow path (normalize → plan → launch)
 under a :class:`FastCall` that records it. The status word of the device is read on every call
 (runtime/status.py), on both paths.
 """
@@ -144,7 +144,7 @@ def _compile(e: Entry, nargs: int, result):
         src.append(f"    runner((*args, {news}None), vals, stream)")
     else:
         graph = None
-        if len(e.launches) > 1 and config.settings().graph_replay == "on":
+        if config.settings().graph_replay == "on":
             graph = ns["graph"] = bind_graph([prep for prep, _, _ in e.launches])
         calls = []
         for n, (prep, template, slots) in enumerate(e.launches):

@@ -28,6 +28,10 @@ class _Prep:
     abi: _Abi
     values: list
     shared_mem: int = 0
+    launched: list = None
+
+    def bound(self):          # PreparedLaunch.bound(): the launch on a stream
+        return lambda stream, values: self.launched.append((self.fn.ptr, stream, tuple(values)))
 
 
 class _Driver:
@@ -35,6 +39,7 @@ class _Driver:
 
     def __init__(self, fail=()):
         self.log, self.fail, self.nodes, self.n = [], set(fail), {}, 0
+        self.capturing = set()        # streams being captured
 
     def _handle(self):
         self.n += 1
@@ -66,7 +71,10 @@ class _Driver:
         def launch(ex, stream):
             self.log.append(("launch", ex.value, stream.value))
             return 0
-        return {"cuGraphCreate": create, "cuGraphAddKernelNode_v2": add, "cuGraphInstantiateWithFlags": instantiate,
+        def is_capturing(stream, status):
+            status._obj.value = 1 if stream.value in self.capturing else 0
+            return 0
+        return {"cuStreamIsCapturing": is_capturing, "cuGraphCreate": create, "cuGraphAddKernelNode_v2": add, "cuGraphInstantiateWithFlags": instantiate,
                 "cuGraphLaunch": launch, "cuGraphExecKernelNodeSetParams_v2": setp,
                 "cuGraphExecDestroy": lambda ex: 0, "cuGraphDestroy": lambda g: 0}
 
@@ -85,9 +93,10 @@ def driver(monkeypatch):
     return d
 
 
-def _preps():
-    return [_Prep(_Fn(0xA0), (3,), (128,), _Abi("Qi"), [0x500, 7]),
-            _Prep(_Fn(0xB0), (5,), (256,), _Abi("QQf"), [0x600, 0x700, 1.5])]
+def _preps(launched=None):
+    launched = [] if launched is None else launched
+    return [_Prep(_Fn(0xA0), (3,), (128,), _Abi("Qi"), [0x500, 7], launched=launched),
+            _Prep(_Fn(0xB0), (5,), (256,), _Abi("QQf"), [0x600, 0x700, 1.5], launched=launched)]
 
 
 def test_graph_is_a_chain_of_the_launches(driver):
@@ -119,12 +128,30 @@ def test_each_stream_has_its_own_executable_graph(driver):
     assert launches[0][2] == 11 and launches[1][2] == 12 and launches[0][1] != launches[1][1]
 
 
-def test_no_graph_where_the_driver_refuses_or_for_one_launch(monkeypatch):
+def test_one_launch_is_a_graph_of_one_node(driver):
+    go = graphs.bind_graph(_preps()[:1])
+    go(11, (0x500, 7))
+    assert [e[0] for e in driver.log] == ["add", "instantiate", "launch"]
+
+
+def test_a_stream_being_captured_gets_the_kernels_one_by_one(driver):
+    launched = []
+    go = graphs.bind_graph(_preps(launched))
+    driver.capturing.add(11)
+    driver.log.clear()
+    go(11, (0x500, 7), (0x900, 0x700, 1.5))
+    assert driver.log == [] and launched == [(0xA0, 11, (0x500, 7)), (0xB0, 11, (0x900, 0x700, 1.5))]
+    driver.capturing.clear()
+    go(11, (0x500, 7), (0x900, 0x700, 1.5))            # then a graph launch again, the node re-pointed
+    assert [e[0] for e in driver.log] == ["instantiate", "set", "launch"] and len(launched) == 2
+
+
+def test_no_graph_where_the_driver_refuses(monkeypatch):
     d = _Driver(fail={"cuGraphCreate"})
     monkeypatch.setattr(graphs, "_lib", [d.fns()])
     monkeypatch.setattr(device, "context_current", lambda: 0)
     assert graphs.bind_graph(_preps()) is None
     monkeypatch.setattr(graphs, "_lib", [_Driver().fns()])
-    assert graphs.bind_graph(_preps()[:1]) is None
+    assert graphs.bind_graph([]) is None
     monkeypatch.setattr(graphs, "_lib", [None])               # no libcuda
     assert graphs.bind_graph(_preps()) is None

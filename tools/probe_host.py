@@ -17,6 +17,9 @@ minute (kernels are compiled in parallel first; the NVRTC disk cache makes rerun
 ``graph_replay`` off and on in turns (off, on, off, on: runtime/graphs.py against one launch per
 kernel), in ``graph_ab`` of the record.
 
+``--graph-parts``: per multi-launch call, the call against its replay's graph launch alone and
+the bare ``cuGraphLaunch`` of its executable graph.
+
 ``--profile dynamic_quantize,torch``: cProfile of the matching calls (label parts),
 top functions by own and cumulative time, in ``<out>.profile.txt``.
 """
@@ -182,6 +185,40 @@ def graph_turns(items, synchronize, n_calls: int, repeats: int) -> dict:
     return turns
 
 
+def graph_parts(items, synchronize, n_calls: int, repeats: int) -> dict:
+    """Per multi-launch call (and the first single-launch one): the whole call, its replay's graph
+    launch alone (runtime/graphs.py's ``go`` with the remembered values: no parameter set), and the
+    bare ``cuGraphLaunch`` of its executable graph; µs, host clock, GPU kept busy."""
+    import ctypes
+
+    from runtime import graphs, replay
+    fns = graphs._driver()
+    picked = [i for i in items if i.get("launches", 1) > 1]
+    picked += [i for i in items if i["label"].startswith("quantize token") and "out=" not in i["label"]][:1]
+    out = {}
+    for item in picked:
+        replay.CACHE.clear()
+        item["call"]()
+        item["call"]()
+        entry = next(iter(replay.CACHE.values()), None)
+        go = None if entry is None or entry.go is None else entry.go.__globals__.get("graph")
+        if go is None:
+            out[item["label"]] = {"error": "no graph replay for this call"}
+            continue
+        stream = entry.stream()
+        values = [tuple(t) for _, t, _ in entry.launches]
+        ex = go.graph.execs[stream][0]
+        sv = ctypes.c_void_p(stream or None)
+        n = 100                          # calls per batch: at most 500 kernels queued behind the spin
+        res = {"nodes": len(values), "call": _host_only(item["call"], synchronize, n),
+               "graph go (remembered values)": _host_only(lambda: go(stream, *values), synchronize, n),
+               "cuGraphLaunch alone": _host_only(lambda: fns["cuGraphLaunch"](ex, sv), synchronize, n)}
+        out[item["label"]] = res
+        print(f"  graph parts: {item['label']}: " + ", ".join(f"{k} {v if k == 'nodes' else v.get('us')}"
+                                                             for k, v in res.items()), flush=True)
+    return out
+
+
 def profile(items, synchronize, n_calls: int, labels) -> dict:
     """cProfile of ``n_calls`` calls of each item whose label contains one of ``labels``: the top
     functions by own time and by cumulative time, as text (where a repeated call spends its µs)."""
@@ -218,6 +255,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--no-components", action="store_true", help="skip the per-part breakdown")
     ap.add_argument("--graph-ab", action="store_true", help="multi-launch calls with graph replay off and on, in turns")
+    ap.add_argument("--graph-parts", action="store_true",
+                    help="multi-launch calls: the call, its graph launch alone, the bare cuGraphLaunch")
     ap.add_argument("--profile", default="", help="comma-separated label parts: cProfile those calls "
                     "(written next to --out as <out>.profile.txt)")
     args = ap.parse_args(argv)
@@ -255,13 +294,14 @@ def main(argv=None) -> int:
         items, errors = bench.host_items(timer, [training], api=True, device=args.device)
         host = errors + bench.time_host_calls(items, stream.synchronize, args.calls, args.repeats)
         graph_ab = graph_turns(items, stream.synchronize, args.calls, args.repeats) if args.graph_ab else {}
+        parts = graph_parts(items, stream.synchronize, args.calls, args.repeats) if args.graph_parts else {}
         comps = {} if args.no_components else components(stream.synchronize, args.calls, args.repeats, args.device)
         profiles = profile(items, stream.synchronize, args.calls, [w for w in args.profile.split(",") if w]) \
             if args.profile else {}
     rec = {"schema": 1, "what": "host overhead per repeated functional call", "date": now(), **git_info(),
            **env, "python": platform.python_version(), "calls": args.calls, "repeats": args.repeats,
            "target_us": bench.TARGET_HOST_US, "compile_s": round(compile_s, 1),
-           "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "graph_ab": graph_ab, "components": comps,
+           "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "graph_ab": graph_ab, "graph_parts": parts, "components": comps,
            "python_reference_us": python_reference_us()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rec, indent=1, default=str) + "\n")
