@@ -2,9 +2,9 @@
 
     PYTHONPATH=. python3 tools/probe_host.py --out probe_host.json
 
-Per call, in µs: the median of 5 x 2000 calls of the same call on the same (16, 4096) arrays,
-synchronizing before the host clock is read (codegen/harness/bench.py's host-overhead timing, whose
-``api_host_calls`` lists the calls): quantize, dequantize, fake_quantize (channel),
+Per call, in µs, the calling thread's own time: batches of the same call on the same (16, 4096)
+arrays queued behind a spin kernel, the median batch (codegen/harness/bench.py's host-overhead
+timing, whose ``api_host_calls`` lists the calls): quantize, dequantize, fake_quantize (channel),
 dynamic_quantize (token), with CuPy arrays and torch tensors, default settings; and the floor,
 a bare CuPy RawKernel launch.
 
@@ -169,16 +169,18 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
     return out
 
 
-def graph_turns(items, synchronize, n_calls: int, repeats: int) -> dict:
-    """{label: {"off": [µs, µs], "on": [µs, µs]}}: each multi-launch call timed with ``graph_replay``
-    off, on, off, on (both turns of each setting)."""
+def graph_turns(items, synchronize, n_calls: int, repeats: int, busy) -> dict:
+    """{label: {"off": [µs, µs], "on": [µs, µs]}}: the multi-launch calls and the first quantize call,
+    timed on the host clock behind a spin kernel with ``graph_replay`` off, on, off, on (both turns
+    of each setting)."""
     from codegen.harness import bench
     from runtime import config
     multi = [i for i in items if i.get("launches", 1) > 1]
+    multi += [i for i in items if i["label"].startswith("quantize token") and "out=" not in i["label"]][:1]
     turns = {}
     for setting in ("off", "on", "off", "on"):
         with config.override(graph_replay=setting):        # forgets the remembered calls
-            for r in bench.time_host_calls(multi, synchronize, n_calls, repeats):
+            for r in bench.time_host_calls(multi, synchronize, n_calls, repeats, busy=busy):
                 turns.setdefault(r["label"], {}).setdefault(setting, []).append(r.get("us"))
     for label, by in turns.items():
         print(f"  graph replay off {by['off']} / on {by['on']} µs: {label}", flush=True)
@@ -292,8 +294,10 @@ def main(argv=None) -> int:
         timer = bench.Timer(stream, 1, 0.1)
         from codegen.harness.workloads import training
         items, errors = bench.host_items(timer, [training], api=True, device=args.device)
-        host = errors + bench.time_host_calls(items, stream.synchronize, args.calls, args.repeats)
-        graph_ab = graph_turns(items, stream.synchronize, args.calls, args.repeats) if args.graph_ab else {}
+        # host clock, each batch queued behind a spin kernel (as the bench's host table)
+        host = errors + bench.time_host_calls(items, stream.synchronize, args.calls, args.repeats, busy=timer.spin_ns)
+        graph_ab = graph_turns(items, stream.synchronize, args.calls, args.repeats, timer.spin_ns) \
+            if args.graph_ab else {}
         parts = graph_parts(items, stream.synchronize, args.calls, args.repeats) if args.graph_parts else {}
         comps = {} if args.no_components else components(stream.synchronize, args.calls, args.repeats, args.device)
         profiles = profile(items, stream.synchronize, args.calls, [w for w in args.profile.split(",") if w]) \
