@@ -99,8 +99,9 @@ class _Graph:
         graph was made with)."""
         ex = _vp()
         with device.on_context(self.ctx):
-            self._check(self.fns["cuGraphInstantiateWithFlags"](ctypes.byref(ex), self.graph, ctypes.c_ulonglong(0)),
-                        "cuGraphInstantiateWithFlags")
+            err = self.fns["cuGraphInstantiateWithFlags"](ctypes.byref(ex), self.graph, ctypes.c_ulonglong(0))
+        if err:
+            raise SkuforgeError(f"cuGraphInstantiateWithFlags failed: CUresult {err}")
         if len(self.execs) >= 64:        # streams made and dropped by a caller: forget the oldest
             old = self.execs.pop(next(iter(self.execs)))
             self.fns["cuGraphExecDestroy"](old[0])

@@ -155,3 +155,11 @@ def test_no_graph_where_the_driver_refuses(monkeypatch):
     assert graphs.bind_graph([]) is None
     monkeypatch.setattr(graphs, "_lib", [None])               # no libcuda
     assert graphs.bind_graph(_preps()) is None
+
+
+def test_a_refused_instantiation_is_a_typed_error(driver):
+    from runtime.errors import SkuforgeError
+    go = graphs.bind_graph(_preps())
+    graphs._lib[0]["cuGraphInstantiateWithFlags"] = lambda ex, g, flags: 2     # out of memory
+    with pytest.raises(SkuforgeError, match="cuGraphInstantiateWithFlags failed: CUresult 2"):
+        go(11, (0x500, 7), (0x600, 0x700, 1.5))
