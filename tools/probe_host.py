@@ -9,8 +9,9 @@ dynamic_quantize (token), with CuPy arrays and torch tensors, default settings; 
 a bare CuPy RawKernel launch.
 
 ``components`` splits a quantize call into its parts, to tell what is left to cut: the
-prepared launch alone (runtime.device.launch), the output allocation, the stream query, the
-cache key (attribute reads), the status-word read, the replay without launch or allocation. Runs in well under a
+prepared launch alone (runtime.device.launch) and the replay's graph launch, the output allocation,
+the stream query, the cache key (attribute reads), the status-word read, the call with ``out=``, and
+the output addresses of four calls in a row (one address: the replay's graph is launched as it is). Runs in well under a
 minute (kernels are compiled in parallel first; the NVRTC disk cache makes reruns faster).
 
 ``--graph-ab``: the calls that launch several kernels (MoE, LSQ; ``launches`` > 1), timed with
@@ -35,9 +36,9 @@ from pathlib import Path
 
 
 def _median_us(call, synchronize, n_calls: int, repeats: int) -> dict:
-    from codegen.harness.bench import time_host_calls
-    r = time_host_calls([{"label": "", "call": call, "target": False}], synchronize, n_calls, repeats)[0]
-    return {k: r.get(k) for k in ("us", "min_us", "error") if k in r}
+    """µs per call of ``call`` on the host clock, GPU kept busy (:func:`_host_only`; ``n_calls`` and
+    ``repeats`` are kept for the callers' signature: batches of 400, 5 repeats)."""
+    return _host_only(call, synchronize)
 
 
 _SPIN = None
@@ -124,6 +125,17 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
             "status word read (runtime.status.raise_pending)": _median_us(
                 lambda: status.raise_pending(xr.device), synchronize, n_calls, repeats),
         }
+        # the allocating call against its out= form, and whether the output lands at one address
+        # (else each replay re-sets the graph node's parameters)
+        qo = sf.quantize(x, s, scope="token", out_dtype="int8")
+        res["call with out="] = _median_us(lambda: sf.quantize(x, s, scope="token", out_dtype="int8", out=qo),
+                                           synchronize, n_calls, repeats)
+        ptrs = [arrays.as_array(sf.quantize(x, s, scope="token", out_dtype="int8"), "q").ptr for _ in range(4)]
+        res["output addresses of 4 calls in a row"] = [hex(p) for p in ptrs]
+        graph = entry.go.__globals__.get("graph") if entry.go is not None else None
+        if graph is not None:
+            res["graph launch of the replay (remembered values)"] = _median_us(
+                lambda: graph(stream, tuple(template)), synchronize, n_calls, repeats)
         from runtime import device as rdev
         fn_ptr, fmt = prep.fn.ptr, prep.abi.fmt
         pb = rdev._params(fmt, template)
@@ -318,7 +330,9 @@ def main(argv=None) -> int:
     for fw, parts in comps.items():
         print(f"components of a quantize call, {fw}:")
         for k, v in (parts.items() if "error" not in parts else [("error", {"error": parts["error"]})]):
-            print(f"  {k:<52} " + (f"{v['us']:7.2f}" if v.get("us") is not None else str(v.get("error"))))
+            text = str(v) if not isinstance(v, dict) else (f"{v['us']:7.2f}" if v.get("us") is not None
+                                                           else str(v.get("error")))
+            print(f"  {k:<52} {text}")
     if profiles:
         path = Path(str(args.out) + ".profile.txt")
         path.write_text("".join(f"==== {k}\n{v}\n" for k, v in profiles.items()))
