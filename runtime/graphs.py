@@ -64,6 +64,7 @@ class _Graph:
 
     def __init__(self, fns, preps, ctx: int):
         self.fns, self.ctx = fns, ctx
+        self.first = [tuple(p.values) for p in preps]      # the values the nodes were made with
         self.graph = _vp()
         self.nodes, self.blocks, self.params = [], [], []
         self.execs: dict = {}            # stream handle -> [exec handle, values last set per node]
@@ -94,9 +95,8 @@ class _Graph:
         if err:
             raise OSError(f"{what}: CUresult {err}")
 
-    def executable(self, stream: int, first: list):
-        """[exec, values per node] for ``stream``, instantiated on first use (``first``: the values the
-        graph was made with)."""
+    def executable(self, stream: int):
+        """[exec, values per node] for ``stream``, instantiated on first use."""
         ex = _vp()
         with device.on_context(self.ctx):
             err = self.fns["cuGraphInstantiateWithFlags"](ctypes.byref(ex), self.graph, ctypes.c_ulonglong(0))
@@ -105,7 +105,7 @@ class _Graph:
         if len(self.execs) >= 64:        # streams made and dropped by a caller: forget the oldest
             old = self.execs.pop(next(iter(self.execs)))
             self.fns["cuGraphExecDestroy"](old[0])
-        entry = self.execs[stream] = [ex, list(first)]
+        entry = self.execs[stream] = [ex, list(self.first)]
         return entry
 
     def __del__(self):
@@ -133,7 +133,6 @@ def bind_graph(preps):
         g = _Graph(fns, preps, ctxs.pop())
     except (OSError, AttributeError):     # the driver refused, or not a loaded function
         return None
-    first = [tuple(p.values) for p in preps]
     bound = [p.bound() for p in preps]
     setp, launch, is_capturing = (fns[n] for n in ("cuGraphExecKernelNodeSetParams_v2", "cuGraphLaunch",
                                                    "cuStreamIsCapturing"))
@@ -157,7 +156,7 @@ def bind_graph(preps):
                 for b, v in zip(bound, values):
                     b(stream, v)
                 return
-            ex, last = execs.get(stream) or g.executable(stream, first)
+            ex, last = execs.get(stream) or g.executable(stream)
             for i in range(n):
                 v = values[i]
                 if v != last[i]:

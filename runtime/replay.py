@@ -3,8 +3,8 @@
 Every op goes through :func:`call`: a call whose arguments have the same types, shapes, strides,
 dtypes, devices and 16-byte alignment (and the same keyword arguments, types included) as an
 earlier, fully validated call replays that call (its allocations, then its prepared launches with
-every pointer slot re-filled, as one CUDA graph launch: runtime/graphs.py); any other call runs the op's slow path (normalize → plan → launch)
-under a :class:`FastCall` that records it. The status word of the device is read on every call
+every pointer slot re-filled, as one CUDA graph launch: runtime/graphs.py); any other call runs the
+op's slow path (normalize → plan → launch) under a :class:`FastCall` that records it. The status word of the device is read on every call
 (runtime/status.py), on both paths.
 """
 from __future__ import annotations

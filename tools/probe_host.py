@@ -11,8 +11,8 @@ a bare CuPy RawKernel launch.
 ``components`` splits a quantize call into its parts, to tell what is left to cut: the
 prepared launch alone (runtime.device.launch) and the replay's graph launch, the output allocation,
 the stream query, the cache key (attribute reads), the status-word read, the call with ``out=``, and
-the output addresses of four calls in a row (one address: the replay's graph is launched as it is). Runs in well under a
-minute (kernels are compiled in parallel first; the NVRTC disk cache makes reruns faster).
+the output addresses of four calls in a row (one address: the replay's graph is launched as it is),
+each on the host clock behind a spin kernel. Runs in well under a minute (kernels are compiled in parallel first; the NVRTC disk cache makes reruns faster).
 
 ``--graph-ab``: the calls that launch several kernels (MoE, LSQ; ``launches`` > 1), timed with
 ``graph_replay`` off and on in turns (off, on, off, on: runtime/graphs.py against one launch per
@@ -33,12 +33,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-
-
-def _median_us(call, synchronize, n_calls: int, repeats: int) -> dict:
-    """µs per call of ``call`` on the host clock, GPU kept busy (:func:`_host_only`; ``n_calls`` and
-    ``repeats`` are kept for the callers' signature: batches of 400, 5 repeats)."""
-    return _host_only(call, synchronize)
 
 
 _SPIN = None
@@ -77,7 +71,7 @@ def python_reference_us(n: int = 200_000) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
+def components(synchronize, device: int) -> dict:
     """The parts of a quantize token bf16->s8 call on (16, 4096), per framework."""
     import cupy as cp
     import ml_dtypes
@@ -112,73 +106,67 @@ def components(synchronize, n_calls: int, repeats: int, device: int) -> dict:
         stream = entry.stream()
         xr = arrays.as_array(x, "x")
         res = {
-            "call": _median_us(lambda: sf.quantize(x, s, scope="token", out_dtype="int8"),
-                                         synchronize, n_calls, repeats),
-            "runtime.device.launch of the prepared kernel": _median_us(lambda: prep.launch(stream, template),
-                                                                       synchronize, n_calls, repeats),
-            "output allocation (fast path's allocator)": _median_us(alloc, synchronize, n_calls, repeats),
-            "output allocation (runtime.arrays.empty)": _median_us(lambda: arrays.empty(xr, (16, 4096), "s8"),
-                                                                   synchronize, n_calls, repeats),
-            "stream query": _median_us(entry.stream, synchronize, n_calls, repeats),
-            "cache key (_key: attribute reads of 4 arguments)": _median_us(
-                lambda: replay.call_key("quantize", static, args), synchronize, n_calls, repeats),
-            "status word read (runtime.status.raise_pending)": _median_us(
-                lambda: status.raise_pending(xr.device), synchronize, n_calls, repeats),
+            "call": _host_only(lambda: sf.quantize(x, s, scope="token", out_dtype="int8"), synchronize),
+            "runtime.device.launch of the prepared kernel": _host_only(lambda: prep.launch(stream, template),
+                                                                       synchronize),
+            "output allocation (fast path's allocator)": _host_only(alloc, synchronize),
+            "output allocation (runtime.arrays.empty)": _host_only(lambda: arrays.empty(xr, (16, 4096), "s8"),
+                                                                   synchronize),
+            "stream query": _host_only(entry.stream, synchronize),
+            "cache key (_key: attribute reads of 4 arguments)": _host_only(
+                lambda: replay.call_key("quantize", static, args), synchronize),
+            "status word read (runtime.status.raise_pending)": _host_only(
+                lambda: status.raise_pending(xr.device), synchronize),
         }
         # the allocating call against its out= form, and whether the output lands at one address
         # (else each replay re-sets the graph node's parameters)
         qo = sf.quantize(x, s, scope="token", out_dtype="int8")
-        res["call with out="] = _median_us(lambda: sf.quantize(x, s, scope="token", out_dtype="int8", out=qo),
-                                           synchronize, n_calls, repeats)
+        res["call with out="] = _host_only(lambda: sf.quantize(x, s, scope="token", out_dtype="int8", out=qo),
+                                           synchronize)
         ptrs = [arrays.as_array(sf.quantize(x, s, scope="token", out_dtype="int8"), "q").ptr for _ in range(4)]
         res["output addresses of 4 calls in a row"] = [hex(p) for p in ptrs]
         graph = entry.go.__globals__.get("graph") if entry.go is not None else None
         if graph is not None:
-            res["graph launch of the replay (remembered values)"] = _median_us(
-                lambda: graph(stream, tuple(template)), synchronize, n_calls, repeats)
+            res["graph launch of the replay (remembered values)"] = _host_only(
+                lambda: graph(stream, tuple(template)), synchronize)
         from runtime import device as rdev
         fn_ptr, fmt = prep.fn.ptr, prep.abi.fmt
         pb = rdev._params(fmt, template)
         gx, gy, gz = (tuple(prep.grid) + (1, 1))[:3]
         bx, by, bz = (tuple(prep.block) + (1, 1))[:3]
         cu = rdev._cu_launch
-        res["bare cuLaunchKernel (ctypes, parameters packed once)"] = _median_us(
-            lambda: cu(fn_ptr, gx, gy, gz, bx, by, bz, 0, stream, pb.ptrs_addr), synchronize, n_calls, repeats)
-        res["parameter packing (struct.pack_into)"] = _median_us(lambda: rdev._params(fmt, template), synchronize,
-                                                                 n_calls, repeats)
-        res["cuCtxGetCurrent (ctypes)"] = _median_us(rdev.context_current, synchronize, n_calls, repeats)
-        res["call, host clock only, GPU kept busy (no queue stalls)"] = _host_only(
-            lambda: sf.quantize(x, s, scope="token", out_dtype="int8"), synchronize)
-        res["bare cuLaunchKernel, host clock only, GPU kept busy"] = _host_only(
+        res["bare cuLaunchKernel (ctypes, parameters packed once)"] = _host_only(
             lambda: cu(fn_ptr, gx, gy, gz, bx, by, bz, 0, stream, pb.ptrs_addr), synchronize)
+        res["parameter packing (struct.pack_into)"] = _host_only(lambda: rdev._params(fmt, template), synchronize)
+        res["cuCtxGetCurrent (ctypes)"] = _host_only(rdev.context_current, synchronize)
         if fw == "torch":
             dt, dev = torch.int8, x.device
-            res["torch.empty(shape, dtype=, device=)"] = _median_us(
-                lambda: torch.empty((16, 4096), dtype=dt, device=dev), synchronize, n_calls, repeats)
-            res["x.new_empty(shape, dtype=)"] = _median_us(lambda: x.new_empty((16, 4096), dtype=dt),
-                                                          synchronize, n_calls, repeats)
+            res["torch.empty(shape, dtype=, device=)"] = _host_only(
+                lambda: torch.empty((16, 4096), dtype=dt, device=dev), synchronize)
+            res["x.new_empty(shape, dtype=)"] = _host_only(lambda: x.new_empty((16, 4096), dtype=dt), synchronize)
             idx = x.get_device()
-            res["torch.empty(shape, dtype=, device=<int>)"] = _median_us(
-                lambda: torch.empty((16, 4096), dtype=dt, device=idx), synchronize, n_calls, repeats)
-            res["torch.empty_strided(shape, strides, dtype=, device=)"] = _median_us(
-                lambda: torch.empty_strided((16, 4096), (4096, 1), dtype=dt, device=dev), synchronize, n_calls,
-                repeats)
-            res["key of one tensor (data_ptr, shape, stride, dtype, get_device)"] = _median_us(
-                lambda: (type(x), x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15), synchronize,
-                n_calls, repeats)
+            res["torch.empty(shape, dtype=, device=<int>)"] = _host_only(
+                lambda: torch.empty((16, 4096), dtype=dt, device=idx), synchronize)
+            res["torch.empty_strided(shape, strides, dtype=, device=)"] = _host_only(
+                lambda: torch.empty_strided((16, 4096), (4096, 1), dtype=dt, device=dev), synchronize)
+            res["key of one tensor (data_ptr, shape, stride, dtype, get_device)"] = _host_only(
+                lambda: (type(x), x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15), synchronize)
         else:
-            res["cupy.empty(shape, dtype)"] = _median_us(lambda: cp.empty((16, 4096), cp.int8), synchronize,
-                                                         n_calls, repeats)
+            res["cupy.empty(shape, dtype)"] = _host_only(lambda: cp.empty((16, 4096), cp.int8), synchronize)
             nd, i8 = cp.ndarray, cp.dtype(cp.int8)
-            res["cupy.ndarray(shape, dtype)"] = _median_us(lambda: nd((16, 4096), i8), synchronize, n_calls, repeats)
-            res["cupy.cuda.runtime.getDevice"] = _median_us(cp.cuda.runtime.getDevice, synchronize, n_calls,
-                                                             repeats)
-            res["key of one array (data.ptr, shape, strides, dtype, device_id)"] = _median_us(
-                lambda: (type(x), x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15), synchronize,
-                n_calls, repeats)
+            res["cupy.ndarray(shape, dtype)"] = _host_only(lambda: nd((16, 4096), i8), synchronize)
+            res["cupy.cuda.runtime.getDevice"] = _host_only(cp.cuda.runtime.getDevice, synchronize)
+            res["key of one array (data.ptr, shape, strides, dtype, device_id)"] = _host_only(
+                lambda: (type(x), x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15), synchronize)
         out[fw] = res
         del q0
     return out
+
+
+def _graph_items(items) -> list:
+    """The calls the graph probes take: every multi-launch one, then the first allocating quantize."""
+    picked = [i for i in items if i.get("launches", 1) > 1]
+    return picked + [i for i in items if i["label"].startswith("quantize token") and "out=" not in i["label"]][:1]
 
 
 def graph_turns(items, synchronize, n_calls: int, repeats: int, busy) -> dict:
@@ -187,8 +175,7 @@ def graph_turns(items, synchronize, n_calls: int, repeats: int, busy) -> dict:
     of each setting)."""
     from codegen.harness import bench
     from runtime import config
-    multi = [i for i in items if i.get("launches", 1) > 1]
-    multi += [i for i in items if i["label"].startswith("quantize token") and "out=" not in i["label"]][:1]
+    multi = _graph_items(items)
     turns = {}
     for setting in ("off", "on", "off", "on"):
         with config.override(graph_replay=setting):        # forgets the remembered calls
@@ -199,7 +186,7 @@ def graph_turns(items, synchronize, n_calls: int, repeats: int, busy) -> dict:
     return turns
 
 
-def graph_parts(items, synchronize, n_calls: int, repeats: int) -> dict:
+def graph_parts(items, synchronize) -> dict:
     """Per multi-launch call (and the first single-launch one): the whole call, its replay's graph
     launch alone (runtime/graphs.py's ``go`` with the remembered values: no parameter set), and the
     bare ``cuGraphLaunch`` of its executable graph; µs, host clock, GPU kept busy."""
@@ -207,10 +194,8 @@ def graph_parts(items, synchronize, n_calls: int, repeats: int) -> dict:
 
     from runtime import graphs, replay
     fns = graphs._driver()
-    picked = [i for i in items if i.get("launches", 1) > 1]
-    picked += [i for i in items if i["label"].startswith("quantize token") and "out=" not in i["label"]][:1]
     out = {}
-    for item in picked:
+    for item in _graph_items(items):
         replay.CACHE.clear()
         item["call"]()
         item["call"]()
@@ -310,8 +295,8 @@ def main(argv=None) -> int:
         host = errors + bench.time_host_calls(items, stream.synchronize, args.calls, args.repeats, busy=timer.spin_ns)
         graph_ab = graph_turns(items, stream.synchronize, args.calls, args.repeats, timer.spin_ns) \
             if args.graph_ab else {}
-        parts = graph_parts(items, stream.synchronize, args.calls, args.repeats) if args.graph_parts else {}
-        comps = {} if args.no_components else components(stream.synchronize, args.calls, args.repeats, args.device)
+        parts = graph_parts(items, stream.synchronize) if args.graph_parts else {}
+        comps = {} if args.no_components else components(stream.synchronize, args.device)
         profiles = profile(items, stream.synchronize, args.calls, [w for w in args.profile.split(",") if w]) \
             if args.profile else {}
     rec = {"schema": 1, "what": "host overhead per repeated functional call", "date": now(), **git_info(),

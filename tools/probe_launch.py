@@ -35,15 +35,6 @@ extern "C" __global__ void sf_probe_count(unsigned long long* c) {
 NS = 40_000_000          # the spin kernel the timed calls queue behind
 
 
-class KernelNodeParams(ctypes.Structure):
-    """CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h)."""
-    _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
-                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
-                ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
-                ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p), ("kern", ctypes.c_void_p),
-                ("ctx", ctypes.c_void_p)]
-
-
 def check(err, what):
     if err != 0:
         raise RuntimeError(f"{what}: CUresult {err}")
@@ -59,6 +50,7 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from codegen.harness.bench import SPIN_SRC
+    from runtime.graphs import KernelNodeParams
     lib = ctypes.CDLL("libcuda.so.1")
     vp, u = ctypes.c_void_p, ctypes.c_uint
     spin = cp.RawKernel(SPIN_SRC, "sf_bench_spin")
