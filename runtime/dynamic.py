@@ -598,18 +598,16 @@ def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, 
     other; they are returned. A repeated call with ``out`` allocates nothing (docs/dynamic.md).
     """
     # the launch configuration is part of the key: a remembered launch is replayed as it was chosen
-    static = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
-              settings().dynamic_config, settings().dynamic_tensor, out is None)
-    outs = _out_tuple(out, mode)
-    return replay.call("dynamic_quantize", static, (x,) + outs,
-                       lambda fast: _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax,
-                                                      eps, scale_dtype, outs))
+    cfg = settings()
+    static = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, cfg.dynamic_config,
+              cfg.dynamic_tensor, out is None)
+    return replay.call("dynamic_quantize", static, (x, *_out_tuple(out, mode)), _dynamic_quantize)
 
 
 def _out_tuple(out, mode) -> tuple:
-    """``out`` as (q, scale, zero_point or None); () when absent. Checks its form only."""
+    """``out`` as (q, scale, zero_point or None); three None when absent. Checks its form only."""
     if out is None:
-        return ()
+        return None, None, None
     if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
         raise InvalidProblemError(f"out={type(out).__name__}: expected a tuple (q, scale) or (q, scale, zero_point)")
     q, s, z = (*out, None) if len(out) == 2 else tuple(out)
@@ -622,7 +620,9 @@ def _out_tuple(out, mode) -> tuple:
     return q, s, z
 
 
-def _dynamic_quantize(fast, x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, outs=()):
+def _dynamic_quantize(fast, x, q_out, s_out, z_out, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps,
+                      scale_dtype, _config, _tensor, no_out):
+    outs = () if no_out else (q_out, s_out, z_out)
     xr = as_array(x, "x")
     if xr.kind not in kinds.FLOAT:
         raise UnsupportedError(f"x has dtype {xr.kind}; dynamic_quantize takes {', '.join(kinds.FLOAT)}")

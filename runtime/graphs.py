@@ -20,6 +20,11 @@ graph (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, which also invalidates the capture
 that is being captured (``cuStreamIsCapturing``, asked on every replay) the kernels are launched one
 by one, as the capture records them. Where the driver refuses a graph (or cannot be reached
 through ctypes), ``bind_graph`` returns None and the call replays its launches one by one.
+
+A replay with work arrays (allocations it does not return) asks ``go.state(stream)`` first: the
+stream's executable graph with a slot where the replay keeps them, reused by every later replay
+on that stream (only that executable graph uses them, and its launches are ordered), or None on a
+stream being captured (new arrays, ``go.one_by_one``); then ``go.launch_state``.
 """
 from __future__ import annotations
 
@@ -96,7 +101,8 @@ class _Graph:
             raise OSError(f"{what}: CUresult {err}")
 
     def executable(self, stream: int):
-        """[exec, values per node] for ``stream``, instantiated on first use."""
+        """[exec, values per node, scratch] for ``stream``, instantiated on first use (scratch: the
+        call's own work arrays on this stream, filled by the replay; None until then)."""
         ex = _vp()
         with device.on_context(self.ctx):
             err = self.fns["cuGraphInstantiateWithFlags"](ctypes.byref(ex), self.graph, ctypes.c_ulonglong(0))
@@ -105,13 +111,13 @@ class _Graph:
         if len(self.execs) >= 64:        # streams made and dropped by a caller: forget the oldest
             old = self.execs.pop(next(iter(self.execs)))
             self.fns["cuGraphExecDestroy"](old[0])
-        entry = self.execs[stream] = [ex, list(self.first)]
+        entry = self.execs[stream] = [ex, list(self.first), None]
         return entry
 
     def __del__(self):
         fns = self.fns
         try:
-            for ex, _ in self.execs.values():
+            for ex, _, _ in self.execs.values():
                 fns["cuGraphExecDestroy"](ex)
             fns["cuGraphDestroy"](self.graph)
         except Exception:  # noqa: BLE001 - interpreter shutdown: the driver may be gone already
@@ -145,18 +151,20 @@ def bind_graph(preps):
     n = len(preps)
     several, current = device._several_contexts, device.context_current
 
-    def run(stream, values):
+    def run(stream, values, entry=None):
         s = streams.get(stream)
         if s is None:
             s = device._stream_value(stream)
         with lock:                       # the node parameter blocks, the per-stream state, ``capture``
-            if is_capturing(s, capture_ref) or capture.value:
-                # a caller's capture (or a stream the driver cannot tell about): a graph launch
-                # cannot be captured (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the kernels can
-                for b, v in zip(bound, values):
-                    b(stream, v)
-                return
-            ex, last = execs.get(stream) or g.executable(stream)
+            if entry is None:
+                if is_capturing(s, capture_ref) or capture.value:
+                    # a caller's capture (or a stream the driver cannot tell about): a graph launch
+                    # cannot be captured (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the kernels can
+                    for b, v in zip(bound, values):
+                        b(stream, v)
+                    return
+                entry = execs.get(stream) or g.executable(stream)
+            ex, last = entry[0], entry[1]
             for i in range(n):
                 v = values[i]
                 if v != last[i]:
@@ -184,5 +192,44 @@ def bind_graph(preps):
                 raise
         with on_context(ctx):
             return run(stream, values)
-    go.graph = g
+    def in_context(fn, *args):
+        # as runtime.device.bind_launch: the graph's context is made current where another one is
+        # (several devices) or where the driver refused for want of one
+        if several[0] and ctx and current() != ctx:
+            with on_context(ctx):
+                return fn(*args)
+        try:
+            return fn(*args)
+        except SkuforgeError:
+            if not ctx or current() == ctx:
+                raise
+        with on_context(ctx):
+            return fn(*args)
+
+    def state_of(stream):
+        s = streams.get(stream)
+        if s is None:
+            s = device._stream_value(stream)
+        with lock:
+            if is_capturing(s, capture_ref) or capture.value:
+                return None
+            return execs.get(stream) or g.executable(stream)
+
+    def state(stream):
+        """The executable graph's state on ``stream`` ([exec, values last set, scratch]: a call's
+        work arrays live in ``scratch`` for as long as the state, and only this executable graph
+        uses them, whose launches the driver orders one behind the other), or None while
+        ``stream`` is being captured (the capture gets the kernels, and new work arrays, instead)."""
+        return in_context(state_of, stream)
+
+    def launch_state(entry, stream, *values):
+        """``go`` on the ``state(stream)`` asked for just before (not None)."""
+        return in_context(run, stream, values, entry)
+
+    def one_by_one(stream, *values):
+        """Each launch on ``stream`` (what a capture records)."""
+        for b, v in zip(bound, values):
+            b(stream, v)
+
+    go.graph, go.state, go.launch_state, go.one_by_one = g, state, launch_state, one_by_one
     return go

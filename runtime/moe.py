@@ -662,14 +662,13 @@ def grouped_matmul(x, w, *, row_experts=None, offsets=None, strategy="auto", tru
     ``out``: a C-contiguous ``(M, N)`` array of x's dtype, framework and device, not overlapping
     the inputs, written and returned. ``workspace``: a uint8 array of at least
     ``grouped_matmul_workspace_size(M, E, routing)`` bytes for the routing tables (else one is
-    allocated per call); with both, a repeated call allocates nothing (docs/moe.md)."""
+    allocated, and a graph replay keeps its own per stream); with both, a repeated call allocates
+    nothing (docs/moe.md)."""
     return replay.call("grouped_matmul", (strategy, trusted_offsets, _config_key()),
-                       (x, w, row_experts, offsets, out, workspace),
-                       lambda fast: _forward(fast, x, w, row_experts, offsets, strategy, trusted_offsets, out,
-                                             workspace))
+                       (x, w, row_experts, offsets, out, workspace), _forward)
 
 
-def _forward(fast, x, w, row_experts, offsets, strategy, trusted_offsets, out, workspace):
+def _forward(fast, x, w, row_experts, offsets, out, workspace, strategy, trusted_offsets, _config):
     xr, wr, _, routing, dims = _prepare("grouped_matmul", x, w, None, row_experts, offsets, trusted_offsets,
                                         strategy)
     M, N, K, E = dims
@@ -700,9 +699,7 @@ def grouped_matmul_backward(x, w, dy, *, row_experts=None, offsets=None, strateg
     dxo, dwo = _out_pair(out)
     return replay.call("grouped_matmul_backward",
                        (strategy, need_input, need_weight, dw_dtype, trusted_offsets, out is None, _config_key()),
-                       (x, w, dy, row_experts, offsets, dxo, dwo, workspace),
-                       lambda fast: _backward(fast, x, w, dy, row_experts, offsets, strategy, need_input, need_weight,
-                                              dw_dtype, trusted_offsets, out, dxo, dwo, workspace))
+                       (x, w, dy, row_experts, offsets, dxo, dwo, workspace), _backward)
 
 
 def _out_pair(out) -> tuple:
@@ -715,13 +712,13 @@ def _out_pair(out) -> tuple:
     return out[0], out[1]
 
 
-def _backward(fast, x, w, dy, row_experts, offsets, strategy, need_input, need_weight, dw_dtype, trusted_offsets,
-              out, dxo, dwo, workspace):
+def _backward(fast, x, w, dy, row_experts, offsets, dxo, dwo, workspace, strategy, need_input, need_weight, dw_dtype,
+              trusted_offsets, no_out, _config):
     xr, wr, dyr, routing, dims = _prepare("grouped_matmul_backward_input", x, w, dy, row_experts, offsets,
                                           trusted_offsets, strategy)
     M, N, K, E = dims
     dw_kind = _out_kind("grouped_matmul_backward_weight", xr.kind, dw_dtype)
-    if out is not None:
+    if not no_out:
         for arg, given, need, flag, shape in (("out[0] (dx)", dxo, need_input, "need_input", (M, K)),
                                               ("out[1] (dw)", dwo, need_weight, "need_weight", (E, N, K))):
             if need and given is None:
@@ -736,7 +733,7 @@ def _backward(fast, x, w, dy, row_experts, offsets, strategy, need_input, need_w
     if dwo is not None:
         dw = _given_out(dwo, xr, (E, N, K), dw_kind, "out[1] (dw)", f" (dw_dtype={dw_dtype!r})")
     ws = None if workspace is None else _given_workspace(workspace, xr, M, E, routing.mode)
-    if out is not None or workspace is not None:
+    if not no_out or workspace is not None:
         check_apart(fast, "grouped_matmul_backward",
                     [("x", xr), ("w", wr), ("dy", dyr), ("row_experts", routing.row_experts),
                      ("offsets", routing.offsets), ("out[0] (dx)", dx), ("out[1] (dw)", dw), ("workspace", ws)],
@@ -756,7 +753,7 @@ def _backward(fast, x, w, dy, row_experts, offsets, strategy, need_input, need_w
     jobs = [(p, a) for p, a in jobs if a.out.size]
     if jobs:
         _launch(fast, jobs, xr, ws, routing)
-    if out is not None:
+    if not no_out:
         result = dxo, dwo
     else:
         result = (None if dx is None else dx.obj), (None if dw is None else dw.obj)

@@ -92,11 +92,10 @@ def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, ou
     ``scale_dtype="e8m0"`` (MX block scales): docs/lowbit.md.
     """
     return replay.call("quantize", (scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype), (x, scale, zero_point, out),
-                       lambda fast: _quantize(fast, x, scale, zero_point, scope, axis, group_size, out_dtype, qmin,
-                                              qmax, out, scale_dtype), scale_at=1)
+                       _quantize, 1)
 
 
-def _quantize(fast, x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax, out, scale_dtype):
+def _quantize(fast, x, scale, zero_point, out, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype):
     xr = as_array(x, "x")
     if xr.kind not in kinds.FLOAT:
         raise UnsupportedError(f"x has dtype {xr.kind}; quantize takes {', '.join(kinds.FLOAT)}")
@@ -130,11 +129,10 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
     per byte); ``scale_dtype="e8m0"`` for MX block scales.
     """
     return replay.call("dequantize", (scope, axis, group_size, out_dtype, in_dtype, scale_dtype), (q, scale, zero_point, out),
-                       lambda fast: _dequantize(fast, q, scale, zero_point, scope, axis, group_size, out_dtype, out,
-                                                in_dtype, scale_dtype), scale_at=1)
+                       _dequantize, 1)
 
 
-def _dequantize(fast, q, scale, zero_point, scope, axis, group_size, out_dtype, out, in_dtype, scale_dtype):
+def _dequantize(fast, q, scale, zero_point, out, scope, axis, group_size, out_dtype, in_dtype, scale_dtype):
     qr = as_array(q, "q")
     low = lowbit.input_kind(qr, in_dtype)
     qk = low or qr.kind

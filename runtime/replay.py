@@ -3,7 +3,8 @@
 Every op goes through :func:`call`: a call whose arguments have the same types, shapes, strides,
 dtypes, devices and 16-byte alignment (and the same keyword arguments, types included) as an
 earlier, fully validated call replays that call (its allocations, then its prepared launches with
-every pointer slot re-filled, as one CUDA graph launch: runtime/graphs.py); any other call runs the
+every pointer slot re-filled, as one CUDA graph launch: runtime/graphs.py; the work arrays it does
+not return are kept per stream with the graph); any other call runs the
 op's slow path (normalize → plan → launch) under a :class:`FastCall` that records it. The status word of the device is read on every call
 (runtime/status.py), on both paths.
 """
@@ -20,9 +21,10 @@ from .graphs import bind_graph
 
 def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
     """``op`` on ``args`` (arrays, scalars, None) with keyword arguments ``static``: a replay when
-    one is remembered, else ``slow(fast)`` (the op's normalize → plan → launch) under a recording
-    :class:`FastCall` (``args[scale_at]``, ``args[scale_at + 1]``: the scale and zero point, if the
-    op takes them)."""
+    one is remembered, else ``slow(fast, *args, *static)`` (the op's normalize → plan → launch)
+    under a recording :class:`FastCall` (``args[scale_at]``, ``args[scale_at + 1]``: the scale and
+    zero point, if the op takes them). ``slow`` is a module-level function, not a closure: a
+    closure over the call's arguments would cost every call its cells, replays included."""
     key, vals = call_key(op, static, args)
     if key is not None:
         try:
@@ -34,7 +36,7 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
             if r is not MISS:
                 return r
     with FastCall(op, static, args, scale_at=scale_at) as fast:
-        return slow(fast)
+        return slow(fast, *args, *static)
 
 
 # -- how a call is remembered ---------------------------------------------------------------------
@@ -130,9 +132,17 @@ def _compile(e: Entry, nargs: int, result):
     for i, lo_i, hi_i, j, lo_j, hi_j in e.disjoint or ():
         src.append(f"    a, b = vals[{i}], vals[{j}]\n"
                    f"    if a + {lo_i} < b + {hi_j} and b + {lo_j} < a + {hi_i}: return MISS")
+    graph = None
+    if e.runner is None and config.settings().graph_replay == "on":
+        graph = ns["graph"] = bind_graph([prep for prep, _, _ in e.launches])
+    returned = set(result if isinstance(result, tuple) else (result,))
+    # work arrays (allocations the call does not return) of a graph replay: kept per stream with
+    # the executable graph (runtime/graphs.py), new ones only under a caller's capture
+    scratch = [] if graph is None else [k for k in range(len(e.allocs)) if nargs + k not in returned]
     for k, (alloc, align) in enumerate(e.allocs):
         ns[f"alloc{k}"] = alloc
-        src.append(f"    o{k}, p{k} = alloc{k}()\n    if p{k} & 15 != {align}: return MISS")
+        if k not in scratch:
+            src.append(f"    o{k}, p{k} = alloc{k}()\n    if p{k} & 15 != {align}: return MISS")
     src.append("    stream = get_stream()")
 
     def source(i):          # the object (o) or pointer (p) of source index i
@@ -143,9 +153,6 @@ def _compile(e: Entry, nargs: int, result):
             src.append("    vals.extend((" + "".join(f"p{k}, " for k in range(len(e.allocs))) + "))")
         src.append(f"    runner((*args, {news}None), vals, stream)")
     else:
-        graph = None
-        if config.settings().graph_replay == "on":
-            graph = ns["graph"] = bind_graph([prep for prep, _, _ in e.launches])
         calls = []
         for n, (prep, template, slots) in enumerate(e.launches):
             if graph is None:
@@ -171,8 +178,27 @@ def _compile(e: Entry, nargs: int, result):
             calls.append(f"({', '.join(parts)},)")
         if graph is None:
             src += [f"    go{n}(stream, {c})" for n, c in enumerate(calls)]
-        else:
+        elif not scratch:
             src.append(f"    graph(stream, {', '.join(calls)})")
+        else:
+            ns.update(gstate=graph.state, glaunch=graph.launch_state, gone=graph.one_by_one)
+            news = "".join(f"alloc{k}(), " for k in scratch)
+            got = "".join(f"(o{k}, p{k}), " for k in scratch)
+            misaligned = " or ".join(f"p{k} & 15 != {e.allocs[k][1]}" for k in scratch)
+            src += ["    gs = gstate(stream)",
+                    "    if gs is None:",
+                    f"        {got}= {news}",
+                    f"        if {misaligned}: return MISS",
+                    f"        gone(stream, {', '.join(calls)})",
+                    "    else:",
+                    "        sc = gs[2]",
+                    "        if sc is None:",
+                    f"            sc = {news}",
+                    f"            {got}= sc",
+                    f"            if {misaligned}: return MISS",
+                    "            gs[2] = sc",
+                    f"        {got}= sc",
+                    f"        glaunch(gs, stream, {', '.join(calls)})"]
     if isinstance(result, tuple):
         src.append("    return (" + "".join(("None" if i is None else source(i)) + ", " for i in result) + ")")
     else:

@@ -171,7 +171,7 @@ def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_
     ``v = rne(x / scale) + zero_point`` before the clamp. Takes quantize's own arguments
     (``out_dtype`` is quantize's output kind: it sets the default range and the implied zero point)."""
     return replay.call("quantize_backward", (scope, axis, group_size, out_dtype, qmin, qmax), (dy, x, scale, zero_point, out),
-                       lambda fast: _quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, out_dtype, qmin, qmax), scale_at=2)
+                       _quantize_backward, 2)
 
 
 def _quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, out_dtype, qmin, qmax):
@@ -191,10 +191,10 @@ def dequantize_backward(dy, scale, *, scope, axis=None, group_size=None, out=Non
     """Straight-through gradient of :func:`runtime.dequantize` with respect to q:
     ``dq = dy * scale``, rounded once to dy's dtype (scale: float32, float64 for float64 dy)."""
     return replay.call("dequantize_backward", (scope, axis, group_size), (dy, scale, None, out),
-                       lambda fast: _dequantize_backward(fast, dy, scale, out, scope, axis, group_size), scale_at=1)
+                       _dequantize_backward, 1)
 
 
-def _dequantize_backward(fast, dy, scale, out, scope, axis, group_size):
+def _dequantize_backward(fast, dy, scale, _zero_point, out, scope, axis, group_size):
     dyr = _float_array(dy, "dy", "dequantize_backward")
     p = _params(dyr, scale, None, scope, axis, group_size, 0, 0, 0)
     ins = [(dyr, rows_view(dyr, "dy"))]
@@ -226,7 +226,7 @@ def fake_quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=Non
     ``fake_quantize_per_*_affine``). With ``return_mask=True`` returns ``(y, mask)``, mask a bool
     array ``qmin <= rne(x / scale) + zp <= qmax``, written by the same kernel."""
     return replay.call("fake_quantize", (scope, axis, group_size, qmin, qmax, return_mask), (x, scale, zero_point, out),
-                       lambda fast: _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, return_mask), scale_at=1)
+                       _fake_quantize, 1)
 
 
 def _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, return_mask):
@@ -257,7 +257,7 @@ def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, g
                            qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX, out=None):
     """``dx = dy * mask`` with fake_quantize's mask, recomputed from x (a product, as PyTorch's)."""
     return replay.call("fake_quantize_backward", (scope, axis, group_size, qmin, qmax), (dy, x, scale, zero_point, out),
-                       lambda fast: _fake_quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax), scale_at=2)
+                       _fake_quantize_backward, 2)
 
 
 def _fake_quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax):
@@ -425,12 +425,10 @@ def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ax
     ``"zero_point"``). Under ``runtime.sync_checks()`` the values are checked on the host first.
     """
     return replay.call("fake_quantize_learnable_backward", (scope, axis, group_size, qmin, qmax, grad_factor, _max_blocks),
-                       (dy, x, scale, zero_point, out),
-                       lambda fast: _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax,
-                                         grad_factor, out, _max_blocks), scale_at=2)
+                       (dy, x, scale, zero_point, out), _lsq, 2)
 
 
-def _lsq(fast, dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor, out, max_blocks):
+def _lsq(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, grad_factor, max_blocks):
     xr = _float_array(x, "x", "fake_quantize_learnable_backward")
     dyr = _grad_array(dy, xr)
     qmin, qmax = fake_quant_range(qmin, qmax, learnable=True)

@@ -475,20 +475,39 @@ def test_numpy_scalar_scale_is_a_scalar(dev):
     assert 0.5 in values
 
 
-@pytest.mark.parametrize("name", list(CALLS))
-def test_a_replay_of_several_launches_is_one_graph_launch(dev, monkeypatch, name):
-    """Where the driver makes graphs (runtime/graphs.py), a replay launches its kernels as one graph
-    with each kernel's values re-filled; a replay that re-runs a launcher does not."""
-    graphs_used = []
+def fake_bind_graph(dev, graphs_used, capturing=()):
+    """runtime.graphs.bind_graph over ``dev``: a graph launch launches its kernels on ``dev``, one
+    state per stream (``capturing``: streams without one)."""
+    def bind(preps):
+        states = {}
 
-    def fake_bind_graph(preps):
         def go(stream, *values):
             graphs_used.append(len(values))
             assert len(values) == len(preps)
             for p, v in zip(preps, values):
                 dev.launch(p.fn, p.grid, p.block, p.abi.fmt, list(v), stream, p.shared_mem)
+
+        def state(stream):
+            return None if stream in capturing else states.setdefault(stream, [None, None, None])
+
+        def launch_state(st, stream, *values):
+            assert states[stream] is st
+            go(stream, *values)
+
+        def one_by_one(stream, *values):
+            for p, v in zip(preps, values):
+                dev.launch(p.fn, p.grid, p.block, p.abi.fmt, list(v), stream, p.shared_mem)
+        go.state, go.launch_state, go.one_by_one = state, launch_state, one_by_one
         return go
-    monkeypatch.setattr(replay, "bind_graph", fake_bind_graph)
+    return bind
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_a_replay_of_several_launches_is_one_graph_launch(dev, monkeypatch, name):
+    """Where the driver makes graphs (runtime/graphs.py), a replay launches its kernels as one graph
+    with each kernel's values re-filled; a replay that re-runs a launcher does not."""
+    graphs_used = []
+    monkeypatch.setattr(replay, "bind_graph", fake_bind_graph(dev, graphs_used))
     call, _ = CALLS[name]
     fast = replay_matches_slow_path(dev, call)
     (entry,) = replay.CACHE.values()          # remembered again by the last (slow) call
@@ -498,3 +517,30 @@ def test_a_replay_of_several_launches_is_one_graph_launch(dev, monkeypatch, name
         assert len(fast[0]) == prepared
     else:
         assert graphs_used == []
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_a_graph_replays_work_arrays_are_kept_per_stream(dev, monkeypatch, capturing):
+    """The allocations a call does not return (LSQ's partial sums, MoE's routing tables) are made once
+    per stream for a graph replay and reused by every replay there; on a stream being captured,
+    each replay makes new ones (the captured graph owns them). Returned arrays are always new."""
+    monkeypatch.setattr(replay, "bind_graph", fake_bind_graph(dev, [], capturing=(7,) if capturing else ()))
+
+    def call(d):
+        return sf.fake_quantize_learnable_backward(d.a((9, 48)), d.a((9, 48)), d.a((48,)), d.a((48,), Z),
+                                                   scope="channel", axis=1)
+    replay_matches_slow_path(dev, call)           # a hit launches what the slow path launches
+    (entry,) = replay.CACHE.values()
+    assert len(entry.allocs) == 4                 # dx, ds, dz and the partial sums
+
+    def ws_of(launches):
+        (prep, template, slots), = [x for x in entry.launches if "ds_part" in x[0].abi.slot][:1]
+        return launches[0][4][prep.abi.slot["ds_part"]]
+    runs = [_run(dev, call, base) for base in (0x7F8000000000, 0x7FC000000000, 0x7D0000000000)]
+    ws = [ws_of(launches) for launches, _ in runs]
+    outs = [ptrs for _, ptrs in runs]
+    assert len(set(outs)) == 3                    # dx, ds, dz: new arrays every call
+    if capturing:
+        assert len(set(ws)) == 3                  # new partials under capture
+    else:
+        assert ws[1] == ws[2] == ws[0]            # one partials array for the stream

@@ -163,3 +163,25 @@ def test_a_refused_instantiation_is_a_typed_error(driver):
     graphs._lib[0]["cuGraphInstantiateWithFlags"] = lambda ex, g, flags: 2     # out of memory
     with pytest.raises(SkuforgeError, match="cuGraphInstantiateWithFlags failed: CUresult 2"):
         go(11, (0x500, 7), (0x600, 0x700, 1.5))
+
+
+def test_a_streams_state_holds_its_work_arrays_and_launches_its_graph(driver):
+    """``state(stream)``: the stream's executable graph with a scratch slot kept for the replay's
+    work arrays; ``launch_state`` sets and launches it; a stream being captured has no state."""
+    launched = []
+    go = graphs.bind_graph(_preps(launched))
+    driver.log.clear()
+    st = go.state(11)
+    assert st is not None and st[2] is None and [e[0] for e in driver.log] == ["instantiate"]
+    st[2] = ("work",)
+    assert go.state(11) is st and go.state(11)[2] == ("work",)       # the same state, its scratch kept
+    ex = driver.log[0][1]
+    driver.log.clear()
+    go.launch_state(st, 11, (0x500, 7), (0x900, 0x700, 1.5))
+    assert driver.log == [("set", ex, (0xB0, 5, 0x900)), ("launch", ex, 11)]
+    assert go.state(12) is not st                                     # another stream, another state
+    driver.capturing.add(13)
+    driver.log.clear()
+    assert go.state(13) is None and driver.log == []
+    go.one_by_one(13, (0x500, 7), (0x900, 0x700, 1.5))
+    assert launched == [(0xA0, 13, (0x500, 7)), (0xB0, 13, (0x900, 0x700, 1.5))] and driver.log == []
