@@ -73,6 +73,8 @@ def python_reference_us(n: int = 200_000) -> float:
 
 def components(synchronize, device: int) -> dict:
     """The parts of a quantize token bf16->s8 call on (16, 4096), per framework."""
+    import ctypes
+
     import cupy as cp
     import ml_dtypes
 
@@ -115,6 +117,9 @@ def components(synchronize, device: int) -> dict:
             "stream query": _host_only(entry.stream, synchronize),
             "cache key (_key: attribute reads of 4 arguments)": _host_only(
                 lambda: replay.call_key("quantize", static, args), synchronize),
+            "cache lookup (hash and compare of the key)": _host_only(lambda: replay.CACHE.get(key), synchronize),
+            "replay alone (entry.go on the call's key values)": _host_only(lambda: entry.go(args, list(vals)),
+                                                                           synchronize),
             "status word read (runtime.status.raise_pending)": _host_only(
                 lambda: status.raise_pending(xr.device), synchronize),
         }
@@ -129,6 +134,27 @@ def components(synchronize, device: int) -> dict:
         if graph is not None:
             res["graph launch of the replay (remembered values)"] = _host_only(
                 lambda: graph(stream, tuple(template)), synchronize)
+            # the driver calls of a graph replay: through ctypes (runtime/graphs.py) against
+            # CuPy's Cython bindings of the runtime API (the same handles)
+            from cupy_backends.cuda.api import runtime as crt
+            from runtime import device as rdev
+            from runtime import graphs as rgraphs
+            fns = rgraphs._driver()
+            ex = graph.graph.execs[stream][0]
+            sv = rdev._stream_values.get(stream) or rdev._stream_value(stream)
+            st = ctypes.c_int(0)
+            ref = ctypes.byref(st)
+            isc, gl = fns["cuStreamIsCapturing"], fns["cuGraphLaunch"]
+            exv = ex.value if hasattr(ex, "value") else int(ex)
+            res["cuStreamIsCapturing (ctypes)"] = _host_only(lambda: isc(sv, ref), synchronize)
+            res["cudaStreamIsCapturing (cupy_backends runtime)"] = _host_only(
+                lambda: crt.streamIsCapturing(stream), synchronize)
+            res["bare cuGraphLaunch (ctypes)"] = _host_only(lambda: gl(ex, sv), synchronize)
+            res["bare cudaGraphLaunch (cupy_backends runtime)"] = _host_only(
+                lambda: crt.graphLaunch(exv, stream), synchronize)
+            lock = graph.graph.lock
+            res["threading.Lock acquire + release"] = _host_only(lambda: lock.__enter__() or lock.__exit__(None, None, None),
+                                                                 synchronize)
         from runtime import device as rdev
         fn_ptr, fmt = prep.fn.ptr, prep.abi.fmt
         pb = rdev._params(fmt, template)
