@@ -21,7 +21,8 @@ kernel), in ``graph_ab`` of the record.
 ``--graph-parts``: per multi-launch call, the call against its replay's graph launch alone and
 the bare ``cuGraphLaunch`` of its executable graph.
 
-``--profile dynamic_quantize,torch``: cProfile of the matching calls (label parts),
+``--profile dynamic_quantize,quantize+torch``: cProfile of the matching calls (a label matches a
+pattern holding each of its ``+``-joined parts; the patterns are comma-separated),
 top functions by own and cumulative time, in ``<out>.profile.txt``.
 """
 from __future__ import annotations
@@ -153,7 +154,7 @@ def components(synchronize, device: int) -> dict:
             res["bare cudaGraphLaunch (cupy_backends runtime)"] = _host_only(
                 lambda: crt.graphLaunch(exv, stream), synchronize)
             lock = graph.graph.lock
-            res["threading.Lock acquire + release"] = _host_only(lambda: lock.__enter__() or lock.__exit__(None, None, None),
+            res["threading.Lock acquire + release"] = _host_only(lambda: (lock.acquire(), lock.release()),
                                                                  synchronize)
         from runtime import device as rdev
         fn_ptr, fmt = prep.fn.ptr, prep.abi.fmt
@@ -252,7 +253,7 @@ def profile(items, synchronize, n_calls: int, labels) -> dict:
     import pstats
     out = {}
     for item in items:
-        if not any(w in item["label"] for w in labels):
+        if not any(all(w in item["label"] for w in pattern.split("+")) for pattern in labels):
             continue
         call = item["call"]
         for _ in range(200):
@@ -282,7 +283,7 @@ def main(argv=None) -> int:
     ap.add_argument("--graph-ab", action="store_true", help="multi-launch calls with graph replay off and on, in turns")
     ap.add_argument("--graph-parts", action="store_true",
                     help="multi-launch calls: the call, its graph launch alone, the bare cuGraphLaunch")
-    ap.add_argument("--profile", default="", help="comma-separated label parts: cProfile those calls "
+    ap.add_argument("--profile", default="", help="comma-separated patterns of label parts joined by +: cProfile those calls "
                     "(written next to --out as <out>.profile.txt)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
