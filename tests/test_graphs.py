@@ -68,15 +68,19 @@ class _Driver:
             self.log.append(("set", ex.value, self._read(kp._obj)))
             return 0
 
-        def launch(ex, stream):
-            self.log.append(("launch", ex.value, stream.value))
-            return 0
-        def is_capturing(stream, status):
-            status._obj.value = 1 if stream.value in self.capturing else 0
-            return 0
-        return {"cuStreamIsCapturing": is_capturing, "cuGraphCreate": create, "cuGraphAddKernelNode_v2": add, "cuGraphInstantiateWithFlags": instantiate,
-                "cuGraphLaunch": launch, "cuGraphExecKernelNodeSetParams_v2": setp,
-                "cuGraphExecDestroy": lambda ex: 0, "cuGraphDestroy": lambda g: 0}
+        def launch(ex, stream):          # CuPy's runtime.graphLaunch: ints, raises on an error
+            if "graphLaunch" in self.fail:
+                raise RuntimeError("cudaErrorInvalidResourceHandle")
+            self.log.append(("launch", ex, stream))
+
+        def is_capturing(stream):        # CuPy's runtime.streamIsCapturing
+            if "streamIsCapturing" in self.fail:
+                raise RuntimeError("cudaErrorStreamCaptureImplicit")
+            return stream in self.capturing
+        return {"streamIsCapturing": is_capturing, "cuGraphCreate": create, "cuGraphAddKernelNode_v2": add,
+                "cuGraphInstantiateWithFlags": instantiate, "graphLaunch": launch,
+                "cuGraphExecKernelNodeSetParams_v2": setp, "cuGraphExecDestroy": lambda ex: 0,
+                "cuGraphDestroy": lambda g: 0}
 
     @staticmethod
     def _read(kp):
@@ -185,3 +189,23 @@ def test_a_streams_state_holds_its_work_arrays_and_launches_its_graph(driver):
     assert go.state(13) is None and driver.log == []
     go.one_by_one(13, (0x500, 7), (0x900, 0x700, 1.5))
     assert launched == [(0xA0, 13, (0x500, 7)), (0xB0, 13, (0x900, 0x700, 1.5))] and driver.log == []
+
+
+def test_a_stream_the_runtime_cannot_tell_about_gets_the_kernels_one_by_one(driver):
+    """cudaStreamIsCapturing refused (an invalidated capture; the legacy stream while another
+    stream captures): no graph launch, which would invalidate a capture; the kernels report."""
+    launched = []
+    go = graphs.bind_graph(_preps(launched))
+    driver.fail.add("streamIsCapturing")
+    driver.log.clear()
+    go(11, (0x500, 7), (0x600, 0x700, 1.5))
+    assert driver.log == [] and len(launched) == 2
+    assert go.state(11) is None
+
+
+def test_a_refused_graph_launch_is_a_typed_error(driver):
+    from runtime.errors import SkuforgeError
+    go = graphs.bind_graph(_preps())
+    driver.fail.add("graphLaunch")
+    with pytest.raises(SkuforgeError, match="cudaGraphLaunch failed: cudaErrorInvalidResourceHandle"):
+        go(11, (0x500, 7), (0x600, 0x700, 1.5))

@@ -19,7 +19,7 @@ each on the host clock behind a spin kernel. Runs in well under a minute (kernel
 kernel), in ``graph_ab`` of the record.
 
 ``--graph-parts``: per multi-launch call, the call against its replay's graph launch alone and
-the bare ``cuGraphLaunch`` of its executable graph.
+the bare ``cudaGraphLaunch`` of its executable graph.
 
 ``--profile dynamic_quantize,quantize+torch``: cProfile of the matching calls (a label matches a
 pattern holding each of its ``+``-joined parts; the patterns are comma-separated),
@@ -74,13 +74,12 @@ def python_reference_us(n: int = 200_000) -> float:
 
 def components(synchronize, device: int) -> dict:
     """The parts of a quantize token bf16->s8 call on (16, 4096), per framework."""
-    import ctypes
 
     import cupy as cp
     import ml_dtypes
 
     import runtime as sf
-    from runtime import arrays
+    from runtime import arrays, graphs
     from runtime import replay
     from runtime import status
     out = {}
@@ -135,24 +134,13 @@ def components(synchronize, device: int) -> dict:
         if graph is not None:
             res["graph launch of the replay (remembered values)"] = _host_only(
                 lambda: graph(stream, tuple(template)), synchronize)
-            # the driver calls of a graph replay: through ctypes (runtime/graphs.py) against
-            # CuPy's Cython bindings of the runtime API (the same handles)
-            from cupy_backends.cuda.api import runtime as crt
-            from runtime import device as rdev
-            from runtime import graphs as rgraphs
-            fns = rgraphs._driver()
-            ex = graph.graph.execs[stream][0]
-            sv = rdev._stream_values.get(stream) or rdev._stream_value(stream)
-            st = ctypes.c_int(0)
-            ref = ctypes.byref(st)
-            isc, gl = fns["cuStreamIsCapturing"], fns["cuGraphLaunch"]
-            exv = ex.value if hasattr(ex, "value") else int(ex)
-            res["cuStreamIsCapturing (ctypes)"] = _host_only(lambda: isc(sv, ref), synchronize)
+            # the two runtime calls of every graph replay (CuPy's bindings, as runtime/graphs.py)
+            fns = graphs._driver()
+            exv = graph.graph.execs[stream][3]
             res["cudaStreamIsCapturing (cupy_backends runtime)"] = _host_only(
-                lambda: crt.streamIsCapturing(stream), synchronize)
-            res["bare cuGraphLaunch (ctypes)"] = _host_only(lambda: gl(ex, sv), synchronize)
+                lambda: fns["streamIsCapturing"](stream), synchronize)
             res["bare cudaGraphLaunch (cupy_backends runtime)"] = _host_only(
-                lambda: crt.graphLaunch(exv, stream), synchronize)
+                lambda: fns["graphLaunch"](exv, stream), synchronize)
             lock = graph.graph.lock
             res["threading.Lock acquire + release"] = _host_only(lambda: (lock.acquire(), lock.release()),
                                                                  synchronize)
@@ -216,8 +204,7 @@ def graph_turns(items, synchronize, n_calls: int, repeats: int, busy) -> dict:
 def graph_parts(items, synchronize) -> dict:
     """Per multi-launch call (and the first single-launch one): the whole call, its replay's graph
     launch alone (runtime/graphs.py's ``go`` with the remembered values: no parameter set), and the
-    bare ``cuGraphLaunch`` of its executable graph; µs, host clock, GPU kept busy."""
-    import ctypes
+    bare ``cudaGraphLaunch`` of its executable graph; µs, host clock, GPU kept busy."""
 
     from runtime import graphs, replay
     fns = graphs._driver()
@@ -233,12 +220,11 @@ def graph_parts(items, synchronize) -> dict:
             continue
         stream = entry.stream()
         values = [tuple(t) for _, t, _ in entry.launches]
-        ex = go.graph.execs[stream][0]
-        sv = ctypes.c_void_p(stream or None)
+        ex = go.graph.execs[stream][3]
         n = 100                          # calls per batch: at most 500 kernels queued behind the spin
         res = {"nodes": len(values), "call": _host_only(item["call"], synchronize, n),
                "graph go (remembered values)": _host_only(lambda: go(stream, *values), synchronize, n),
-               "cuGraphLaunch alone": _host_only(lambda: fns["cuGraphLaunch"](ex, sv), synchronize, n)}
+               "cudaGraphLaunch alone": _host_only(lambda: fns["graphLaunch"](ex, stream), synchronize, n)}
         out[item["label"]] = res
         print(f"  graph parts: {item['label']}: " + ", ".join(f"{k} {v if k == 'nodes' else v.get('us')}"
                                                              for k, v in res.items()), flush=True)
@@ -282,7 +268,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-components", action="store_true", help="skip the per-part breakdown")
     ap.add_argument("--graph-ab", action="store_true", help="multi-launch calls with graph replay off and on, in turns")
     ap.add_argument("--graph-parts", action="store_true",
-                    help="multi-launch calls: the call, its graph launch alone, the bare cuGraphLaunch")
+                    help="multi-launch calls: the call, its graph launch alone, the bare cudaGraphLaunch")
     ap.add_argument("--profile", default="", help="comma-separated patterns of label parts joined by +: cProfile those calls "
                     "(written next to --out as <out>.profile.txt)")
     args = ap.parse_args(argv)
