@@ -37,6 +37,29 @@ def test_time_host_calls_behind_a_busy_gpu():
     assert one["min_us"] <= one["us"] and one["throughput_us"] > 0
 
 
+def test_time_host_calls_takes_batches_in_rounds():
+    """The timed batches go round the items (a, b, a, b, ...), so a slow spell of the host weighs on
+    every row alike; an item that fails in a round is recorded as an error and left out after."""
+    log, n_c = [], [0]
+
+    def flaky():
+        log.append("c")
+        n_c[0] += 1
+        if n_c[0] > 200 + 3 * 10 + 2 * bench.HOST_QUEUE:     # its third timed batch fails
+            raise RuntimeError("gone")
+
+    out = bench.time_host_calls([{"label": "a", "call": lambda: log.append("a")},
+                                 {"label": "b", "call": lambda: log.append("b")},
+                                 {"label": "c", "call": flaky}],
+                                lambda: None, n_calls=10, repeats=3, busy=lambda ns: log.append("|"))
+    timed = "".join(log[log.index("|"):]).split("|")[1:]
+    assert [t[0] for t in timed] == ["a", "b", "c"] * 3 + ["a", "b"] * 4
+    assert timed[8] == "c" and all(len(t) == bench.HOST_QUEUE for t in timed if t != timed[8])
+    a, b, c = out
+    assert a["measure"] == b["measure"] == "host" and a["us"] is not None and a["host_calls"] == bench.HOST_QUEUE
+    assert c["us"] is None and "RuntimeError: gone" in c["error"] and "target_us" not in c
+
+
 def test_host_items_dedupe_by_label_and_record_errors():
     timer = types.SimpleNamespace(spin_ns=lambda ns: None)
     m1 = types.SimpleNamespace(__name__="m1", host_calls=lambda: [{"label": "q", "call": lambda: 1}])

@@ -282,7 +282,8 @@ def to_markdown(rec: dict) -> str:
     host = rec.get("host_overhead") or []
     if host:
         lines += ["## Host overhead of a repeated functional call", "",
-                  "µs per call. *host*: the calling thread's time, the GPU kept busy (median of batches); "
+                  "µs per call. *host*: the calling thread's time, the GPU kept busy (median of batches, taken in "
+                  "rounds over all the calls); "
                   "*throughput*: back-to-back calls and a synchronize (also bound by the GPU's launch rate).", "",
                   "| call | host µs | min | target | throughput µs |", "|---|---|---|---|---|"]
         for h in host:
@@ -798,12 +799,15 @@ HOST_QUEUE = 600                # launches queued behind it at most (the driver'
 def time_host_calls(items, synchronize, n_calls: int = 2000, repeats: int = 5, busy=None) -> list:
     """µs per call of each item's ``call``, after 200 warm-up calls.
 
-    ``us``: the host's own time per call, the median of ``repeats`` batches, each queued behind a
-    ``busy(ns)`` spin kernel so that the launch queue neither drains nor fills (what a caller's
-    thread pays per call: Python, allocation, the driver's launch). Without ``busy``, and always as
     ``throughput_us``: ``n_calls`` back-to-back calls and a synchronize, timed together (also
-    bounded by the GPU's launch rate and the kernels)."""
-    out = []
+    bounded by the GPU's launch rate and the kernels), the median of ``repeats``. ``us``: with
+    ``busy``, the host's own time per call (what a caller's thread pays: Python, allocation, the
+    driver's launch), the median of at least 7 batches, each queued behind a ``busy(ns)`` spin
+    kernel so that the launch queue neither drains nor fills; the batches are taken in rounds over
+    all items (one batch of each item per round), so that a slow spell of the host (its speed
+    drifts within a run) weighs on every row alike, the floors included. Without ``busy``,
+    ``us`` is ``throughput_us``."""
+    out, timed = [], []
     for item in items:
         call = item["call"]
         try:
@@ -817,26 +821,38 @@ def time_host_calls(items, synchronize, n_calls: int = 2000, repeats: int = 5, b
                     call()
                 synchronize()
                 per.append((time.perf_counter() - t0) / n_calls * 1e6)
-            r = {"label": item["label"], "framework": item.get("framework"), "throughput_us": statistics.median(per),
-                 "calls": n_calls, "repeats": repeats}
-            if busy is not None:
-                n_host = max(10, HOST_QUEUE // item.get("launches", 1))
-                host = []
-                for _ in range(max(repeats, 7)):
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            out.append({"label": item["label"], "error": f"{type(e).__name__}: {e}", "us": None, "min_us": None})
+            continue
+        r = {"label": item["label"], "framework": item.get("framework"), "throughput_us": statistics.median(per),
+             "calls": n_calls, "repeats": repeats}
+        if busy is None:
+            r.update(us=r["throughput_us"], min_us=min(per), measure="throughput")
+        if item.get("target", True) and "floor" not in item["label"]:
+            r["target_us"] = TARGET_HOST_US + EXTRA_LAUNCH_US * (item.get("launches", 1) - 1)
+        out.append(r)
+        timed.append((item, r, []))
+    if busy is not None:
+        for _ in range(max(repeats, 7)):
+            for item, r, host in timed:
+                if "error" in r:
+                    continue
+                call, n_host = item["call"], max(10, HOST_QUEUE // item.get("launches", 1))
+                try:
                     busy(HOST_BUSY_NS)
                     t0 = time.perf_counter()
                     for _ in range(n_host):
                         call()
                     host.append((time.perf_counter() - t0) / n_host * 1e6)
                     synchronize()
-                r.update(us=statistics.median(host), min_us=min(host), host_calls=n_host, measure="host")
-            else:
-                r.update(us=r["throughput_us"], min_us=min(per), measure="throughput")
-            if item.get("target", True) and "floor" not in item["label"]:
-                r["target_us"] = TARGET_HOST_US + EXTRA_LAUNCH_US * (item.get("launches", 1) - 1)
-            out.append(r)
-        except Exception as e:  # noqa: BLE001 - recorded, not fatal
-            out.append({"label": item["label"], "error": f"{type(e).__name__}: {e}", "us": None, "min_us": None})
+                except Exception as e:  # noqa: BLE001 - recorded, not fatal
+                    r.clear()
+                    r.update(label=item["label"], error=f"{type(e).__name__}: {e}", us=None, min_us=None)
+                    continue
+                r["host_calls"] = n_host
+        for _, r, host in timed:
+            if "error" not in r:
+                r.update(us=statistics.median(host), min_us=min(host), measure="host")
     return out
 
 
