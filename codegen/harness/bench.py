@@ -681,17 +681,30 @@ def api_host_calls(device: int = 0) -> list:
 
 
 def custom_op_host_calls(d: dict, shape: str) -> list:
-    """The same calls through ``torch.ops.skuforge`` in eager mode (runtime.torch's wrappers: the
-    dispatcher, the custom op's Python and the functional API underneath)."""
+    """The same calls through runtime.torch in eager mode: its public functions, which call the
+    op's CUDA implementation directly where the dispatcher would do nothing else (the target
+    applies), and, without a target (PyTorch's cost, docs/torch.md), through the dispatcher:
+    ``torch.ops.skuforge`` called as such, and the public function on a tensor that requires grad
+    (the custom op's autograd wrapper records the gradient)."""
+    import torch
+
     import runtime.torch as sft
+    sk = torch.ops.skuforge
+    xg = d["x"].detach().clone().requires_grad_(True)
     calls = (("quantize token bf16->s8", lambda: sft.quantize(d["x"], d["s"], scope="token", out_dtype="int8")),
              ("dequantize token s8->bf16",
               lambda: sft.dequantize(d["q"], d["s"], scope="token", out_dtype="bfloat16")),
              ("dynamic_quantize token bf16->s8", lambda: sft.dynamic_quantize(d["x"], scope="token")),
              ("quantize token bf16->s8, out=",
               lambda: sft.quantize(d["x"], d["s"], scope="token", out_dtype="int8", out=d["qo"])))
-    return [{"label": f"{name} {shape}, torch.ops.skuforge (eager), default settings", "framework": "torch.ops",
-             "call": call} for name, call in calls]
+    dispatched = (("quantize token bf16->s8", lambda: sk.quantize(d["x"], d["s"], None, "token")),
+                  ("dynamic_quantize token bf16->s8", lambda: sk.dynamic_quantize(d["x"], "token")),
+                  ("fake_quantize channel bf16, x requires grad",
+                   lambda: sft.fake_quantize(xg, d["s"], scope="channel", axis=0)))
+    return ([{"label": f"{name} {shape}, runtime.torch (eager), default settings", "framework": "runtime.torch",
+              "call": call} for name, call in calls]
+            + [{"label": f"{name} {shape}, torch.ops.skuforge dispatcher (eager), default settings",
+                "framework": "torch.ops", "call": call, "target": False} for name, call in dispatched])
 
 
 MOE_HOST_SHAPE = (256, 512, 512, 8)     # M, N, K, E
@@ -757,8 +770,8 @@ def moe_host_calls(device: int = 0, torch=None) -> list:
     if "torch" in data:
         import runtime.torch as sft
         d = data["torch"]
-        out.append({"label": f"grouped_matmul row_experts (M={M}, N={N}, K={K}, E={E}), torch.ops.skuforge (eager), "
-                             "default settings", "framework": "torch.ops", "launches": 4,
+        out.append({"label": f"grouped_matmul row_experts (M={M}, N={N}, K={K}, E={E}), runtime.torch (eager), "
+                             "default settings", "framework": "runtime.torch", "launches": 4,
                     "call": lambda: sft.grouped_matmul(d["x"], d["w"], row_experts=d["ids"])})
     return out
 

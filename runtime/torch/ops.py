@@ -5,6 +5,9 @@ functional API (runtime/__init__.py) on PyTorch's current stream, allocates its 
 torch (the caching allocator: CUDA-graph safe) and never synchronizes the host. Fake
 implementations (runtime/torch/meta.py) give exact shapes, dtypes and strides and raise the
 functional API's typed errors for invalid arguments. See docs/torch.md for the table.
+The public functions call an op's CUDA implementation directly where the dispatcher would do
+nothing else: plain CUDA tensors, no gradient to record, nothing tracing (``_plain``; docs/torch.md
+"The direct eager call").
 
 | op | autograd |
 |---|---|
@@ -78,10 +81,79 @@ def _define_out(name: str, outs: str, impl, fake) -> None:
     _LIB.define(f"{name}.out{args}{sep}{outs}) -> ()", tags=_PT2)
     _LIB.impl(f"{name}.out", impl, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}.out", fake, lib=_LIB)
+    _OUT[name] = (getattr(torch.ops.skuforge, name).out, impl)
+
+
+# -- the direct eager call ------------------------------------------------------------------------
+# Through the dispatcher a custom op costs about 15-20 µs of Python per eager call on the H200
+# machine (the autograd wrapper, the redispatch, the boxing of every argument) on top of the
+# functional API's 9-10 µs (docs/torch.md). Where the dispatcher would do nothing but call the CUDA
+# implementation -- plain CUDA tensors, no gradient to record, no tracing, mode, transform or
+# profiler -- the public functions below call that implementation themselves: the same function,
+# the same arguments, the same results and errors. Anything else goes through the dispatcher.
+_IMPL: dict = {}        # custom op -> its CUDA implementation
+_OUT: dict = {}         # op name -> (its .out overload, the overload's CUDA implementation)
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_transforms = torch._C._are_functorch_transforms_active
+_profiling = torch._C._autograd._profiler_enabled
+_grad_on = torch._C.is_grad_enabled
+_bump = torch._C._increment_version
+
+
+def _op(name: str):
+    """``torch.library.custom_op("skuforge::<name>")`` of the decorated CUDA implementation, which
+    :func:`_call` may also call directly."""
+    def define(fn):
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", fn, mutates_args=(), device_types="cuda")
+        _IMPL[op] = fn
+        return op
+    return define
+
+
+def _plain(args) -> bool:
+    """Whether the dispatcher would only call the CUDA implementation on ``args``: no
+    ``torch.compile`` / export tracing, no TorchDispatchMode or TorchFunctionMode, no functorch
+    transform, no profiler, and every tensor a plain CUDA tensor (or Parameter) that needs no
+    gradient (or grad mode off). Subclasses (FakeTensor, functional and traced tensors) say no."""
+    if _compiling() or _dispatch_modes() or _function_modes() or _transforms() or _profiling():
+        return False
+    grad = _grad_on()
+    for a in args:
+        t = type(a)
+        if t in _PLAIN_TYPES:
+            if not a.is_cuda or (grad and a.requires_grad):
+                return False
+        elif isinstance(a, Tensor):
+            return False
+    return True
+
+
+def _call(op, *args):
+    """``op(*args)``, or its CUDA implementation called directly where :func:`_plain` allows."""
+    if _plain(args):
+        return _IMPL[op](*args)
+    return op(*args)
+
+
+def _call_out(name: str, args: tuple, **outs) -> None:
+    """``torch.ops.skuforge.<name>.out(*args, **outs)``, or its CUDA implementation called directly
+    where :func:`_plain` allows (then the written tensors' version counters are bumped, as the
+    dispatcher does for mutated arguments: autograd sees the write)."""
+    overload, impl = _OUT[name]
+    written = [t for t in outs.values() if t is not None]
+    if _plain((*args, *written)):
+        impl(*args, **outs)
+        for t in written:
+            _bump(t)
+    else:
+        overload(*args, **outs)
 
 
 # -- quantize -----------------------------------------------------------------------------------
-@torch.library.custom_op("skuforge::quantize", mutates_args=(), device_types="cuda")
+@_op("quantize")
 def _quantize(x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str, axis: Optional[int] = None,
               group_size: Optional[int] = None, out_dtype: str = "int8", qmin: Optional[int] = None,
               qmax: Optional[int] = None, scale_dtype: Optional[str] = None) -> Tensor:
@@ -149,8 +221,8 @@ def _q_backward(ctx, grad):
     qk = kind_of(out_dtype, "out_dtype")
     dx = None
     if qk in kinds.INT8:
-        dx = _quantize_backward(grad.to(x.dtype).contiguous(), x, scale, zero_point, scope, axis, group_size,
-                                out_dtype, qmin, qmax)
+        dx = _call(_quantize_backward, grad.to(x.dtype).contiguous(), x, scale, zero_point, scope, axis,
+                   group_size, out_dtype, qmin, qmax)
     elif qk in kinds.FP8:
         m = _math_dtype(x)
         inv = 1.0 / _expand(_scale_values(scale, m), x.shape, scope, axis, group_size)
@@ -163,7 +235,7 @@ _quantize.register_autograd(_q_backward, setup_context=_q_setup)
 
 
 # -- dequantize ---------------------------------------------------------------------------------
-@torch.library.custom_op("skuforge::dequantize", mutates_args=(), device_types="cuda")
+@_op("dequantize")
 def _dequantize(q: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str, axis: Optional[int] = None,
                 group_size: Optional[int] = None, out_dtype: str = "float32", in_dtype: Optional[str] = None,
                 scale_dtype: Optional[str] = None) -> Tensor:
@@ -247,7 +319,7 @@ def _dq_backward(ctx, grad):
             zp = _expand(zero_point.to(m), qm.shape, scope, axis, group_size)
         ds = _sum_per_scale(grad.to(m) * (qm - zp), scope, axis, group_size, scale.shape).to(scale.dtype)
     if ctx.needs_input_grad[0] and kind in kinds.FP8 and q.is_floating_point():
-        dq = _dequantize_backward(grad.contiguous(), scale, scope, axis, group_size).to(q.dtype)
+        dq = _call(_dequantize_backward, grad.contiguous(), scale, scope, axis, group_size).to(q.dtype)
     return dq, ds, None, None, None, None, None, None, None
 
 
@@ -255,7 +327,7 @@ _dequantize.register_autograd(_dq_backward, setup_context=_dq_setup)
 
 
 # -- dynamic_quantize ---------------------------------------------------------------------------
-@torch.library.custom_op("skuforge::dynamic_quantize", mutates_args=(), device_types="cuda")
+@_op("dynamic_quantize")
 def _dynamic_quantize(x: Tensor, scope: str, range_mode: str = "symmetric", axis: Optional[int] = None,
                       group_size: Optional[int] = None, out_dtype: str = "int8", qmin: Optional[int] = None,
                       qmax: Optional[int] = None, eps: float = 1e-8,
@@ -307,7 +379,7 @@ _define_out("dynamic_quantize", "Tensor(a!) q, Tensor(b!) scale, Tensor(c!)? zer
 
 
 # -- straight-through backward ops -----------------------------------------------------------------
-@torch.library.custom_op("skuforge::quantize_backward", mutates_args=(), device_types="cuda")
+@_op("quantize_backward")
 def _quantize_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
                        axis: Optional[int] = None, group_size: Optional[int] = None, out_dtype: str = "int8",
                        qmin: Optional[int] = None, qmax: Optional[int] = None) -> Tensor:
@@ -337,7 +409,7 @@ def _quantize_backward_out_fake(dy, x, scale, zero_point, scope, axis=None, grou
 _define_out("quantize_backward", "Tensor(a!) out", _quantize_backward_out, _quantize_backward_out_fake)
 
 
-@torch.library.custom_op("skuforge::dequantize_backward", mutates_args=(), device_types="cuda")
+@_op("dequantize_backward")
 def _dequantize_backward(dy: Tensor, scale: Tensor, scope: str, axis: Optional[int] = None,
                          group_size: Optional[int] = None) -> Tensor:
     return sf.dequantize_backward(dy, scale, scope=scope, axis=axis, group_size=group_size)
@@ -362,7 +434,7 @@ _define_out("dequantize_backward", "Tensor(a!) out", _dequantize_backward_out, _
 
 
 # -- fake_quantize (static scale / zero point) ---------------------------------------------------
-@torch.library.custom_op("skuforge::fake_quantize", mutates_args=(), device_types="cuda")
+@_op("fake_quantize")
 def _fake_quantize(x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str, axis: Optional[int] = None,
                    group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX) -> Tensor:
     return sf.fake_quantize(x, scale, zero_point, scope=scope, axis=axis, group_size=group_size, qmin=qmin,
@@ -390,7 +462,7 @@ def _fake_quantize_out_fake(x, scale, zero_point, scope, axis=None, group_size=N
 _define_out("fake_quantize", "Tensor(a!) out", _fake_quantize_out, _fake_quantize_out_fake)
 
 
-@torch.library.custom_op("skuforge::fake_quantize_backward", mutates_args=(), device_types="cuda")
+@_op("fake_quantize_backward")
 def _fake_quantize_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
                             axis: Optional[int] = None, group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN,
                             qmax: int = DEFAULT_QMAX) -> Tensor:
@@ -429,7 +501,7 @@ def _fq_setup(ctx, inputs, output):
 
 def _fq_backward(ctx, grad):
     x, scale, zero_point = ctx.saved_tensors
-    dx = _fake_quantize_backward(grad.contiguous(), x, scale, zero_point, *ctx.cfg)
+    dx = _call(_fake_quantize_backward, grad.contiguous(), x, scale, zero_point, *ctx.cfg)
     return dx, None, None, None, None, None, None, None
 
 
@@ -437,7 +509,7 @@ _fake_quantize.register_autograd(_fq_backward, setup_context=_fq_setup)
 
 
 # -- fake_quantize_learnable (LSQ) ----------------------------------------------------------------
-@torch.library.custom_op("skuforge::fake_quantize_learnable", mutates_args=(), device_types="cuda")
+@_op("fake_quantize_learnable")
 def _fake_quantize_learnable(x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
                              axis: Optional[int] = None, group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN,
                              qmax: int = DEFAULT_QMAX, grad_factor: float = 1.0) -> Tensor:
@@ -451,7 +523,7 @@ def _(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN
                                                   grad_factor), x.device)
 
 
-@torch.library.custom_op("skuforge::fake_quantize_learnable_backward", mutates_args=(), device_types="cuda")
+@_op("fake_quantize_learnable_backward")
 def _fake_quantize_learnable_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor],
                                       scope: str, axis: Optional[int] = None, group_size: Optional[int] = None,
                                       qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX,
@@ -480,9 +552,8 @@ def _lfq_setup(ctx, inputs, output):
 def _lfq_backward(ctx, grad):
     x, scale, zero_point = ctx.saved_tensors
     scope, axis, group_size, qmin, qmax, g = ctx.cfg
-    dx, ds, dz = _fake_quantize_learnable_backward(grad.contiguous(), x, _scale_for(x, scale),
-                                                   _round_zero_point(zero_point, qmin, qmax), scope, axis,
-                                                   group_size, qmin, qmax, g)
+    dx, ds, dz = _call(_fake_quantize_learnable_backward, grad.contiguous(), x, _scale_for(x, scale),
+                       _round_zero_point(zero_point, qmin, qmax), scope, axis, group_size, qmin, qmax, g)
     dzp = None
     if zero_point is not None and zero_point.is_floating_point():
         dzp = dz.to(zero_point.dtype)
@@ -493,7 +564,7 @@ _fake_quantize_learnable.register_autograd(_lfq_backward, setup_context=_lfq_set
 
 
 # -- MoE grouped matmul -----------------------------------------------------------------------------
-@torch.library.custom_op("skuforge::grouped_matmul", mutates_args=(), device_types="cuda")
+@_op("grouped_matmul")
 def _grouped_matmul(x: Tensor, w: Tensor, row_experts: Optional[Tensor] = None, offsets: Optional[Tensor] = None,
                     strategy: str = "auto", trusted_offsets: bool = False) -> Tensor:
     return sf.grouped_matmul(x, w, row_experts=row_experts, offsets=offsets, strategy=strategy,
@@ -505,7 +576,7 @@ def _(x, w, row_experts=None, offsets=None, strategy="auto", trusted_offsets=Fal
     return _new(meta.grouped_matmul_spec(x, w, row_experts, offsets, strategy), x.device)
 
 
-@torch.library.custom_op("skuforge::grouped_matmul_backward", mutates_args=(), device_types="cuda")
+@_op("grouped_matmul_backward")
 def _grouped_matmul_backward(x: Tensor, w: Tensor, dy: Tensor, row_experts: Optional[Tensor] = None,
                              offsets: Optional[Tensor] = None, strategy: str = "auto", need_input: bool = True,
                              need_weight: bool = True, dw_dtype: str = "float32",
@@ -540,8 +611,8 @@ def _gmm_backward(ctx, grad):
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if not (need_x or need_w):
         return None, None, None, None, None, None
-    dx, dw = _grouped_matmul_backward(x, w, grad.contiguous(), row_experts, offsets, strategy, need_x, need_w,
-                                      "float32", trusted)
+    dx, dw = _call(_grouped_matmul_backward, x, w, grad.contiguous(), row_experts, offsets, strategy, need_x,
+                   need_w, "float32", trusted)
     return (dx if need_x else None), (dw.to(w.dtype) if need_w else None), None, None, None, None
 
 
@@ -592,8 +663,8 @@ def quantize(x: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[in
     z = _zp_tensor(zero_point, x)
     args = (x, s, z, scope, axis, group_size, _dtype_name(out_dtype), qmin, qmax, _dtype_name(scale_dtype))
     if out is None:
-        return _quantize(*args)
-    torch.ops.skuforge.quantize.out(*args, out=out)
+        return _call(_quantize, *args)
+    _call_out("quantize", args, out=out)
     return out
 
 
@@ -608,8 +679,8 @@ def dequantize(q: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[
     args = (q, s, _zp_tensor(zero_point, q), scope, axis, group_size, name, _dtype_name(in_dtype),
             _dtype_name(scale_dtype))
     if out is None:
-        return _dequantize(*args)
-    torch.ops.skuforge.dequantize.out(*args, out=out)
+        return _call(_dequantize, *args)
+    _call_out("dequantize", args, out=out)
     return out
 
 
@@ -625,9 +696,9 @@ def dynamic_quantize(x: Tensor, *, scope: str, mode: str = "symmetric", axis: Op
             raise InvalidProblemError(f"out={type(out).__name__}: expected a tuple (q, scale) or (q, scale, "
                                       "zero_point)")
         zp = out[2] if len(out) == 3 else None
-        torch.ops.skuforge.dynamic_quantize.out(*args, q=out[0], scale=out[1], zero_point=zp)
+        _call_out("dynamic_quantize", args, q=out[0], scale=out[1], zero_point=zp)
         return out[0], out[1], zp
-    q, s, z = _dynamic_quantize(*args)
+    q, s, z = _call(_dynamic_quantize, *args)
     return q, s, (z if mode == "asymmetric" else None)
 
 
@@ -638,8 +709,8 @@ def quantize_backward(dy: Tensor, x: Tensor, scale, zero_point=None, *, scope: s
     args = (dy, x, _scale_tensor(scale, x, _math_dtype(x)), _zp_tensor(zero_point, x), scope, axis, group_size,
             _dtype_name(out_dtype), qmin, qmax)
     if out is None:
-        return _quantize_backward(*args)
-    torch.ops.skuforge.quantize_backward.out(*args, out=out)
+        return _call(_quantize_backward, *args)
+    _call_out("quantize_backward", args, out=out)
     return out
 
 
@@ -648,8 +719,8 @@ def dequantize_backward(dy: Tensor, scale, *, scope: str, axis: Optional[int] = 
     """``dq = dy * scale`` (runtime.dequantize_backward)."""
     args = (dy, _scale_tensor(scale, dy, _math_dtype(dy)), scope, axis, group_size)
     if out is None:
-        return _dequantize_backward(*args)
-    torch.ops.skuforge.dequantize_backward.out(*args, out=out)
+        return _call(_dequantize_backward, *args)
+    _call_out("dequantize_backward", args, out=out)
     return out
 
 
@@ -660,8 +731,8 @@ def fake_quantize(x: Tensor, scale, zero_point=None, *, scope: str, axis: Option
     args = (x, _scale_for(x, _scale_tensor(scale, x, _math_dtype(x))), _zp_tensor(zero_point, x), scope, axis,
             group_size, qmin, qmax)
     if out is None:
-        return _fake_quantize(*args)
-    torch.ops.skuforge.fake_quantize.out(*args, out=out)
+        return _call(_fake_quantize, *args)
+    _call_out("fake_quantize", args, out=out)
     return out
 
 
@@ -672,8 +743,8 @@ def fake_quantize_backward(dy: Tensor, x: Tensor, scale, zero_point=None, *, sco
     args = (dy, x, _scale_tensor(scale, x, _math_dtype(x)), _zp_tensor(zero_point, x), scope, axis, group_size,
             qmin, qmax)
     if out is None:
-        return _fake_quantize_backward(*args)
-    torch.ops.skuforge.fake_quantize_backward.out(*args, out=out)
+        return _call(_fake_quantize_backward, *args)
+    _call_out("fake_quantize_backward", args, out=out)
     return out
 
 
@@ -691,30 +762,30 @@ def fake_quantize_learnable(x: Tensor, scale: Tensor, zero_point: Optional[Tenso
     ``zero_point`` is rounded half to even and clamped to [qmin, qmax] in the forward and the
     backward; ``grad_factor=None`` uses :func:`lsq_grad_factor`. qmin <= 0 <= qmax."""
     g = lsq_grad_factor(x, scale, qmax) if grad_factor is None else float(grad_factor)
-    return _fake_quantize_learnable(x, scale, zero_point, scope, axis, group_size, qmin, qmax, g)
+    return _call(_fake_quantize_learnable, x, scale, zero_point, scope, axis, group_size, qmin, qmax, g)
 
 
 def fake_quantize_learnable_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor] = None, *,
                                      scope: str, axis: Optional[int] = None, group_size: Optional[int] = None,
                                      qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX, grad_factor: float = 1.0):
     """``(dx, dscale, dzero_point)`` (runtime.fake_quantize_learnable_backward; dzero_point None when symmetric)."""
-    dx, ds, dz = _fake_quantize_learnable_backward(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax,
-                                                   float(grad_factor))
+    dx, ds, dz = _call(_fake_quantize_learnable_backward, dy, x, scale, zero_point, scope, axis, group_size, qmin,
+                       qmax, float(grad_factor))
     return dx, ds, (None if zero_point is None else dz)
 
 
 def grouped_matmul(x: Tensor, w: Tensor, *, row_experts: Optional[Tensor] = None, offsets: Optional[Tensor] = None,
                    strategy: str = "auto", trusted_offsets: bool = False) -> Tensor:
     """``y[m] = w[e(m)] @ x[m]`` (runtime.grouped_matmul); differentiable in x and w."""
-    return _grouped_matmul(x, w, row_experts, offsets, strategy, trusted_offsets)
+    return _call(_grouped_matmul, x, w, row_experts, offsets, strategy, trusted_offsets)
 
 
 def grouped_matmul_backward(x: Tensor, w: Tensor, dy: Tensor, *, row_experts: Optional[Tensor] = None,
                             offsets: Optional[Tensor] = None, strategy: str = "auto", need_input: bool = True,
                             need_weight: bool = True, dw_dtype="float32", trusted_offsets: bool = False):
     """``(dx, dw)`` (runtime.grouped_matmul_backward); a gradient not asked for is None."""
-    dx, dw = _grouped_matmul_backward(x, w, dy, row_experts, offsets, strategy, need_input, need_weight,
-                                      _dtype_name(dw_dtype), trusted_offsets)
+    dx, dw = _call(_grouped_matmul_backward, x, w, dy, row_experts, offsets, strategy, need_input, need_weight,
+                   _dtype_name(dw_dtype), trusted_offsets)
     return (dx if need_input else None), (dw if need_weight else None)
 
 
