@@ -79,9 +79,16 @@ def _define_out(name: str, outs: str, impl, fake) -> None:
     args = schema[schema.index("("):schema.rindex(") ->")]
     sep = ", *, " if "*" not in args else ", "
     _LIB.define(f"{name}.out{args}{sep}{outs}) -> ()", tags=_PT2)
-    _LIB.impl(f"{name}.out", impl, "CUDA")
+
+    def cuda(*args, **outs):
+        # the dispatcher bumps no version counter for an op defined this way: the implementation
+        # does, so that autograd refuses a saved tensor that was overwritten (inference tensors
+        # have no counter)
+        impl(*args, **outs)
+        _bump([t for t in outs.values() if t is not None and not t.is_inference()])
+    _LIB.impl(f"{name}.out", cuda, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}.out", fake, lib=_LIB)
-    _OUT[name] = (getattr(torch.ops.skuforge, name).out, impl)
+    _OUT[name] = (getattr(torch.ops.skuforge, name).out, cuda)
 
 
 # -- the direct eager call ------------------------------------------------------------------------
@@ -139,15 +146,11 @@ def _call(op, *args):
 
 
 def _call_out(name: str, args: tuple, **outs) -> None:
-    """``torch.ops.skuforge.<name>.out(*args, **outs)``, or its CUDA implementation called directly
-    where :func:`_plain` allows (then the written tensors' version counters are bumped, as the
-    dispatcher does for mutated arguments: autograd sees the write)."""
+    """``torch.ops.skuforge.<name>.out(*args, **outs)``, or its CUDA implementation (which bumps
+    the written tensors' version counters) called directly where :func:`_plain` allows."""
     overload, impl = _OUT[name]
-    written = [t for t in outs.values() if t is not None]
-    if _plain((*args, *written)):
+    if _plain((*args, *outs.values())):
         impl(*args, **outs)
-        for t in written:
-            _bump(t)
     else:
         overload(*args, **outs)
 
