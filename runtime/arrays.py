@@ -8,6 +8,7 @@ the caller's current stream (PyTorch's for tensors).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from dataclasses import dataclass
@@ -281,6 +282,50 @@ def allocator(like: ArrayRef, shape, kind: str):
                 a = nd(shape, dt)
         return a, a.data.ptr
     return alloc
+
+
+def work_allocator(like: ArrayRef, shape, kind: str):
+    """A callable ``alloc(stream)`` returning ``(obj, data pointer)`` of device memory the size of
+    ``empty(like, shape, kind)``, for a work array a graph replay keeps as long as its executable
+    graph (runtime/replay.py). It comes from CuPy's memory pool of the array's device, in the
+    arena of ``stream``, never from the framework's allocator: PyTorch may hand that allocator's
+    blocks to a private pool it checks (``torch.compile(mode="reduce-overhead")`` warms up a
+    CUDA graph with every allocation redirected to the graph's pool and then requires each live
+    block there to be one of the outputs), and a block kept past the call would fail that check.
+    Freed with the graph's state, the memory goes back to ``stream``'s arena, so its next use is
+    ordered behind the graph's last launch."""
+    import cupy as cp
+    nbytes = max(1, numpy_dtype(kind).itemsize * math.prod(shape))
+    dev, device, malloc = like.device, cp.cuda.Device, cp.cuda.alloc
+
+    def alloc(stream):
+        with device(dev), cupy_stream(stream, dev):
+            m = malloc(nbytes)
+        return m, m.ptr
+    return alloc
+
+
+class _StreamHandle:
+    """A raw ``cudaStream_t`` behind the CUDA stream protocol (what ``cupy.cuda.Stream.from_external`` takes)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def cupy_stream(handle: int, device: int):
+    """CuPy's view of the raw stream ``handle`` of ``device`` (``with cupy_stream(h, d):`` makes it
+    CuPy's current stream): ``Stream.from_external`` where CuPy has it, else ``ExternalStream``
+    (what CuPy before 14 offers)."""
+    import cupy as cp
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(handle))
+    return cp.cuda.ExternalStream(handle, device)
 
 
 def device_of(obj):

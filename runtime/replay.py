@@ -15,7 +15,7 @@ import math
 import sys
 
 from . import config, status
-from .arrays import ArrayRef, allocator, recording_allocations, stream_getter
+from .arrays import ArrayRef, allocator, recording_allocations, stream_getter, work_allocator
 from .graphs import bind_graph
 
 
@@ -137,10 +137,12 @@ def _compile(e: Entry, nargs: int, result):
         graph = ns["graph"] = bind_graph([prep for prep, _, _ in e.launches])
     returned = set(result if isinstance(result, tuple) else (result,))
     # work arrays (allocations the call does not return) of a graph replay: kept per stream with
-    # the executable graph (runtime/graphs.py), new ones only under a caller's capture
+    # the executable graph (runtime/graphs.py) in memory outside the framework's allocator
+    # (arrays.work_allocator); under a caller's capture, new ones from the framework (the
+    # captured graph owns them)
     scratch = [] if graph is None else [k for k in range(len(e.allocs)) if nargs + k not in returned]
-    for k, (alloc, align) in enumerate(e.allocs):
-        ns[f"alloc{k}"] = alloc
+    for k, (alloc, align, work) in enumerate(e.allocs):
+        ns[f"alloc{k}"], ns[f"work{k}"] = alloc, work
         if k not in scratch:
             src.append(f"    o{k}, p{k} = alloc{k}()\n    if p{k} & 15 != {align}: return MISS")
     src.append("    stream = get_stream()")
@@ -182,7 +184,8 @@ def _compile(e: Entry, nargs: int, result):
             src.append(f"    graph(stream, {', '.join(calls)})")
         else:
             ns.update(gstate=graph.state, glaunch=graph.launch_state, gone=graph.one_by_one)
-            news = "".join(f"alloc{k}(), " for k in scratch)
+            news = "".join(f"alloc{k}(), " for k in scratch)         # a capture's: the framework's
+            kept = "".join(f"work{k}(stream), " for k in scratch)    # kept ones: arrays.work_allocator
             got = "".join(f"(o{k}, p{k}), " for k in scratch)
             misaligned = " or ".join(f"p{k} & 15 != {e.allocs[k][1]}" for k in scratch)
             src += ["    gs = gstate(stream)",
@@ -193,7 +196,7 @@ def _compile(e: Entry, nargs: int, result):
                     "    else:",
                     "        sc = gs[2]",
                     "        if sc is None:",
-                    f"            sc = {news}",
+                    f"            sc = {kept}",
                     f"            {got}= sc",
                     f"            if {misaligned}: return MISS",
                     "            gs[2] = sc",
@@ -343,7 +346,7 @@ class FastCall:
             if not p or p in srcs:
                 return
             srcs[p] = len(args) + k
-            allocs.append((allocator(like, shape, kind), p & 15))
+            allocs.append((allocator(like, shape, kind), p & 15, work_allocator(like, shape, kind)))
         pool = list(args) + [entry[0] for entry in log]
 
         def where(obj):

@@ -112,6 +112,18 @@ def dev(monkeypatch):
             return a, a.ptr
         return alloc
     monkeypatch.setattr(replay, "allocator", allocator)
+    # a graph replay's kept work arrays (arrays.work_allocator: CuPy's pool on the stream), from
+    # the same fake memory, logged with the stream they were made for
+    d.work = []
+
+    def work_allocator(like, shape, kind):
+        alloc = allocator(like, shape, kind)
+
+        def work(stream):
+            d.work.append((tuple(shape), kind, stream))
+            return alloc()
+        return work
+    monkeypatch.setattr(replay, "work_allocator", work_allocator)
     monkeypatch.setattr(replay, "stream_getter", lambda ref: (lambda: 7))
     for mod in (qz, training, dyn, launch_mod):
         monkeypatch.setattr(mod, "stream_handle", lambda ref: 7)
@@ -536,11 +548,16 @@ def test_a_graph_replays_work_arrays_are_kept_per_stream(dev, monkeypatch, captu
     def ws_of(launches):
         (prep, template, slots), = [x for x in entry.launches if "ds_part" in x[0].abi.slot][:1]
         return launches[0][4][prep.abi.slot["ds_part"]]
+    del dev.work[:]                               # (the entry remembered by the last slow call is new)
     runs = [_run(dev, call, base) for base in (0x7F8000000000, 0x7FC000000000, 0x7D0000000000)]
     ws = [ws_of(launches) for launches, _ in runs]
     outs = [ptrs for _, ptrs in runs]
     assert len(set(outs)) == 3                    # dx, ds, dz: new arrays every call
     if capturing:
         assert len(set(ws)) == 3                  # new partials under capture
+        assert dev.work == []                     # from the framework: the captured graph owns them
     else:
         assert ws[1] == ws[2] == ws[0]            # one partials array for the stream
+        # made once, for stream 7, outside the framework's allocator (whose blocks PyTorch may
+        # hand to a CUDA graph pool that must hold only outputs)
+        assert [stream for _, _, stream in dev.work] == [7]

@@ -270,7 +270,6 @@ def main() -> int:
     if a.ptxas:
         return ptxas_report(a.arch)
     t_start = time.perf_counter()
-    import cupy as cp
 
     from codegen.harness.bench import Timer, copy_bandwidth
     from codegen.harness.verify import environment
@@ -287,7 +286,8 @@ def main() -> int:
     import torch
     torch.cuda.set_device(dev)
     env["torch"] = torch.__version__
-    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream, dev)
+    from runtime.arrays import cupy_stream
+    stream = cupy_stream(torch.cuda.current_stream().cuda_stream, dev)
     results = []
     rec = {"env": env, "compile_s": compile_s, "samples": a.samples, "results": results}
     out = Path(a.out)

@@ -90,7 +90,6 @@ def main() -> int:
     if a.cases:
         CASES[:] = [(c, s) for c, s in CASES
                     if any(k in "/".join(c) + " " + "x".join(map(str, s)) for k in a.cases.split(","))]
-    import cupy as cp
 
     from codegen.harness.bench import Timer, copy_bandwidth, gbps
     from codegen.harness.verify import environment
@@ -103,7 +102,8 @@ def main() -> int:
              for v, r in regs.items() for c, _ in CASES}
     pd.precompile(plans.values(), arch)
     import torch
-    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream, 0)
+    from runtime.arrays import cupy_stream
+    stream = cupy_stream(torch.cuda.current_stream().cuda_stream, 0)
     results = []
     with stream:
         timer = Timer(stream, a.samples, 5.0)

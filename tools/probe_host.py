@@ -297,7 +297,8 @@ def main(argv=None) -> int:
     _precompile(reg, want, int(env["gpu"]["cc"].replace(".", "")), os.cpu_count() or 1)
     compile_s = time.perf_counter() - t0
     if torch is not None:     # one stream for both frameworks: a synchronize covers every launch
-        stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream, args.device)
+        from runtime.arrays import cupy_stream
+        stream = cupy_stream(torch.cuda.current_stream().cuda_stream, args.device)
     else:
         stream = cp.cuda.get_current_stream()
     with stream:

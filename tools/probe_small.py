@@ -64,7 +64,6 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=400)
     ap.add_argument("--ncu", action="store_true")
     a = ap.parse_args(argv)
-    import cupy as cp
     import torch
 
     import runtime as sf
@@ -80,7 +79,8 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
             print(label, flush=True)
             continue
-        stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        from runtime.arrays import cupy_stream
+        stream = cupy_stream(torch.cuda.current_stream().cuda_stream, 0)
         with stream, config.override(**fields):
             r = Timer(stream, a.samples, 5.0).measure([fn])
         results.append({"label": label, "us": round(r["ms"] * 1e3, 2), "p10_us": round(r["p10_ms"] * 1e3, 2),

@@ -993,7 +993,8 @@ def cmd_bench(args) -> int:
             console.print("torch is not importable: no PyTorch baselines")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream, args.device)
+        from runtime.arrays import cupy_stream
+        stream = cupy_stream(torch.cuda.current_stream().cuda_stream, args.device)
     else:
         stream = cp.cuda.get_current_stream()
     l2 = int(cp.cuda.Device(args.device).attributes.get("L2CacheSize", 64 << 20))
