@@ -101,6 +101,7 @@ def _define_out(name: str, outs: str, impl, fake) -> None:
 _IMPL: dict = {}        # custom op -> its CUDA implementation
 _OUT: dict = {}         # op name -> (its .out overload, the overload's CUDA implementation)
 _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+_SCALARS = frozenset((str, int, float, bool, type(None)))
 _compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
@@ -110,12 +111,13 @@ _grad_on = torch._C.is_grad_enabled
 _bump = torch._C._increment_version
 
 
-def _op(name: str):
+def _op(name: str, direct=None):
     """``torch.library.custom_op("skuforge::<name>")`` of the decorated CUDA implementation, which
-    :func:`_call` may also call directly."""
+    :func:`_call` may also call directly -- or call ``direct`` instead: the same computation
+    returning None for a result the schema has to spell as an empty tensor (no allocation)."""
     def define(fn):
         op = torch.library.custom_op(f"{NAMESPACE}::{name}", fn, mutates_args=(), device_types="cuda")
-        _IMPL[op] = fn
+        _IMPL[op] = direct or fn
         return op
     return define
 
@@ -130,6 +132,8 @@ def _plain(args) -> bool:
     grad = _grad_on()
     for a in args:
         t = type(a)
+        if t in _SCALARS:       # (isinstance against Tensor's metaclass costs ~0.4 µs an argument)
+            continue
         if t in _PLAIN_TYPES:
             if not a.is_cuda or (grad and a.requires_grad):
                 return False
@@ -330,17 +334,25 @@ _dequantize.register_autograd(_dq_backward, setup_context=_dq_setup)
 
 
 # -- dynamic_quantize ---------------------------------------------------------------------------
-@_op("dynamic_quantize")
+def _dynamic_quantize_direct(x, scope, range_mode="symmetric", axis=None, group_size=None, out_dtype="int8",
+                             qmin=None, qmax=None, eps=1e-8, scale_dtype="float32"):
+    """``(q, scale, zero_point or None)``; e8m0 scales a ``torch.float8_e8m0fnu`` tensor (uint8
+    where torch has no such dtype)."""
+    q, s, z = sf.dynamic_quantize(x, scope=scope, mode=range_mode, axis=axis, group_size=group_size,
+                                  out_dtype=out_dtype, qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
+    if s.dtype != E8M0_DTYPE and lowbit.is_e8m0(scale_dtype):
+        s = s.view(E8M0_DTYPE)
+    return q, s, z
+
+
+@_op("dynamic_quantize", direct=_dynamic_quantize_direct)
 def _dynamic_quantize(x: Tensor, scope: str, range_mode: str = "symmetric", axis: Optional[int] = None,
                       group_size: Optional[int] = None, out_dtype: str = "int8", qmin: Optional[int] = None,
                       qmax: Optional[int] = None, eps: float = 1e-8,
                       scale_dtype: str = "float32") -> Tuple[Tensor, Tensor, Tensor]:
-    """``(q, scale, zero_point)``; zero_point is an empty int32 tensor in symmetric mode, e8m0 scales
-    a ``torch.float8_e8m0fnu`` tensor (uint8 where torch has no such dtype)."""
-    q, s, z = sf.dynamic_quantize(x, scope=scope, mode=range_mode, axis=axis, group_size=group_size,
-                                  out_dtype=out_dtype, qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
-    if lowbit.is_e8m0(scale_dtype) and s.dtype != E8M0_DTYPE:
-        s = s.view(E8M0_DTYPE)
+    """``(q, scale, zero_point)``; zero_point is an empty int32 tensor in symmetric mode."""
+    q, s, z = _dynamic_quantize_direct(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps,
+                                       scale_dtype)
     return q, s, _none_or_empty(z, torch.int32, x.device)
 
 
@@ -526,15 +538,20 @@ def _(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN
                                                   grad_factor), x.device)
 
 
-@_op("fake_quantize_learnable_backward")
+def _lfq_backward_direct(dy, x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
+                         qmax=DEFAULT_QMAX, grad_factor=1.0):
+    """(dx, dscale in the scale's math dtype, dzero_point float32 or None when symmetric)."""
+    return sf.fake_quantize_learnable_backward(dy, x, scale, zero_point, scope=scope, axis=axis,
+                                               group_size=group_size, qmin=qmin, qmax=qmax, grad_factor=grad_factor)
+
+
+@_op("fake_quantize_learnable_backward", direct=_lfq_backward_direct)
 def _fake_quantize_learnable_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor],
                                       scope: str, axis: Optional[int] = None, group_size: Optional[int] = None,
                                       qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX,
                                       grad_factor: float = 1.0) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dx, dscale in the scale's math dtype, dzero_point float32; an empty tensor when symmetric)."""
-    dx, ds, dz = sf.fake_quantize_learnable_backward(dy, x, scale, zero_point, scope=scope, axis=axis,
-                                                     group_size=group_size, qmin=qmin, qmax=qmax,
-                                                     grad_factor=grad_factor)
+    """(dx, dscale, dzero_point; an empty tensor when symmetric)."""
+    dx, ds, dz = _lfq_backward_direct(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor)
     return dx, ds, _none_or_empty(dz, torch.float32, x.device)
 
 
@@ -579,15 +596,22 @@ def _(x, w, row_experts=None, offsets=None, strategy="auto", trusted_offsets=Fal
     return _new(meta.grouped_matmul_spec(x, w, row_experts, offsets, strategy), x.device)
 
 
-@_op("grouped_matmul_backward")
+def _gmm_backward_direct(x, w, dy, row_experts=None, offsets=None, strategy="auto", need_input=True,
+                         need_weight=True, dw_dtype="float32", trusted_offsets=False):
+    """``(dx, dw)``; a gradient not asked for is None."""
+    return sf.grouped_matmul_backward(x, w, dy, row_experts=row_experts, offsets=offsets, strategy=strategy,
+                                      need_input=need_input, need_weight=need_weight, dw_dtype=dw_dtype,
+                                      trusted_offsets=trusted_offsets)
+
+
+@_op("grouped_matmul_backward", direct=_gmm_backward_direct)
 def _grouped_matmul_backward(x: Tensor, w: Tensor, dy: Tensor, row_experts: Optional[Tensor] = None,
                              offsets: Optional[Tensor] = None, strategy: str = "auto", need_input: bool = True,
                              need_weight: bool = True, dw_dtype: str = "float32",
                              trusted_offsets: bool = False) -> Tuple[Tensor, Tensor]:
     """``(dx, dw)``; a gradient not asked for is an empty (0,) tensor."""
-    dx, dw = sf.grouped_matmul_backward(x, w, dy, row_experts=row_experts, offsets=offsets, strategy=strategy,
-                                        need_input=need_input, need_weight=need_weight, dw_dtype=dw_dtype,
-                                        trusted_offsets=trusted_offsets)
+    dx, dw = _gmm_backward_direct(x, w, dy, row_experts, offsets, strategy, need_input, need_weight, dw_dtype,
+                                  trusted_offsets)
     return (_none_or_empty(dx, x.dtype, x.device),
             _none_or_empty(dw, torch_dtype(kind_of(dw_dtype, "dw_dtype")), x.device))
 
@@ -630,8 +654,9 @@ def _dtype_name(d) -> Optional[str]:
     return str(d).replace("torch.", "")
 
 
-def _scale_tensor(scale, like: Tensor, dtype: torch.dtype) -> Tensor:
-    """A Python scale (tensor scope) as a 0-d tensor on like's device (a fill kernel, no host copy)."""
+def _scale_tensor(scale, like: Tensor, dtype=_math_dtype) -> Tensor:
+    """A Python scale (tensor scope) as a 0-d tensor on like's device (a fill kernel, no host copy)
+    of ``dtype`` (a torch dtype, or a function of ``like`` giving it: the default, its math dtype)."""
     if isinstance(scale, Tensor):
         return scale
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
@@ -640,7 +665,7 @@ def _scale_tensor(scale, like: Tensor, dtype: torch.dtype) -> Tensor:
     s = float(scale)
     if not (math.isfinite(s) and s > 0):
         raise InvalidProblemError(f"scale={scale!r}; scales must be positive and finite")
-    return torch.full((), s, dtype=dtype, device=like.device)
+    return torch.full((), s, dtype=dtype if isinstance(dtype, torch.dtype) else dtype(like), device=like.device)
 
 
 def _zp_tensor(zero_point, like: Tensor) -> Optional[Tensor]:
@@ -650,6 +675,20 @@ def _zp_tensor(zero_point, like: Tensor) -> Optional[Tensor]:
         raise InvalidProblemError(f"zero_point has type {type(zero_point).__name__}; an int32 tensor or "
                                   "(scope='tensor') an integer is needed")
     return torch.full((), zero_point, dtype=torch.int32, device=like.device)
+
+
+_FLOAT_NAMES: dict = {}     # a dequantize out_dtype argument -> the torch dtype name the schema carries
+
+
+def _float_name(out_dtype) -> str:
+    """dequantize's ``out_dtype`` (a name or a torch dtype) as the torch dtype name its schema carries."""
+    try:
+        return _FLOAT_NAMES[out_dtype]
+    except (KeyError, TypeError):
+        pass
+    name = str(torch_dtype(kind_of(_dtype_name(out_dtype), "out_dtype"))).replace("torch.", "")
+    _FLOAT_NAMES[out_dtype] = name      # a valid argument: a str or a dtype (hashable)
+    return name
 
 
 def _float_scale_dtype(kind_name: str) -> torch.dtype:
@@ -662,7 +701,7 @@ def quantize(x: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[in
     """``torch.ops.skuforge.quantize`` (``.out`` with ``out=``): runtime.quantize on torch tensors;
     fp8 outputs are torch fp8 tensors, int4 packed uint8 (..., D/2). Differentiable for fp8 outputs
     (straight-through with the saturation mask); integer outputs carry no gradient in PyTorch."""
-    s = _scale_tensor(scale, x, _math_dtype(x))
+    s = _scale_tensor(scale, x)
     z = _zp_tensor(zero_point, x)
     args = (x, s, z, scope, axis, group_size, _dtype_name(out_dtype), qmin, qmax, _dtype_name(scale_dtype))
     if out is None:
@@ -676,9 +715,8 @@ def dequantize(q: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[
                out: Optional[Tensor] = None) -> Tensor:
     """``(q - zp) * scale``; differentiable with respect to a float ``scale`` (e.g. tuning the scales of
     a quantized model) and, for fp8 q, to q (``dequantize_backward``); integer q gets none."""
-    name = _dtype_name(out_dtype)
-    name = str(torch_dtype(kind_of(name, "out_dtype"))).replace("torch.", "")
-    s = _scale_tensor(scale, q, _float_scale_dtype(name))
+    name = _float_name(out_dtype)
+    s = _scale_tensor(scale, q, lambda q: _float_scale_dtype(name))
     args = (q, s, _zp_tensor(zero_point, q), scope, axis, group_size, name, _dtype_name(in_dtype),
             _dtype_name(scale_dtype))
     if out is None:
@@ -709,7 +747,7 @@ def quantize_backward(dy: Tensor, x: Tensor, scale, zero_point=None, *, scope: s
                       group_size: Optional[int] = None, out_dtype="int8", qmin: Optional[int] = None,
                       qmax: Optional[int] = None, out: Optional[Tensor] = None) -> Tensor:
     """``dx = dy * (qmin <= rne(x / scale) + zp <= qmax)`` (runtime.quantize_backward)."""
-    args = (dy, x, _scale_tensor(scale, x, _math_dtype(x)), _zp_tensor(zero_point, x), scope, axis, group_size,
+    args = (dy, x, _scale_tensor(scale, x), _zp_tensor(zero_point, x), scope, axis, group_size,
             _dtype_name(out_dtype), qmin, qmax)
     if out is None:
         return _call(_quantize_backward, *args)
@@ -720,7 +758,7 @@ def quantize_backward(dy: Tensor, x: Tensor, scale, zero_point=None, *, scope: s
 def dequantize_backward(dy: Tensor, scale, *, scope: str, axis: Optional[int] = None,
                         group_size: Optional[int] = None, out: Optional[Tensor] = None) -> Tensor:
     """``dq = dy * scale`` (runtime.dequantize_backward)."""
-    args = (dy, _scale_tensor(scale, dy, _math_dtype(dy)), scope, axis, group_size)
+    args = (dy, _scale_tensor(scale, dy), scope, axis, group_size)
     if out is None:
         return _call(_dequantize_backward, *args)
     _call_out("dequantize_backward", args, out=out)
@@ -731,7 +769,7 @@ def fake_quantize(x: Tensor, scale, zero_point=None, *, scope: str, axis: Option
                   group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX,
                   out: Optional[Tensor] = None) -> Tensor:
     """Fake quantization with a fixed scale / zero point (int32); gradient to x only (STE with mask)."""
-    args = (x, _scale_for(x, _scale_tensor(scale, x, _math_dtype(x))), _zp_tensor(zero_point, x), scope, axis,
+    args = (x, _scale_for(x, _scale_tensor(scale, x)), _zp_tensor(zero_point, x), scope, axis,
             group_size, qmin, qmax)
     if out is None:
         return _call(_fake_quantize, *args)
@@ -743,7 +781,7 @@ def fake_quantize_backward(dy: Tensor, x: Tensor, scale, zero_point=None, *, sco
                            group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX,
                            out: Optional[Tensor] = None) -> Tensor:
     """``dx = dy * mask`` (runtime.fake_quantize_backward)."""
-    args = (dy, x, _scale_tensor(scale, x, _math_dtype(x)), _zp_tensor(zero_point, x), scope, axis, group_size,
+    args = (dy, x, _scale_tensor(scale, x), _zp_tensor(zero_point, x), scope, axis, group_size,
             qmin, qmax)
     if out is None:
         return _call(_fake_quantize_backward, *args)
