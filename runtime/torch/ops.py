@@ -654,9 +654,9 @@ def _dtype_name(d) -> Optional[str]:
     return str(d).replace("torch.", "")
 
 
-def _scale_tensor(scale, like: Tensor, dtype=_math_dtype) -> Tensor:
+def _scale_tensor(scale, like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
     """A Python scale (tensor scope) as a 0-d tensor on like's device (a fill kernel, no host copy)
-    of ``dtype`` (a torch dtype, or a function of ``like`` giving it: the default, its math dtype)."""
+    of ``dtype`` (None: like's math dtype)."""
     if isinstance(scale, Tensor):
         return scale
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
@@ -665,7 +665,7 @@ def _scale_tensor(scale, like: Tensor, dtype=_math_dtype) -> Tensor:
     s = float(scale)
     if not (math.isfinite(s) and s > 0):
         raise InvalidProblemError(f"scale={scale!r}; scales must be positive and finite")
-    return torch.full((), s, dtype=dtype if isinstance(dtype, torch.dtype) else dtype(like), device=like.device)
+    return torch.full((), s, dtype=_math_dtype(like) if dtype is None else dtype, device=like.device)
 
 
 def _zp_tensor(zero_point, like: Tensor) -> Optional[Tensor]:
@@ -677,22 +677,23 @@ def _zp_tensor(zero_point, like: Tensor) -> Optional[Tensor]:
     return torch.full((), zero_point, dtype=torch.int32, device=like.device)
 
 
-_FLOAT_NAMES: dict = {}     # a dequantize out_dtype argument -> the torch dtype name the schema carries
+def _float_scale_dtype(kind_name: str) -> torch.dtype:
+    return torch.float64 if kind_of(kind_name, "dtype") == "f64" else torch.float32
 
 
-def _float_name(out_dtype) -> str:
-    """dequantize's ``out_dtype`` (a name or a torch dtype) as the torch dtype name its schema carries."""
+_FLOAT_OUTS: dict = {}      # a dequantize out_dtype argument -> (the schema's dtype name, a Python scale's dtype)
+
+
+def _float_out(out_dtype) -> tuple:
+    """dequantize's ``out_dtype`` (a name or a torch dtype) as the torch dtype name its schema
+    carries, and the dtype of a Python scale for it."""
     try:
-        return _FLOAT_NAMES[out_dtype]
+        return _FLOAT_OUTS[out_dtype]
     except (KeyError, TypeError):
         pass
     name = str(torch_dtype(kind_of(_dtype_name(out_dtype), "out_dtype"))).replace("torch.", "")
-    _FLOAT_NAMES[out_dtype] = name      # a valid argument: a str or a dtype (hashable)
-    return name
-
-
-def _float_scale_dtype(kind_name: str) -> torch.dtype:
-    return torch.float64 if kind_of(kind_name, "dtype") == "f64" else torch.float32
+    got = _FLOAT_OUTS[out_dtype] = (name, _float_scale_dtype(name))   # a valid argument: hashable
+    return got
 
 
 def quantize(x: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[int] = None,
@@ -715,8 +716,8 @@ def dequantize(q: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[
                out: Optional[Tensor] = None) -> Tensor:
     """``(q - zp) * scale``; differentiable with respect to a float ``scale`` (e.g. tuning the scales of
     a quantized model) and, for fp8 q, to q (``dequantize_backward``); integer q gets none."""
-    name = _float_name(out_dtype)
-    s = _scale_tensor(scale, q, lambda q: _float_scale_dtype(name))
+    name, scale_dt = _float_out(out_dtype)
+    s = _scale_tensor(scale, q, scale_dt)
     args = (q, s, _zp_tensor(zero_point, q), scope, axis, group_size, name, _dtype_name(in_dtype),
             _dtype_name(scale_dtype))
     if out is None:
