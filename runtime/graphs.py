@@ -28,14 +28,16 @@ anyway): on the H200 machine they cost the calling thread 0.38 and 3.25 µs agai
 through ctypes (``tools/probe_host.py`` components). Runtime and driver handles are the same
 objects, and the runtime uses the context the driver has current (a device's primary context).
 
-A replay with work arrays (allocations it does not return) asks ``go.state(stream)`` first: the
-stream's executable graph with a slot where the replay keeps them, reused by every later replay
-on that stream (only that executable graph uses them, and its launches are ordered), or None on a
-stream being captured (new arrays, ``go.one_by_one``); then ``go.launch_state``.
+A replay with work arrays (allocations it does not return) is one call too, ``go.with_work``: the
+stream's executable graph keeps the work arrays made on its first launch there, and every later
+replay on that stream reuses them (only that executable graph uses them, and its launches are
+ordered); on a stream being captured it launches nothing and the replay launches the kernels
+(``go.one_by_one``) on new work arrays, which the captured graph owns.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 from . import device
@@ -52,6 +54,7 @@ class KernelNodeParams(ctypes.Structure):
                 ("extra", _vp), ("kern", _vp), ("ctx", _vp)]
 
 
+LAUNCHED, CAPTURING, MISALIGNED = 0, 1, 2     # what a replay with work arrays did (``go.with_work``)
 _CALLS = ("cuGraphCreate", "cuGraphAddKernelNode_v2", "cuGraphInstantiateWithFlags",
           "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecDestroy", "cuGraphDestroy")
 _lib: list = []
@@ -155,23 +158,17 @@ def bind_graph(preps):
     setp, launch, is_capturing = fns["cuGraphExecKernelNodeSetParams_v2"], fns["graphLaunch"], fns["streamIsCapturing"]
     nodes, blocks, params, execs, lock = g.nodes, g.blocks, g.params, g.execs, g.lock
     ctx, on_context = g.ctx, device.on_context
-    byref = ctypes.byref
+    refs = [ctypes.byref(p) for p in params]     # the nodes' parameters, as the driver reads them
     n = len(preps)
     several, current = device._several_contexts, device.context_current
-
-    def capturing(stream) -> bool:
-        try:
-            return is_capturing(stream)
-        except Exception:        # noqa: BLE001 - an invalidated capture, or a stream the runtime cannot
-            return True          # tell about: launch the kernels, which report what is wrong
 
     def run(stream, values, entry=None):
         with lock:                       # the node parameter blocks, the per-stream state
             if entry is None:
-                try:                     # capturing(), inlined: this runs on every replay
+                try:
                     cap = is_capturing(stream)
-                except Exception:        # noqa: BLE001
-                    cap = True
+                except Exception:        # noqa: BLE001 - an invalidated capture, or a stream the runtime
+                    cap = True           # cannot tell about: launch the kernels, which report what is wrong
                 if cap:
                     # a caller's capture: a graph launch cannot be captured
                     # (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the kernels can
@@ -186,7 +183,7 @@ def bind_graph(preps):
                     pb = blocks[i]
                     pb.struct.pack_into(pb.buf, 0, *v)
                     last[i] = None       # unknown until the driver took them
-                    err = setp(entry[0], nodes[i], byref(params[i]))
+                    err = setp(entry[0], nodes[i], refs[i])
                     if err:
                         raise SkuforgeError(f"cuGraphExecKernelNodeSetParams failed: CUresult {err}")
                     last[i] = v
@@ -223,27 +220,38 @@ def bind_graph(preps):
         with on_context(ctx):
             return fn(*args)
 
-    def state_of(stream):
-        with lock:
-            if capturing(stream):
-                return None
-            return execs.get(stream) or g.executable(stream)
+    def with_work(make, values_of):
+        """``launch(stream, vals, news)``, the replay of a call with work arrays in one call: on
+        ``stream``'s executable graph, with the work arrays it keeps (``make(stream)`` on first use:
+        a tuple, or None when one is misaligned), the node values ``values_of(vals, news, kept)``
+        set and launched; returns ``LAUNCHED``, else ``CAPTURING`` (``stream`` is being captured:
+        the caller launches the kernels, ``one_by_one``, with new work arrays, which the captured
+        graph owns) or ``MISALIGNED`` (nothing launched). Only this executable graph uses its work
+        arrays, and the driver orders its launches one behind the other."""
+        def kept(stream, vals, news):
+            with lock:
+                try:
+                    cap = is_capturing(stream)
+                except Exception:        # noqa: BLE001 - as in run()
+                    cap = True
+                if cap:
+                    return CAPTURING
+                entry = execs.get(stream) or g.executable(stream)
+                work = entry[2]
+                if work is None:
+                    work = make(stream)
+                    if work is None:
+                        return MISALIGNED
+                    entry[2] = work
+            run(stream, values_of(vals, news, work), entry)
+            return LAUNCHED
 
-    def state(stream):
-        """The executable graph's state on ``stream`` ([exec, values last set, scratch]: a call's
-        work arrays live in ``scratch`` for as long as the state, and only this executable graph
-        uses them, whose launches the driver orders one behind the other), or None while
-        ``stream`` is being captured (the capture gets the kernels, and new work arrays, instead)."""
-        return in_context(state_of, stream)
-
-    def launch_state(entry, stream, *values):
-        """``go`` on the ``state(stream)`` asked for just before (not None)."""
-        return in_context(run, stream, values, entry)
+        return functools.partial(in_context, kept)
 
     def one_by_one(stream, *values):
         """Each launch on ``stream`` (what a capture records)."""
         for b, v in zip(bound, values):
             b(stream, v)
 
-    go.graph, go.state, go.launch_state, go.one_by_one = g, state, launch_state, one_by_one
+    go.graph, go.with_work, go.one_by_one = g, with_work, one_by_one
     return go

@@ -16,7 +16,7 @@ import sys
 
 from . import config, status
 from .arrays import ArrayRef, allocator, recording_allocations, stream_getter, work_allocator
-from .graphs import bind_graph
+from .graphs import LAUNCHED, MISALIGNED, bind_graph
 
 
 def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
@@ -132,7 +132,7 @@ def _compile(e: Entry, nargs: int, result):
     for i, lo_i, hi_i, j, lo_j, hi_j in e.disjoint or ():
         src.append(f"    a, b = vals[{i}], vals[{j}]\n"
                    f"    if a + {lo_i} < b + {hi_j} and b + {lo_j} < a + {hi_i}: return MISS")
-    graph = None
+    graph, helpers = None, []
     if e.runner is None and config.settings().graph_replay == "on":
         graph = ns["graph"] = bind_graph([prep for prep, _, _ in e.launches])
     returned = set(result if isinstance(result, tuple) else (result,))
@@ -183,30 +183,35 @@ def _compile(e: Entry, nargs: int, result):
         elif not scratch:
             src.append(f"    graph(stream, {', '.join(calls)})")
         else:
-            ns.update(gstate=graph.state, glaunch=graph.launch_state, gone=graph.one_by_one)
-            news = "".join(f"alloc{k}(), " for k in scratch)         # a capture's: the framework's
-            kept = "".join(f"work{k}(stream), " for k in scratch)    # kept ones: arrays.work_allocator
+            ns.update(gone=graph.one_by_one, LAUNCHED=LAUNCHED, MISALIGNED=MISALIGNED)
+            news = [k for k in range(len(e.allocs)) if k not in scratch]     # the returned ones
+            fresh = "".join(f"alloc{k}(), " for k in scratch)      # a capture's: the framework's
+            kept = "".join(f"work{k}(stream), " for k in scratch)  # kept ones: arrays.work_allocator
             got = "".join(f"(o{k}, p{k}), " for k in scratch)
             misaligned = " or ".join(f"p{k} & 15 != {e.allocs[k][1]}" for k in scratch)
-            src += ["    gs = gstate(stream)",
-                    "    if gs is None:",
-                    f"        {got}= {news}",
+            unpack = f"    {''.join(f'p{k}, ' for k in news)}= news\n" if news else ""
+            # the kept work arrays are made on a stream's first graph launch (make), and the node
+            # values are written with them (values), inside the one call of graph.with_work
+            src += ["    r = gwork(stream, vals, (" + "".join(f"p{k}, " for k in news) + "))",
+                    "    if r != LAUNCHED:",
+                    "        if r == MISALIGNED: return MISS",
+                    f"        {got}= {fresh}",
                     f"        if {misaligned}: return MISS",
-                    f"        gone(stream, {', '.join(calls)})",
-                    "    else:",
-                    "        sc = gs[2]",
-                    "        if sc is None:",
-                    f"            sc = {kept}",
-                    f"            {got}= sc",
-                    f"            if {misaligned}: return MISS",
-                    "            gs[2] = sc",
-                    f"        {got}= sc",
-                    f"        glaunch(gs, stream, {', '.join(calls)})"]
+                    f"        gone(stream, {', '.join(calls)})"]
+            helpers = ["def make(stream):",
+                       f"    kept = {kept}",
+                       f"    {got}= kept",
+                       f"    return None if {misaligned} else kept",
+                       "def values(vals, news, kept):",
+                       unpack + f"    {got}= kept",
+                       f"    return ({', '.join(calls)},)"]
     if isinstance(result, tuple):
         src.append("    return (" + "".join(("None" if i is None else source(i)) + ", " for i in result) + ")")
     else:
         src.append(f"    return {source(result)}")
-    exec(compile("\n".join(src) + "\n", f"<skuforge replay, cuda:{dev}>", "exec"), ns)   # noqa: S102
+    exec(compile("\n".join(src + helpers) + "\n", f"<skuforge replay, cuda:{dev}>", "exec"), ns)   # noqa: S102
+    if helpers:
+        ns["gwork"] = graph.with_work(ns["make"], ns["values"])
     return ns["run"]
 
 

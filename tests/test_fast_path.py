@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from runtime import arrays, config, kinds
+from runtime import arrays, config, graphs, kinds
 from runtime import replay
 from runtime.abi import Abi
 from runtime import dynamic as dyn
@@ -499,17 +499,24 @@ def fake_bind_graph(dev, graphs_used, capturing=()):
             for p, v in zip(preps, values):
                 dev.launch(p.fn, p.grid, p.block, p.abi.fmt, list(v), stream, p.shared_mem)
 
-        def state(stream):
-            return None if stream in capturing else states.setdefault(stream, [None, None, None])
-
-        def launch_state(st, stream, *values):
-            assert states[stream] is st
-            go(stream, *values)
+        def with_work(make, values_of):
+            def launch(stream, vals, news):
+                if stream in capturing:
+                    return graphs.CAPTURING
+                work = states.get(stream)
+                if work is None:
+                    work = make(stream)
+                    if work is None:
+                        return graphs.MISALIGNED
+                    states[stream] = work
+                go(stream, *values_of(vals, news, work))
+                return graphs.LAUNCHED
+            return launch
 
         def one_by_one(stream, *values):
             for p, v in zip(preps, values):
                 dev.launch(p.fn, p.grid, p.block, p.abi.fmt, list(v), stream, p.shared_mem)
-        go.state, go.launch_state, go.one_by_one = state, launch_state, one_by_one
+        go.with_work, go.one_by_one = with_work, one_by_one
         return go
     return bind
 

@@ -169,26 +169,41 @@ def test_a_refused_instantiation_is_a_typed_error(driver):
         go(11, (0x500, 7), (0x600, 0x700, 1.5))
 
 
-def test_a_streams_state_holds_its_work_arrays_and_launches_its_graph(driver):
-    """``state(stream)``: the stream's executable graph with a scratch slot kept for the replay's
-    work arrays; ``launch_state`` sets and launches it; a stream being captured has no state."""
-    launched = []
+def test_a_replay_with_work_arrays_keeps_them_per_stream_in_one_call(driver):
+    """``with_work(make, values_of)``: one call per replay makes the stream's work arrays on its
+    first graph launch there (``make``), writes the node values with them (``values_of``), sets
+    and launches; a stream being captured launches nothing (the caller launches the kernels on
+    new work arrays); a misaligned work array launches nothing."""
+    launched, made, seen = [], [], []
     go = graphs.bind_graph(_preps(launched))
+
+    def make(stream):
+        made.append(stream)
+        return (0x900 + stream,)
+
+    def values_of(vals, news, kept):
+        seen.append((vals, news, kept))
+        return (vals[0], 7), (kept[0], news[0], 1.5)
+    launch = go.with_work(make, values_of)
     driver.log.clear()
-    st = go.state(11)
-    assert st is not None and st[2] is None and [e[0] for e in driver.log] == ["instantiate"]
-    st[2] = ("work",)
-    assert go.state(11) is st and go.state(11)[2] == ("work",)       # the same state, its scratch kept
+    assert launch(11, [0x500], (0x700,)) == graphs.LAUNCHED
     ex = driver.log[0][1]
+    assert driver.log == [("instantiate", ex), ("set", ex, (0xB0, 5, 0x900 + 11)), ("launch", ex, 11)]
     driver.log.clear()
-    go.launch_state(st, 11, (0x500, 7), (0x900, 0x700, 1.5))
-    assert driver.log == [("set", ex, (0xB0, 5, 0x900)), ("launch", ex, 11)]
-    assert go.state(12) is not st                                     # another stream, another state
+    assert launch(11, [0x500], (0x800,)) == graphs.LAUNCHED        # the same work array, a new output
+    assert made == [11] and seen[-1] == ([0x500], (0x800,), (0x900 + 11,))
+    assert driver.log == [("set", ex, (0xB0, 5, 0x900 + 11)), ("launch", ex, 11)]
+    assert launch(12, [0x500], (0x700,)) == graphs.LAUNCHED        # another stream: its own
+    assert made == [11, 12] and driver.log[-1][2] == 12 and driver.log[-1][1] != ex
     driver.capturing.add(13)
     driver.log.clear()
-    assert go.state(13) is None and driver.log == []
+    assert launch(13, [0x500], (0x700,)) == graphs.CAPTURING and driver.log == [] and made == [11, 12]
     go.one_by_one(13, (0x500, 7), (0x900, 0x700, 1.5))
     assert launched == [(0xA0, 13, (0x500, 7)), (0xB0, 13, (0x900, 0x700, 1.5))] and driver.log == []
+    misaligned = go.with_work(lambda stream: None, values_of)
+    assert misaligned(14, [0x500], (0x700,)) == graphs.MISALIGNED
+    assert [e[0] for e in driver.log] == ["instantiate"]            # nothing set or launched
+    assert misaligned(14, [0x500], (0x700,)) == graphs.MISALIGNED   # and nothing kept
 
 
 def test_a_stream_the_runtime_cannot_tell_about_gets_the_kernels_one_by_one(driver):
@@ -200,7 +215,7 @@ def test_a_stream_the_runtime_cannot_tell_about_gets_the_kernels_one_by_one(driv
     driver.log.clear()
     go(11, (0x500, 7), (0x600, 0x700, 1.5))
     assert driver.log == [] and len(launched) == 2
-    assert go.state(11) is None
+    assert go.with_work(lambda stream: (0x900,), lambda v, n, k: ())(11, [], ()) == graphs.CAPTURING
 
 
 def test_a_refused_graph_launch_is_a_typed_error(driver):
