@@ -79,3 +79,27 @@ def test_probe_script_parses_its_arguments():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)        # imports nothing heavy at module level
     assert callable(mod.main) and callable(mod.components)
+
+
+def test_kept_results_keeps_each_result_alive_for_the_next_calls():
+    """A "results kept" host row: each call's result lives on for KEPT_RESULTS calls (new output
+    addresses every call, as for a caller that keeps its results), then is released."""
+    import gc
+    import weakref
+
+    from codegen.harness.workloads.base import KEPT_RESULTS, kept_results
+
+    class Result:
+        pass
+    made = []
+
+    def call(d):
+        r = Result()
+        made.append(weakref.ref(r))
+        return r
+    run = kept_results(call, None)
+    for _ in range(KEPT_RESULTS + 2):
+        run()
+    gc.collect()
+    alive = [ref() is not None for ref in made]
+    assert alive == [False] * 2 + [True] * KEPT_RESULTS

@@ -49,6 +49,7 @@ from typing import Optional
 from . import registry
 from .records import AUDIT_DIR, git_info, now, read_json, slug, write_json
 from .steps import to_markdown as example_steps_markdown
+from .workloads.base import kept_results
 
 SCHEMA = 1
 # SPEC §6 shapes; the first two are the bandwidth shapes of the targets, the last is latency.
@@ -675,9 +676,15 @@ def api_host_calls(device: int = 0) -> list:
             def default(call=call, d=d):
                 return call(d)
             out.append({"label": f"{name} {shape}, {fw}, default settings", "framework": fw, "call": default})
+        for name, call in calls:
+            if name not in ("quantize token bf16->s8", "dynamic_quantize token bf16->s8"):
+                continue
+            out.append({"label": f"{name} {shape}, {fw}, default settings, results kept", "framework": fw,
+                        "call": kept_results(call, d)})
     if "torch" in data:
         out += custom_op_host_calls(data["torch"], shape)
     return out + moe_host_calls(device, torch)
+
 
 
 def custom_op_host_calls(d: dict, shape: str) -> list:
@@ -767,6 +774,9 @@ def moe_host_calls(device: int = 0, torch=None) -> list:
                     return call(d)
                 out.append({"label": f"{name} {routing} (M={M}, N={N}, K={K}, E={E}), {fw}, default settings",
                             "framework": fw, "call": default, "launches": launches})
+        name, launches, call = by_offsets[0]
+        out.append({"label": f"{name} offsets (M={M}, N={N}, K={K}, E={E}), {fw}, default settings, results kept",
+                    "framework": fw, "call": kept_results(call, d), "launches": launches})
     if "torch" in data:
         import runtime.torch as sft
         d = data["torch"]

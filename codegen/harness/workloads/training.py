@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from ..registry import bench_section
-from .base import nbytes
+from .base import kept_results, nbytes
 
 OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
        "fake_quantize_learnable_backward")
@@ -356,8 +356,10 @@ def host_calls():
                              dy=torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16),
                              s=torch.rand(rows, device="cuda") * 0.03 + 0.02,
                              z=torch.randint(-20, 21, (rows,), device="cuda", dtype=torch.int32))
-    return [{"label": f"fake_quantize_learnable_backward channel bf16 ({rows}, {cols}), {fw}, default settings",
-             "framework": fw, "launches": 2,
-             "call": lambda d=d: sf.fake_quantize_learnable_backward(d["dy"], d["x"], d["s"], d["z"], scope="channel",
-                                                                     axis=0)}
-            for fw, d in data.items()]
+    def call(d):
+        return sf.fake_quantize_learnable_backward(d["dy"], d["x"], d["s"], d["z"], scope="channel", axis=0)
+    label = f"fake_quantize_learnable_backward channel bf16 ({rows}, {cols})"
+    return ([{"label": f"{label}, {fw}, default settings", "framework": fw, "launches": 2, "call": lambda d=d: call(d)}
+             for fw, d in data.items()]
+            + [{"label": f"{label}, {fw}, default settings, results kept", "framework": fw, "launches": 2,
+                "call": kept_results(call, d)} for fw, d in data.items()])
