@@ -11,6 +11,13 @@ neither drains nor fills; µs per call, median of ``--repeats`` batches of ``--c
 - ``cuGraphLaunch`` of an instantiated graph of 1, 2 and 4 such kernels;
 - ``cuGraphExecKernelNodeSetParams`` on every node, then ``cuGraphLaunch``: what a replay that
   re-points each kernel at the call's arrays would pay;
+- the same two for a kernel of 24 pointer and 8 integer parameters (the size of an LSQ or MoE
+  launch's), and ``cuLaunchKernel`` of it: whether the driver's cost grows with the parameters;
+- ``cuGraphLaunch`` of 4 instantiated copies of a one-kernel graph in turn, with fixed parameters:
+  what a replay pays that keeps an executable graph per recurring set of addresses instead of
+  re-setting one;
+- ``cuLaunchKernel`` through CuPy's Cython binding (``cupy_backends.cuda.api.driver.launchKernel``)
+  against ctypes;
 - ``cuMemsetD32Async`` of one word.
 
 Checks, each printed ``ok`` / ``FAILED``: every timed launch ran (a device counter that each kernel
@@ -31,7 +38,13 @@ KERNEL = r"""
 extern "C" __global__ void sf_probe_count(unsigned long long* c) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *c += 1ull;
 }
-"""
+""" + """
+extern "C" __global__ void sf_probe_wide(unsigned long long* c, %s) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) *c += 1ull + (unsigned long long)(%s);
+}
+""" % (", ".join([f"const float* p{i}" for i in range(23)] + [f"int n{i}" for i in range(8)]),
+       " + ".join(f"(p{i} != 0)" for i in range(23)) + " + " + " + ".join(f"n{i}" for i in range(8)))
+WIDE = "Q" * 24 + "i" * 8          # its parameters: the counter, 23 pointers, 8 ints (all zero)
 NS = 40_000_000          # the spin kernel the timed calls queue behind
 
 
@@ -129,6 +142,55 @@ def main(argv=None) -> int:
             break
         timed(f"set params of {n} node(s) + cuGraphLaunch", lambda ex=ex, nodes=nodes, kp=kp:
               repoint_and_launch(ex, nodes, kp), n, which=1)
+
+    # a wide kernel: its parameters packed once, the counter first (then null pointers, zeros)
+    import struct
+    wide = cp.RawKernel(KERNEL, "sf_probe_wide")
+    wide.compile()
+    fw = wide.kernel.ptr
+    wbuf = ctypes.create_string_buffer(struct.calcsize("=" + WIDE))
+    struct.pack_into("=" + WIDE, wbuf, 0, counters.data.ptr, *([0] * 23), *([0] * 8))
+    offs, at = [], 0
+    for c in WIDE:
+        offs.append(at)
+        at += struct.calcsize("=" + c)
+    wparams = (vp * len(WIDE))(*[ctypes.addressof(wbuf) + o for o in offs])
+    wargs = (vp(fw), u(1), u(1), u(1), u(32), u(1), u(1), u(0), vp(s), vp(ctypes.addressof(wparams)), nul)
+    timed("cuLaunchKernel x1, 32 parameters", lambda: launch(*wargs), 1)
+    check(lib.cuStreamBeginCapture_v2(vp(s), u(2)), "cuStreamBeginCapture")
+    check(launch(*wargs), "cuLaunchKernel in capture")
+    wg, wex = vp(), vp()
+    check(lib.cuStreamEndCapture(vp(s), ctypes.byref(wg)), "cuStreamEndCapture")
+    check(lib.cuGraphInstantiateWithFlags(ctypes.byref(wex), wg, ctypes.c_ulonglong(0)), "instantiate")
+    count = ctypes.c_size_t(1)
+    wnode = (vp * 1)()
+    check(lib.cuGraphGetNodes(wg, wnode, ctypes.byref(count)), "cuGraphGetNodes")
+    timed("cuGraphLaunch, graph of 1, 32 parameters", lambda: lib.cuGraphLaunch(wex, vp(s)), 1)
+    wkp = KernelNodeParams(func=fw, gridDimX=1, gridDimY=1, gridDimZ=1, blockDimX=32, blockDimY=1, blockDimZ=1,
+                           sharedMemBytes=0, kernelParams=ctypes.addressof(wparams), extra=None, kern=None, ctx=None)
+    timed("set params of 1 node + cuGraphLaunch, 32 parameters",
+          lambda: repoint_and_launch(wex, [wnode[0]], wkp), 1)
+
+    # 4 executable graphs of one kernel, launched in turn, nothing set
+    g1 = graphs[1][0]
+    execs = []
+    for _ in range(4):
+        ex = vp()
+        check(lib.cuGraphInstantiateWithFlags(ctypes.byref(ex), g1, ctypes.c_ulonglong(0)), "instantiate")
+        execs.append(ex)
+    turn = [0]
+
+    def in_turn():
+        turn[0] = (turn[0] + 1) & 3
+        return lib.cuGraphLaunch(execs[turn[0]], vp(s))
+    timed("cuGraphLaunch of 4 executable graphs in turn (graph of 1)", in_turn, 1)
+
+    try:                    # CuPy's Cython binding of cuLaunchKernel (ints; raises on an error)
+        from cupy_backends.cuda.api import driver as cyd
+        cy, pa_int = cyd.launchKernel, ctypes.addressof(params_a)
+        timed("cuLaunchKernel x1 through CuPy's Cython binding", lambda: cy(f, 1, 1, 1, 32, 1, 1, 0, s, pa_int, 0), 1)
+    except (ImportError, AttributeError) as e:
+        out["us"]["cuLaunchKernel x1 through CuPy's Cython binding"] = {"error": str(e)}
 
     memset = lib.cuMemsetD32Async
     dst = ctypes.c_uint64(counters.data.ptr)       # overwritten below: the counters are checked first
