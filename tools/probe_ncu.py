@@ -10,6 +10,18 @@ Each case runs its op twice (the first call compiles and loads, so ncu profiles 
 second). What to read per kernel: "DRAM Throughput" (% of peak; a device copy reaches about 88 %
 of peak on the H200), "Issued Warp Per Scheduler" / "No Eligible" (issue-bound or latency-bound),
 and the warp stall reasons.
+
+The MoE cases (``moe`` in the name: E128 M16384 N1536 K2048, balanced offsets routing, bf16, the
+wgmma kernels) are the ones under their targets against ``torch._grouped_mm``; each runs ours,
+torch's same product, and a plain device copy of w (805 MB: the floor of the forward's DRAM
+stream). Profile them with the memory sections:
+
+    PYTHONPATH=. ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \\
+        --section MemoryWorkloadAnalysis_Tables --section Occupancy --section WarpStateStats \\
+        python3 tools/probe_ncu.py moe > $OUT/ncu_moe.txt
+
+and read, ours against torch's and the copy: "DRAM Throughput", "dram__bytes_read.sum",
+"L2 Hit Rate", "lts__t_sectors_srcunit_tex_op_read.sum" and the long-scoreboard stalls.
 """
 from __future__ import annotations
 
@@ -24,7 +36,24 @@ CASES = (  # (name, shape): the kernels that miss their bandwidth or host-time t
     ("dynamic group bf16->s4", (65536, 4096)),
     ("dynamic tensor bf16->s8", (8192, 8192)),
     ("fake_quantize_backward channel bf16", (8192, 8192)),
+    ("moe forward E128 balanced", (128, 16384, 1536, 2048, "balanced")),
+    ("moe weight gradient f32 E128 balanced", (128, 16384, 1536, 2048, "balanced")),
 )
+
+
+def run_moe(name: str, shape, torch, sf) -> None:
+    """Ours (wgmma), then torch._grouped_mm on the same data, then a copy of w; twice each."""
+    from codegen.harness.workloads.moe import calls, inputs
+    d = inputs(shape)
+    op = "grouped_matmul" if "forward" in name else "grouped_matmul_backward_weight"
+    ours, ref = calls(op, d, backend="wgmma")
+    w_copy = torch.empty_like(d["w"])
+    for _ in range(2):
+        ours()
+        if ref is not None:
+            ref()
+        w_copy.copy_(d["w"])
+        torch.cuda.synchronize()
 
 
 def run(name: str, shape, torch, sf) -> None:
@@ -63,7 +92,7 @@ def main() -> int:
             continue
         print(f"== {name} {shape}", flush=True)
         try:
-            run(name, shape, torch, sf)
+            (run_moe if name.startswith("moe") else run)(name, shape, torch, sf)
         except Exception as exc:     # a failing case must not hide the others' profiles
             print(f"   failed: {type(exc).__name__}: {exc}", flush=True)
     return 0
