@@ -568,3 +568,17 @@ def test_a_graph_replays_work_arrays_are_kept_per_stream(dev, monkeypatch, captu
         # made once, for stream 7, outside the framework's allocator (whose blocks PyTorch may
         # hand to a CUDA graph pool that must hold only outputs)
         assert [stream for _, _, stream in dev.work] == [7]
+
+
+@pytest.mark.parametrize("shape, kind", [((3, 5), "s8"), ((7,), "f32"), ((2, 0, 4), "bf16")])
+def test_the_replay_allocator_makes_what_the_slow_path_allocates_torch(shape, kind):
+    # a replay's allocation (arrays.allocator) must give the caller exactly what runtime.arrays.empty
+    # gives on the slow path: dtype, shape, C-order strides, device
+    torch = pytest.importorskip("torch")
+    x = torch.empty((3, 5), dtype=torch.bfloat16)
+    like = arrays.ArrayRef(x, x.data_ptr(), (3, 5), (5, 1), "bf16", 0, "torch")
+    a, p = arrays.allocator(like, shape, kind)()
+    b = arrays.empty(like, shape, kind)
+    assert (a.dtype, a.shape, a.stride(), a.device, a.requires_grad) == \
+        (b.dtype, b.shape, b.stride(), b.device, b.requires_grad)
+    assert p == a.data_ptr() and type(a) is type(b)
