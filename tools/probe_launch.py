@@ -18,6 +18,9 @@ neither drains nor fills; µs per call, median of ``--repeats`` batches of ``--c
   re-setting one;
 - ``cuLaunchKernel`` through CuPy's Cython binding (``cupy_backends.cuda.api.driver.launchKernel``)
   against ctypes;
+- one graph launch and the capture query (what every replay makes) through CuPy's runtime binding,
+  ctypes and ``cuda.bindings``, on the non-blocking stream and on the legacy default stream (a torch
+  caller's default current stream);
 - ``cuMemsetD32Async`` of one word.
 
 Checks, each printed ``ok`` / ``FAILED``: every timed launch ran (a device counter that each kernel
@@ -84,17 +87,18 @@ def main(argv=None) -> int:
     out = {"checks": {}, "us": {}}
     issued = [0, 0]
 
-    def timed(label, call, kernels=0, which=0):
+    def timed(label, call, kernels=0, which=0, on=None):
+        on = stream if on is None else on      # the stream the calls queue on, behind the spin kernel
         per = []
         for _ in range(args.repeats):
-            stream.synchronize()
-            spin((1,), (1,), (cp.uint64(NS),), stream=stream)
+            on.synchronize()
+            spin((1,), (1,), (cp.uint64(NS),), stream=on)
             t0 = time.perf_counter()
             for _ in range(args.calls):
                 call()
             per.append((time.perf_counter() - t0) / args.calls * 1e6)
             issued[which] += kernels * args.calls
-        stream.synchronize()
+        on.synchronize()
         out["us"][label] = {"us": statistics.median(per), "min_us": min(per)}
         print(f"{label:62s} {statistics.median(per):7.2f} µs", flush=True)
 
@@ -191,6 +195,28 @@ def main(argv=None) -> int:
         timed("cuLaunchKernel x1 through CuPy's Cython binding", lambda: cy(f, 1, 1, 1, 32, 1, 1, 0, s, pa_int, 0), 1)
     except (ImportError, AttributeError) as e:
         out["us"]["cuLaunchKernel x1 through CuPy's Cython binding"] = {"error": str(e)}
+
+    # one graph launch through each binding a replay could use (runtime/graphs.py uses CuPy's
+    # runtime binding), on this non-blocking stream and on the legacy default stream (handle 0: a
+    # torch caller's default current stream), and the capture query each replay makes
+    from cupy_backends.cuda.api import runtime as cyr
+    ex1 = graphs[1][1].value
+    legacy = cp.cuda.ExternalStream(0)
+    for name, st in (("non-blocking stream", stream), ("legacy default stream", legacy)):
+        sp = st.ptr
+        # (the graph of 1 was re-pointed at the second counter above: which=1)
+        timed(f"cudaGraphLaunch (CuPy runtime binding), {name}", lambda sp=sp: cyr.graphLaunch(ex1, sp), 1, 1, st)
+        timed(f"cuGraphLaunch (ctypes), {name}", lambda sp=sp: lib.cuGraphLaunch(vp(ex1), vp(sp)), 1, 1, st)
+        timed(f"cudaStreamIsCapturing (CuPy runtime binding), {name}", lambda sp=sp: cyr.streamIsCapturing(sp),
+              on=st)
+        try:
+            from cuda.bindings import driver as cbd
+            cex, cst = cbd.CUgraphExec(ex1), cbd.CUstream(sp)
+            timed(f"cuGraphLaunch (cuda.bindings, handles made once), {name}",
+                  lambda cex=cex, cst=cst: cbd.cuGraphLaunch(cex, cst), 1, 1, st)
+            timed(f"cuStreamIsCapturing (cuda.bindings), {name}", lambda cst=cst: cbd.cuStreamIsCapturing(cst), on=st)
+        except (ImportError, AttributeError, TypeError) as e:
+            out["us"][f"cuda.bindings, {name}"] = {"error": str(e)}
 
     memset = lib.cuMemsetD32Async
     dst = ctypes.c_uint64(counters.data.ptr)       # overwritten below: the counters are checked first
