@@ -201,7 +201,8 @@ def main(argv=None) -> int:
     # torch caller's default current stream), and the capture query each replay makes
     from cupy_backends.cuda.api import runtime as cyr
     ex1 = graphs[1][1].value
-    legacy = cp.cuda.ExternalStream(0)
+    from runtime.arrays import cupy_stream
+    legacy = cupy_stream(0, cp.cuda.runtime.getDevice())
     for name, st in (("non-blocking stream", stream), ("legacy default stream", legacy)):
         sp = st.ptr
         # (the graph of 1 was re-pointed at the second counter above: which=1)
