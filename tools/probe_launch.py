@@ -200,8 +200,9 @@ def main(argv=None) -> int:
     # runtime binding), on this non-blocking stream and on the legacy default stream (handle 0: a
     # torch caller's default current stream), and the capture query each replay makes
     from cupy_backends.cuda.api import runtime as cyr
-    ex1 = graphs[1][1].value
+
     from runtime.arrays import cupy_stream
+    ex1 = graphs[1][1].value
     legacy = cupy_stream(0, cp.cuda.runtime.getDevice())
     for name, st in (("non-blocking stream", stream), ("legacy default stream", legacy)):
         sp = st.ptr
