@@ -263,13 +263,11 @@ def allocator(like: ArrayRef, shape, kind: str):
     ``empty(like, shape, kind)`` would allocate it, with the dtype and device resolved once."""
     shape = tuple(shape)
     if like.framework == "torch":
-        # a bound Tensor.new_empty_strided of an empty tensor of the dtype and device: no keyword
-        # arguments to parse per call, as torch.empty_strided(..., dtype=, device=) has
-        new = _torch().empty(0, dtype=torch_dtype(kind), device=like.obj.device).new_empty_strided
-        strides = contiguous_strides(shape)
+        torch = _torch()
+        new, dt, dev, strides = torch.empty_strided, torch_dtype(kind), like.obj.device, contiguous_strides(shape)
 
         def alloc():
-            a = new(shape, strides)
+            a = new(shape, strides, dtype=dt, device=dev)
             return a, a.data_ptr()
         return alloc
     import cupy as cp
