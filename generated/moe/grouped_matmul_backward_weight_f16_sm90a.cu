@@ -569,7 +569,6 @@ struct WTile {
                   "tile shape");
     static_assert(EPI >= 1 && EPI <= 8, "one to eight staging buffers (bulk_wait_read takes EPI - 1)");
     static_assert(KB == 1 || KB == 2, "one or two 64-column boxes of each operand a stage");
-    static_assert(!WARP_STORES || EPI >= 2, "warp stores: a box's buffer is rewritten two boxes later (one __syncwarp a box)");
 };
 constexpr u32_t BOX_BYTES = 64 * 64 * sizeof(T);   // one 64 x 64 box of an MN-major operand
 constexpr u32_t ROW_BYTES = 64 * sizeof(T);        // one 128-byte swizzled row
