@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterator, NamedTuple, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 from runtime import kinds
 from runtime.sku import KernelSku, Precision
@@ -194,35 +194,23 @@ MOE_TILES = {
 }
 MOE_OPKIND = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad",
               "grouped_matmul_backward_weight": "wgrad"}
-class WgmmaTile(NamedTuple):
-    """A wgmma tile configuration (templates/moe/_wgmma.cu.j2). One producer warpgroup (TMA) and two
-    consumer warpgroups: with BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64
-    each takes the 64 rows and half of the columns. A ring stage holds KB boxes of 64 columns (one
-    128-byte swizzle row of 16-bit elements) of each operand: BK = 64 * KB; KB = 2 (the forward
-    only: both of its operands are K-major) reads 256 bytes of each row of x and w per stage.
-    Shared memory: the ring, STAGES * (BM + BN) * BK * 2 bytes, + WGMMA_ALIGN to place it on a
-    1024-byte boundary (the 128-byte swizzle needs it), then EPI output staging boxes of 64 rows x
-    128 bytes per consumer warpgroup (two where the ring leaves room; more do not pay:
-    docs/perf-notes.md). WARP_STORES (the weight gradient only): each warp stages and stores its
-    own 16 rows (st.global) instead of one thread storing each box by TMA."""
-    BM: int
-    BN: int
-    STAGES: int
-    EPI: int
-    KB: int = 1
-    WARP_STORES: int = 0
-
-
+# wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES, EPI, KB); a stage
+# holds KB boxes of 64 columns (one 128-byte swizzle row of 16-bit elements) of each operand: BK =
+# 64 * KB. KB = 2 (the forward only: its operands are both K-major) reads 256 bytes of each row of x
+# and w per stage instead of 128. One producer warpgroup (TMA) and two consumer warpgroups:
+# with BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows
+# and half of the columns. Shared memory: the ring, STAGES * (BM + BN) * 64 * 2 bytes, + WGMMA_ALIGN
+# to place it on a 1024-byte boundary (the 128-byte swizzle needs it), then EPI output staging boxes
+# of 64 rows x 128 bytes per consumer warpgroup (two where the ring leaves room; more do not pay:
+# docs/perf-notes.md).
 WGMMA_VARIANTS = {
-    "wg128x256s4": WgmmaTile(128, 256, 4, 2),
-    "wg128x128s6": WgmmaTile(128, 128, 6, 2),
-    "wg64x256s5": WgmmaTile(64, 256, 5, 1),
-    "wg128x256s2k2": WgmmaTile(128, 256, 2, 2, KB=2),
-    "wg64x256s2k2": WgmmaTile(64, 256, 2, 4, KB=2),
-    "wg128x256s4w": WgmmaTile(128, 256, 4, 2, WARP_STORES=1),
+    "wg128x256s4": (128, 256, 4, 2, 1),
+    "wg128x128s6": (128, 128, 6, 2, 1),
+    "wg64x256s5": (64, 256, 5, 1, 1),
+    "wg128x256s2k2": (128, 256, 2, 2, 2),
+    "wg64x256s2k2": (64, 256, 2, 4, 2),
 }
-# the passes a configuration field other than its default restricts it to
-WGMMA_PASSES_OF = {"KB": ("fwd",), "WARP_STORES": ("wgrad",)}
+WGMMA_WIDE_PASSES = ("fwd",)        # the passes whose configurations may take KB = 2
 WGMMA_DEFAULT = "wg128x256s4"
 WGMMA_ALIGN = 1024
 WGMMA_OUT_BOX = 64 * 128            # one staged output box (bytes)
@@ -230,12 +218,6 @@ WGMMA_CONSUMERS = 2                 # consumer warpgroups, each with its own sta
 WGMMA_STATIC_SMEM = 1024            # the static shared memory of a wgmma kernel (ptxas: the barriers, aligned)
 MMA_STATIC_SMEM = 4096              # at most, of an mma / simt kernel (row table and tile slot)
 WGMMA_SMEM_LIMIT = 227 * 1024 - WGMMA_STATIC_SMEM   # dynamic shared memory of a block on sm_90
-
-
-def wgmma_variant_serves(t: WgmmaTile, opkind: str) -> bool:
-    """Whether configuration ``t`` is compiled into the SKUs of pass ``opkind``."""
-    return all(getattr(t, f) == WgmmaTile._field_defaults[f] or opkind in passes
-               for f, passes in WGMMA_PASSES_OF.items())
 
 
 def wgmma_smem(bm: int, bn: int, stages: int, epi: int, size: int, kb: int = 1) -> int:
@@ -289,12 +271,12 @@ def _moe_context(cell, ctx):
     rules = {}
     if sku.backend == "wgmma":
         variants = []
-        for name, t in WGMMA_VARIANTS.items():
-            if not wgmma_variant_serves(t, opkind):
+        for name, (bm, bn, stages, epi, kb) in WGMMA_VARIANTS.items():
+            if kb > 1 and opkind not in WGMMA_WIDE_PASSES:
                 continue
-            smem = wgmma_smem(t.BM, t.BN, t.STAGES, t.EPI, size, t.KB)
-            tile = {**t._asdict(), "BK": 64 * t.KB, "THREADS": 384, "MIN_BLOCKS": 1,
-                    "WN": t.BN if t.BM == 128 else t.BN // 2}
+            smem = wgmma_smem(bm, bn, stages, epi, size, kb)
+            tile = {"BM": bm, "BN": bn, "BK": 64 * kb, "STAGES": stages, "THREADS": 384, "MIN_BLOCKS": 1,
+                    "WN": bn if bm == 128 else bn // 2, "EPI": epi, "KB": kb}
             variants.append({"name": name, "symbol": sku.symbol if name == WGMMA_DEFAULT else f"{sku.symbol}__v{name}",
                              "tile": tile, "dynamic_smem": smem, "static_smem": WGMMA_STATIC_SMEM})
         variants.sort(key=lambda v: v["name"] != WGMMA_DEFAULT)

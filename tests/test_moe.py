@@ -8,7 +8,7 @@ import pytest
 
 import runtime as sf
 from codegen.matrix import (FAMILIES, MOE_GEMM, MOE_GEMM_WGMMA, MOE_WGRAD, MOE_OPKIND, MOE_WGRAD_WGMMA, WGMMA_VARIANTS,
-                            wgmma_smem, wgmma_variant_serves)
+                            WGMMA_WIDE_PASSES, wgmma_smem)
 from runtime import InvalidProblemError, KernelSku, UnsupportedError
 from runtime import reference_moe as ref
 from runtime.arrays import ArrayRef
@@ -270,9 +270,9 @@ def test_rel_error():
 # -- tile configurations (variants) ----------------------------------------------------------------
 def test_wgmma_smem_fits_or_refuses():
     assert wgmma_smem(128, 256, 2, 8, 2) == 2 * 384 * 128 + 1024 + 2 * 8 * 8192 <= 227 * 1024 - 1024
-    for t in WGMMA_VARIANTS.values():     # the shipped ones use the room the ring leaves
+    for bm, bn, stages, epi, kb in WGMMA_VARIANTS.values():     # the shipped ones use the room the ring leaves
         with pytest.raises(ValueError):
-            wgmma_smem(t.BM, t.BN, t.STAGES, t.EPI + 1, 2, t.KB)
+            wgmma_smem(bm, bn, stages, epi + 1, 2, kb)
     with pytest.raises(ValueError, match="staging boxes.*over the"):
         wgmma_smem(128, 256, 4, 3, 2)      # 4 stages leave room for two boxes a warpgroup, not three
 
@@ -285,7 +285,8 @@ def test_variants_in_manifest_and_sources():
             continue
         v = e.launch["variants"]
         if s.backend == "wgmma":
-            assert set(v) == {n for n, t in WGMMA_VARIANTS.items() if wgmma_variant_serves(t, MOE_OPKIND[s.op])}
+            wide = {n for n, t in WGMMA_VARIANTS.items() if t[4] > 1}
+            assert set(v) == set(WGMMA_VARIANTS) - (set() if MOE_OPKIND[s.op] in WGMMA_WIDE_PASSES else wide)
             assert {"wg128x256s4", "wg128x128s6", "wg64x256s5"} <= set(v)
             assert v[e.launch["default_variant"]]["symbol"] == e.symbol
             src = REG.source(s)
@@ -295,8 +296,8 @@ def test_variants_in_manifest_and_sources():
                 assert t["THREADS"] == 384 and t["BK"] == 64 * t["KB"] and t["WN"] == (t["BN"] if t["BM"] == 128 else t["BN"] // 2)
                 ring = t["STAGES"] * (t["BM"] + t["BN"]) * t["BK"] * 2 + 1024
                 assert meta["dynamic_smem"] == ring + 2 * t["EPI"] * 64 * 128 <= 227 * 1024 - 1024
-                assert tuple(t[f] for f in WGMMA_VARIANTS[name]._fields) == WGMMA_VARIANTS[name]
-                assert f"WTile<{', '.join(str(t[f]) for f in WGMMA_VARIANTS[name]._fields)}>" in src
+                assert (t["BM"], t["BN"], t["STAGES"], t["EPI"], t["KB"]) == WGMMA_VARIANTS[name]
+                assert f"WTile<{t['BM']}, {t['BN']}, {t['STAGES']}, {t['EPI']}, {t['KB']}>" in src
             for key in ("short_variant", "narrow_variant"):
                 assert e.launch.get(key, "wg128x128s6") in v
             continue
@@ -611,8 +612,7 @@ def test_wgmma_machine_code(unit):
     """Every wgmma kernel compiles for sm_90a without spills or a stack frame, at 168 registers at
     entry (384 threads, one block per SM: what setmaxnreg redistributes as 40 / 232), and its machine
     code holds warpgroup MMAs (HGMMA), tensor-map loads and stores (UTMALDG, UTMASTG), the register
-    reallocation and no local-memory access (warp-store configurations: 16-byte global stores instead
-    of the tensor-map stores)."""
+    reallocation and no local-memory access."""
     from runtime.compiler import compile_with_report
     cubin, rep = compile_with_report(REG.unit_source(unit), unit, 90, tuple(REG.units[unit]["nvrtc_options"]))
     sass = _sass_by_function(cubin)
@@ -628,9 +628,5 @@ def test_wgmma_machine_code(unit):
         code = sass[sym]
         n = meta["tile"]["WN"]
         assert re.search(rf"HGMMA\.64x{n}x16\.F32(\.BF16)? .*gdesc\[UR\d+\]{re.escape(tnsp)},", code), name
-        assert "UTMALDG" in code and "USETMAXREG" in code and "SYNCS" in code, name
-        if meta["tile"]["WARP_STORES"]:      # each warp's 16-byte stores, no tensor-map store
-            assert re.search(r"\bSTG\.E\.EF\.128\b|\bSTG\.E\.128\b", code) and "UTMASTG" not in code, name
-        else:
-            assert "UTMASTG" in code, name
+        assert "UTMALDG" in code and "UTMASTG" in code and "USETMAXREG" in code and "SYNCS" in code, name
         assert not re.search(r"\b(LDL|STL)\b", code), name

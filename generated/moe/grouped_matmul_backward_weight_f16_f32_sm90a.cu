@@ -263,16 +263,6 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* m, u32_t src, in
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, { %2, %3, %4 }], [%1], %5;\n"
                  ::"l"(m), "r"(src), "r"(c0), "r"(c1), "r"(c2), "l"(pol) : "memory");
 }
-// 16 bytes from shared memory; 16 bytes to global memory under an L2 cache policy (l2_evict_first).
-__device__ __forceinline__ uint4 ld_shared_v4(u32_t at) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 { %0, %1, %2, %3 }, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_global_v4_hint(void* at, uint4 v, u64_t pol) {
-    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], { %1, %2, %3, %4 }, %5;\n"
-                 ::"l"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol) : "memory");
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // At most N of this thread's newest store groups still read shared memory.
 template <int N> __device__ __forceinline__ void bulk_wait_read() {
@@ -550,10 +540,9 @@ __device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t 
     }
 }
 
-template <int BM_, int BN_, int STAGES_, int EPI_, int KB_, int WARP_STORES_>
+template <int BM_, int BN_, int STAGES_, int EPI_, int KB_>
 struct WTile {
     static constexpr int BM = BM_, BN = BN_, KB = KB_, BK = 64 * KB, STAGES = STAGES_;
-    static constexpr bool WARP_STORES = WARP_STORES_;       // weight gradient: each warp stores its own rows
     static constexpr int WN = BM == 128 ? BN : BN / 2;     // columns of one consumer warpgroup
     static constexpr int EPI = EPI_;                       // output staging buffers of a consumer warpgroup
     static constexpr u32_t A_BOX = BM * 64 * sizeof(T), B_BOX = BN * 64 * sizeof(T);   // 64 columns of each operand
@@ -733,43 +722,6 @@ __device__ __forceinline__ void store_tma(const float (&acc)[C::WN / 2], const C
     }
 }
 
-// A warp's 16 rows x WN outputs (rows 16 warp + lane / 4 + 8 h of the warpgroup's 64) through its own
-// C::EPI buffers of 16 rows x 128 bytes in shared memory, in the same 128-byte swizzled layout as
-// store_tma's boxes (conflict-free both ways), read back as 16-byte chunks, eight lanes a row, and
-// stored by the warp itself (st.global, L2 evict-first): four 128-byte row segments per instruction.
-// Only the warp touches its buffers: __syncwarp orders them. Rows past N and columns past K are cut.
-template <class C>
-__device__ __forceinline__ void store_warp(const Problem& p, const float (&acc)[C::WN / 2], u32_t ebuf, int& eb,
-                                           int tid, i64_t c0, i64_t r0, int e) {
-    const int warp = tid >> 5, lane = tid & 31;
-    constexpr int CHUNK = 16 / sizeof(OutT);               // outputs of one 16-byte chunk
-    const u64_t pol = l2_evict_first();
-#pragma unroll
-    for (int box = 0; box < C::WN / OUT_CW; ++box) {
-        const u32_t buf = ebuf + (eb * 4 + warp) * (16 * 128);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = (lane >> 2) + 8 * h;
-#pragma unroll
-            for (int qq = 0; qq < OUT_CW / 8; ++qq) {
-                const int q = box * (OUT_CW / 8) + qq;
-                const u32_t byte = (8 * qq + 2 * (lane & 3)) * sizeof(OutT);
-                store2_shared(buf + r * 128 + ((((byte >> 4) ^ (r & 7))) << 4) + (byte & 15),
-                              acc[4 * q + 2 * h], acc[4 * q + 2 * h + 1]);
-            }
-        }
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {                      // 16 rows x 8 chunks, 32 lanes
-            const int r = 4 * i + (lane >> 3), c = lane & 7;
-            const uint4 v = ld_shared_v4(buf + r * 128 + ((c ^ (r & 7)) << 4));
-            const i64_t n = r0 + 16 * warp + r, kk = c0 + box * OUT_CW + c * CHUNK;
-            if (n < p.N && kk < p.K) st_global_v4_hint(p.out + ((i64_t)e * p.N + n) * p.K + kk, v, pol);
-        }
-        eb = eb + 1 == C::EPI ? 0 : eb + 1;                // the next box's buffer: its reads are behind the __syncwarp above
-    }
-}
-
 // A consumer warpgroup (wg 0 or 1; tid 0..127 inside it): its part of every tile of this block.
 template <class C>
 __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32_t full0, u32_t empty0, i64_t total,
@@ -817,8 +769,7 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
         // them in shared memory and stores them by TMA, which overlaps the next tile's main loop;
         // one whose rows end inside the tile (an expert's last m-tile) stores from registers, rows
         // of the next expert computed and never stored.
-        if constexpr (C::WARP_STORES) store_warp<C>(p, acc, ebuf, eb, tid, j.c0 + n_off, j.r0 + m_off, j.e);
-        else store_tma<C>(acc, tc, ebuf, eb, wg, tid, (int)(j.c0 + n_off), (int)(j.r0 + m_off), j.e);
+        store_tma<C>(acc, tc, ebuf, eb, wg, tid, (int)(j.c0 + n_off), (int)(j.r0 + m_off), j.e);
     }
     if (tid == 0) bulk_wait_all();                         // the staged stores have left shared memory
 }
@@ -889,7 +840,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_wei
         sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<128, 256, 4, 2, 1, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<128, 256, 4, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma__vwg128x128s6(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -903,7 +854,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_
         sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<128, 128, 6, 2, 1, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<128, 128, 6, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma__vwg64x256s5(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -917,19 +868,5 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_
         sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<64, 256, 5, 1, 1, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
-}
-extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma__vwg128x256s4w(
-    const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const f16_t* __restrict__ dy, i64_t lddy, float* __restrict__ out, i64_t M, i64_t N, i64_t K,
-    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-    const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::poison(p);
-        return;
-    }
-    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<128, 256, 4, 2, 1, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_f32_sm90_wgmma_ns::WTile<64, 256, 5, 1, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }

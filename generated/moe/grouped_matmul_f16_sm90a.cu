@@ -263,16 +263,6 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* m, u32_t src, in
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, { %2, %3, %4 }], [%1], %5;\n"
                  ::"l"(m), "r"(src), "r"(c0), "r"(c1), "r"(c2), "l"(pol) : "memory");
 }
-// 16 bytes from shared memory; 16 bytes to global memory under an L2 cache policy (l2_evict_first).
-__device__ __forceinline__ uint4 ld_shared_v4(u32_t at) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 { %0, %1, %2, %3 }, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_global_v4_hint(void* at, uint4 v, u64_t pol) {
-    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], { %1, %2, %3, %4 }, %5;\n"
-                 ::"l"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol) : "memory");
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // At most N of this thread's newest store groups still read shared memory.
 template <int N> __device__ __forceinline__ void bulk_wait_read() {
@@ -556,10 +546,9 @@ __device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t 
     }
 }
 
-template <int BM_, int BN_, int STAGES_, int EPI_, int KB_, int WARP_STORES_>
+template <int BM_, int BN_, int STAGES_, int EPI_, int KB_>
 struct WTile {
     static constexpr int BM = BM_, BN = BN_, KB = KB_, BK = 64 * KB, STAGES = STAGES_;
-    static constexpr bool WARP_STORES = WARP_STORES_;       // weight gradient: each warp stores its own rows
     static constexpr int WN = BM == 128 ? BN : BN / 2;     // columns of one consumer warpgroup
     static constexpr int EPI = EPI_;                       // output staging buffers of a consumer warpgroup
     static constexpr u32_t A_BOX = BM * 64 * sizeof(T), B_BOX = BN * 64 * sizeof(T);   // 64 columns of each operand
@@ -795,7 +784,6 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
 
 template <class C>
 __device__ void run(const Problem& p, const CUtensorMap* ta, const CUtensorMap* tb, const CUtensorMap* tc) {
-    static_assert(!C::WARP_STORES, "warp stores: the weight gradient's (every tile whole within its expert)");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     __shared__ __align__(8) u64_t bars[2 * C::STAGES];
     const u32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;   // the swizzle atoms need 1024-byte alignment
@@ -859,7 +847,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_f16_sm90_wgm
         sf_grouped_matmul_f16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<128, 256, 4, 2, 1, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<128, 256, 4, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_f16_sm90_wgmma__vwg128x128s6(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -873,7 +861,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_f16_sm90_
         sf_grouped_matmul_f16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<128, 128, 6, 2, 1, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<128, 128, 6, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_f16_sm90_wgmma__vwg64x256s5(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -887,7 +875,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_f16_sm90_
         sf_grouped_matmul_f16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<64, 256, 5, 1, 1, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<64, 256, 5, 1, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_f16_sm90_wgmma__vwg128x256s2k2(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -901,7 +889,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_f16_sm90_
         sf_grouped_matmul_f16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<128, 256, 2, 2, 2, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<128, 256, 2, 2, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_f16_sm90_wgmma__vwg64x256s2k2(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -915,5 +903,5 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_f16_sm90_
         sf_grouped_matmul_f16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<64, 256, 2, 4, 2, 0>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_f16_sm90_wgmma_ns::run<sf_grouped_matmul_f16_sm90_wgmma_ns::WTile<64, 256, 2, 4, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }

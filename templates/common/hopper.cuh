@@ -61,16 +61,6 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* m, u32_t src, in
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, { %2, %3, %4 }], [%1], %5;\n"
                  ::"l"(m), "r"(src), "r"(c0), "r"(c1), "r"(c2), "l"(pol) : "memory");
 }
-// 16 bytes from shared memory; 16 bytes to global memory under an L2 cache policy (l2_evict_first).
-__device__ __forceinline__ uint4 ld_shared_v4(u32_t at) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 { %0, %1, %2, %3 }, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_global_v4_hint(void* at, uint4 v, u64_t pol) {
-    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], { %1, %2, %3, %4 }, %5;\n"
-                 ::"l"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(pol) : "memory");
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // At most N of this thread's newest store groups still read shared memory.
 template <int N> __device__ __forceinline__ void bulk_wait_read() {
