@@ -194,23 +194,18 @@ MOE_TILES = {
 }
 MOE_OPKIND = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad",
               "grouped_matmul_backward_weight": "wgrad"}
-# wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES, EPI, KB); a stage
-# holds KB boxes of 64 columns (one 128-byte swizzle row of 16-bit elements) of each operand: BK =
-# 64 * KB. KB = 2 (the forward only: its operands are both K-major) reads 256 bytes of each row of x
-# and w per stage instead of 128. One producer warpgroup (TMA) and two consumer warpgroups:
+# wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES, EPI); BK = 64 (one
+# 128-byte swizzle row of 16-bit elements). One producer warpgroup (TMA) and two consumer warpgroups:
 # with BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows
 # and half of the columns. Shared memory: the ring, STAGES * (BM + BN) * 64 * 2 bytes, + WGMMA_ALIGN
 # to place it on a 1024-byte boundary (the 128-byte swizzle needs it), then EPI output staging boxes
 # of 64 rows x 128 bytes per consumer warpgroup (two where the ring leaves room; more do not pay:
 # docs/perf-notes.md).
 WGMMA_VARIANTS = {
-    "wg128x256s4": (128, 256, 4, 2, 1),
-    "wg128x128s6": (128, 128, 6, 2, 1),
-    "wg64x256s5": (64, 256, 5, 1, 1),
-    "wg128x256s2k2": (128, 256, 2, 2, 2),
-    "wg64x256s2k2": (64, 256, 2, 4, 2),
+    "wg128x256s4": (128, 256, 4, 2),
+    "wg128x128s6": (128, 128, 6, 2),
+    "wg64x256s5": (64, 256, 5, 1),
 }
-WGMMA_WIDE_PASSES = ("fwd",)        # the passes whose configurations may take KB = 2
 WGMMA_DEFAULT = "wg128x256s4"
 WGMMA_ALIGN = 1024
 WGMMA_OUT_BOX = 64 * 128            # one staged output box (bytes)
@@ -220,9 +215,9 @@ MMA_STATIC_SMEM = 4096              # at most, of an mma / simt kernel (row tabl
 WGMMA_SMEM_LIMIT = 227 * 1024 - WGMMA_STATIC_SMEM   # dynamic shared memory of a block on sm_90
 
 
-def wgmma_smem(bm: int, bn: int, stages: int, epi: int, size: int, kb: int = 1) -> int:
+def wgmma_smem(bm: int, bn: int, stages: int, epi: int, size: int) -> int:
     """Dynamic shared memory bytes of a wgmma tile: the ring, its alignment, the staging boxes."""
-    smem = stages * (bm + bn) * 64 * kb * size + WGMMA_ALIGN + WGMMA_CONSUMERS * epi * WGMMA_OUT_BOX
+    smem = stages * (bm + bn) * 64 * size + WGMMA_ALIGN + WGMMA_CONSUMERS * epi * WGMMA_OUT_BOX
     if smem > WGMMA_SMEM_LIMIT:
         raise ValueError(f"wgmma tile {bm}x{bn}, {stages} stages, {epi} staging boxes: {smem} bytes of shared "
                          f"memory, over the {WGMMA_SMEM_LIMIT} a block may have")
@@ -271,12 +266,10 @@ def _moe_context(cell, ctx):
     rules = {}
     if sku.backend == "wgmma":
         variants = []
-        for name, (bm, bn, stages, epi, kb) in WGMMA_VARIANTS.items():
-            if kb > 1 and opkind not in WGMMA_WIDE_PASSES:
-                continue
-            smem = wgmma_smem(bm, bn, stages, epi, size, kb)
-            tile = {"BM": bm, "BN": bn, "BK": 64 * kb, "STAGES": stages, "THREADS": 384, "MIN_BLOCKS": 1,
-                    "WN": bn if bm == 128 else bn // 2, "EPI": epi, "KB": kb}
+        for name, (bm, bn, stages, epi) in WGMMA_VARIANTS.items():
+            smem = wgmma_smem(bm, bn, stages, epi, size)
+            tile = {"BM": bm, "BN": bn, "BK": 64, "STAGES": stages, "THREADS": 384, "MIN_BLOCKS": 1,
+                    "WN": bn if bm == 128 else bn // 2, "EPI": epi}
             variants.append({"name": name, "symbol": sku.symbol if name == WGMMA_DEFAULT else f"{sku.symbol}__v{name}",
                              "tile": tile, "dynamic_smem": smem, "static_smem": WGMMA_STATIC_SMEM})
         variants.sort(key=lambda v: v["name"] != WGMMA_DEFAULT)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen.matrix import (FAMILIES, MOE_GEMM, MOE_GEMM_WGMMA, MOE_WGRAD, MOE_OPKIND, MOE_WGRAD_WGMMA, WGMMA_VARIANTS,
-                            WGMMA_WIDE_PASSES, wgmma_smem)
+from codegen.matrix import (FAMILIES, MOE_GEMM, MOE_GEMM_WGMMA, MOE_WGRAD, MOE_WGRAD_WGMMA, WGMMA_VARIANTS,
+                            wgmma_smem)
 from runtime import InvalidProblemError, KernelSku, UnsupportedError
 from runtime import reference_moe as ref
 from runtime.arrays import ArrayRef
@@ -270,9 +270,9 @@ def test_rel_error():
 # -- tile configurations (variants) ----------------------------------------------------------------
 def test_wgmma_smem_fits_or_refuses():
     assert wgmma_smem(128, 256, 2, 8, 2) == 2 * 384 * 128 + 1024 + 2 * 8 * 8192 <= 227 * 1024 - 1024
-    for bm, bn, stages, epi, kb in WGMMA_VARIANTS.values():     # the shipped ones use the room the ring leaves
+    for bm, bn, stages, epi in WGMMA_VARIANTS.values():     # the shipped ones use the room the ring leaves
         with pytest.raises(ValueError):
-            wgmma_smem(bm, bn, stages, epi + 1, 2, kb)
+            wgmma_smem(bm, bn, stages, epi + 1, 2)
     with pytest.raises(ValueError, match="staging boxes.*over the"):
         wgmma_smem(128, 256, 4, 3, 2)      # 4 stages leave room for two boxes a warpgroup, not three
 
@@ -285,19 +285,17 @@ def test_variants_in_manifest_and_sources():
             continue
         v = e.launch["variants"]
         if s.backend == "wgmma":
-            wide = {n for n, t in WGMMA_VARIANTS.items() if t[4] > 1}
-            assert set(v) == set(WGMMA_VARIANTS) - (set() if MOE_OPKIND[s.op] in WGMMA_WIDE_PASSES else wide)
-            assert {"wg128x256s4", "wg128x128s6", "wg64x256s5"} <= set(v)
+            assert set(v) == set(WGMMA_VARIANTS) == {"wg128x256s4", "wg128x128s6", "wg64x256s5"}
             assert v[e.launch["default_variant"]]["symbol"] == e.symbol
             src = REG.source(s)
             for name, meta in v.items():
                 t = meta["tile"]
                 assert f" {meta['symbol']}(" in src
-                assert t["THREADS"] == 384 and t["BK"] == 64 * t["KB"] and t["WN"] == (t["BN"] if t["BM"] == 128 else t["BN"] // 2)
-                ring = t["STAGES"] * (t["BM"] + t["BN"]) * t["BK"] * 2 + 1024
+                assert t["THREADS"] == 384 and t["BK"] == 64 and t["WN"] == (t["BN"] if t["BM"] == 128 else t["BN"] // 2)
+                ring = t["STAGES"] * (t["BM"] + t["BN"]) * 64 * 2 + 1024
                 assert meta["dynamic_smem"] == ring + 2 * t["EPI"] * 64 * 128 <= 227 * 1024 - 1024
-                assert (t["BM"], t["BN"], t["STAGES"], t["EPI"], t["KB"]) == WGMMA_VARIANTS[name]
-                assert f"WTile<{t['BM']}, {t['BN']}, {t['STAGES']}, {t['EPI']}, {t['KB']}>" in src
+                assert (t["BM"], t["BN"], t["STAGES"], t["EPI"]) == WGMMA_VARIANTS[name]
+                assert f"WTile<{t['BM']}, {t['BN']}, {t['STAGES']}, {t['EPI']}>" in src
             for key in ("short_variant", "narrow_variant"):
                 assert e.launch.get(key, "wg128x128s6") in v
             continue

@@ -546,18 +546,16 @@ __device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t 
     }
 }
 
-template <int BM_, int BN_, int STAGES_, int EPI_, int KB_>
+template <int BM_, int BN_, int STAGES_, int EPI_>
 struct WTile {
-    static constexpr int BM = BM_, BN = BN_, KB = KB_, BK = 64 * KB, STAGES = STAGES_;
+    static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
     static constexpr int WN = BM == 128 ? BN : BN / 2;     // columns of one consumer warpgroup
     static constexpr int EPI = EPI_;                       // output staging buffers of a consumer warpgroup
-    static constexpr u32_t A_BOX = BM * 64 * sizeof(T), B_BOX = BN * 64 * sizeof(T);   // 64 columns of each operand
-    static constexpr u32_t A_BYTES = KB * A_BOX, B_BYTES = KB * B_BOX;
+    static constexpr u32_t A_BYTES = BM * BK * sizeof(T), B_BYTES = BN * BK * sizeof(T);
     static constexpr u32_t STAGE_BYTES = A_BYTES + B_BYTES;
     static_assert((BM == 64 || BM == 128) && BN % 64 == 0 && BN <= 256 && (WN == 64 || WN == 128 || WN == 256),
                   "tile shape");
     static_assert(EPI >= 1 && EPI <= 8, "one to eight staging buffers (bulk_wait_read takes EPI - 1)");
-    static_assert(KB == 1 || KB == 2, "one or two 64-column boxes of each operand a stage");
 };
 constexpr u32_t BOX_BYTES = 64 * 64 * sizeof(T);   // one 64 x 64 box of an MN-major operand
 constexpr u32_t ROW_BYTES = 64 * sizeof(T);        // one 128-byte swizzled row
@@ -782,7 +780,6 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
 
 template <class C>
 __device__ void run(const Problem& p, const CUtensorMap* ta, const CUtensorMap* tb, const CUtensorMap* tc) {
-    static_assert(C::KB == 1, "one 64-column box of each operand a stage (MN-major operands)");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     __shared__ __align__(8) u64_t bars[2 * C::STAGES];
     const u32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;   // the swizzle atoms need 1024-byte alignment
@@ -846,7 +843,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_wei
         sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::WTile<128, 256, 4, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::WTile<128, 256, 4, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_f16_sm90_wgmma__vwg128x128s6(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -860,7 +857,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_
         sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::WTile<128, 128, 6, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::WTile<128, 128, 6, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_weight_f16_sm90_wgmma__vwg64x256s5(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -874,5 +871,5 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_backward_
         sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::WTile<64, 256, 5, 1, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::run<sf_grouped_matmul_backward_weight_f16_sm90_wgmma_ns::WTile<64, 256, 5, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }

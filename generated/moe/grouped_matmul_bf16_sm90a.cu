@@ -546,18 +546,16 @@ __device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t 
     }
 }
 
-template <int BM_, int BN_, int STAGES_, int EPI_, int KB_>
+template <int BM_, int BN_, int STAGES_, int EPI_>
 struct WTile {
-    static constexpr int BM = BM_, BN = BN_, KB = KB_, BK = 64 * KB, STAGES = STAGES_;
+    static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
     static constexpr int WN = BM == 128 ? BN : BN / 2;     // columns of one consumer warpgroup
     static constexpr int EPI = EPI_;                       // output staging buffers of a consumer warpgroup
-    static constexpr u32_t A_BOX = BM * 64 * sizeof(T), B_BOX = BN * 64 * sizeof(T);   // 64 columns of each operand
-    static constexpr u32_t A_BYTES = KB * A_BOX, B_BYTES = KB * B_BOX;
+    static constexpr u32_t A_BYTES = BM * BK * sizeof(T), B_BYTES = BN * BK * sizeof(T);
     static constexpr u32_t STAGE_BYTES = A_BYTES + B_BYTES;
     static_assert((BM == 64 || BM == 128) && BN % 64 == 0 && BN <= 256 && (WN == 64 || WN == 128 || WN == 256),
                   "tile shape");
     static_assert(EPI >= 1 && EPI <= 8, "one to eight staging buffers (bulk_wait_read takes EPI - 1)");
-    static_assert(KB == 1 || KB == 2, "one or two 64-column boxes of each operand a stage");
 };
 constexpr u32_t BOX_BYTES = 64 * 64 * sizeof(T);   // one 64 x 64 box of an MN-major operand
 constexpr u32_t ROW_BYTES = 64 * sizeof(T);        // one 128-byte swizzled row
@@ -660,11 +658,8 @@ __device__ void produce(const Problem& p, const CUtensorMap* ta, const CUtensorM
             const u32_t full = full0 + 8 * s, sA = ring + s * C::STAGE_BYTES, sB = sA + C::A_BYTES;
             mbar_expect_tx(full, C::STAGE_BYTES);          // whole boxes count, out-of-bounds parts too
             const int k0 = kt * C::BK;
-#pragma unroll
-            for (int b = 0; b < C::KB; ++b) {                            // 64 k-columns a box
-                tma_load_2d(sA + b * C::A_BOX, ta, full, k0 + 64 * b, (int)j.p0);          // x [rows of the m-tile][k]
-                tma_load_3d(sB + b * C::B_BOX, tb, full, k0 + 64 * b, (int)j.c0, j.e);     // w[e] [n][k]
-            }
+            tma_load_2d(sA, ta, full, k0, (int)j.p0);                    // x [rows of the m-tile][k]
+            tma_load_3d(sB, tb, full, k0, (int)j.c0, j.e);               // w[e] [n][k]
             if (++s == C::STAGES) { s = 0; ph ^= 1; }
         }
     }
@@ -757,8 +752,8 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < C::BK / 16; ++ks) {
-                const u64_t da = wg_desc(sA + (ks / 4) * C::A_BOX + m_off * ROW_BYTES + (ks % 4) * 32, 16, GROUP_BYTES);
-                const u64_t db = wg_desc(sB + (ks / 4) * C::B_BOX + n_off * ROW_BYTES + (ks % 4) * 32, 16, GROUP_BYTES);
+                const u64_t da = wg_desc(sA + m_off * ROW_BYTES + ks * 32, 16, GROUP_BYTES);
+                const u64_t db = wg_desc(sB + n_off * ROW_BYTES + ks * 32, 16, GROUP_BYTES);
                 wgmma_tile<WN>(acc, da, db);
             }
             wg_commit();
@@ -847,7 +842,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_bf16_sm90_wg
         sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 256, 4, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 256, 4, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma__vwg128x128s6(
     const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -861,7 +856,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90
         sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 128, 6, 2, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 128, 6, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma__vwg64x256s5(
     const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -875,33 +870,5 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90
         sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
         return;
     }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<64, 256, 5, 1, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
-}
-extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma__vwg128x256s2k2(
-    const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const bf16_t* __restrict__ dy, i64_t lddy, bf16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
-    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-    const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
-        return;
-    }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 256, 2, 2, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
-}
-extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma__vwg64x256s2k2(
-    const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
-    const bf16_t* __restrict__ dy, i64_t lddy, bf16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
-    int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
-    const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
-    const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-    const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
-    if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
-        return;
-    }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<64, 256, 2, 4, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
+    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<64, 256, 5, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
