@@ -169,42 +169,31 @@ def main(argv=None) -> int:
         offs.append(at)
         at += struct.calcsize("=" + c)
     wparams = (vp * len(WIDE))(*[ctypes.addressof(wbuf) + o for o in offs])
-    wargs = (vp(fw), u(1), u(1), u(1), u(32), u(1), u(1), u(0), vp(s), vp(ctypes.addressof(wparams)), nul)
-    timed("cuLaunchKernel x1, 32 parameters", lambda: launch(*wargs), 1)
-    check(lib.cuStreamBeginCapture_v2(vp(s), u(2)), "cuStreamBeginCapture")
-    check(launch(*wargs), "cuLaunchKernel in capture")
-    wg, wex = vp(), vp()
-    check(lib.cuStreamEndCapture(vp(s), ctypes.byref(wg)), "cuStreamEndCapture")
-    check(lib.cuGraphInstantiateWithFlags(ctypes.byref(wex), wg, ctypes.c_ulonglong(0)), "instantiate")
-    count = ctypes.c_size_t(1)
-    wnode = (vp * 1)()
-    check(lib.cuGraphGetNodes(wg, wnode, ctypes.byref(count)), "cuGraphGetNodes")
-    timed("cuGraphLaunch, graph of 1, 32 parameters", lambda: lib.cuGraphLaunch(wex, vp(s)), 1)
-    wkp = KernelNodeParams(func=fw, gridDimX=1, gridDimY=1, gridDimZ=1, blockDimX=32, blockDimY=1, blockDimZ=1,
-                           sharedMemBytes=0, kernelParams=ctypes.addressof(wparams), extra=None, kern=None, ctx=None)
-    timed("set params of 1 node + cuGraphLaunch, 32 parameters",
-          lambda: repoint_and_launch(wex, [wnode[0]], wkp), 1)
-
     # the same 224 bytes as one parameter (a struct by value): what the driver copies per parameter
     sk = cp.RawKernel(KERNEL, "sf_probe_struct")
     sk.compile()
-    fs = sk.kernel.ptr
     sparams = (vp * 1)(ctypes.addressof(wbuf))
-    sargs = (vp(fs), u(1), u(1), u(1), u(32), u(1), u(1), u(0), vp(s), vp(ctypes.addressof(sparams)), nul)
-    timed("cuLaunchKernel x1, the 32 as one struct parameter", lambda: launch(*sargs), 1)
-    check(lib.cuStreamBeginCapture_v2(vp(s), u(2)), "cuStreamBeginCapture")
-    check(launch(*sargs), "cuLaunchKernel in capture")
-    sg, sex = vp(), vp()
-    check(lib.cuStreamEndCapture(vp(s), ctypes.byref(sg)), "cuStreamEndCapture")
-    check(lib.cuGraphInstantiateWithFlags(ctypes.byref(sex), sg, ctypes.c_ulonglong(0)), "instantiate")
-    count = ctypes.c_size_t(1)
-    snode = (vp * 1)()
-    check(lib.cuGraphGetNodes(sg, snode, ctypes.byref(count)), "cuGraphGetNodes")
-    timed("cuGraphLaunch, graph of 1, one struct parameter", lambda: lib.cuGraphLaunch(sex, vp(s)), 1)
-    skp = KernelNodeParams(func=fs, gridDimX=1, gridDimY=1, gridDimZ=1, blockDimX=32, blockDimY=1, blockDimZ=1,
-                           sharedMemBytes=0, kernelParams=ctypes.addressof(sparams), extra=None, kern=None, ctx=None)
-    timed("set params of 1 node + cuGraphLaunch, one struct parameter",
-          lambda: repoint_and_launch(sex, [snode[0]], skp), 1)
+
+    def one_kernel_graph(fn, params, what):
+        """cuLaunchKernel of ``fn`` timed, then a one-node graph of it: its launch, and its launch
+        after re-setting the node's parameters; returns (exec, node, node parameters)."""
+        largs = (vp(fn), u(1), u(1), u(1), u(32), u(1), u(1), u(0), vp(s), vp(ctypes.addressof(params)), nul)
+        timed(f"cuLaunchKernel x1, {what}", lambda: launch(*largs), 1)
+        check(lib.cuStreamBeginCapture_v2(vp(s), u(2)), "cuStreamBeginCapture")
+        check(launch(*largs), "cuLaunchKernel in capture")
+        g, ex = vp(), vp()
+        check(lib.cuStreamEndCapture(vp(s), ctypes.byref(g)), "cuStreamEndCapture")
+        check(lib.cuGraphInstantiateWithFlags(ctypes.byref(ex), g, ctypes.c_ulonglong(0)), "instantiate")
+        node = (vp * 1)()
+        check(lib.cuGraphGetNodes(g, node, ctypes.byref(ctypes.c_size_t(1))), "cuGraphGetNodes")
+        timed(f"cuGraphLaunch, graph of 1, {what}", lambda: lib.cuGraphLaunch(ex, vp(s)), 1)
+        kp = KernelNodeParams(func=fn, gridDimX=1, gridDimY=1, gridDimZ=1, blockDimX=32, blockDimY=1, blockDimZ=1,
+                              sharedMemBytes=0, kernelParams=ctypes.addressof(params), extra=None, kern=None,
+                              ctx=None)
+        timed(f"set params of 1 node + cuGraphLaunch, {what}", lambda: repoint_and_launch(ex, [node[0]], kp), 1)
+        return ex, node, kp
+    wex, wnode, wkp = one_kernel_graph(fw, wparams, "32 parameters")
+    one_kernel_graph(sk.kernel.ptr, sparams, "the 32 as one struct parameter")
     timed("set params of 1 node + cuGraphLaunch, 32 parameters (again)",
           lambda: repoint_and_launch(wex, [wnode[0]], wkp), 1)
 
