@@ -26,7 +26,9 @@ two calls every replay makes, ``cudaStreamIsCapturing`` and ``cudaGraphLaunch``,
 Cython bindings of the runtime API (``cupy_backends.cuda.api.runtime``; CuPy is a dependency
 anyway): on the H200 machine they cost the calling thread 0.38 and 3.25 µs against 0.85 and 3.61 µs
 through ctypes (``tools/probe_host.py`` components). Runtime and driver handles are the same
-objects, and the runtime uses the context the driver has current (a device's primary context).
+objects, and the runtime uses the context the driver has current (a device's primary context); in a
+thread with none current, the runtime makes the device's primary context current and leaves it so,
+as every runtime call does (docs/errors.md "Devices").
 
 A replay with work arrays (allocations it does not return) is one call too, ``go.with_work``: the
 stream's executable graph keeps the work arrays made on its first launch there, and every later
