@@ -29,7 +29,7 @@ Check, printed ``ok`` / ``FAILED`` (the exit status): every timed launch ran (a 
 each kernel increments equals the number of kernels issued, also after the parameters were
 re-pointed at a second counter). Fact, printed and recorded, not a check: whether the driver
 captures a graph launch into a caller's CUDA graph (stream capture around ``cuGraphLaunch``, then
-the outer graph replayed). runtime/graphs.py assumes it does not (CUDA 12 and 13 drivers answer
+the outer graph replayed). runtime/graphs.py assumes it does not (the device machine's CUDA 13 driver answers
 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900) and launches the kernels one by one under a capture.
 """
 from __future__ import annotations
