@@ -29,8 +29,9 @@ Check, printed ``ok`` / ``FAILED`` (the exit status): every timed launch ran (a 
 each kernel increments equals the number of kernels issued, also after the parameters were
 re-pointed at a second counter). Fact, printed and recorded, not a check: whether the driver
 captures a graph launch into a caller's CUDA graph (stream capture around ``cuGraphLaunch``, then
-the outer graph replayed). runtime/graphs.py assumes it does not (the device machine's CUDA 13 driver answers
-CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900) and launches the kernels one by one under a capture.
+the outer graph replayed). runtime/graphs.py assumes it does not (the device machine's CUDA 13
+driver answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900) and launches the kernels one by one
+under a capture.
 """
 from __future__ import annotations
 
@@ -194,6 +195,8 @@ def main(argv=None) -> int:
         return ex, node, kp
     wex, wnode, wkp = one_kernel_graph(fw, wparams, "32 parameters")
     one_kernel_graph(sk.kernel.ptr, sparams, "the 32 as one struct parameter")
+    # the first form once more, after the second: a difference between the two that is only the
+    # order of the measurements shows here
     timed("set params of 1 node + cuGraphLaunch, 32 parameters (again)",
           lambda: repoint_and_launch(wex, [wnode[0]], wkp), 1)
 
