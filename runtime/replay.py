@@ -32,7 +32,7 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
         except TypeError:          # an unhashable keyword argument: the slow path validates it
             entry = None
         if entry is not None:
-            r = entry.go(args, vals)
+            r = entry.go(args, vals, static)
             if r is not MISS:
                 return r
     with FastCall(op, static, args, scale_at=scale_at) as fast:
@@ -42,7 +42,11 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
 # -- how a call is remembered ---------------------------------------------------------------------
 # A call whose arguments have the same types, shapes, strides, dtypes, devices and 16-byte
 # alignment (and the same keyword arguments, types included) as an earlier, fully validated call
-# replays that call: the same allocations, then its prepared launches with every pointer slot
+# replays that call. The key holds the keyword values; their types are compared by the replay
+# itself, and only where equal values may differ in type (1, 1.0, True and numpy.int64(1) are
+# equal keys, not equally valid; a str or None equals only a str or None): that costs a repeated
+# call less than a key with a type per keyword. A replay with other types misses and runs the
+# slow path, which validates them. The replay: the same allocations, then its prepared launches with every pointer slot
 # refilled (and a Python scalar scale / zero point re-checked and refilled). Device-array
 # *values* are checked by the kernels (runtime/status.py), so a replay checks nothing on the host;
 # under the synchronous debug mode (``runtime.sync_checks()``) a call with a device scale or zero
@@ -99,11 +103,13 @@ def describe(obj):
 
 class Entry:
     """A remembered call: what to check, allocate and launch, and where the results are.
-    ``go(args, vals)`` replays it on ``args`` (``vals``: their pointers / scalar values, a fresh
-    list): a function written for this entry by :func:`_compile`; ``MISS``: run the slow path
-    instead (it raises the typed error, or takes over)."""
+    ``go(args, vals, static)`` replays it on ``args`` (``vals``: their pointers / scalar values, a
+    fresh list; ``static``: the keyword values, equal to the remembered ones): a function written
+    for this entry by :func:`_compile`; ``MISS``: run the slow path instead (it raises the typed
+    error, or takes over)."""
 
-    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint", "device", "go")
+    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint", "device",
+                 "typed", "go")
 
 
 def _literal(v):
@@ -123,7 +129,11 @@ def _compile(e: Entry, nargs: int, result):
     ns = {"MISS": MISS, "SYNC": config.SYNC_EVER, "sync_on": config.sync_checks_on, "st": status,
           "raise_pending": status.raise_pending, "check": e.check, "get_stream": e.stream, "runner": e.runner}
     dev = int(e.device)
-    src = ["def run(args, vals):"]
+    src = ["def run(args, vals, static):"]
+    if e.typed:
+        for i, t in e.typed:
+            ns[f"T{i}"] = t
+        src.append("    if " + " or ".join(f"type(static[{i}]) is not T{i}" for i, _ in e.typed) + ": return MISS")
     if e.checked:
         src.append("    if SYNC[0] and sync_on(): return MISS")
     src.append(f"    w = st._words\n    if w is not None and w[{dev}]: raise_pending({dev})")
@@ -228,8 +238,7 @@ def _scalar_check(scale_at, zp_check):
 
 def call_key(op, static, args):
     """(cache key, pointers and scalar values of ``args``), or (None, None): no fast path."""
-    k = [op, static]
-    k += map(type, static)       # 1, 1.0, True and numpy.int64(1) are equal keys, not equally valid
+    k = [op, static]             # the types of static: checked by the replay (Entry.typed)
     vals = []
     fws = _FRAMEWORK
     try:
@@ -271,17 +280,19 @@ class FastCall:
     zero point, if any.
     """
 
-    __slots__ = ("key", "args", "vals", "scale_at", "launches", "runner", "log", "_rec", "disjoint", "device_values")
+    __slots__ = ("key", "static", "args", "vals", "scale_at", "launches", "runner", "log", "_rec", "disjoint",
+                 "device_values")
 
     def __init__(self, op, static, args, scale_at=None):
-        self.args = args
+        self.static, self.args = static, args
         self.scale_at = scale_at
         self.disjoint = None
         self.device_values = False
         self.key, self.vals = call_key(op, static, args)
         if self.key is not None:
             try:
-                if self.key in CACHE:      # remembered already: a call that had to check device values
+                if self.key in CACHE:      # remembered already: a call that had to check device values,
+                    # or whose keyword values differ in type from the remembered call's
                     self.key = None
             except TypeError:              # an unhashable keyword argument
                 self.key = None
@@ -369,6 +380,7 @@ class FastCall:
                 return
         e = Entry()
         e.checked, e.check, e.runner, e.disjoint = self.device_values, None, None, self.disjoint
+        e.typed = tuple((i, type(v)) for i, v in enumerate(self.static) if v is not None and type(v) is not str)
         scalars, scale_at, zp_check = {}, None, None
         sa = self.scale_at
         if sa is not None:

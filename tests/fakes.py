@@ -45,8 +45,8 @@ def count_replays(monkeypatch, on_replay):
     def compile_counted(e, nargs, result):
         go = real(e, nargs, result)
 
-        def counted(args, vals):
-            r = go(args, vals)
+        def counted(args, vals, static):
+            r = go(args, vals, static)
             on_replay(r is not replay.MISS)
             return r
         return counted

@@ -313,6 +313,16 @@ def test_keyword_arguments_of_another_type_are_validated(dev):
     err(lambda: sf.quantize(x, 0.5, scope="tensor", qmin=-100.0), sf.InvalidProblemError, "qmin")
     err(lambda: sf.quantize(x, s, scope="group", group_size=[16]), sf.InvalidProblemError, "group_size")
     assert dev.hits == 0
+    # equal keys, other types: the replay compares the types, and misses; the remembered call replays
+    x, s = dev.a((8, 64)), dev.a((8, 4))
+    sf.quantize(x, s, scope="group", group_size=16, out_dtype="uint8")
+    for bad in (16.0, np.int64(16)):
+        err(lambda: sf.quantize(x, s, scope="group", group_size=bad, out_dtype="uint8"), sf.InvalidProblemError,
+            "group_size")
+    assert dev.hits == 0
+    sf.quantize(x, s, scope="group", group_size=16, out_dtype="uint8")
+    sf.quantize(x, 0.5, scope="tensor", qmin=-100)
+    assert dev.hits == 2
 
 
 def test_any_difference_in_layout_misses(dev, unchecked):

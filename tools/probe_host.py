@@ -118,7 +118,7 @@ def components(synchronize, device: int) -> dict:
             "cache key (_key: attribute reads of 4 arguments)": _host_only(
                 lambda: replay.call_key("quantize", static, args), synchronize),
             "cache lookup (hash and compare of the key)": _host_only(lambda: replay.CACHE.get(key), synchronize),
-            "replay alone (entry.go on the call's key values)": _host_only(lambda: entry.go(args, list(vals)),
+            "replay alone (entry.go on the call's key values)": _host_only(lambda: entry.go(args, list(vals), static),
                                                                            synchronize),
             "status word read (runtime.status.raise_pending)": _host_only(
                 lambda: status.raise_pending(xr.device), synchronize),
