@@ -8,14 +8,23 @@ reduction) no longer pays the launch N times. :func:`bind_graph` turns the prepa
 remembered call into one graph of kernel nodes in a chain (each kernel starts after the previous
 one, as on a stream), and its replay is:
 
-- for each node whose parameter values differ from those its executable graph last launched with,
-  ``cuGraphExecKernelNodeSetParams`` (the driver copies the values; launches already queued keep
-  theirs);
+- where the stream has an executable graph holding exactly the call's parameter values, nothing to
+  set;
+- else, for each node of the stream's "floating" executable graph whose values differ from those it
+  last launched with, ``cuGraphExecKernelNodeSetParams`` (the driver copies the values; launches
+  already queued keep theirs);
 - one ``cuGraphLaunch`` on the caller's stream.
 
-An executable graph is made per stream on first use there: the driver orders every launch of one
+Executable graphs are made per stream on first use there: the driver orders every launch of one
 executable graph behind the previous launch of that graph, so sharing one between streams would
-order the caller's streams behind each other. A graph launch cannot be captured into a caller's
+order the caller's streams behind each other. Besides the floating one, a stream keeps a "fixed"
+executable graph per set of values that came back after the floating one had moved on (a call
+whose results stay alive, so that its outputs cycle through a few addresses; a loop of layers
+calling one op on their own activations): re-setting a node costs the calling thread about 1 µs
+more than launching it, and launching one of several executable graphs costs what launching one
+does (``tools/probe_launch.py``). A set of values becomes fixed the second time it is seen while
+the floating graph holds others; the fixed graphs are bounded per stream (``FIXED``) and per
+process (``FIXED_TOTAL``), and past the bounds a replay re-sets the floating graph, as before. A graph launch cannot be captured into a caller's
 graph (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, which also invalidates the capture), so on a stream
 that is being captured (``cudaStreamIsCapturing``, asked on every replay) the kernels are launched one
 by one, as the capture records them. Where the driver refuses a graph (or cannot be reached
@@ -31,9 +40,9 @@ thread with none current, the runtime makes the device's primary context current
 as every runtime call does (docs/errors.md "Devices").
 
 A replay with work arrays (allocations it does not return) is one call too, ``go.with_work``: the
-stream's executable graph keeps the work arrays made on its first launch there, and every later
-replay on that stream reuses them (only that executable graph uses them, and its launches are
-ordered); on a stream being captured it launches nothing and the replay launches the kernels
+stream's executable graphs keep the work arrays made on its first launch there, and every later
+replay on that stream reuses them (only that stream's executable graphs use them, and the stream
+orders their launches); on a stream being captured it launches nothing and the replay launches the kernels
 (``go.one_by_one``) on new work arrays, which the captured graph owns.
 """
 from __future__ import annotations
@@ -57,6 +66,8 @@ class KernelNodeParams(ctypes.Structure):
 
 
 LAUNCHED, CAPTURING, MISALIGNED = 0, 1, 2     # what a replay with work arrays did (``go.with_work``)
+FIXED, FIXED_TOTAL, SEEN = 32, 1024, 64      # fixed executables a stream / the process; remembered value sets
+_fixed_total = [0]                            # (a soft bound: counted without a lock across graphs)
 _CALLS = ("cuGraphCreate", "cuGraphAddKernelNode_v2", "cuGraphInstantiateWithFlags",
           "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecDestroy", "cuGraphDestroy")
 _lib: list = []
@@ -81,15 +92,27 @@ def _driver():
     return _lib[0]
 
 
+class _Execs:
+    """A stream's executable graphs: the floating one (``handle``; ``last``: the node values it holds,
+    None where unknown), the fixed ones (``fixed``: node values -> handle, never re-set), the value
+    sets seen recently (``seen``) and the work arrays the stream's replays share (``work``)."""
+
+    __slots__ = ("floating", "handle", "last", "fixed", "owned", "seen", "work")
+
+    def __init__(self, ex, last):
+        self.floating, self.handle, self.last = ex, ex.value, last
+        self.fixed, self.owned, self.seen, self.work = {}, [], {}, None
+
+
 class _Graph:
-    """One chain of kernel nodes, its parameter blocks, and an executable graph per stream."""
+    """One chain of kernel nodes, its parameter blocks, and executable graphs per stream."""
 
     def __init__(self, fns, preps, ctx: int):
         self.fns, self.ctx = fns, ctx
         self.first = [tuple(p.values) for p in preps]      # the values the nodes were made with
         self.graph = _vp()
         self.nodes, self.blocks, self.params = [], [], []
-        self.execs: dict = {}            # stream handle -> [exec handle, values last set per node]
+        self.execs: dict = {}            # stream handle -> _Execs
         self.lock = threading.Lock()
         with device.on_context(ctx):
             self._check(fns["cuGraphCreate"](ctypes.byref(self.graph), _u(0)), "cuGraphCreate")
@@ -117,26 +140,35 @@ class _Graph:
         if err:
             raise OSError(f"{what}: CUresult {err}")
 
-    def executable(self, stream: int):
-        """[exec, values per node, scratch, exec as an int] for ``stream``, instantiated on first use
-        (scratch: the call's own work arrays on this stream, filled by the replay; None until then)."""
+    def instantiate(self):
+        """A new executable graph of the chain (its nodes hold ``first``)."""
         ex = _vp()
         with device.on_context(self.ctx):
             err = self.fns["cuGraphInstantiateWithFlags"](ctypes.byref(ex), self.graph, ctypes.c_ulonglong(0))
         if err:
             raise SkuforgeError(f"cuGraphInstantiateWithFlags failed: CUresult {err}")
+        return ex
+
+    def executable(self, stream: int) -> _Execs:
+        """``stream``'s executable graphs, the floating one instantiated on first use."""
+        st = _Execs(self.instantiate(), tuple(self.first))
         if len(self.execs) >= 64:        # streams made and dropped by a caller: forget the oldest
-            old = self.execs.pop(next(iter(self.execs)))
-            self.fns["cuGraphExecDestroy"](old[0])
-        entry = self.execs[stream] = [ex, list(self.first), None, ex.value]
-        return entry
+            self._destroy(self.execs.pop(next(iter(self.execs))))
+        self.execs[stream] = st
+        return st
+
+    def _destroy(self, st: _Execs) -> None:
+        destroy = self.fns["cuGraphExecDestroy"]
+        destroy(st.floating)
+        for ex in st.owned:
+            destroy(ex)
+        _fixed_total[0] -= len(st.owned)
 
     def __del__(self):
-        fns = self.fns
         try:
-            for entry in self.execs.values():
-                fns["cuGraphExecDestroy"](entry[0])
-            fns["cuGraphDestroy"](self.graph)
+            for st in self.execs.values():
+                self._destroy(st)
+            self.fns["cuGraphDestroy"](self.graph)
         except Exception:  # noqa: BLE001 - interpreter shutdown: the driver may be gone already
             pass
 
@@ -164,35 +196,55 @@ def bind_graph(preps):
     n = len(preps)
     several, current = device._several_contexts, device.context_current
 
-    def run(stream, values, entry=None):
+    def set_nodes(ex, values, held):
+        """Each node of ``ex`` whose values differ from ``held`` (its values per node) set to ``values``."""
+        for i in range(n):
+            v = values[i]
+            if v != held[i]:
+                pb = blocks[i]
+                pb.struct.pack_into(pb.buf, 0, *v)
+                err = setp(ex, nodes[i], refs[i])
+                if err:
+                    raise SkuforgeError(f"cuGraphExecKernelNodeSetParams failed: CUresult {err}")
+
+    def launch_values(stream, st, values):
+        """Under the lock: an executable graph of ``st`` holding ``values``, launched on ``stream``."""
+        if values == st.last:
+            h = st.handle
+        else:
+            h = st.fixed.get(values)
+            if h is None:
+                if values in st.seen and len(st.fixed) < FIXED and _fixed_total[0] < FIXED_TOTAL:
+                    ex = g.instantiate()         # a set of values that came back: its own graph
+                    st.owned.append(ex)
+                    _fixed_total[0] += 1
+                    set_nodes(ex, values, g.first)
+                    h = st.fixed[values] = ex.value
+                else:
+                    if len(st.seen) >= SEEN:
+                        st.seen.clear()
+                    st.seen[values] = None
+                    last, st.last = st.last, None      # unknown until the driver took them all
+                    set_nodes(st.floating, values, last or (None,) * n)
+                    st.last, h = values, st.handle
+        try:
+            launch(h, stream)
+        except Exception as e:           # noqa: BLE001 - CuPy's CUDARuntimeError, as the typed error
+            raise SkuforgeError(f"cudaGraphLaunch failed: {e}") from None
+
+    def run(stream, values):
         with lock:                       # the node parameter blocks, the per-stream state
-            if entry is None:
-                try:
-                    cap = is_capturing(stream)
-                except Exception:        # noqa: BLE001 - an invalidated capture, or a stream the runtime
-                    cap = True           # cannot tell about: launch the kernels, which report what is wrong
-                if cap:
-                    # a caller's capture: a graph launch cannot be captured
-                    # (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the kernels can
-                    for b, v in zip(bound, values):
-                        b(stream, v)
-                    return
-                entry = execs.get(stream) or g.executable(stream)
-            last = entry[1]
-            for i in range(n):
-                v = values[i]
-                if v != last[i]:
-                    pb = blocks[i]
-                    pb.struct.pack_into(pb.buf, 0, *v)
-                    last[i] = None       # unknown until the driver took them
-                    err = setp(entry[0], nodes[i], refs[i])
-                    if err:
-                        raise SkuforgeError(f"cuGraphExecKernelNodeSetParams failed: CUresult {err}")
-                    last[i] = v
             try:
-                launch(entry[3], stream)
-            except Exception as e:       # noqa: BLE001 - CuPy's CUDARuntimeError, as the typed error
-                raise SkuforgeError(f"cudaGraphLaunch failed: {e}") from None
+                cap = is_capturing(stream)
+            except Exception:            # noqa: BLE001 - an invalidated capture, or a stream the runtime
+                cap = True               # cannot tell about: launch the kernels, which report what is wrong
+            if cap:
+                # a caller's capture: a graph launch cannot be captured
+                # (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the kernels can
+                for b, v in zip(bound, values):
+                    b(stream, v)
+                return
+            launch_values(stream, execs.get(stream) or g.executable(stream), values)
 
     def go(stream, *values):
         # as runtime.device.bind_launch: the graph's context is made current where another one is
@@ -224,12 +276,12 @@ def bind_graph(preps):
 
     def with_work(make, values_of):
         """``launch(stream, vals, news)``, the replay of a call with work arrays in one call: on
-        ``stream``'s executable graph, with the work arrays it keeps (``make(stream)`` on first use:
+        an executable graph of ``stream``, with the work arrays the stream keeps (``make(stream)`` on first use:
         a tuple, or None when one is misaligned), the node values ``values_of(vals, news, kept)``
         set and launched; returns ``LAUNCHED``, else ``CAPTURING`` (``stream`` is being captured:
         the caller launches the kernels, ``one_by_one``, with new work arrays, which the captured
-        graph owns) or ``MISALIGNED`` (nothing launched). Only this executable graph uses its work
-        arrays, and the driver orders its launches one behind the other."""
+        graph owns) or ``MISALIGNED`` (nothing launched). Only the stream's executable graphs use
+        its work arrays, and the stream orders their launches one behind the other."""
         def kept(stream, vals, news):
             with lock:
                 try:
@@ -238,14 +290,14 @@ def bind_graph(preps):
                     cap = True
                 if cap:
                     return CAPTURING
-                entry = execs.get(stream) or g.executable(stream)
-                work = entry[2]
+                st = execs.get(stream) or g.executable(stream)
+                work = st.work
                 if work is None:
                     work = make(stream)
                     if work is None:
                         return MISALIGNED
-                    entry[2] = work
-            run(stream, values_of(vals, news, work), entry)
+                    st.work = work
+                launch_values(stream, st, values_of(vals, news, work))
             return LAUNCHED
 
         return functools.partial(in_context, kept)

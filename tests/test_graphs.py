@@ -224,3 +224,66 @@ def test_a_refused_graph_launch_is_a_typed_error(driver):
     driver.fail.add("graphLaunch")
     with pytest.raises(SkuforgeError, match="cudaGraphLaunch failed: cudaErrorInvalidResourceHandle"):
         go(11, (0x500, 7), (0x600, 0x700, 1.5))
+
+
+def test_values_that_come_back_get_an_executable_graph_of_their_own(driver):
+    """A set of node values seen again after the floating executable graph moved on gets its own
+    executable graph; later replays with it launch that graph and set nothing."""
+    go = graphs.bind_graph(_preps())
+    a, b = ((0x500, 7), (0x600, 0x700, 1.5)), ((0x500, 7), (0x900, 0x700, 1.5))
+    go(11, *a)                                   # the values the graph was made with
+    floating = driver.log[-1][1]
+    go(11, *b)                                   # first seen: the floating graph is re-set
+    go(11, *a)                                   # back, but a was not seen while another was held
+    driver.log.clear()
+    go(11, *b)                                   # b comes back: its own graph, set from the made values
+    fixed = driver.log[0][1]
+    assert driver.log == [("instantiate", fixed), ("set", fixed, (0xB0, 5, 0x900)), ("launch", fixed, 11)]
+    driver.log.clear()
+    for _ in range(3):
+        go(11, *a)
+        go(11, *b)
+    assert driver.log == [("launch", floating, 11), ("launch", fixed, 11)] * 3     # nothing set
+    go(12, *b)                                   # another stream: its own graphs
+    assert driver.log[-1][1] not in (floating, fixed)
+
+
+def test_fixed_executable_graphs_are_bounded(driver, monkeypatch):
+    """Past ``FIXED`` a stream (or ``FIXED_TOTAL`` the process), a replay re-sets the floating
+    graph; destroying a graph's executables gives their count back."""
+    monkeypatch.setattr(graphs, "FIXED", 1)
+    go = graphs.bind_graph(_preps())
+    sets = [((0x500, 7), (0x600 + 0x100 * i, 0x700, 1.5)) for i in range(3)]
+    for _ in range(3):
+        for v in sets:
+            go(11, *v)
+    instantiated = [e for e in driver.log if e[0] == "instantiate"]
+    assert len(instantiated) == 2                # the floating graph and one fixed
+    st = go.graph.execs[11]
+    assert len(st.fixed) == 1 and len(st.owned) == 1
+    before = graphs._fixed_total[0]
+    monkeypatch.setattr(graphs, "FIXED", 32)
+    monkeypatch.setattr(graphs, "FIXED_TOTAL", before)      # the process is full: no new fixed graph
+    driver.log.clear()
+    go(11, *sets[2])
+    go(11, *sets[1])
+    go(11, *sets[2])
+    assert [e[0] for e in driver.log if e[0] == "instantiate"] == []
+    go.graph._destroy(go.graph.execs.pop(11))
+    assert graphs._fixed_total[0] == before - 1
+
+
+def test_work_arrays_are_shared_by_a_streams_executable_graphs(driver):
+    go = graphs.bind_graph(_preps())
+    made = []
+
+    def make(stream):
+        made.append(stream)
+        return (0x900,)
+    launch = go.with_work(make, lambda vals, news, kept: ((vals[0], 7), (kept[0], news[0], 1.5)))
+    for out in (0x700, 0x800, 0x700, 0x800, 0x700, 0x800):      # two outputs in turn
+        assert launch(11, [0x500], (out,)) == graphs.LAUNCHED
+    assert made == [11]
+    launches = [e[1] for e in driver.log if e[0] == "launch"]
+    assert len(set(launches)) == 2 and launches[-2:] == launches[-4:-2]
+    assert not [e for e in driver.log[-4:] if e[0] == "set"]           # settled: nothing set

@@ -136,7 +136,7 @@ def components(synchronize, device: int) -> dict:
                 lambda: graph(stream, tuple(template)), synchronize)
             # the two runtime calls of every graph replay (CuPy's bindings, as runtime/graphs.py)
             fns = graphs._driver()
-            exv = graph.graph.execs[stream][3]
+            exv = graph.graph.execs[stream].handle
             res["cudaStreamIsCapturing (cupy_backends runtime)"] = _host_only(
                 lambda: fns["streamIsCapturing"](stream), synchronize)
             res["bare cudaGraphLaunch (cupy_backends runtime)"] = _host_only(
@@ -220,7 +220,7 @@ def graph_parts(items, synchronize) -> dict:
             continue
         stream = entry.stream()
         values = [tuple(t) for _, t, _ in entry.launches]
-        ex = go.graph.execs[stream][3]
+        ex = go.graph.execs[stream].handle
         n = 100                          # calls per batch: at most 500 kernels queued behind the spin
         res = {"nodes": len(values), "call": _host_only(item["call"], synchronize, n),
                "graph go (remembered values)": _host_only(lambda: go(stream, *values), synchronize, n),
