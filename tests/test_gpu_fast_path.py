@@ -121,26 +121,36 @@ def _cycle_call(name, r, fw, x):
 @pytest.mark.parametrize("fw", ["cupy", "torch"])
 @pytest.mark.parametrize("name", ["quantize token", "lsq channel", "dynamic group asymmetric"])
 def test_replays_cycling_through_addresses_give_the_slow_path_bits(name, fw, rng, monkeypatch):
-    """Three inputs in turn, the last three results kept alive: each call's outputs land where the
-    call three before had them, so each set of addresses comes back, gets an executable graph of its
-    own (runtime/graphs.py) and is launched with nothing re-set; every result equals the slow path's."""
+    """Three inputs in turn (a loop of layers on their own activations), the results dropped: each
+    input's set of parameter values comes back, gets an executable graph of its own
+    (runtime/graphs.py), and from the third round on a replay instantiates and sets nothing. Then
+    the last three results kept alive (the outputs move too). Every result equals the slow path's."""
     if fw == "torch":
         pytest.importorskip("torch")
     from collections import deque
 
     from runtime import graphs
-    hits = []
+    hits, made, sets = [], [], []
     count_replays(monkeypatch, hits.append)
+    fns = graphs._driver()
+    setp = fns["cuGraphExecKernelNodeSetParams_v2"]
+    monkeypatch.setitem(fns, "cuGraphExecKernelNodeSetParams_v2", lambda *a: sets.append(1) or setp(*a))
+    instantiate = graphs._Graph.instantiate
+    monkeypatch.setattr(graphs._Graph, "instantiate", lambda g: made.append(1) or instantiate(g))
     replay.CACHE.clear()
     calls = [_cycle_call(name, rng, fw, _data(rng, fw, (48, 512), 0)) for _ in range(3)]
-    before = graphs._fixed_total[0]
-    ring, got = deque(maxlen=3), []
-    for _ in range(5):
+    got = []
+    for turn in range(4):
+        if turn == 3:
+            settled = len(made), len(sets)
+        got += [(i, _host(c())) for i, c in enumerate(calls)]
+    assert sum(hits) >= 10, "the repeated calls took the fast path"
+    assert len(made) >= 2 and (len(made), len(sets)) == settled, "the last round set nothing"
+    ring = deque(maxlen=3)
+    for _ in range(3):
         for i, c in enumerate(calls):
             ring.append(c())
             got.append((i, _host(ring[-1])))
-    assert sum(hits) >= 13, "the repeated calls took the fast path"
-    assert graphs._fixed_total[0] > before, "address sets that came back got executable graphs of their own"
     replay.CACHE.clear()
     want = [_host(c()) for c in calls]                                       # slow path
     for i, g in got:
