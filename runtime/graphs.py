@@ -212,18 +212,23 @@ def bind_graph(preps):
         if values == st.last:
             h = st.handle
         else:
-            h = st.fixed.get(values)
+            try:
+                h = st.fixed.get(values)
+                again = h is None and values in st.seen
+            except TypeError:            # a value that cannot be hashed: the floating graph only
+                h, again = None, None
             if h is None:
-                if values in st.seen and len(st.fixed) < FIXED and _fixed_total[0] < FIXED_TOTAL:
+                if again and len(st.fixed) < FIXED and _fixed_total[0] < FIXED_TOTAL:
                     ex = g.instantiate()         # a set of values that came back: its own graph
                     st.owned.append(ex)
                     _fixed_total[0] += 1
                     set_nodes(ex, values, g.first)
                     h = st.fixed[values] = ex.value
                 else:
-                    if len(st.seen) >= SEEN:
-                        st.seen.clear()
-                    st.seen[values] = None
+                    if again is not None:
+                        if len(st.seen) >= SEEN:
+                            st.seen.clear()
+                        st.seen[values] = None
                     last, st.last = st.last, None      # unknown until the driver took them all
                     set_nodes(st.floating, values, last or (None,) * n)
                     st.last, h = values, st.handle

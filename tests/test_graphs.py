@@ -287,3 +287,16 @@ def test_work_arrays_are_shared_by_a_streams_executable_graphs(driver):
     launches = [e[1] for e in driver.log if e[0] == "launch"]
     assert len(set(launches)) == 2 and launches[-2:] == launches[-4:-2]
     assert not [e for e in driver.log[-4:] if e[0] == "set"]           # settled: nothing set
+
+
+def test_values_that_cannot_be_hashed_use_the_floating_graph(driver):
+    """A parameter value the driver takes but a dict cannot (a bytearray tensor map): the floating
+    graph is re-set, no fixed graph is made, nothing fails."""
+    launched = []
+    preps = [_Prep(_Fn(0xA0), (3,), (128,), _Abi("QT"), [0x500, bytes(128)], launched=launched)]
+    go = graphs.bind_graph(preps)
+    a, b = (0x500, bytearray(128)), (0x600, bytearray(b"\1" * 128))
+    for v in (a, b, a, b):
+        go(11, v)
+    assert [e[0] for e in driver.log].count("instantiate") == 1
+    assert [e[0] for e in driver.log].count("set") == 3         # a equals the values made with
