@@ -24,10 +24,12 @@ calling one op on their own activations): re-setting a node costs the calling th
 more than launching it, and launching one of several executable graphs costs what launching one
 does (``tools/probe_launch.py``). A set of values becomes fixed the second time it is seen while
 the floating graph holds others; the fixed graphs are bounded per stream (``FIXED``) and per
-process (``FIXED_TOTAL``), and past the bounds a replay re-sets the floating graph, as before. A graph launch cannot be captured into a caller's
-graph (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, which also invalidates the capture), so on a stream
-that is being captured (``cudaStreamIsCapturing``, asked on every replay) the kernels are launched one
-by one, as the capture records them. Where the driver refuses a graph (or cannot be reached
+process (``FIXED_TOTAL``), and past the bounds a replay re-sets the floating graph.
+
+A graph launch cannot be captured into a caller's graph (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+which also invalidates the capture), so on a stream that is being captured
+(``cudaStreamIsCapturing``, asked on every replay) the kernels are launched one by one, as the
+capture records them. Where the driver refuses a graph (or cannot be reached
 through ctypes), ``bind_graph`` returns None and the call replays its launches one by one.
 
 The graph is built through ctypes on libcuda (rarely: once per remembered call and stream), but the
@@ -42,8 +44,8 @@ as every runtime call does (docs/errors.md "Devices").
 A replay with work arrays (allocations it does not return) is one call too, ``go.with_work``: the
 stream's executable graphs keep the work arrays made on its first launch there, and every later
 replay on that stream reuses them (only that stream's executable graphs use them, and the stream
-orders their launches); on a stream being captured it launches nothing and the replay launches the kernels
-(``go.one_by_one``) on new work arrays, which the captured graph owns.
+orders their launches); on a stream being captured it launches nothing and the replay launches the
+kernels (``go.one_by_one``) on new work arrays, which the captured graph owns.
 """
 from __future__ import annotations
 
@@ -280,10 +282,10 @@ def bind_graph(preps):
             return fn(*args)
 
     def with_work(make, values_of):
-        """``launch(stream, vals, news)``, the replay of a call with work arrays in one call: on
-        an executable graph of ``stream``, with the work arrays the stream keeps (``make(stream)`` on first use:
-        a tuple, or None when one is misaligned), the node values ``values_of(vals, news, kept)``
-        set and launched; returns ``LAUNCHED``, else ``CAPTURING`` (``stream`` is being captured:
+        """``launch(stream, vals, news)``, the replay of a call with work arrays in one call: on an
+        executable graph of ``stream``, with the work arrays the stream keeps (``make(stream)`` on
+        first use: a tuple, or None when one is misaligned), the node values
+        ``values_of(vals, news, kept)`` set and launched; returns ``LAUNCHED``, else ``CAPTURING`` (``stream`` is being captured:
         the caller launches the kernels, ``one_by_one``, with new work arrays, which the captured
         graph owns) or ``MISALIGNED`` (nothing launched). Only the stream's executable graphs use
         its work arrays, and the stream orders their launches one behind the other."""
