@@ -214,10 +214,10 @@ def bind_graph(preps):
         if values == st.last:
             h = st.handle
         else:
-            try:
+            try:                         # again: True / False, or None where values cannot be hashed
                 h = st.fixed.get(values)
                 again = h is None and values in st.seen
-            except TypeError:            # a value that cannot be hashed: the floating graph only
+            except TypeError:            # (a bytearray, say): the floating graph only
                 h, again = None, None
             if h is None:
                 if again and len(st.fixed) < FIXED and _fixed_total[0] < FIXED_TOTAL:

@@ -46,11 +46,11 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
 # itself, and only where equal values may differ in type (1, 1.0, True and numpy.int64(1) are
 # equal keys, not equally valid; a str or None equals only a str or None): that costs a repeated
 # call less than a key with a type per keyword. A replay with other types misses and runs the
-# slow path, which validates them. The replay: the same allocations, then its prepared launches with every pointer slot
-# refilled (and a Python scalar scale / zero point re-checked and refilled). Device-array
-# *values* are checked by the kernels (runtime/status.py), so a replay checks nothing on the host;
-# under the synchronous debug mode (``runtime.sync_checks()``) a call with a device scale or zero
-# point takes the slow path, which checks them.
+# slow path, which validates them. The replay: the same allocations, then its prepared launches
+# with every pointer slot refilled (and a Python scalar scale / zero point re-checked and
+# refilled). Device-array *values* are checked by the kernels (runtime/status.py), so a replay
+# checks nothing on the host; under the synchronous debug mode (``runtime.sync_checks()``) a call
+# with a device scale or zero point takes the slow path, which checks them.
 #
 # Which slot takes which pointer is found when the call is remembered, by matching every nonzero
 # pointer slot ("Q" in the struct format) against the pointers of the array arguments and of
