@@ -62,7 +62,7 @@ class Family:
     # returned dict is merged into the kernel's manifest launch metadata (its kind and parameter
     # lists come from ``launch`` and codegen/abi.py alone).
     extra_context: Optional[Callable] = None
-    precision: Optional[Callable] = None   # sku fields -> Precision; default: exact math of SPEC §5
+    precision: Optional[Callable] = None   # sku fields -> Precision; default: the exact math of docs/numerics.md
     headers: tuple = ()                 # extra shared headers (templates/...) after the prelude in its units
 
     def cells(self) -> Iterator[KernelSku]:
@@ -126,7 +126,7 @@ TEAM_REGISTERS = {"light": (96, 56, 40, 40), "heavy": (96, 64, 48, 48)}
 # compiled with TX threads per row group and CH chunks per thread and row group as compile-time
 # constants, for the launches that `auto` makes most (runtime.dynamic.team_launch): t8 with two row
 # groups per thread (CH = 4) and TX 2 / 4 / 8 for groups of 8, 16 and 32 chunks (64 / 128 / 256
-# elements of 16 bits, 32 / 64 / 128 of f32), and for SPEC §6's small shape (16, 4096) bf16 / f16
+# elements of 16 bits, 32 / 64 / 128 of f32), and for the (16, 4096) latency shape bf16 / f16
 # (t2, CH = 2: TX = 8 for group 128, TX = 256 for token). The run-time-TX entry point takes every
 # other launch (docs/dynamic.md "Fixed-TX entry points"). Bench on an H200 (with against
 # without them): group(128) bf16 at 8192^2 84.0 -> 87.0 % of copy, f16 83.9 -> 86.7; at (16, 4096)
@@ -312,7 +312,7 @@ def _moe_precision(op, scope, mode, el, aux, arch, backend):
 
 
 _MOE_EXCLUSIONS = (
-    Exclusion("f64 grouped matmul is not offered: SPEC §5 grouped_matmul dtypes are f32, f16, bf16",
+    Exclusion("f64 grouped matmul is not offered: grouped matmul takes f32, f16 and bf16 (docs/numerics.md)",
               lambda s: s.element == "f64"),
     Exclusion("the tensor-core (mma) path takes f16/bf16 inputs with fp32 accumulation; f32 runs on simt",
               lambda s: s.backend == "mma" and s.element == "f32"),
@@ -341,7 +341,7 @@ MOE_GEMM = Family(
     pairs=tuple((el, None) for el in MOE_FLOATS),
     backends=("simt", "mma"),
     launch="moe_gemm",
-    nvrtc_options=(),            # fmad on: grouped matmul is not bit-exact with NumPy (SPEC §6 tolerances)
+    nvrtc_options=(),            # fmad on: grouped matmul is not bit-exact with NumPy (tolerances: docs/numerics.md)
     exclusions=_MOE_EXCLUSIONS,
     extra_context=_moe_context,
     precision=_moe_precision,
@@ -457,7 +457,7 @@ def _lowbit_kind(sku: KernelSku) -> str:
 
 # Why some low-bit cells are not generated (the cell a kernel of another arch serves, or none).
 LOWBIT_EXCLUSIONS = (
-    Exclusion("fp8 has no zero point: fp8 quantization is symmetric only (SPEC §5 fp8 outputs)",
+    Exclusion("fp8 has no zero point: fp8 quantization is symmetric only (docs/lowbit.md)",
               lambda s: s.mode == "asymmetric" and _lowbit_kind(s) in FP8),
     Exclusion("int4 has no conversion instruction: the sm80 kernel (integer rounding) serves every arch",
               lambda s: s.arch != "sm80" and _lowbit_kind(s) in INT4),

@@ -10,8 +10,8 @@ forward and backward. The script checks the layer against the same layer on one 
 
 Checks, on every rank, in float32 and bfloat16: this rank's outputs, input gradients and its
 experts' weight gradients against the one-GPU layer (every expert, every rank's tokens) run on the
-same GPU, and the router gradient summed over the ranks, within SPEC's tolerances (relative
-Frobenius error 1e-5 float32, 1e-2 bfloat16); dw bit-identical across two runs; float32 also
+same GPU, and the router gradient summed over the ranks, within the grouped-matmul tolerances
+(docs/numerics.md: relative Frobenius error 1e-5 float32, 1e-2 bfloat16); dw bit-identical across two runs; float32 also
 against a float64 per-expert reference. --bench prints the median time of a step on W GPUs
 (skuforge, torch._grouped_mm, the exchanges alone) and of the one-GPU layer on all W GPUs' tokens
 (skuforge, torch._grouped_mm); --json PATH writes them as a record.
@@ -33,7 +33,7 @@ import torch.distributed as dist  # noqa: E402
 
 from runtime.torch import ep  # noqa: E402
 
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}     # SPEC §6, per grouped matmul
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}     # docs/numerics.md, per grouped matmul
 
 
 def setup() -> tuple:

@@ -61,7 +61,7 @@ def check_against_reference(device: str, M: int = 200) -> float:
     for a, b in [(y, y64)] + [(p[k].grad, p64[k].grad) for k in ("w1", "w2", "router")]:
         err = float((a.double() - b).norm() / b.norm())
         worst = max(worst, err)
-    assert worst < 1e-4, worst              # float32 products, float32 accumulation (SPEC: 1e-5 per GEMM)
+    assert worst < 1e-4, worst              # float32 products, float32 accumulation (docs/numerics.md: 1e-5 per GEMM)
     return worst
 
 

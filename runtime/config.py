@@ -153,7 +153,7 @@ class Settings:
         "doc": "records folder of verify / bench / audit / compile --record (None: <repo>/audit); read at import"})
     commit: Optional[str] = dataclasses.field(
         default=None, metadata={"env": "SKUFORGE_COMMIT",
-        "doc": "commit the records name, for copies of the tree without .git (a lent GPU machine)"})
+        "doc": "commit the records name, for copies of the tree without their own .git"})
     dirty: bool = dataclasses.field(
         default=False, metadata={"env": "SKUFORGE_DIRTY",
         "doc": "with ``commit``: the tree had uncommitted changes (anything but ``0``, ``false``, empty)"})

@@ -1,7 +1,7 @@
 """Dynamic-range quantization: ``q, scale, zero_point = dynamic_quantize(x, ...)``.
 
 Per scope element, the kernels reduce the slice of ``x`` (max |x|, or min/max including 0;
-NaN ignored), derive ``scale`` (and ``zero_point``) exactly as SPEC §5 and quantize, so that
+NaN ignored), derive ``scale`` (and ``zero_point``) exactly as docs/numerics.md defines them and quantize, so that
 ``q == quantize(x, scale, zero_point, qmin=qmin, qmax=qmax)`` bit for bit.
 
 Two launch kinds:

@@ -1,6 +1,6 @@
 """The kind vocabulary: every fact about an element kind, in one table.
 
-One frozen :class:`Kind` per element kind (SPEC §2: ``f16 bf16 f32 f64 s8 u8 s4 u4 fp8_e4m3
+One frozen :class:`Kind` per element kind (the SKU element kinds of docs/api.md: ``f16 bf16 f32 f64 s8 u8 s4 u4 fp8_e4m3
 fp8_e5m2 e8m0 i32 u32``, plus ``i64``, which arrays may carry but no SKU names). Every other table
 of the project (the generator's C types and sizes, the runtime's dtype spellings, quantization
 ranges, fp8 formats, the groups the ops accept) is derived from :data:`ALL`. Adding a dtype is one
@@ -37,7 +37,7 @@ class Kind:
     emin: Optional[int] = None      # fp8: exponent of the smallest normal
     emax: Optional[int] = None      # fp8: exponent of the largest normal (OCP MX "emax_elem")
     container: Optional[str] = None  # the kind whose storage holds it (s4 / u4 / e8m0 -> u8)
-    sku: bool = True                # a SKU element kind (SPEC §2)
+    sku: bool = True                # a SKU element kind (docs/api.md)
     tma: Optional[int] = None       # the driver's CUtensorMapDataType (runtime/tma.py); None: no tensor maps
 
     @property
@@ -51,7 +51,7 @@ class Kind:
         return BY_NAME[self.container].numpy if self.container else self.numpy
 
 
-# Table order is the SKU listing order (SPEC §2); groups below keep the order their users list.
+# Table order is the SKU listing order (docs/api.md); groups below keep the order their users list.
 ALL: Tuple[Kind, ...] = (
     Kind("f16", ("float16", "half", "fp16"), "f16_t", 2, "float16", "float16", True, tma=6),
     Kind("bf16", ("bfloat16",), "bf16_t", 2, "bfloat16", "bfloat16", True, tma=9),
@@ -109,7 +109,7 @@ QRANGE = MappingProxyType({k.name: k.qrange for k in ALL if k.qrange is not None
 
 
 def math_kind(float_kind: str) -> str:
-    """All math in float32 after upcasting f16/bf16 (float64 for f64): SPEC §5."""
+    """All math in float32 after upcasting f16/bf16 (float64 for f64): docs/numerics.md."""
     return "f64" if float_kind == "f64" else "f32"
 
 

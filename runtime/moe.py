@@ -1,4 +1,4 @@
-"""MoE grouped matmul (SPEC §5): functional API, routing workspace and the ``moe_gemm`` launcher.
+"""MoE grouped matmul (docs/numerics.md): functional API, routing workspace and the ``moe_gemm`` launcher.
 
     y      = grouped_matmul(x, w, row_experts=ids)              # y[m] = w[e(m)] @ x[m]
     dx, dw = grouped_matmul_backward(x, w, dy, offsets=offs)
@@ -20,7 +20,7 @@ sync. ``validate_offsets`` gives a typed error at once instead, at the cost of a
 runs it under ``runtime.sync_checks()``).
 ``trusted_offsets=True`` (the only way) skips the validation: the offsets are then clamped into
 [0, M] and made monotone, so accesses stay in bounds whatever they hold; nothing is reported.
-``row_experts`` needs no check: ids outside [0, E) are padding rows (SPEC §5).
+``row_experts`` needs no check: ids outside [0, E) are padding rows (docs/numerics.md).
 
 ``out=`` (y, or (dx, dw)) and ``workspace=`` (uint8, ``grouped_matmul_workspace_size(M, E, routing)``
 bytes; the routing tables) take caller arrays; a repeated call with same-layout arguments replays
@@ -60,7 +60,7 @@ from .params import check_apart, same_device
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 from .tma import MapSpec, map_encoder
 
-MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (SPEC §5)
+MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (docs/numerics.md)
 STRATEGIES = ("auto", "simt", "mma", "wgmma")
 MAX_EXPERTS = 1024          # routing keeps one counter per expert per warp in shared memory
 MAX_ROWS = 2**31            # row indices are stored as int32 in the routing permutation

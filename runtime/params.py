@@ -159,7 +159,7 @@ def channel_params(shape, scope, axis):
 
 def check_scale_dtype(scale_dtype, data_kind: str) -> str:
     """The scale kind of float data of ``data_kind``: its math precision (float64 for float64 data,
-    else float32, SPEC §4). ``scale_dtype`` may be None, ``"float32"`` (the default spelling of
+    else float32, docs/numerics.md). ``scale_dtype`` may be None, ``"float32"`` (the default spelling of
     "float scales") or that precision itself; e8m0 block scales are routed before this check."""
     math_kind = kinds.math_kind(data_kind)
     if scale_dtype is None:

@@ -1,4 +1,4 @@
-"""Functional API of the quantization family (SPEC §3): normalize, plan, launch.
+"""Functional API of the quantization family (docs/api.md): normalize, plan, launch.
 
 Every check happens before any launch and raises a typed error that names the argument,
 the value and what is supported.
@@ -85,7 +85,7 @@ def code_out(out, like: ArrayRef, shape, qk: str, arg: str = "out") -> ArrayRef:
 
 def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",
              qmin=None, qmax=None, out=None, scale_dtype=None):
-    """``q = clamp(rne(x / scale) + zero_point, qmin, qmax)`` per scope (SPEC §5).
+    """``q = clamp(rne(x * inv) + zero_point, qmin, qmax)``, ``inv = 1 / scale``, per scope (docs/numerics.md).
 
     ``zero_point=None`` is symmetric mode: the implied zero point is 0 for signed outputs
     and the middle of the range (128) for u8. Low-bit outputs (fp8, packed int4) and
@@ -122,7 +122,7 @@ def _quantize(fast, x, scale, zero_point, out, scope, axis, group_size, out_dtyp
 
 def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="float32", out=None,
                in_dtype=None, scale_dtype=None):
-    """``y = (q - zero_point) * scale`` per scope, rounded once to ``out_dtype`` (SPEC §5).
+    """``y = (q - zero_point) * scale`` per scope, rounded once to ``out_dtype`` (docs/numerics.md).
 
     Low-bit inputs (docs/lowbit.md): a torch fp8 tensor, or a uint8 container with
     ``in_dtype`` = ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"int4"`` (s4) or ``"uint4"`` (u4, packed two

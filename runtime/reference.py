@@ -1,7 +1,7 @@
 """NumPy reference for every op: the definition the kernels are tested against, bit for bit.
 
 Inputs are NumPy arrays (``ml_dtypes`` for bf16 / fp8). Math is float32 after upcasting
-f16/bf16 (float64 for f64), exactly as SPEC §5 and the kernels do it.
+f16/bf16 (float64 for f64), exactly as docs/numerics.md defines it and the kernels do it.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def _slice_axes(shape, scope, axis):
 
 def dynamic_qparams(x, *, scope, mode="symmetric", axis=None, group_size=None, out_kind="s8",
                     qmin=None, qmax=None, eps=1e-8):
-    """(scale, zero_point or None, qmin, qmax) exactly as SPEC §5 defines them, in the math
+    """(scale, zero_point or None, qmin, qmax) exactly as docs/numerics.md defines them, in the math
     precision: reductions ignore NaN (np.fmax / np.fmin), an empty or all-NaN slice reduces to 0;
     ``clamp`` of the zero point is ``fmax(fmin(z, qmax), qmin)`` (a NaN, from min x = -inf, -> qmax)."""
     x = np.asarray(x)
@@ -185,7 +185,7 @@ def _masked(dy, mask, math):
 
 def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="s8",
                       qmin=None, qmax=None):
-    """``dx = dy * (qmin <= v <= qmax)`` with quantize's ``v`` (SPEC §5), in x's dtype."""
+    """``dx = dy * (qmin <= v <= qmax)`` with quantize's ``v`` (docs/numerics.md), in x's dtype."""
     v, _, _ = quantize_values(np.asarray(x), scale, zero_point, scope=scope, axis=axis, group_size=group_size,
                               out_kind=out_dtype, qmin=qmin, qmax=qmax)
     lo, hi = kinds.QRANGE[out_dtype]
@@ -225,7 +225,7 @@ def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, g
 
 def lsq_terms(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None, qmin=-128, qmax=127,
               grad_factor=1.0):
-    """Per-element LSQ terms ``(dx, ds, dz)`` (PyTorch's formulas, SPEC §5), ds/dz in the math precision."""
+    """Per-element LSQ terms ``(dx, ds, dz)`` (PyTorch's formulas, docs/numerics.md), ds/dz in the math precision."""
     x = np.asarray(x)
     math = math_dtype(x.dtype)
     m = math.type
@@ -369,7 +369,7 @@ def fp8_decode(codes, kind: str, math=np.float32) -> np.ndarray:
 
 
 def e8m0_from_amax(amax, kind: str) -> np.ndarray:
-    """SPEC §5 MX: ``e = floor(log2(amax)) - emax_elem`` clamped to [-127, 127], stored as ``e + 127``
+    """MX (docs/numerics.md): ``e = floor(log2(amax)) - emax_elem`` clamped to [-127, 127], stored as ``e + 127``
     (uint8). amax = 0 gives e = -127; amax = inf gives 127."""
     a = np.asarray(amax)
     with np.errstate(all="ignore"):

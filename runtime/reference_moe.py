@@ -1,4 +1,4 @@
-"""float64 NumPy reference of the MoE grouped matmul (SPEC §5) and the SPEC §6 error measure.
+"""float64 NumPy reference of the MoE grouped matmul and its error measure (docs/numerics.md).
 
 Inputs are NumPy arrays (``ml_dtypes.bfloat16`` for bf16); they are upcast exactly to float64.
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# SPEC §6: relative Frobenius error vs the float64 reference.
+# docs/numerics.md: relative Frobenius error vs the float64 reference.
 TOLERANCE = {"f32": 1e-5, "f16": 1e-2, "bf16": 1e-2}
 
 

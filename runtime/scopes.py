@@ -57,7 +57,7 @@ def rows_view(a, arg: str) -> RowsView:
 
 
 def param_shape(x_shape, scope, axis=None, group_size=None) -> tuple:
-    """The shape scales and zero points must have for this scope (SPEC §4)."""
+    """The shape scales and zero points must have for this scope (docs/numerics.md)."""
     if scope == "tensor":
         return ()
     if scope == "channel":

@@ -1,4 +1,4 @@
-"""The SKU vocabulary: what a generated kernel *is* (SPEC §2).
+"""The SKU vocabulary: what a generated kernel *is* (docs/api.md).
 
 A :class:`KernelSku` is a frozen, hashable, orderable value. Its canonical string has
 nine ``/``-separated fields, ``-`` for a field that does not apply::

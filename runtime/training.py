@@ -1,4 +1,4 @@
-"""Training ops (SPEC §3, §5): straight-through backward passes, fake quantization and LSQ.
+"""Training ops (docs/api.md, docs/numerics.md): straight-through backward passes, fake quantization and LSQ.
 
     dx         = quantize_backward(dy, x, scale, zero_point=None, *, scope, ...)
     dq         = dequantize_backward(dy, scale, *, scope, ...)

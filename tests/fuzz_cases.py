@@ -11,7 +11,7 @@ a bad keyword or scalar value, an output overlapping an input, bad values in a d
 The tests materialize the arrays: fake ``__cuda_array_interface__`` arrays at made-up addresses on
 the CPU (nothing is read), CuPy / torch arrays holding :func:`host_values` on the GPU.
 :func:`expected` is the NumPy reference of a valid problem (runtime/reference.py, bit-exact for the
-quantization ops; runtime/reference_moe.py within SPEC §6's tolerances for grouped matmul) and
+quantization ops; runtime/reference_moe.py within the tolerances of docs/numerics.md for grouped matmul) and
 :func:`compare` checks results against it; the CPU tests run both on host values to keep this
 code honest without a GPU.
 """
@@ -887,7 +887,7 @@ def _bits(a):
 
 def compare(p: Problem, got, want) -> None:
     """``got`` (host arrays, as the call returned them) equals ``want`` (:func:`expected`): bit for bit
-    (NaN equals NaN) for the quantization ops, within SPEC §6's relative error for grouped matmul.
+    (NaN equals NaN) for the quantization ops, within the relative error of docs/numerics.md for grouped matmul.
     Raises AssertionError naming the output and the first differing element."""
     gots = got if isinstance(got, tuple) else (got,)
     wants = want if isinstance(want, tuple) else (want,)

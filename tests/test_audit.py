@@ -138,7 +138,7 @@ def test_filter_and_row_layout():
     assert {c.op for c in a.cells} == {"quantize"}
     fields, scopes, rows = audit.op_table(a, "quantization", "quantize")
     assert fields == ["element", "aux_element"]            # mode/arch/precision do not vary: not in the label
-    assert scopes == ["token", "group"]                    # SPEC order, not alphabetical
+    assert scopes == ["token", "group"]                    # the SKU vocabulary's order, not alphabetical
     assert set(rows) == {("bf16", "s8"), ("bf16", "s4"), ("bf16", "fp8_e4m3")}
     a2 = audit.collect(manifest(), pattern="*dequantize*")
     fields2, _, _ = audit.op_table(a2, "quantization", "dequantize")
@@ -510,9 +510,9 @@ def test_bench_plan_discovers_modules_and_default_subset():
     todo = bench.plan(skus, [mod_a, mod_b], shapes=[(16, 4096)])
     assert [(str(s), m.__name__, sh) for s, m, sh in todo] == [
         (S_TOK, "a", (16, 4096)), (S_GRP, "a", (16, 4096)), (S_DEQ, "b", ("E8",))]
-    assert len(bench.plan(skus, [mod_a, mod_b], all_skus=True)) == 4 * len(bench.SPEC_SHAPES) + 1
+    assert len(bench.plan(skus, [mod_a, mod_b], all_skus=True)) == 4 * len(bench.STANDARD_SHAPES) + 1
     default = [(str(s).split("/")[2], sh) for s, m, sh in bench.plan(skus[:2], [mod_a])]
-    assert default == [("token", sh) for sh in bench.SPEC_SHAPES] + [("group", sh) for sh in bench.SPEC_SHAPES]
+    assert default == [("token", sh) for sh in bench.STANDARD_SHAPES] + [("group", sh) for sh in bench.STANDARD_SHAPES]
     f32 = KernelSku.parse(f"quantization/quantize/token/symmetric/f32/s8/sm80/simt/{P}")
     assert [sh for s, m, sh in bench.plan([f32], [mod_a])] == list(bench.LARGE_SHAPES)     # bf16 only on all four
     assert [sh for s, m, sh in bench.plan(skus, [mod_b], quick=True)] == [("E1",)]

@@ -1,6 +1,6 @@
 """GPU half of the fuzz: hypothesis draws calls (tests/fuzz_cases.py) and runs them on real CuPy / torch
 arrays of small shapes. Every call returns the NumPy reference's result (bit for bit for the
-quantization ops, SPEC §6's tolerance for grouped matmul) or raises a typed error; a call with bad
+quantization ops, the tolerance of docs/numerics.md for grouped matmul) or raises a typed error; a call with bad
 values in a device array reports a DeviceValueError at ``sf.check()``; a valid call repeated on new
 arrays of the same layouts (a replay) returns the reference again. After the run the CUDA context
 still works. At least 2,000 calls (``test_gpu_fuzz_made_enough_calls`` prints the counts).

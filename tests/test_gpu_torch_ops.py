@@ -2,7 +2,7 @@
 registration, fake tensor vs the real kernels, AOT dispatch static and dynamic), the real results
 equal to the functional API's, and the gradients: ``gradcheck`` in float64 where the op's gradient
 is a true derivative (dequantize w.r.t. the scale), float64 references for the straight-through
-ops (fake_quantize, quantize to fp8) and grouped matmul (f32 vs float64 within SPEC's 1e-5)."""
+ops (fake_quantize, quantize to fp8) and grouped matmul (f32 vs float64 within the 1e-5 of docs/numerics.md)."""
 import pytest
 
 pytestmark = pytest.mark.gpu

@@ -129,7 +129,7 @@ def test_lsq_matches_torch_learnable(rng):
 
 
 def test_torch_specials_are_recorded():
-    """NaN / ±inf: skuforge follows SPEC §5; PyTorch's answers are recorded for the docs."""
+    """NaN / ±inf: skuforge follows docs/numerics.md; PyTorch's answers are recorded for the docs."""
     import json
     import os
     _torch()
@@ -153,7 +153,7 @@ def _sft():
 
 def _grid(torch, rng, rows, cols, axis_len):
     """x = (k / 4) * s with power-of-two per-row scales: x * inv + zp is exact, so PyTorch's
-    per-channel rounding (one step) and SPEC's (two steps) agree for even zero points."""
+    per-channel rounding (one step) and skuforge's (two steps) agree for even zero points."""
     s = torch.from_numpy((2.0 ** rng.integers(-8, -3, axis_len)).astype(np.float32)).cuda()
     k = torch.from_numpy(rng.integers(-4 * 180, 4 * 180, (rows, cols)).astype(np.float32)).cuda()
     return k / 4 * s[:, None], s

@@ -14,7 +14,7 @@ from runtime.errors import InvalidProblemError
 from runtime.sku import KernelSku
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC_KINDS = "f16 bf16 f32 f64 s8 u8 s4 u4 fp8_e4m3 fp8_e5m2 e8m0 i32 u32".split()    # SPEC §2
+SKU_KINDS = "f16 bf16 f32 f64 s8 u8 s4 u4 fp8_e4m3 fp8_e5m2 e8m0 i32 u32".split()    # the SKU element kinds (docs/api.md)
 
 
 def _np_dtype(name):
@@ -27,8 +27,8 @@ def _np_dtype(name):
 
 
 def test_sku_elements_are_spec_kinds_in_order():
-    assert kinds.ELEMENTS == tuple(SPEC_KINDS)
-    assert all(kinds.kind(k).sku for k in SPEC_KINDS)
+    assert kinds.ELEMENTS == tuple(SKU_KINDS)
+    assert all(kinds.kind(k).sku for k in SKU_KINDS)
     assert [k.name for k in kinds.ALL if not k.sku] == ["i64"]
 
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One batched GPU round on the device machine (see docs/audit.md "GPU rounds").
+# Several GPU checks in one invocation (docs/audit.md, "Batched GPU runs").
 # Usage: tools/gpu_round.sh STAGE...   stages: verify tests sanitize probe_<name> bench ab
 # Knobs: SEED, VERIFY_FILTER, SANITIZE_FILTER, SANITIZE_TOOL (memcheck, racecheck, synccheck), SANITIZE_JOBS, SANITIZE_LIMIT (per shard), SANITIZE_ARGS (e.g. --per-template), TESTS (files), TESTS_K (pytest -k; unset: "not bit_exact", empty: every test), TESTS_LIMIT, BENCH_ARGS, BENCH_LIMIT, AB_TREE / AB_FILTER / AB_SHAPES (stage ab),
 # ARGS_<probe stage> (extra arguments of that probe, e.g. ARGS_probe_dynamic='--cases 2').
-# Everything lands flat under $OUT (logs, probe JSON, audit records as audit.tar).
+# Everything lands flat in the output folder OUT (logs, probe JSON, audit records as audit.tar).
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-# The device machine's copy of the tree carries a stale .git (its HEAD is not the commit under
-# test): the records must name the commit from the caller, so it is required.
+# A copy of the tree may carry a .git that is not its own (its HEAD is not the commit under test):
+# the records must name the commit from the caller, so it is required.
 : "${SKUFORGE_COMMIT:?set SKUFORGE_COMMIT to the commit under test (git rev-parse --short HEAD, here)}"
 export SKUFORGE_COMMIT
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -21,7 +21,7 @@ for stage in "$@"; do
     probe_*) eval "extra=\${ARGS_$stage:-}"; timeout -s INT 240 python3 tools/$stage.py --out "$OUT/$stage.json" $extra > "$OUT/$stage.txt" 2>&1; rc=$?; tail -45 "$OUT/$stage.txt" >> "$OUT/round.log" ;;
     sanitize) python3 tools/sanitize.py --tool ${SANITIZE_TOOL:-memcheck} --filter "${SANITIZE_FILTER:-*}" --seed ${SEED:-1} --jobs ${SANITIZE_JOBS:-4} --limit ${SANITIZE_LIMIT:-540} ${SANITIZE_ARGS:-} --out "$OUT/sanitize" > "$OUT/sanitize.txt" 2>&1; rc=$?; tail -25 "$OUT/sanitize.txt" >> "$OUT/round.log" ;;
     bench)  timeout -s INT ${BENCH_LIMIT:-420} python3 -m codegen bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; rc=$?; tail -40 "$OUT/bench.txt" >> "$OUT/round.log" ;;
-    ab)     # kernel time of this tree against another one (AB_TREE: a checkout carried along, e.g. an
+    ab)     # kernel time of this tree against another one (AB_TREE: a checkout beside this one, e.g. an
             # older commit's `git archive` in a folder .git/info/exclude ignores), in one run, alternating
             rc=0; for side in this other this other; do
               dir=.; [ $side = other ] && dir=${AB_TREE:?set AB_TREE to the other tree}
@@ -32,7 +32,7 @@ for stage in "$@"; do
   esac
   # a stage cut by its time limit must say so (timeout's SIGINT: pytest exits 2 with no summary)
   if [ $rc -ne 0 ]; then echo "!! $stage exited $rc$( [ $rc -eq 124 ] || [ $rc -eq 130 ] || [ $rc -eq 2 ] && echo ' (time limit or interrupt: incomplete)')" | tee -a "$OUT/round.log"; fi
-  tar cf "$OUT/audit.tar" audit/verified audit/bench 2>/dev/null   # after every stage: a cut-off round keeps its records
+  tar cf "$OUT/audit.tar" audit/verified audit/bench 2>/dev/null   # after every stage: a cut-off run keeps its records
 done
 echo "== done ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/round.log"
 tail -c 11000 "$OUT/round.log"

@@ -2,7 +2,7 @@
 
 On the GPU machine (torch, cupy, numpy; about a minute, kernel compiles included):
 
-    PYTHONPATH=. python3 tools/probe_dynamic.py --out $OUT/probe_dynamic.json
+    PYTHONPATH=. python3 tools/probe_dynamic.py --out probe_dynamic.json
 
 Cases: bf16 / f16 / f32 -> s8, token and group(128), symmetric and asymmetric; bf16 -> fp8_e4m3 and
 bf16 -> s4, group(128), symmetric; on (65536, 4096) and (8192, 8192). Variants: launch

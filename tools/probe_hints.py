@@ -3,7 +3,7 @@ per-tensor), against the shipped kernels, in one run.
 
 On the GPU machine:
 
-    PYTHONPATH=. python3 tools/probe_hints.py --out $OUT/probe_hints.json
+    PYTHONPATH=. python3 tools/probe_hints.py --out probe_hints.json
 
 Each variant is the shipped generated source with one textual substitution (applied to a copy of
 generated/ in a temporary folder, so its kernels compile and cache apart): ``ldcs`` (the team

@@ -1,7 +1,7 @@
 """What a launch costs the host on this machine, and whether a CUDA graph is cheaper for calls that
 launch several kernels (the one-call-path host target: 10 µs a call, 3 µs per further launch).
 
-    PYTHONPATH=. python3 tools/probe_launch.py --out $OUT/probe_launch.json
+    PYTHONPATH=. python3 tools/probe_launch.py --out probe_launch.json
 
 Every timed call goes through ctypes on libcuda with its arguments made once (as
 ``runtime.device.bind_launch`` does), queued behind a 40 ms spin kernel so that the launch queue
@@ -29,7 +29,7 @@ Check, printed ``ok`` / ``FAILED`` (the exit status): every timed launch ran (a 
 each kernel increments equals the number of kernels issued, also after the parameters were
 re-pointed at a second counter). Fact, printed and recorded, not a check: whether the driver
 captures a graph launch into a caller's CUDA graph (stream capture around ``cuGraphLaunch``, then
-the outer graph replayed). runtime/graphs.py assumes it does not (the device machine's CUDA 13
+the outer graph replayed). runtime/graphs.py assumes it does not (a CUDA 13
 driver answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900) and launches the kernels one by one
 under a capture.
 """

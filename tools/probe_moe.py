@@ -1,6 +1,6 @@
 """One-call GPU probe of the moe grouped-matmul tile configurations (docs/moe.md).
 
-    PYTHONPATH=. python3 tools/probe_moe.py --out $OUT/probe_moe.json [--quick] [--variants a,b]
+    PYTHONPATH=. python3 tools/probe_moe.py --out probe_moe.json [--quick] [--variants a,b]
 
 For each mma tile configuration compiled into the bf16 SKUs (runtime.moe variants), it
 1. compiles the three bf16 units (forward, backward-input, backward-weight with dw float32) for
@@ -8,9 +8,9 @@ For each mma tile configuration compiled into the bf16 SKUs (runtime.moe variant
    ptxas's registers / spills of every kernel (runtime.compiler.resource_report);
 2. runs the edge cases of codegen/harness/checks/moe.py (padding rows, row_experts with uint32 ids,
    K tails, empty experts, strided rows, E = 1024, partial tiles) on every configuration into
-   NaN-poisoned outputs, against the float64 NumPy reference (SPEC §6: rel. Frobenius <= 1e-2),
+   NaN-poisoned outputs, against the float64 NumPy reference (docs/numerics.md: rel. Frobenius <= 1e-2),
    with exact zeros where required and, for the backward, identical bits on a second run;
-3. on the SPEC §6 shapes (E8 M16384 N4096 K4096, E64 M32768 N2048 K7168, E128 M16384 N1536
+3. on the benchmark shapes (E8 M16384 N4096 K4096, E64 M32768 N2048 K7168, E128 M16384 N1536
    K2048; balanced and skewed offsets routing; codegen/harness/workloads/moe.py's data), checks each pass
    against a float32 per-expert torch.mm loop (poisoned outputs, rel. Frobenius <= 1e-2; the
    backward twice, bit-identical), times the public call (routing + output allocation included,
@@ -36,7 +36,7 @@ import numpy as np
 
 T0 = time.time()
 PASSES = {"fwd": "grouped_matmul", "dgrad": "grouped_matmul_backward_input", "wgrad": "grouped_matmul_backward_weight"}
-TOL = 1e-2   # SPEC §6, bf16
+TOL = 1e-2   # bf16 tolerance, docs/numerics.md
 
 
 def run_pass(op, out, x, w, dy=None, **kw):
@@ -470,7 +470,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="two shapes (E8 balanced, E128 skewed)")
     ap.add_argument("--variants", default="", help="comma-separated names (default: every configuration)")
     ap.add_argument("--passes", default="fwd,dgrad,wgrad")
-    ap.add_argument("--shapes", default="", help="indices into the six SPEC shapes, e.g. 0,2,5")
+    ap.add_argument("--shapes", default="", help="indices into the six benchmark shapes, e.g. 0,2,5")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--budget", type=float, default=230.0, help="seconds; later stages are skipped past it")
     ap.add_argument("--no-edge", action="store_true", help="skip the edge cases")

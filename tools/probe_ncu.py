@@ -1,10 +1,10 @@
 """Hardware-counter profile of the kernels that miss their bandwidth targets, under Nsight Compute.
 
-On the GPU machine (Firecracker runtime: ncu reads the counters there, docs/audit.md "GPU rounds"):
+On a GPU machine where Nsight Compute may read the counters (docs/audit.md, "compute-sanitizer sweep"):
 
     PYTHONPATH=. ncu --clock-control none --section SpeedOfLight --section SchedulerStats \\
         --section WarpStateStats --section Occupancy --section LaunchStats \\
-        python3 tools/probe_ncu.py > $OUT/ncu.txt
+        python3 tools/probe_ncu.py > ncu.txt
 
 Each case runs its op twice (the first call compiles and loads, so ncu profiles both; read the
 second). What to read per kernel: "DRAM Throughput" (% of peak; a device copy reaches about 88 %
@@ -18,7 +18,7 @@ stream). Profile them with the memory sections:
 
     PYTHONPATH=. ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \\
         --section MemoryWorkloadAnalysis_Tables --section Occupancy --section WarpStateStats \\
-        python3 tools/probe_ncu.py moe > $OUT/ncu_moe.txt
+        python3 tools/probe_ncu.py moe > ncu_moe.txt
 
 and read, ours against torch's and the copy: "DRAM Throughput", "dram__bytes_read.sum",
 "L2 Hit Rate", "lts__t_sectors_srcunit_tex_op_read.sum" and the long-scoreboard stalls.

@@ -1,11 +1,11 @@
-"""Latency probe: the (16, 4096) shape of SPEC §6, where skuforge trailed torch.compile by 5-17 %.
+"""Latency probe: the (16, 4096) benchmark shape, skuforge against torch.compile.
 
 On the GPU machine:
 
-    PYTHONPATH=. python3 tools/probe_small.py --out $OUT/probe_small.json
+    PYTHONPATH=. python3 tools/probe_small.py --out probe_small.json
     PYTHONPATH=. ncu --clock-control none --kernel-name regex:'sf_|triton' --metrics \\
         gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \\
-        python3 tools/probe_small.py --ncu > $OUT/ncu_small.txt
+        python3 tools/probe_small.py --ncu > ncu_small.txt
 
 Cases: dynamic_quantize token / group(128) bf16 -> s8 under each fused launch configuration
 (runtime.dynamic.FusedConfig), per-tensor (one cooperative launch and the two-pass path), the static

@@ -1,6 +1,6 @@
 """One-call GPU probe of the wgmma backend of the MoE grouped matmul (docs/moe.md), on an H100 / H200.
 
-    PYTHONPATH=. python3 tools/probe_wgmma.py --out $OUT/probe_wgmma.json [--stages check,time] [--reps 10]
+    PYTHONPATH=. python3 tools/probe_wgmma.py --out probe_wgmma.json [--stages check,time] [--reps 10]
         [--shapes E8,E128] [--passes fwd,dgrad,wgrad]
 
 Stages, each in a child process with a hard time limit (a kernel that never finishes costs that
@@ -11,7 +11,7 @@ limit, not the whole call):
    float32 per-expert torch loop (rel. Frobenius <= 1e-2): an expert without rows, trailing padding
    rows (trusted offsets), strided rows, K / N tails, many small experts, one tile; the exact zeros,
    identical bits on a second run. The one-tile case's inputs and outputs go to ``<out>_<pass>.npz``.
-3. ``time``: the SPEC §6 shapes (balanced and skewed offsets routing; codegen/harness/workloads/moe.py's data),
+3. ``time``: the benchmark shapes (balanced and skewed offsets routing; codegen/harness/workloads/moe.py's data),
    every pass on every configuration and on the rule's choice, against torch._grouped_mm and the
    dense bf16 product (8192^3) measured in the same process; CUDA events, median of --reps.
 Prints one line per result and writes everything to --out (JSON).

@@ -1,6 +1,6 @@
 """``python -m codegen bench``: bandwidth of the selected SKUs against a device copy and PyTorch.
 
-The method of SPEC §6, in one process: a device-to-device copy (cudaMemcpyAsync, bytes read +
+The method of docs/audit.md, in one process: a device-to-device copy (cudaMemcpyAsync, bytes read +
 bytes written) gives the reference bandwidth; then each selected SKU runs on each shape with
 its PyTorch eager composite and the ``torch.compile`` of the same composite, on the same data.
 Bytes = every input element read once + every output element written once (scales and zero
@@ -52,16 +52,16 @@ from .steps import to_markdown as example_steps_markdown
 from .workloads.base import kept_results
 
 SCHEMA = 1
-# SPEC §6 shapes; the first two are the bandwidth shapes of the targets, the last is latency.
-SPEC_SHAPES = ((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096))
+# The standard shapes (docs/audit.md); the first two are the bandwidth shapes of the targets, the last is latency.
+STANDARD_SHAPES = ((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096))
 LARGE_SHAPES = ((8192, 8192), (65536, 4096))
-DEFAULT_SHAPES = LARGE_SHAPES              # --all: SPEC_SHAPES
+DEFAULT_SHAPES = LARGE_SHAPES              # --all: STANDARD_SHAPES
 QUICK_SHAPES = ((8192, 8192), (16, 4096))
 DEFAULT_KINDS = {"bf16", "f16", "f32", "s8", "-"}
 DEFAULT_COMPILE_KINDS = {"bf16"}            # torch.compile baseline by default (--all: every SKU)
 TARGET_PCT = {"dynamic_quantize": 85.0}     # targets: >= 90% static, >= 85% dynamic token/group
 DEFAULT_TARGET_PCT = 90.0
-TARGET_SPEEDUP_COMPILE = 1.3                # geomean over SPEC shapes vs torch.compile
+TARGET_SPEEDUP_COMPILE = 1.3                # geomean over the standard shapes vs torch.compile
 TARGET_HOST_US = 10.0      # µs per repeated call that launches one kernel
 EXTRA_LAUNCH_US = 3.0      # µs more for each further launch of the call
 MAX_SETS = 256
@@ -351,8 +351,8 @@ def chart(rec: dict, path: Path) -> Optional[Path]:
             shapes.append(k)
     if not shapes:
         return None
-    shapes = [s for s in (shape_key(x) for x in SPEC_SHAPES) if s in shapes] + \
-             [s for s in shapes if s not in {shape_key(x) for x in SPEC_SHAPES}]
+    shapes = [s for s in (shape_key(x) for x in STANDARD_SHAPES) if s in shapes] + \
+             [s for s in shapes if s not in {shape_key(x) for x in STANDARD_SHAPES}]
     labels = sorted({(r["op"], r["label"]) for r in res})
     h = max(3.0, 0.22 * len(labels) + 1.5)
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes) + 3, h), sharey=True, squeeze=False)
@@ -417,9 +417,9 @@ def plan(skus, modules, *, all_skus=False, shapes=None, quick=False) -> list:
         if hasattr(m, "SHAPES"):
             sh = getattr(m, "QUICK_SHAPES", m.SHAPES[:1]) if quick else m.SHAPES
         elif shapes or quick or all_skus:
-            sh = shapes or (QUICK_SHAPES if quick else SPEC_SHAPES)
-        else:   # default: the two large shapes; every SPEC §6 shape for the bf16 kernels
-            sh = SPEC_SHAPES if {sku.element, sku.aux_element} & DEFAULT_COMPILE_KINDS else DEFAULT_SHAPES
+            sh = shapes or (QUICK_SHAPES if quick else STANDARD_SHAPES)
+        else:   # default: the two large shapes; every standard shape for the bf16 kernels
+            sh = STANDARD_SHAPES if {sku.element, sku.aux_element} & DEFAULT_COMPILE_KINDS else DEFAULT_SHAPES
         out += [(sku, m, tuple(s) if isinstance(s, list) else s) for s in sh]
     return out
 
@@ -1143,7 +1143,7 @@ def add_parser(sub) -> None:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--filter", default="*", help="glob on the SKU string")
     sp.add_argument("--all", action="store_true",
-                    help="every selected SKU on the four SPEC shapes, torch.compile for all (default: per op, "
+                    help="every selected SKU on the four standard shapes, torch.compile for all (default: per op, "
                          "scopes x {bf16,f16,f32} with s8, symmetric, on the two large shapes; bf16 on all four "
                          "with the torch.compile baseline)")
     sp.add_argument("--shapes", help="elementwise shapes, e.g. 8192x8192,16x4096 (for every selected SKU)")

@@ -42,7 +42,7 @@ def write_json(path: Path, obj) -> None:
 
 def git_info() -> dict:
     """``{"commit": sha or None, "dirty": bool or None}``; ``SKUFORGE_COMMIT`` overrides
-    (for copies of the tree without ``.git``, e.g. on a lent GPU machine)."""
+    (for copies of the tree without their own ``.git``)."""
     settings = config.settings()
     if settings.commit:
         return {"commit": settings.commit, "dirty": settings.dirty}

@@ -1,7 +1,7 @@
 """``python -m codegen verify``: run every selected SKU against the NumPy reference on a GPU.
 
 Each SKU goes through :func:`check` ``(sku, rng)``: the checker its family registered
-(``codegen.harness.registry``; random inputs plus the edge cases of SPEC §6; bit-exact for
+(``codegen.harness.registry``; random inputs plus the edge cases of docs/audit.md; bit-exact for
 quantization ops). The results are merged into
 ``audit/verified/<gpu-slug>.json``: records of SKUs not selected this time are kept, a
 selected SKU's record is replaced. Every SKU gets its own generator seeded from

@@ -38,7 +38,7 @@ __device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
-// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
+// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, docs/numerics.md).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
 __device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }

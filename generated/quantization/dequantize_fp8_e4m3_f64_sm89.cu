@@ -38,7 +38,7 @@ __device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
-// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
+// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, docs/numerics.md).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
 __device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
@@ -313,7 +313,7 @@ SF_HD int sf_floor_log2(double a) {
     if (b >= 0x0010000000000000ull) return (int)(b >> 52) - 1023;
     return b ? (63 - sf_clz64(b)) - 1074 : -(1 << 20);
 }
-// SPEC §5 MX rule: e = floor(log2(amax)) - emax_elem, clamped to [-127, 127], stored as e + 127.
+// The MX rule (docs/numerics.md): e = floor(log2(amax)) - emax_elem, clamped to [-127, 127], stored as e + 127.
 template <class F, typename M> SF_HD unsigned char e8m0_from_amax(M amax) {
     int e = sf_floor_log2(amax) - F::EMAX;
     e = e < -127 ? -127 : (e > 127 ? 127 : e);

@@ -38,7 +38,7 @@ __device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
-// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
+// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, docs/numerics.md).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
 __device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
@@ -313,7 +313,7 @@ SF_HD int sf_floor_log2(double a) {
     if (b >= 0x0010000000000000ull) return (int)(b >> 52) - 1023;
     return b ? (63 - sf_clz64(b)) - 1074 : -(1 << 20);
 }
-// SPEC §5 MX rule: e = floor(log2(amax)) - emax_elem, clamped to [-127, 127], stored as e + 127.
+// The MX rule (docs/numerics.md): e = floor(log2(amax)) - emax_elem, clamped to [-127, 127], stored as e + 127.
 template <class F, typename M> SF_HD unsigned char e8m0_from_amax(M amax) {
     int e = sf_floor_log2(amax) - F::EMAX;
     e = e < -127 ? -127 : (e > 127 ? 127 : e);
@@ -381,7 +381,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -394,7 +394,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -585,7 +585,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -598,7 +598,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -789,7 +789,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -802,7 +802,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -949,7 +949,7 @@ __device__ __forceinline__ void row_groups(
 }
 
 // -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
-// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
 struct Sink {
     M* scale; u8_t* scale_e8m0; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
     __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
@@ -1115,7 +1115,7 @@ __device__ __forceinline__ void team_row_groups(
             for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
             for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
             bool nan_here = false;
@@ -1200,7 +1200,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -1213,7 +1213,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -1360,7 +1360,7 @@ __device__ __forceinline__ void row_groups(
 }
 
 // -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
-// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
 struct Sink {
     M* scale; u8_t* scale_e8m0; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
     __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
@@ -1526,7 +1526,7 @@ __device__ __forceinline__ void team_row_groups(
             for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
             for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
             bool nan_here = false;
@@ -1611,7 +1611,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -1624,7 +1624,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -1815,7 +1815,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -1828,7 +1828,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -2019,7 +2019,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -2032,7 +2032,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -2179,7 +2179,7 @@ __device__ __forceinline__ void row_groups(
 }
 
 // -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
-// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
 struct Sink {
     M* scale; u8_t* scale_e8m0; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
     __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
@@ -2345,7 +2345,7 @@ __device__ __forceinline__ void team_row_groups(
             for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
             for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
             bool nan_here = false;
@@ -2430,7 +2430,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -2443,7 +2443,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -2590,7 +2590,7 @@ __device__ __forceinline__ void row_groups(
 }
 
 // -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
-// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
 struct Sink {
     M* scale; u8_t* scale_e8m0; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
     __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
@@ -2756,7 +2756,7 @@ __device__ __forceinline__ void team_row_groups(
             for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
             for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
             bool nan_here = false;

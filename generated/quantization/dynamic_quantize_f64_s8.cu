@@ -38,7 +38,7 @@ __device__ __forceinline__ double recip(double v) { return __drcp_rn(v); }
 template <typename M> __device__ __forceinline__ M clamp_q(M v, M lo, M hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ __forceinline__ bool is_nan(float v)  { return v != v; }
 __device__ __forceinline__ bool is_nan(double v) { return v != v; }
-// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, SPEC §5).
+// IEEE maxNum / minNum (one FMNMX): a NaN operand is ignored (the reductions ignore NaN, docs/numerics.md).
 __device__ __forceinline__ float  vmax(float a, float b)   { return fmaxf(a, b); }
 __device__ __forceinline__ double vmax(double a, double b) { return fmax(a, b); }
 __device__ __forceinline__ float  vmin(float a, float b)   { return fminf(a, b); }
@@ -217,7 +217,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -230,7 +230,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -428,7 +428,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -441,7 +441,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -639,7 +639,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -652,7 +652,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -767,7 +767,7 @@ __device__ __forceinline__ void row_groups(
 
 // -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
 constexpr int PACK = 1;                    // elements per Q
-// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
 struct Sink {
     M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
     __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
@@ -919,7 +919,7 @@ __device__ __forceinline__ void team_row_groups(
             for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
             for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
             bool nan_here = false;
@@ -1005,7 +1005,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -1018,7 +1018,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -1133,7 +1133,7 @@ __device__ __forceinline__ void row_groups(
 
 // -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
 constexpr int PACK = 1;                    // elements per Q
-// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
 struct Sink {
     M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
     __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
@@ -1285,7 +1285,7 @@ __device__ __forceinline__ void team_row_groups(
             for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
             for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
             bool nan_here = false;
@@ -1371,7 +1371,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -1384,7 +1384,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -1717,7 +1717,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -1730,7 +1730,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -2063,7 +2063,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -2076,7 +2076,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -2191,7 +2191,7 @@ __device__ __forceinline__ void row_groups(
 
 // -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
 constexpr int PACK = 1;                    // elements per Q
-// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
 struct Sink {
     M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
     __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
@@ -2343,7 +2343,7 @@ __device__ __forceinline__ void team_row_groups(
             for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
             for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
             bool nan_here = false;
@@ -2429,7 +2429,7 @@ struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return 
 struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of SPEC §5; min and max are
+// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
@@ -2442,7 +2442,7 @@ __device__ __forceinline__ void accumulate(Acc& a, M v) {
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
-// (scale, zero point) of one slice, SPEC §5, in the math precision (--fmad=false: no fused ops).
+// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
 __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
@@ -2557,7 +2557,7 @@ __device__ __forceinline__ void row_groups(
 
 // -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
 constexpr int PACK = 1;                    // elements per Q
-// Where a row group's parameters go: (scale, zero point) of SPEC §5, stored at vr by `lead`.
+// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
 struct Sink {
     M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
     __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
@@ -2709,7 +2709,7 @@ __device__ __forceinline__ void team_row_groups(
             for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
             for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as SPEC §5 says (without
+            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
             bool nan_here = false;

@@ -111,7 +111,7 @@ SF_HD int sf_floor_log2(double a) {
     if (b >= 0x0010000000000000ull) return (int)(b >> 52) - 1023;
     return b ? (63 - sf_clz64(b)) - 1074 : -(1 << 20);
 }
-// SPEC §5 MX rule: e = floor(log2(amax)) - emax_elem, clamped to [-127, 127], stored as e + 127.
+// The MX rule (docs/numerics.md): e = floor(log2(amax)) - emax_elem, clamped to [-127, 127], stored as e + 127.
 template <class F, typename M> SF_HD unsigned char e8m0_from_amax(M amax) {
     int e = sf_floor_log2(amax) - F::EMAX;
     e = e < -127 ? -127 : (e > 127 ? 127 : e);

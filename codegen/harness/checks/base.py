@@ -3,7 +3,7 @@
 A checker (one per op, in a family module beside this one, registered with
 ``codegen.harness.registry.checker``) runs a list of cases for one SKU and returns a
 :class:`CheckResult`. Cases use fresh random inputs (never all zeros) and the edge cases of
-SPEC §6: .5 ties, saturation, NaN/±inf, empty and odd shapes, strided rows.
+docs/audit.md: .5 ties, saturation, NaN/±inf, empty and odd shapes, strided rows.
 ``codegen.harness.verify.check(sku, rng)`` runs the registered checker of a SKU.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GPU checks of the moe SKUs: every op against the float64 reference (SPEC §6 tolerances).
+"""GPU checks of the moe SKUs: every op against the float64 reference (the tolerances of docs/numerics.md).
 
 Cases: balanced, skewed and empty-expert routings, padding rows (int32 and uint32 ids),
 offsets (int32 and int64), strided rows, many experts, odd shapes (M=1, N=7, K=3; simt only:

@@ -220,8 +220,8 @@ def _torch():
 def torch_fake_quantize_cases(res: CheckResult, sku, rng):
     """fake_quantize / its backward against torch.fake_quantize_per_{tensor,channel}_affine, bit for bit.
 
-    Per channel, PyTorch rounds ``x * inv + zp`` in one step where SPEC §5 (and PyTorch's per-tensor
-    op) rounds ``x * inv`` then adds zp: the two agree for zp = 0 and for even zero points with exact
+    Per channel, PyTorch rounds ``x * inv + zp`` in one step where skuforge (docs/numerics.md) and
+    PyTorch's per-tensor op round ``x * inv`` then add zp: the two agree for zp = 0 and for even zero points with exact
     products, which is what is compared (docs/training.md)."""
     torch = _torch()
     if torch is None:

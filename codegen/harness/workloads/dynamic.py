@@ -2,11 +2,11 @@
 
 Inputs: x ~ 3·N(0, 1) in the input dtype (never zeros), on the current torch device (CuPy
 when torch is missing). Scope parameters: group size 128; channel per column (``axis=-1``).
-Bytes (SPEC §6): x read once + q written once + scales (and zero points) written once; the
+Bytes (docs/audit.md): x read once + q written once + scales (and zero points) written once; the
 per-tensor / per-channel paths read x twice by design (reduce, then quantize), which shows up
 as a lower % of copy, not as more counted bytes.
 
-The PyTorch composite is SPEC §5 written with eager ops (upcast, amax or amin/amax including
+The PyTorch composite is docs/numerics.md's rule written with eager ops (upcast, amax or amin/amax including
 0, eps floor, ``1 / scale``, round half to even, NaN -> zero point, clamp, cast) as a pure
 function, so ``torch.compile`` compiles it once per dtype and shape. (Torch's amax propagates
 NaN where skuforge ignores it; on the bench's finite data both agree.)
@@ -34,7 +34,7 @@ def _torch():
 
 def dynamic_composite(x, scope: str, group: int, symmetric: bool, qmin: int, qmax: int, zc: int, eps: float,
                       out_dtype):
-    """PyTorch composite of SPEC §5 dynamic_quantize; returns (q, scale, zero_point or None)."""
+    """PyTorch composite of dynamic_quantize (docs/numerics.md); returns (q, scale, zero_point or None)."""
     import torch
     xm = x if x.dtype == torch.float64 else x.float()
     if group:
@@ -46,7 +46,7 @@ def dynamic_composite(x, scope: str, group: int, symmetric: bool, qmin: int, qma
     else:
         dims = tuple(range(xm.ndim))
     # Divide by 0-d tensors, not Python numbers: eager CUDA division by a Python scalar multiplies
-    # by its reciprocal (one rounding more), which is not SPEC §5 and moves scales by an ulp.
+    # by its reciprocal (one rounding more), which is not the rounding of docs/numerics.md and moves scales by an ulp.
     span = torch.tensor(float(qmax - zc), dtype=xm.dtype, device=xm.device)
     if symmetric:
         amax = xm.abs().amax(dim=dims, keepdim=True)
@@ -75,7 +75,7 @@ def _params(sku, shape):
 
 
 def expected_bytes(sku, shape) -> int:
-    """SPEC §6 bytes of one call: x read once, q written once, scales (and zero points) written once."""
+    """Bytes of one call (docs/audit.md): x read once, q written once, scales (and zero points) written once."""
     from runtime import kinds
     _, _, pshape = _params(sku, shape)
     per_param = (8 if sku.element == "f64" else 4) + (4 if sku.mode == "asymmetric" else 0)

@@ -6,9 +6,9 @@ low-bit ``dynamic_quantize`` SKU is handled (``--all``); the default subset is t
 arches for fp8: sm80 = software conversion, sm89 = ``cvt`` instructions; each SKU runs itself
 through ``runtime.lowbit.prefer_arch``).
 
-Inputs: x ~ 3·N(0, 1) in the input dtype (never zeros). Bytes (SPEC §6): x read once + q written
+Inputs: x ~ 3·N(0, 1) in the input dtype (never zeros). Bytes (docs/audit.md): x read once + q written
 once (fp8 one byte, int4 half a byte per element) + scales written once (and zero points).
-The composites are SPEC §5 in eager PyTorch (upcast, per-group amax, eps floor, ``1 / scale``,
+The composites are docs/numerics.md in eager PyTorch (upcast, per-group amax, eps floor, ``1 / scale``,
 fp8: clamp to ±max then the RNE cast; int4: round half to even, clamp, pack two per byte), pure
 functions so ``torch.compile`` compiles each once. q comes back as its uint8 bytes on both sides,
 so ``codegen.harness.bench`` counts the elements where they differ.
@@ -60,7 +60,7 @@ def _torch():
 
 
 def fp8_composite(x, group: int, fp8_max: float, eps: float, fp8_dtype):
-    """SPEC §5 dynamic fp8 per group: (q bytes, scale)."""
+    """Dynamic fp8 per group (docs/numerics.md): (q bytes, scale)."""
     import torch
     xm = (x if x.dtype == torch.float64 else x.float()).unflatten(-1, (-1, group))
     scale = xm.abs().amax(-1, keepdim=True).clamp(min=eps) / fp8_max
@@ -69,7 +69,7 @@ def fp8_composite(x, group: int, fp8_max: float, eps: float, fp8_dtype):
 
 
 def int4_composite(x, group: int, qmin: int, qmax: int, zc: int, eps: float):
-    """SPEC §5 dynamic symmetric int4 per group, packed two per byte (2i low nibble): (q bytes, scale)."""
+    """Dynamic symmetric int4 per group (docs/numerics.md), packed two per byte (2i low nibble): (q bytes, scale)."""
     import torch
     xm = (x if x.dtype == torch.float64 else x.float()).unflatten(-1, (-1, group))
     scale = xm.abs().amax(-1, keepdim=True).clamp(min=eps) / (qmax - zc)
@@ -86,7 +86,7 @@ def _params(sku, shape):
 
 
 def expected_bytes(sku, shape) -> int:
-    """SPEC §6 bytes of one call: x (or q) read once, q (or y) written once (int4: half a byte per
+    """Bytes of one call (docs/audit.md): x (or q) read once, q (or y) written once (int4: half a byte per
     element), scales (and zero points) once."""
     _, _, pshape = _params(sku, shape)
     n = math.prod(shape)

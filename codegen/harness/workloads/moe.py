@@ -1,4 +1,4 @@
-"""Benchmark workloads of the moe grouped matmul (SPEC §6), for ``python -m codegen bench`` and
+"""Benchmark workloads of the moe grouped matmul (docs/audit.md), for ``python -m codegen bench`` and
 standalone: ``python -m codegen.harness.workloads.moe [--quick]`` prints TFLOP/s against ``torch._grouped_mm``.
 
 Shapes: (E, M, N, K, routing) with routing ``balanced`` (M / E rows each) or ``skewed`` (rows
@@ -20,8 +20,8 @@ from runtime import kinds
 from ..registry import bench_section
 
 OPS = ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
-SPEC_SHAPES = ((8, 16384, 4096, 4096), (64, 32768, 2048, 7168), (128, 16384, 1536, 2048), (128, 4096, 1536, 2048))
-PASS_SHAPES = tuple(s + (r,) for s in SPEC_SHAPES for r in ("balanced", "skewed"))
+GEMM_SHAPES = ((8, 16384, 4096, 4096), (64, 32768, 2048, 7168), (128, 16384, 1536, 2048), (128, 4096, 1536, 2048))
+PASS_SHAPES = tuple(s + (r,) for s in GEMM_SHAPES for r in ("balanced", "skewed"))
 SHAPES = PASS_SHAPES + tuple(s + ("dx+dw",) for s in PASS_SHAPES)
 QUICK_SHAPES = (SHAPES[0], SHAPES[5], SHAPES[len(PASS_SHAPES)])
 BACKWARD = "dx+dw"
@@ -45,7 +45,7 @@ def TARGET_PCT_OF_TORCH(sku, shape):
 
 
 def default(sku) -> bool:
-    """The issue's benchmark: bf16 on tensor cores (the simt path is the reference-grade one)."""
+    """The default selection: bf16 on tensor cores (the simt path is the reference-grade one)."""
     return sku.element == "bf16" and sku.backend in ("mma", "wgmma") and sku.aux_element in (None, "f32")
 
 

@@ -3,7 +3,7 @@
 Inputs are random (never all zeros): x ~ 3·N(0, 1) in the input dtype, scales in
 [0.5, 1.5), zero points in [-20, 20] (s8) / [100, 150] (u8). Scope parameters: channel is
 per column (``axis=-1``: every element needs its own scale, the harder access pattern),
-group size 128. The PyTorch composite is the same math as SPEC §5 (upcast, multiply by
+group size 128. The PyTorch composite is the same math as docs/numerics.md (upcast, multiply by
 ``1 / scale``, round half to even, add the zero point, NaN → zero point, clamp, cast), as a
 pure function so that ``torch.compile`` compiles it once per dtype and shape. The skuforge
 call is the default one: its kernels check the scale and zero-point values as they load them.
@@ -29,7 +29,7 @@ def _torch():
 
 
 def quantize_composite(x, scale, zp, zp_const: int, qmin: int, qmax: int, group: int, out_dtype):
-    """PyTorch composite of SPEC §5 quantize; ``scale``/``zp`` already broadcastable (group: per group)."""
+    """PyTorch composite of quantize (docs/numerics.md); ``scale``/``zp`` already broadcastable (group: per group)."""
     import torch
     xm = x if x.dtype == torch.float64 else x.float()
     inv = 1.0 / scale                               # once per scale element
@@ -44,7 +44,7 @@ def quantize_composite(x, scale, zp, zp_const: int, qmin: int, qmax: int, group:
 
 
 def dequantize_composite(q, scale, zp, zp_const: int, group: int, out_dtype):
-    """PyTorch composite of SPEC §5 dequantize: ``(q - zp) * scale`` in the math precision, one rounding."""
+    """PyTorch composite of dequantize (docs/numerics.md): ``(q - zp) * scale`` in the math precision, one rounding."""
     import torch
     qm = q.to(torch.float64 if out_dtype == torch.float64 else torch.float32)
     if group:
@@ -75,7 +75,7 @@ def _bview(p, scope, shape):
 
 
 def expected_bytes(sku, shape) -> int:
-    """SPEC §6 bytes of one call: x read once, the output written once, scales (and zero points) read once."""
+    """Bytes of one call (docs/audit.md): x read once, the output written once, scales (and zero points) read once."""
     from runtime import kinds
     n = math.prod(shape)
     _, _, pshape = _params(sku, shape)

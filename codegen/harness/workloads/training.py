@@ -8,7 +8,7 @@ check the scale and zero-point values as they load them).
 
 PyTorch baselines (same data, same run): ``fake_quantize`` (forward + mask) against
 ``aten.fake_quantize_per_{tensor,channel}_affine_cachemask`` (what PyTorch's autograd runs) or,
-for token / group scopes, the composite of SPEC §5; ``fake_quantize_backward`` against PyTorch's
+for token / group scopes, the composite of docs/numerics.md; ``fake_quantize_backward`` against PyTorch's
 backward ``dy * mask`` (it reads the cached 1-byte mask where skuforge recomputes it from x);
 the other ops against their composites. Bytes = inputs read once + outputs written once.
 """
@@ -59,7 +59,7 @@ def _bview(p, scope, shape, axis):
 
 
 def fake_quant_composite(x, scale, zp, zp_const: int, qmin: int, qmax: int, group: int):
-    """PyTorch composite of SPEC §5 fake_quantize + mask; parameters already broadcastable."""
+    """PyTorch composite of fake_quantize + mask (docs/numerics.md); parameters already broadcastable."""
     import torch
     xm = x if x.dtype == torch.float64 else x.float()
     if group:
