@@ -309,7 +309,8 @@ def _print_resources(reg, reports, pattern) -> None:
         for sym, r in sorted(report.items()):
             if sym in symbols:
                 spill = f"{r['spill_stores']}/{r['spill_loads']}"
-                table.add_row(sym, f"sm_{arch}", str(r["registers"]), Text(str(r["stack"]), "red" if r["stack"] else ""),
+                stack = Text(str(r["stack"]), "red" if r["stack"] else "")
+                table.add_row(sym, f"sm_{arch}", str(r["registers"]), stack,
                               Text(spill, "red" if r["spill_stores"] or r["spill_loads"] else ""), str(r["smem"]))
     console.print(table)
 

@@ -204,7 +204,8 @@ def test_examples_without_pytorch_say_so_in_one_line():
 def test_examples_leave_the_environment_alone():
     import re
     for path in EXAMPLES:
-        assert not re.search(r"environ\[[^]]+\]\s*=|environ\.(update|setdefault|pop)|putenv", Path(path).read_text()), path
+        text = Path(path).read_text()
+        assert not re.search(r"environ\[[^]]+\]\s*=|environ\.(update|setdefault|pop)|putenv", text), path
 
 
 @pytest.mark.parametrize("args, message", [
