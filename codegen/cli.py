@@ -1,8 +1,9 @@
 """``python -m codegen``: build, check, list, show, compile, status (and the harness: audit, verify, bench).
 
-No argument builds ``generated/``. Every subcommand has ``--help``. Exit status: 0 on success,
-1 when something failed or a ``--filter`` / ``--arch`` selected nothing, 2 on a typed skuforge
-error (printed as ``error: <Type>: <message>``).
+No argument builds ``generated/``. Every subcommand has ``--help``. Exit status: 0 on success
+(also when the reader of the output goes away: ``| head``), 1 when something failed or a
+``--filter`` / ``--arch`` selected nothing, 2 on a typed skuforge error (a bad argument or setting,
+printed as ``error: <Type>: <message>``).
 """
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import GENERATOR_VERSION, harness
 from .manifest import GENERATED, build, stale
+from .terminal import console as new_console
 
-console = Console(highlight=False)
+console = new_console(markup=False)   # verbatim: compiler logs and paths are data, not markup
 
 
 def cmd_build(args) -> int:
@@ -42,7 +44,7 @@ def cmd_build(args) -> int:
 def cmd_check(args) -> int:
     bad = stale()
     if bad:
-        console.print(f"[red]generated/ is stale[/red] ({len(bad)} files); run `python -m codegen`:")
+        console.print(Text.assemble(("generated/ is stale", "red"), f" ({len(bad)} files); run `python -m codegen`:"))
         for p in bad:
             console.print(f"  {p}")
         return 1
@@ -92,10 +94,11 @@ def _compile_one(job):
     # per-kernel report (registers, stack frame, spills, shared memory). A kernel that uses local
     # memory (a stack frame or spills) fails the unit unless codegen.matrix.LOCAL_MEMORY allows it
     # (a few bytes of saved registers, with the reason): local memory is where out-of-bounds reads
-    # of a thread's arrays hide. With a 5th element ``keep`` set, the cubin comes back too, for
-    # --out / --fill-cache: there a kernel that spills (another NVRTC allocates registers otherwise)
-    # is still a correct kernel, so it is written and the local memory reported as a warning; the
-    # check that fails on it is ``compile`` itself, the build check CI runs.
+    # of a thread's arrays hide. With a 5th element ``keep`` set, the cubin comes back too, to be
+    # stored (the compile cache, a prebuilt folder). For --out a kernel that spills (another NVRTC
+    # allocates registers otherwise) is still a correct kernel, so it is written and the local
+    # memory reported as a warning; the check that fails on it is ``compile`` without --out, the
+    # build check CI runs.
     unit, source, arch, options = job[:4]
     keep = len(job) > 4 and job[4]
     from runtime.compiler import compile_with_report, local_memory_use
@@ -129,12 +132,22 @@ def compile_jobs(reg, archs, pattern="*"):
 
 
 def parse_archs(text: str) -> list:
+    """``sm_80,sm_90`` -> ``[80, 90]``, each an arch the NVRTC in use builds for (checked before any
+    compile: a typed error names the ones it does not and the ones it does)."""
+    from runtime.compiler import nvrtc_version, supported_archs
+    from runtime.errors import InvalidProblemError, UnsupportedError
     out = []
     for a in text.split(","):
         a = a.strip().lower().replace("sm_", "").replace("sm", "")
         if not a.isdigit():
-            raise SystemExit(f"error: --arch {text!r} is not a list like sm_80,sm_90")
+            raise InvalidProblemError(f"--arch {text!r} is not a list like sm_80,sm_90")
         out.append(int(a))
+    supported = supported_archs()
+    bad = [a for a in out if a not in supported]
+    if bad:
+        raise UnsupportedError(f"--arch {text!r}: NVRTC {'.'.join(map(str, nvrtc_version()))} does not build for "
+                               f"{', '.join(f'sm_{a}' for a in bad)}; it builds for "
+                               f"{', '.join(f'sm_{a}' for a in supported)}")
     return out
 
 
@@ -213,8 +226,8 @@ def cmd_compile(args) -> int:
                f"{min(s.arch for s in matched)} or newer; --arch {args.arch!r} selects none of them")
         print(f"error: nothing to compile: {why}", file=sys.stderr)
         return 1
-    keep = bool(args.out or args.fill_cache)
-    if keep:
+    to_cache = not args.no_cache and (not args.out or args.fill_cache)
+    if args.out or to_cache:
         jobs = [(*j, True) for j in jobs]
     workers = args.jobs or os.cpu_count() or 1
     t0 = time.perf_counter()
@@ -228,9 +241,9 @@ def cmd_compile(args) -> int:
         reports = []
         for f in as_completed(futures):
             unit, arch, err, dt, report, *cubin = f.result()
-            if cubin and cubin[0] is not None:
+            if cubin and cubin[0] is not None and (args.out or not err):
                 built.append((unit, arch, cubin[0]))
-                if err:                 # local memory only (a compile error has no cubin): a warning here
+                if err:                 # local memory only (a compile error has no cubin): a warning for --out
                     warnings.append((unit, arch, err))
                     err = None
             if report and args.resources:
@@ -245,16 +258,16 @@ def cmd_compile(args) -> int:
             progress.advance(bool(err))
     dt = time.perf_counter() - t0
     if built:
-        _store(reg, built, args)
+        _store(reg, built, args.out, to_cache)
     if reports:
         _print_resources(reg, reports, args.filter)
     for a in archs:
         console.print(f"sm_{a}: {done[a]} units, {kernels[a]} kernels compiled")
     for unit, arch, err in warnings:
-        console.print(f"[yellow]written, with[/yellow] {err} ({unit} sm_{arch}; `compile` without --out / "
-                      "--fill-cache fails on it)")
+        console.print(Text.assemble(("written, with ", "yellow"), f"{err} ({unit} sm_{arch}; `compile` without "
+                                    "--out fails on it)"))
     for unit, arch, err in failures:
-        console.print(f"[red]FAILED[/red] {unit} sm_{arch}:\n{err}")
+        console.print(Text.assemble(("FAILED", "red"), f" {unit} sm_{arch}:\n{err}"))
     console.print(f"{len(jobs)} compiles in {dt:.1f} s with {workers} workers; {len(failures)} failures")
     if getattr(args, "record", None) is not None:
         from .harness.audit import record_compile
@@ -263,19 +276,26 @@ def cmd_compile(args) -> int:
     return 1 if failures else 0
 
 
-def _store(reg, built, args) -> None:
-    """Write the compiled (and checked) cubins: a prebuilt folder (--out) and/or the cache (--fill-cache)."""
+def _store(reg, built, out, to_cache: bool) -> None:
+    """Write the compiled (and checked) cubins: a prebuilt folder (``out``) and/or the compile cache. A
+    cache that cannot be written is reported, not a failure: the compile check itself passed."""
     from runtime import compiler
     built = sorted(built)
     items = [{"unit": u, "arch": a, "source": reg.unit_source(u), "options": tuple(reg.units[u]["nvrtc_options"]),
               "cubin": c, "skus": reg.units[u]["skus"]} for u, a, c in built]
-    if args.out:
-        index = compiler.write_prebuilt(args.out, items)
-        console.print(f"wrote {len(items)} cubins and {index} (load them with SKUFORGE_PREBUILT={args.out})")
-    if args.fill_cache:
-        for it in items:
-            compiler.store_entry(it["source"], it["unit"], it["arch"], it["options"], it["cubin"])
-        console.print(f"filled the compile cache {compiler.cache_dir()} with {len(items)} entries")
+    if out:
+        index = compiler.write_prebuilt(out, items)
+        console.print(f"wrote {len(items)} cubins and {index} (load them with SKUFORGE_PREBUILT={out})")
+    if to_cache:
+        try:
+            for it in items:
+                compiler.store_entry(it["source"], it["unit"], it["arch"], it["options"], it["cubin"])
+        except OSError as e:
+            console.print(Text.assemble(("not cached: ", "yellow"), f"the compile cache {compiler.cache_dir()} "
+                                        f"cannot be written ({e}); set SKUFORGE_CACHE_DIR or pass --no-cache"))
+            return
+        size = sum(len(it["cubin"]) for it in items) / 2**20
+        console.print(f"stored {len(items)} cubins ({size:.1f} MiB) in the compile cache {compiler.cache_dir()}")
 
 
 def _print_resources(reg, reports, pattern) -> None:
@@ -289,15 +309,16 @@ def _print_resources(reg, reports, pattern) -> None:
         for sym, r in sorted(report.items()):
             if sym in symbols:
                 spill = f"{r['spill_stores']}/{r['spill_loads']}"
-                stack = str(r["stack"])
-                table.add_row(sym, f"sm_{arch}", str(r["registers"]), f"[red]{stack}[/red]" if r["stack"] else stack,
-                              f"[red]{spill}[/red]" if r["spill_stores"] or r["spill_loads"] else spill, str(r["smem"]))
+                stack = Text(str(r["stack"]), "red" if r["stack"] else "")
+                table.add_row(sym, f"sm_{arch}", str(r["registers"]), stack,
+                              Text(spill, "red" if r["spill_stores"] or r["spill_loads"] else ""), str(r["smem"]))
     console.print(table)
 
 
 def cmd_status(args) -> int:
     """Where things are: generator, manifest counts, NVRTC, the compile cache (after FlashInfer's
-    ``status``). ``--clear-cache`` empties the compile cache."""
+    ``status``). ``--clear-cache`` empties the compile cache: every arch, every NVRTC version, and the
+    folders of the previous cache layout."""
     import shutil
 
     from runtime import compiler, config
@@ -312,8 +333,7 @@ def cmd_status(args) -> int:
         archs = ", ".join(f"sm_{a}" for a in compiler.supported_archs())
         table.add_row("NVRTC", f"{major}.{minor} (archs: {archs})")
     except Exception as e:  # noqa: BLE001 - reported, not fatal
-        table.add_row("NVRTC", f"[red]not available: {e}[/red]")
-        major = minor = None
+        table.add_row("NVRTC", Text(f"not available: {e}", "red"))
     s = config.settings()
     root = compiler.cache_dir()
     table.add_row("cache", str(root))
@@ -328,7 +348,7 @@ def cmd_status(args) -> int:
         if old:
             table.add_row("", f"{len(old)} folders of the previous cache layout (nvrtc-*): --clear-cache removes them")
     elif root.exists():
-        table.add_row("", "[red]not a folder: kernels are cached in memory only[/red]")
+        table.add_row("", Text("not a folder: kernels are cached in memory only", "red"))
     if s.prebuilt_dir is not None:
         n = len(compiler._prebuilt_index(s.prebuilt_dir))
         table.add_row("prebuilt", f"{s.prebuilt_dir}: {n} entries")
@@ -361,27 +381,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--excluded", action="store_true", help="also list excluded cells with their reasons")
     sp = sub.add_parser("show", help="print the generated source of one SKU")
     sp.add_argument("sku", help="a SKU string as `list` prints it")
-    sp = sub.add_parser("compile", help="compile with NVRTC on the CPU (no GPU needed)")
+    sp = sub.add_parser("compile", help="compile with NVRTC on the CPU (no GPU needed) into the compile cache")
     sp.add_argument("--arch", default="sm_80,sm_90",
-                    help="comma-separated target archs, e.g. sm_90 or sm_80,sm_90 (default sm_80,sm_90); "
-                         "a unit is compiled for every given arch at or above its minimum")
+                    help="target archs, e.g. sm_90 or sm_80,sm_90 (default sm_80,sm_90); each must be one the "
+                         "installed NVRTC builds for")
     sp.add_argument("--filter", default="*", help="glob on the SKU string: compile the units holding matching SKUs "
                                                   "(exit 1 when nothing matches)")
     sp.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per CPU core)")
     sp.add_argument("--out", metavar="DIR", default=None,
-                    help="write the cubins and DIR/index.json (unit, arch, NVRTC options, source sha256, cache key, "
-                         "file): a prebuilt folder the runtime loads without NVRTC (SKUFORGE_PREBUILT=DIR)")
-    sp.add_argument("--fill-cache", action="store_true",
-                    help="also store the cubins in the runtime's compile cache (SKUFORGE_CACHE_DIR), so that later "
-                         "runs on this machine never compile")
+                    help="write a prebuilt folder instead (cubins + DIR/index.json) for SKUFORGE_PREBUILT=DIR")
+    where = sp.add_mutually_exclusive_group()
+    where.add_argument("--fill-cache", action="store_true", help="with --out: also store the cubins in the cache")
+    where.add_argument("--no-cache", action="store_true", help="only check that every unit compiles: store nothing")
     sp.add_argument("--record", nargs="?", const="", default=None, metavar="FILE",
-                    help="record per unit and arch ok/failed with the sha256s, for `audit` "
-                         "(default FILE: audit/compiled.json)")
+                    help="record per unit and arch ok/failed, for `audit` (default FILE: compiled.json in the "
+                         "records folder)")
     sp.add_argument("--resources", action="store_true",
-                    help="print ptxas's registers, stack frame, spills and shared memory per selected kernel "
-                         "(every compile checks that no kernel uses local memory)")
+                    help="print ptxas's registers, stack frame, spills and shared memory per selected kernel")
     sp = sub.add_parser("status", help="generator, manifest, NVRTC and compile-cache status")
-    sp.add_argument("--clear-cache", action="store_true", help="empty the cache of the current NVRTC version")
+    sp.add_argument("--clear-cache", action="store_true",
+                    help="then empty the compile cache (every arch and NVRTC version)")
     harness.add_parsers(sub)
     return p
 
@@ -399,21 +418,28 @@ def _data_where() -> str:
     return f"{data_root()} ({'installed' if installed() else 'source checkout'})"
 
 
+def _run(argv) -> int:
+    args = build_parser().parse_args(argv)
+    if hasattr(args, "func"):
+        return args.func(args)
+    return {"build": cmd_build, "check": cmd_check, "list": cmd_list, "show": cmd_show,
+            "compile": cmd_compile, "status": cmd_status}[args.cmd or "build"](args)
+
+
 def main(argv=None) -> int:
     from runtime.errors import SkuforgeError
-    args = build_parser().parse_args(argv)
-    cmd = args.cmd or "build"
     try:
-        if hasattr(args, "func"):
-            return args.func(args)
-        return {"build": cmd_build, "check": cmd_check, "list": cmd_list, "show": cmd_show,
-                "compile": cmd_compile, "status": cmd_status}[cmd](args)
-    except SkuforgeError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+        try:
+            return _run(argv)
+        except SkuforgeError as e:      # a bad argument or setting, wherever it is first used
+            sys.stdout.flush()
+            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        finally:
+            sys.stdout.flush()          # here, not at exit: a closed pipe raises where it is caught
     except BrokenPipeError:
-        # the reader went away (`python -m codegen list | head`): not an error of ours. Point stdout
-        # at /dev/null so that the interpreter's final flush does not raise again.
+        # the reader went away (`python -m codegen audit | head -1`): not an error of ours. Point
+        # stdout at /dev/null so that the interpreter's final flush does not raise again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0

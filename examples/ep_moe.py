@@ -8,6 +8,10 @@ forward and backward. The script checks the layer against the same layer on one 
     torchrun --nproc-per-node 2 examples/ep_moe.py --bench     # and the time per step
     python examples/ep_moe.py                                  # one process: world size 1, NCCL
 
+Needs PyTorch with NCCL and a CUDA GPU per process. The example leaves the environment as it
+finds it: where NVLink multicast must stay off, set NCCL_NVLS_ENABLE=0 (and
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1) in the command's environment.
+
 Checks, on every rank, in float32 and bfloat16: this rank's outputs, input gradients and its
 experts' weight gradients against the one-GPU layer (every expert, every rank's tokens) run on the
 same GPU, and the router gradient summed over the ranks, within the grouped-matmul tolerances
@@ -16,22 +20,18 @@ against a float64 per-expert reference. --bench prints the median time of a step
 (skuforge, torch._grouped_mm, the exchanges alone) and of the one-GPU layer on all W GPUs' tokens
 (skuforge, torch._grouped_mm); --json PATH writes them as a record.
 """
+import argparse
+import json
 import os
+import statistics
 
-# NVLink multicast stays off (NCCL NVLS, PyTorch symmetric memory, NVSHMEM) on shared machines:
-# set before torch.distributed starts, whatever the environment says.
-for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                      ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ[_name] = _value
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:
+    raise SystemExit("ep_moe.py needs PyTorch (pip install torch) with NCCL and CUDA GPUs") from None
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from runtime.torch import ep  # noqa: E402
+from runtime.torch import ep
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}     # docs/numerics.md, per grouped matmul
 
@@ -206,4 +206,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("ep_moe.py needs a CUDA GPU per process: PyTorch sees none")
+    if not dist.is_nccl_available():
+        raise SystemExit("ep_moe.py needs PyTorch built with NCCL")
     raise SystemExit(main())

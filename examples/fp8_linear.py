@@ -5,9 +5,12 @@
   (``dynamic_quantize(scope="group", group_size=128)``), one ``_scaled_mm`` per 128-wide K block,
   checked against the dequantized product ``dequantize(q, s) @ dequantize(wq, ws).T``.
 
-    python examples/fp8_linear.py
+    python examples/fp8_linear.py           # needs PyTorch and a GPU of compute capability 8.9+
 """
-import torch
+try:
+    import torch
+except ImportError:
+    raise SystemExit("fp8_linear.py needs PyTorch (pip install torch) and a CUDA GPU") from None
 
 import runtime.torch as sft
 
@@ -71,4 +74,8 @@ def main(device: str = "cuda", M: int = 128, K: int = 1024, N: int = 512) -> dic
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("fp8_linear.py needs a CUDA GPU: PyTorch sees none")
+    if torch.cuda.get_device_capability() < (8, 9):
+        raise SystemExit("fp8_linear.py needs a GPU of compute capability 8.9 or newer (torch._scaled_mm on fp8)")
     main()

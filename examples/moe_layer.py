@@ -3,9 +3,12 @@ tokens sorted by expert -> offsets -> grouped_matmul -> GELU -> grouped_matmul -
 scaled by the router probability. Forward and gradients are checked against a float64 PyTorch
 reference first.
 
-    python examples/moe_layer.py
+    python examples/moe_layer.py            # needs PyTorch and a CUDA GPU
 """
-import torch
+try:
+    import torch
+except ImportError:
+    raise SystemExit("moe_layer.py needs PyTorch (pip install torch) and a CUDA GPU") from None
 
 import runtime.torch as sft
 
@@ -94,4 +97,6 @@ def main(device: str = "cuda") -> list:
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("moe_layer.py needs a CUDA GPU: PyTorch sees none")
     main()

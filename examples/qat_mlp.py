@@ -3,9 +3,12 @@ per-tensor fake quantization of the activations, all through ``torch.ops.skuforg
 model with PyTorch's own fake-quant ops trains to the same losses (to float32 rounding in the first
 steps, within 2 % after 30: the two sum the scale gradient in different orders).
 
-    python examples/qat_mlp.py
+    python examples/qat_mlp.py              # needs PyTorch and a CUDA GPU
 """
-import torch
+try:
+    import torch
+except ImportError:
+    raise SystemExit("qat_mlp.py needs PyTorch (pip install torch) and a CUDA GPU") from None
 
 import runtime.torch as sft
 
@@ -76,4 +79,6 @@ def main(device: str = "cuda") -> list:
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("qat_mlp.py needs a CUDA GPU: PyTorch sees none")
     main()

@@ -1,9 +1,12 @@
 """W8A8 linear: int8 per-token activations (skuforge dynamic_quantize), int8 per-channel weights,
 int32 products with ``torch._int_mm``, rescaled in float32. Compared with the float linear.
 
-    python examples/w8a8_linear.py
+    python examples/w8a8_linear.py          # needs PyTorch and a CUDA GPU
 """
-import torch
+try:
+    import torch
+except ImportError:
+    raise SystemExit("w8a8_linear.py needs PyTorch (pip install torch) and a CUDA GPU") from None
 
 import runtime.torch as sft
 
@@ -44,4 +47,6 @@ def main(device: str = "cuda", M: int = 256, K: int = 1024, N: int = 512) -> flo
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("w8a8_linear.py needs a CUDA GPU: PyTorch sees none")
     main()

@@ -1,8 +1,11 @@
 """Settings: every ``SKUFORGE_*`` environment variable is read here, once, and nowhere else.
 
 :func:`settings` returns the :class:`Settings` (a frozen dataclass, typed, each field documented;
-the table is docs/configuration.md). The environment is read on the first call; the value is
-kept. :func:`override` replaces fields inside a ``with`` block (tools and tests)::
+the table is docs/configuration.md). The environment is read on the first call (never at import:
+a bad value is a typed error where a setting is first used); the value is kept. Every boolean
+variable goes through :func:`parse_flag`, here and in the harness and tests, which read their own
+variables with :func:`env_flag` / :func:`env_int`. :func:`override` replaces fields inside a
+``with`` block (tools and tests)::
 
     with runtime.config.override(dynamic_config="block", columns_grid="1d"):
         ...
@@ -110,8 +113,8 @@ class Settings:
                "read at each compile"})
     generated: Path = dataclasses.field(
         default_factory=lambda: data_root() / "generated", metadata={"env": "SKUFORGE_GENERATED",
-        "doc": "generated sources + manifest.json the runtime loads (non-editable installs); read at import of "
-               "runtime.registry"})
+        "doc": "generated sources + manifest.json the runtime loads (non-editable installs); read when the "
+               "default registry is first loaded"})
     prebuilt_dir: Optional[Path] = dataclasses.field(
         default=None, metadata={"env": "SKUFORGE_PREBUILT",
         "doc": "folder written by ``python -m codegen compile --out DIR`` (cubins + index.json): kernels found "
@@ -147,35 +150,25 @@ class Settings:
         default=False, metadata={"env": "SKUFORGE_SYNC_CHECKS",
         "doc": "synchronous host checks of device-array values before each launch (debug mode; "
                "``runtime.sync_checks()`` sets it per thread)"})
-    # -- codegen harness: records --------------------------------------------------------------
-    audit_dir: Optional[Path] = dataclasses.field(
-        default=None, metadata={"env": "SKUFORGE_AUDIT_DIR",
-        "doc": "records folder of verify / bench / audit / compile --record (None: <repo>/audit); read at import"})
-    commit: Optional[str] = dataclasses.field(
-        default=None, metadata={"env": "SKUFORGE_COMMIT",
-        "doc": "commit the records name, for copies of the tree without their own .git"})
-    dirty: bool = dataclasses.field(
-        default=False, metadata={"env": "SKUFORGE_DIRTY",
-        "doc": "with ``commit``: the tree had uncommitted changes (anything but ``0``, ``false``, empty)"})
-    # -- tests -----------------------------------------------------------------------------------
-    seed: Optional[int] = dataclasses.field(
-        default=None, metadata={"env": "SKUFORGE_SEED", "doc": "the tests' random seed (None: fresh, printed)"})
-    exhaustive: bool = dataclasses.field(
-        default=False, metadata={"env": "SKUFORGE_EXHAUSTIVE",
-        "doc": "tests: f32 -> fp8 over all 2**32 bit patterns (any non-empty value)"})
-    full_compile: bool = dataclasses.field(
-        default=False, metadata={"env": "SKUFORGE_FULL_COMPILE",
-        "doc": "tests: compile every low-bit unit for every arch (any non-empty value)"})
 
 
-def _flag(text: str) -> bool:
-    return text.strip().lower() not in ("", "0", "false")
+FLAG_ON = ("1", "true", "yes", "on")
+FLAG_OFF = ("0", "false", "no", "off")
 
 
-CHOICES = {"columns_grid": ("2d", "1d"), "dynamic_tensor": ("auto", "two_pass"), "graph_replay": ("on", "off")}
+def parse_flag(var: str, text: str, default: bool = False) -> bool:
+    """The one reading of every boolean ``SKUFORGE_*`` variable: ``1 true yes on`` / ``0 false no off``
+    (any case), empty: ``default``; anything else an InvalidProblemError naming the variable."""
+    value = text.strip().lower()
+    if not value:
+        return default
+    if value in FLAG_ON or value in FLAG_OFF:
+        return value in FLAG_ON
+    raise InvalidProblemError(f"{var}={text!r}; a flag is one of {', '.join(FLAG_ON)} (on), "
+                              f"{', '.join(FLAG_OFF)} (off) or empty (the default)")
 
 
-def _number(f, text: str, kind, default, ok, what: str):
+def _number(var: str, text: str, kind, default, ok, what: str):
     """A number from an environment variable (empty: ``default``), or a typed error naming it."""
     if not text.strip():
         return default
@@ -184,8 +177,41 @@ def _number(f, text: str, kind, default, ok, what: str):
     except ValueError:
         value = None
     if value is None or not ok(value):
-        raise InvalidProblemError(f"{f.metadata['env']}={text!r}; expected {what}")
+        raise InvalidProblemError(f"{var}={text!r}; expected {what}")
     return value
+
+
+def env_flag(var: str, environ=None) -> bool:
+    """A boolean variable outside :class:`Settings` (the harness's, the tests'), read now."""
+    return parse_flag(var, (os.environ if environ is None else environ).get(var, ""))
+
+
+def env_int(var: str, environ=None) -> Optional[int]:
+    """An integer variable outside :class:`Settings` (None when unset or empty), read now."""
+    return _number(var, (os.environ if environ is None else environ).get(var, ""), int, None, lambda v: True,
+                   "an integer")
+
+
+CHOICES = {"columns_grid": ("2d", "1d"), "dynamic_tensor": ("auto", "two_pass"), "graph_replay": ("on", "off")}
+
+
+def _field_value(f, text: str):
+    """One field's value from its variable's text (empty: the default), or a typed error naming it."""
+    var = f.metadata["env"]
+    if f.type == "bool":
+        return parse_flag(var, text, f.default)
+    if f.type == "float":
+        return _number(var, text, float, f.default, lambda v: math.isfinite(v) and v >= 0,
+                       "a finite number of seconds >= 0")
+    if f.name in CHOICES:
+        value = text.strip().lower() or f.default
+        if value not in CHOICES[f.name]:
+            raise InvalidProblemError(f"{var}={text!r}; one of {', '.join(CHOICES[f.name])}")
+        return value
+    if "Path" in f.type:
+        # resolved once, here: a later chdir does not move the folder
+        return Path(text).expanduser().absolute() if text.strip() else dataclasses.MISSING
+    return text
 
 
 def from_environ(environ=None) -> Settings:
@@ -194,30 +220,10 @@ def from_environ(environ=None) -> Settings:
     values = {}
     for f in dataclasses.fields(Settings):
         text = env.get(f.metadata["env"])
-        if text is None:
-            continue
-        if f.name in ("cache_dir", "generated", "audit_dir", "prebuilt_dir"):
-            if not text.strip():
-                continue  # empty: the default
-            path = Path(text).expanduser()
-            # the cache and the prebuilt folder are resolved once, here: a later chdir does not move them
-            values[f.name] = path.absolute() if f.name in ("cache_dir", "prebuilt_dir") else path
-        elif f.name == "lock_timeout":
-            values[f.name] = _number(f, text, float, 120.0, lambda v: math.isfinite(v) and v >= 0,
-                                     "a finite number of seconds >= 0")
-        elif f.name == "seed":
-            values[f.name] = _number(f, text, int, None, lambda v: True, "an integer")
-        elif f.name in CHOICES:
-            value = text.strip().lower() or f.default
-            if value not in CHOICES[f.name]:
-                raise InvalidProblemError(f"{f.metadata['env']}={text!r}; one of {', '.join(CHOICES[f.name])}")
-            values[f.name] = value
-        elif f.name in ("exhaustive", "full_compile"):
-            values[f.name] = bool(text)
-        elif f.name in ("dirty", "sync_checks", "disable_jit"):
-            values[f.name] = _flag(text)
-        else:
-            values[f.name] = text
+        if text is not None:
+            value = _field_value(f, text)
+            if value is not dataclasses.MISSING:    # an empty path: the default
+                values[f.name] = value
     return Settings(**values)
 
 

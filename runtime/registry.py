@@ -18,8 +18,6 @@ from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .sku import KernelSku
 
-GENERATED = settings().generated
-
 
 @dataclass(frozen=True)
 class KernelEntry:
@@ -44,7 +42,9 @@ class Registry:
         self.units = manifest["units"]
 
     @classmethod
-    def load(cls, root: Path = GENERATED) -> "Registry":
+    def load(cls, root: Optional[Path] = None) -> "Registry":
+        """The manifest under ``root`` (default: the ``SKUFORGE_GENERATED`` setting, read now)."""
+        root = settings().generated if root is None else Path(root)
         path = root / "manifest.json"
         try:
             manifest = json.loads(path.read_text())

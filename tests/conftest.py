@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from runtime import config as runtime_config
+from tests import knobs
 
 
 def _has_gpu() -> bool:
@@ -45,7 +46,7 @@ def host_status_words(monkeypatch):
 @pytest.fixture
 def rng(request):
     # fresh random inputs on every run; the seed is printed on failure to reproduce
-    seed = runtime_config.settings().seed
+    seed = knobs.seed()
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**32))
     request.node.user_properties.append(("seed", seed))

@@ -381,7 +381,7 @@ SETTING_TEXTS = {
     "SKUFORGE_MOE_CONFIG": ("", "default", "fwd=default", "bogus", "fwd=,wgrad=", "x=y", "=", "fwd=128x128x32s5",
                             ",", "fwd"),
     "SKUFORGE_LOCK_TIMEOUT": ("", "5", "-1", "abc", "nan", "inf", "1e400"),
-    "SKUFORGE_SEED": ("", "7", "x", "1.5", "-3"),
+    "SKUFORGE_SYNC_CHECKS": ("", "0", "1", "off", "YES", "maybe", "2"),
 }
 
 

@@ -12,9 +12,9 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from codegen import manifest, matrix, render
-from runtime import config
 from runtime.registry import Registry
 from runtime.sku import KernelSku
+from tests import knobs
 
 LOW = set(matrix.LOW_BIT)
 LOWBIT_FAMILIES = matrix.lowbit_families()
@@ -136,7 +136,7 @@ def test_nvrtc_compiles_the_lowbit_kernels(shipped_registry):
     """The jobs ``python -m codegen compile --arch sm_80,sm_89,sm_90`` would run (a unit is built
     for every arch >= its kernels'), restricted to the low-bit units."""
     from codegen.cli import compile_jobs
-    full = config.settings().full_compile
+    full = knobs.full_compile()
     reg = shipped_registry
     low = {u for u, m in reg.units.items() if m["family"].startswith("lowbit-")}
     assert set(SUBSET) <= low

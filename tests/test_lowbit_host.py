@@ -19,8 +19,9 @@ import pytest
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from runtime import config, kinds  # noqa: E402
+from runtime import kinds  # noqa: E402
 from runtime import reference as ref  # noqa: E402
+from tests import knobs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER_DIR = os.path.join(ROOT, "templates", "common")
@@ -194,7 +195,7 @@ def test_encode_f32_edges_and_random(lib, kind, rng):
     assert got[0] == 0x00 and got[1] == 0x80
 
 
-@pytest.mark.skipif(not config.settings().exhaustive, reason="set SKUFORGE_EXHAUSTIVE=1: all 2**32 floats")
+@pytest.mark.skipif(not knobs.exhaustive(), reason="set SKUFORGE_EXHAUSTIVE=1: all 2**32 floats")
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", FORMATS)
 def test_encode_f32_exhaustive(lib, kind):

@@ -1,8 +1,12 @@
-"""The wheel: built from a copy of the tree, installed into a fresh venv, used from another folder.
+"""Packaging: the dependencies (floors that are releases, none unused), the README's test command
+(the one CI runs), and the wheel: built from a copy of the tree, installed into a fresh venv, used
+from another folder.
 
 The fresh venv sees the test environment's dependencies (jinja2, numpy, cuda-bindings, ...) through a
 ``.pth`` line (their ``.pth`` hooks, such as an editable skuforge, are not run) and finds libnvrtc
 through LD_LIBRARY_PATH; skuforge itself comes from the wheel only (checked)."""
+import ast
+import importlib.metadata as md
 import os
 import shutil
 import subprocess
@@ -11,11 +15,101 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.slow
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 SKU = "quantization/quantize/token/symmetric/f32/s8/sm80/simt/f32.acc-f32.det.stable"
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _requirements() -> list:
+    project = _pyproject()
+    extras = [r for reqs in project["optional-dependencies"].values() for r in reqs]
+    return [Requirement(r) for r in project["dependencies"] + extras]
+
+
+# The first release of the line a floor is in, as the package index lists them: a floor under it names
+# a release that does not exist (cupy-cuda13x 13.3: the CUDA 13 builds start at 13.6.0).
+FIRST_OF_LINE = {("cupy-cuda13x", 13): "13.6.0", ("cuda-bindings", 13): "13.0.0",
+                 ("nvidia-cuda-nvrtc", 13): "13.0.48", ("nvidia-cuda-cuobjdump", 13): "13.2.51",
+                 ("nvidia-cuda-nvdisasm", 13): "13.2.51", ("pytest-xdist", 3): "3.0.2"}
+CUDA_LINE = 13      # libnvrtc.so.13, which cuda-bindings 13 loads and cupy-cuda13x is built for
+CUDA_PACKAGES = ("cupy-cuda13x", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm")
+
+
+def test_dependency_floors_are_releases_and_what_is_tested_meets_them():
+    for req in _requirements():
+        name = canonicalize_name(req.name)
+        (spec,) = [s for s in req.specifier if s.operator in (">=", "==")] or [None]
+        assert spec is not None, f"{req}: every dependency names its floor (>=) or its release (==)"
+        floor = Version(spec.version)
+        first = FIRST_OF_LINE.get((name, floor.major))
+        assert first is None or floor >= Version(first), f"{req}: the {floor.major}.x line starts at {first}"
+        if name in CUDA_PACKAGES:
+            assert floor.major == CUDA_LINE, f"{req}: not the CUDA {CUDA_LINE} line"
+        try:
+            installed = md.version(req.name)
+        except md.PackageNotFoundError:
+            continue                                  # an extra this environment does not install (plot)
+        assert req.specifier.contains(installed, prereleases=True), f"{req}: the tested {installed} does not meet it"
+
+
+# What skuforge imports from each direct dependency; a dependency that is not imported is a library
+# the runtime loads (its file named here) or it is not a dependency of skuforge.
+IMPORTED_AS = {"jinja2": "jinja2", "numpy": "numpy", "ml-dtypes": "ml_dtypes", "cupy-cuda13x": "cupy",
+               "cuda-bindings": "cuda.bindings", "filelock": "filelock", "rich": "rich",
+               "platformdirs": "platformdirs"}
+LOADED_LIBRARY = {"nvidia-cuda-nvrtc": "libnvrtc.so"}     # cuda-bindings loads it (through cuda-pathfinder)
+
+
+def _imports() -> set:
+    names = set()
+    for path in [*(ROOT / "runtime").rglob("*.py"), *(ROOT / "codegen").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_every_direct_dependency_is_used():
+    imports = _imports()
+    for text in _pyproject()["dependencies"]:
+        name = canonicalize_name(Requirement(text).name)
+        files = [str(f) for f in md.files(name) or ()]
+        if name in LOADED_LIBRARY:
+            assert any(LOADED_LIBRARY[name] in f for f in files), f"{name} does not ship {LOADED_LIBRARY[name]}"
+            continue
+        assert name in IMPORTED_AS, f"{name}: a direct dependency that skuforge neither imports nor loads"
+        module = IMPORTED_AS[name]
+        assert any(i == module or i.startswith(module + ".") for i in imports), f"no module imports {module} ({name})"
+        folder = module.replace(".", "/")
+        assert any(f.startswith(folder + "/") or f == folder + ".py" for f in files), f"{name} does not ship {module}"
+
+
+def _readme_test_command() -> str:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    (cmd,) = [ln for ln in lines if ln.startswith('pip install -e ".[test]"')]
+    return cmd
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    cmd = _readme_test_command()
+    assert ci[-1] == cmd
+    assert "python -m pytest" in cmd and "python -m codegen compile" in cmd
+    # nothing installed beside it: PyTorch comes with the test extra
+    assert [ln for ln in ci if ln.startswith(("pip ", "python -m pip"))] == ["python -m pip install -q --upgrade pip",
+                                                                              cmd]
+    assert any(canonicalize_name(Requirement(r).name) == "torch" for r in _pyproject()["optional-dependencies"]["test"])
 
 
 def _run(cmd, **kw):
@@ -32,6 +126,7 @@ def _modern_setuptools() -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_works_from_another_folder(tmp_path):
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist", ".venv", "_data")

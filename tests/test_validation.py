@@ -206,16 +206,29 @@ def test_dynamic_quantize_fills_a_foreign_out_of_an_empty_x(monkeypatch):
 
 def test_bad_settings_are_typed_errors_naming_the_variable():
     from runtime import config, dynamic
-    for env, words in (({"SKUFORGE_SEED": "x"}, ("SKUFORGE_SEED",)),
+    for env, words in (({"SKUFORGE_DISABLE_JIT": "maybe"}, ("SKUFORGE_DISABLE_JIT", "0, false, no, off")),
                        ({"SKUFORGE_LOCK_TIMEOUT": "abc"}, ("SKUFORGE_LOCK_TIMEOUT",)),
                        ({"SKUFORGE_LOCK_TIMEOUT": "-1"}, ("SKUFORGE_LOCK_TIMEOUT",)),
                        ({"SKUFORGE_COLUMNS_GRID": "3d"}, ("SKUFORGE_COLUMNS_GRID", "2d, 1d")),
                        ({"SKUFORGE_DYNAMIC_TENSOR": "three_pass"}, ("SKUFORGE_DYNAMIC_TENSOR", "two_pass"))):
         err(lambda env=env: config.from_environ(env), InvalidProblemError, *words)
-    s = config.from_environ({"SKUFORGE_SEED": "", "SKUFORGE_LOCK_TIMEOUT": "", "SKUFORGE_COLUMNS_GRID": "1D"})
-    assert (s.seed, s.lock_timeout, s.columns_grid) == (None, 120.0, "1d")
+    s = config.from_environ({"SKUFORGE_SYNC_CHECKS": "", "SKUFORGE_LOCK_TIMEOUT": "", "SKUFORGE_COLUMNS_GRID": "1D"})
+    assert (s.sync_checks, s.lock_timeout, s.columns_grid) == (False, 120.0, "1d")
     for text in ("t8,ch=abc", "t4,threads=", "t2,threads=1e3"):
         err(lambda text=text: dynamic.FusedConfig.parse(text), UnsupportedError, "SKUFORGE_DYNAMIC_CONFIG", text)
+
+
+def test_one_flag_parser_for_every_boolean_variable():
+    """``0`` is off and ``1`` on for every flag, the runtime's settings and the harness's / tests' own."""
+    from runtime import config
+    for text, want in (("0", False), ("false", False), ("OFF", False), ("no", False), ("1", True), ("True", True),
+                       ("on", True), (" yes ", True), ("", False)):
+        assert config.from_environ({"SKUFORGE_DISABLE_JIT": text}).disable_jit is want, text
+        assert config.from_environ({"SKUFORGE_SYNC_CHECKS": text}).sync_checks is want, text
+        assert config.env_flag("SKUFORGE_FULL_COMPILE", {"SKUFORGE_FULL_COMPILE": text}) is want, text
+    err(lambda: config.env_flag("SKUFORGE_DIRTY", {"SKUFORGE_DIRTY": "2"}), InvalidProblemError, "SKUFORGE_DIRTY")
+    assert config.env_int("SKUFORGE_SEED", {}) is None and config.env_int("SKUFORGE_SEED", {"SKUFORGE_SEED": "7"}) == 7
+    err(lambda: config.env_int("SKUFORGE_SEED", {"SKUFORGE_SEED": "x"}), InvalidProblemError, "SKUFORGE_SEED")
 
 
 def test_lsq_reference_of_an_empty_x():

@@ -73,7 +73,7 @@ def summary(text: str) -> dict:
 
 def record(out: Path, n: int) -> None:
     """Fold each shard's verify record into the committed one (audit/verified/<gpu>.json)."""
-    from codegen.harness.records import AUDIT_DIR, read_json, write_json
+    from codegen.harness.records import audit_dir, read_json, write_json
     from codegen.harness.verify import merge
     for i in range(n):
         for path in sorted((out / f"records-{i}" / "verified").glob("*.json")):
@@ -82,7 +82,7 @@ def record(out: Path, n: int) -> None:
             for run in shard.get("runs") or []:
                 results = {sku: {k: v for k, v in r.items() if k != "run"}
                            for sku, r in (shard.get("skus") or {}).items() if r.get("run") == run.get("id")}
-                target = AUDIT_DIR / "verified" / path.name
+                target = audit_dir() / "verified" / path.name
                 write_json(target, merge(read_json(target), env, {k: v for k, v in run.items() if k != "id"},
                                          results))
                 print(f"recorded shard {i}: {len(results)} SKUs into {target}")
@@ -136,10 +136,11 @@ def main(argv=None) -> int:
         results.append(r)
         print(f"shard {i}: {len(part)} SKUs, rc {rc}, sanitizer errors {r['errors']}, verify "
               f"{r['passed']} passed / {r['failed']} failed{'' if ok else '  <-- not clean'}", flush=True)
+    from codegen.harness.records import git_info
     rec = {"tool": args.tool, "filter": args.filter, "per_template": args.per_template, "seed": args.seed,
            "skus": len(skus), "seconds": round(time.perf_counter() - t0, 1),
            "errors": sum(r["errors"] or 0 for r in results), "clean": bad == 0,
-           "commit": os.environ.get("SKUFORGE_COMMIT"), "shards": results}
+           "commit": git_info()["commit"], "shards": results}
     (out / f"sanitize-{args.tool}.json").write_text(json.dumps(rec, indent=1))
     if args.record:
         record(out, len(results))

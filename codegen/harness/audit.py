@@ -24,7 +24,7 @@ from typing import Optional
 
 from runtime import kinds
 
-from .records import AUDIT_DIR, ROOT, now, read_json, write_json
+from .records import ROOT, add_records_argument, audit_dir, now, read_json, write_json
 
 README = ROOT / "README.md"
 BEGIN, END = "<!-- audit:begin -->", "<!-- audit:end -->"
@@ -85,7 +85,7 @@ def merge_compile_record(old: Optional[dict], manifest: dict, results, nvrtc: st
 
 def record_compile(manifest: dict, results, path: Optional[Path] = None) -> Path:
     from runtime.compiler import nvrtc_version
-    path = Path(path or AUDIT_DIR / "compiled.json")
+    path = Path(path or audit_dir() / "compiled.json")
     rec = merge_compile_record(read_json(path), manifest, results, "%d.%d" % nvrtc_version(), now())
     write_json(path, rec)
     return path
@@ -266,7 +266,7 @@ def collect(manifest: dict, compiled: Optional[dict] = None, verified: Optional[
 
 
 def load(records: Path = None, archs=DEFAULT_ARCHS, pattern="*", manifest_root=None) -> Audit:
-    records = Path(records or AUDIT_DIR)
+    records = Path(records or audit_dir())
     return collect(load_manifest(manifest_root), read_json(records / "compiled.json", {}),
                    records_in(records / "verified"), records_in(records / "bench"), archs, pattern)
 
@@ -508,9 +508,10 @@ def to_html(audit: Audit) -> str:
 
 
 def print_terminal(audit: Audit, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
-    console = console or Console(highlight=False)
+
+    from ..terminal import console as new_console
+    console = console or new_console()
     style = {"V": "green", "V!": "bold red", "V~": "yellow", "C!": "bold red", "C~": "yellow"}
     for category, op in audit.ops():
         fields, scopes, rows = op_table(audit, category, op)
@@ -598,7 +599,9 @@ def cmd_audit(args) -> int:
 def add_parser(sub) -> None:
     sp = sub.add_parser("audit", help="coverage of the matrix: generated / excluded / compiled / verified / "
                         "bandwidth, per op (no GPU needed)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        description="Coverage of the dtype x op x scope matrix from the manifest and the records "
+                                    "(generated, excluded, compiled, verified, bandwidth); no GPU needed. "
+                                    "docs/audit.md.")
     sp.add_argument("--format", choices=("term", "md", "json", "html"), default="term",
                     help="output format: a terminal table, Markdown, JSON or a standalone HTML page (default term)")
     sp.add_argument("--filter", default="*", help="glob on the SKU string")
@@ -610,5 +613,5 @@ def add_parser(sub) -> None:
                     help=f"rewrite the block between {BEGIN} and {END} in README.md with the md table")
     sp.add_argument("--readme", default=str(README), help=argparse.SUPPRESS)
     sp.add_argument("--generated", default=None, help=argparse.SUPPRESS)   # tests: another manifest
-    sp.add_argument("--records", default=str(AUDIT_DIR), help="records folder (default audit/)")
+    add_records_argument(sp)
     sp.set_defaults(func=cmd_audit)

@@ -1,43 +1,12 @@
 """``python -m codegen bench``: bandwidth of the selected SKUs against a device copy and PyTorch.
 
-The method of docs/audit.md, in one process: a device-to-device copy (cudaMemcpyAsync, bytes read +
-bytes written) gives the reference bandwidth; then each selected SKU runs on each shape with
-its PyTorch eager composite and the ``torch.compile`` of the same composite, on the same data.
-Bytes = every input element read once + every output element written once (scales and zero
-points included). Times come from CUDA events around each call after warm-up; the host
-enqueues a batch of calls behind a short spin kernel, so what is timed is the GPU's time per
-call, not Python's; the median of many calls is reported. When a workload fits in 4x the L2
-cache, several input sets are rotated so that the cache is not what is measured.
-
-Workloads come from the bench sections that the modules of ``codegen/harness/workloads/``
-register (``@bench_section(name)`` on their ``make``: ``codegen.harness.registry``). Each
-section module exposes ``make(sku, shape)`` returning ``None`` (not mine) or a dict:
-
-    call          zero-arg callable: runs the skuforge kernel (required)
-    bytes | flops bytes moved (bandwidth kernels) or floating-point operations (compute kernels)
-    label         short text, e.g. "bf16->s8 token symmetric"
-    torch_fn, torch_args   the PyTorch composite as a pure function and its tensors: timed
-                  eagerly and through torch.compile(torch_fn, fullgraph=True, dynamic=False)
-    torch_eager   zero-arg callable, when there is no torch_fn (compiled as a closure)
-    torch_ref     zero-arg callable: a library reference (e.g. torch._grouped_mm) for compute kernels
-    footprint     bytes the call touches, when not ``bytes`` (decides L2 rotation)
-
-and optionally ``OPS`` (the ops it handles), ``SHAPES`` / ``QUICK_SHAPES`` (its own shapes,
-used instead of the elementwise ones), ``default(sku)`` (the default subset), ``TARGET_PCT``
-(the % of copy to reach), ``TARGET_SHAPES`` (the shapes that target names, default the two
-large ones), ``TARGET_PCT_OF_TORCH`` (compute kernels: a number, or a function of (sku, shape)),
-``ceiling(timer)`` (compute kernels: the rate of the unit they run on, measured once per run, e.g.
-a dense bf16 product; each result gets its % of it) and ``host_calls()`` (functional-API calls for
-the host overhead measurement: list of dicts with ``label``, ``call``, ``framework``).
-
-Writes ``audit/bench/<gpu-slug>.json`` (merged with earlier results, keyed by SKU and shape),
-``<gpu-slug>.md`` and ``<gpu-slug>.png`` (when matplotlib is importable). File formats: docs/audit.md.
-``--render`` rewrites them from the records alone (no GPU), with every result's targets refreshed
-from the modules: how a target change reaches the report without a new measurement.
+The method (device-to-device copy reference, bytes counted, CUDA-event timing behind a spin
+kernel, L2 rotation, warm-up, turns, host overhead), the default selection, the interface of the
+workload modules (``codegen/harness/workloads/``, registered with ``@bench_section``) and the
+record formats are in docs/audit.md, "python -m codegen bench".
 """
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import math
 import statistics
@@ -47,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import registry
-from .records import AUDIT_DIR, git_info, now, read_json, slug, write_json
+from .records import add_records_argument, git_info, now, read_json, slug, write_json
 from .steps import to_markdown as example_steps_markdown
 from .workloads.base import kept_results
 
@@ -955,13 +924,13 @@ def same_size_copy(timer, nbytes_: int) -> dict:
 
 
 def cmd_bench(args) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from runtime.registry import Registry
 
     from ..manifest import GENERATED
-    console = Console(highlight=False, stderr=True)
+    from ..terminal import console as new_console
+    console = new_console(stderr=True)
     reg = Registry.load(GENERATED)
     skus = [s for s in reg.skus() if fnmatch.fnmatchcase(str(s), args.filter)]
     modules = workload_modules(lambda m: console.print(f"[yellow]{m}[/yellow]"))
@@ -1140,12 +1109,13 @@ def cmd_render(args) -> int:
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("bench", help="bandwidth of the selected SKUs vs device copy and PyTorch (needs a GPU)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        description="Time the selected SKUs on a GPU against a device-to-device copy and PyTorch "
+                                    "(eager, torch.compile); writes RECORDS/bench/<gpu>.json, .md and .png. "
+                                    "Method, default selection and workload modules: docs/audit.md.")
     sp.add_argument("--filter", default="*", help="glob on the SKU string")
     sp.add_argument("--all", action="store_true",
-                    help="every selected SKU on the four standard shapes, torch.compile for all (default: per op, "
-                         "scopes x {bf16,f16,f32} with s8, symmetric, on the two large shapes; bf16 on all four "
-                         "with the torch.compile baseline)")
+                    help="every selected SKU on the four standard shapes with every baseline (default: a subset "
+                         "per op, docs/audit.md)")
     sp.add_argument("--shapes", help="elementwise shapes, e.g. 8192x8192,16x4096 (for every selected SKU)")
     sp.add_argument("--quick", action="store_true", help="two shapes, 20 samples: a smoke run")
     sp.add_argument("--samples", type=int, default=0, help="timed calls per measurement (default 100)")
@@ -1158,7 +1128,7 @@ def add_parser(sub) -> None:
                     help="also time the examples' steps (skuforge eager / compiled vs plain PyTorch eager / compiled; "
                          "needs PyTorch with CUDA and the source tree's examples/)")
     sp.add_argument("--device", type=int, default=0, help="CUDA device ordinal to measure on (default 0)")
-    sp.add_argument("--records", default=str(AUDIT_DIR), help="records folder (default audit/)")
+    add_records_argument(sp)
     sp.add_argument("--render", action="store_true",
                     help="no GPU: rewrite the records' Markdown and chart, with targets refreshed from the modules")
     sp.set_defaults(func=lambda a: cmd_render(a) if a.render else cmd_bench(a))

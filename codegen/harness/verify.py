@@ -11,7 +11,6 @@ matching its manifest). Nothing is written unless checks really ran on a GPU.
 """
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import sys
 import time
@@ -19,7 +18,7 @@ import zlib
 from pathlib import Path
 
 from . import registry
-from .records import AUDIT_DIR, git_info, now, read_json, slug, write_json
+from .records import add_records_argument, git_info, now, read_json, slug, write_json
 
 SCHEMA = 1
 MAX_RUNS_KEPT = 50
@@ -149,10 +148,11 @@ def run_checks(skus, seed: int, framework: str, progress_console=None):
 
 def cmd_verify(args) -> int:
     import numpy as np
-    from rich.console import Console
 
     from runtime.registry import Registry
-    console = Console(highlight=False, stderr=True)
+
+    from ..terminal import console as new_console
+    console = new_console(stderr=True)
     from ..manifest import GENERATED
     reg = Registry.load(GENERATED)
     skus = [s for s in reg.skus() if fnmatch.fnmatchcase(str(s), args.filter)]
@@ -229,7 +229,9 @@ def cmd_verify(args) -> int:
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("verify", help="run the selected SKUs against the NumPy reference on a GPU and record it",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        description="Check the selected SKUs against the NumPy reference on a GPU; merges the "
+                                    "results into RECORDS/verified/<gpu>.json. Exit 1 when a SKU failed, 2 when "
+                                    "nothing could run (no GPU, empty selection, stale generated/). docs/audit.md.")
     sp.add_argument("--filter", default="*", help="glob on the SKU string, e.g. '*quantize/token/*bf16*'")
     sp.add_argument("--skus", help="a file listing SKUs, one per line: verify those (and --filter's) only")
     sp.add_argument("--seed", type=int, default=None, help="base seed (default: fresh, printed and recorded)")
@@ -237,5 +239,5 @@ def add_parser(sub) -> None:
                     help="array type the checks pass to the API (default cupy)")
     sp.add_argument("--device", type=int, default=0, help="CUDA device ordinal to verify on (default 0)")
     sp.add_argument("--jobs", type=int, default=0, help="NVRTC processes to pre-compile units (1: none)")
-    sp.add_argument("--records", default=str(AUDIT_DIR), help="records folder (default audit/)")
+    add_records_argument(sp)
     sp.set_defaults(func=cmd_verify)
