@@ -40,6 +40,7 @@ from .params import channel_params, check_apart, check_scale_dtype, out_arg, sam
 from .quantization import code_out
 from .reference import dynamic_qparams, dynamic_quantize_lowbit_ref, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
+from .vectors import CP_ASYNC, fits, require_aligned, stream_word
 
 MODES = ("symmetric", "asymmetric")
 
@@ -77,14 +78,9 @@ def _check_kinds(plan, args: DynamicArgs):
 
 
 def _vec_ok(vec: int, refs_views, cols: int) -> bool:
-    """16-byte accesses are possible: cols % vec == 0 and every row start aligned."""
-    if cols % vec:
-        return False
-    for a, view in refs_views:
-        align = min(16, vec * a.itemsize)
-        if a.ptr % align or (view.row_stride * a.itemsize) % align:
-            return False
-    return True
+    """The vector path is possible: cols % vec == 0 and every stream's address and row stride
+    aligned to one vector's word (runtime/vectors.py)."""
+    return cols % vec == 0 and all(fits(a, view.row_stride, stream_word(a.kind, vec)) for a, view in refs_views)
 
 
 def _scalar(kind: str, value):
@@ -359,6 +355,9 @@ class DynamicReduceLauncher(Launcher):
         if have < need:
             raise InvalidProblemError(f"{plan.sku}: workspace of {have} bytes; {need} are needed "
                                       "(Plan.workspace_size(args))")
+        if need:     # the partial results in the math precision, the cooperative kernel's 32-bit counter
+            require_aligned("workspace", args.workspace, kinds.SIZE[plan.sku.precision.math],
+                            f"the partial results ({plan.sku.precision.math}) it holds")
 
     def config(self, plan, args: DynamicArgs) -> ReduceConfig:
         rows, cols = args.xv.rows, args.xv.cols
@@ -413,7 +412,7 @@ class DynamicReduceLauncher(Launcher):
             return None
         rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
         contiguous = rows == 1 or (args.xv.row_stride == cols and args.qv.row_stride == cols)
-        if not contiguous or args.x.ptr % 16 or args.q.ptr % v:
+        if not (contiguous and fits(args.x, 0, CP_ASYNC) and fits(args.q, 0, stream_word(args.q.kind, v))):
             return None
         dev = args.x.device
         fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", dev)
@@ -502,8 +501,7 @@ class LowBitFusedLauncher(Launcher):
         """(vec_ok, TX, TY, grid), as DynamicFusedLauncher.config; the scalar path moves PACK elements."""
         gs = args.group_size if args.scope == "group" else args.xv.cols
         vec, pack = plan.launch["vec"], plan.launch["pack"]
-        vec_ok = (gs % vec == 0 and lowbit.aligned(args.x, args.xv, vec * args.x.itemsize)
-                  and lowbit.aligned(args.q, args.qv, vec // pack))
+        vec_ok = gs % vec == 0 and _vec_ok(vec, [(args.x, args.xv), (args.q, args.qv)], args.xv.cols)
         return (vec_ok, *block_config(plan, args, vec_ok, vec if vec_ok else pack))
 
     def prepare(self, plan, args) -> PreparedLaunch:

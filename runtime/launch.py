@@ -11,6 +11,7 @@ from .config import settings
 from .device import bind_launch, load_function, properties, resident_blocks
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
+from .vectors import fits, stream_word, word
 
 
 def next_pow2(n: int) -> int:
@@ -100,15 +101,11 @@ class ElementwiseLauncher(Launcher):
             return False
         if plan.sku.scope == "group" and args.group_size % vec:
             return False            # the columns layout needs whole vectors inside one group
-        for a, view in args.ins + args.outs:
-            align = min(16, vec * a.itemsize)
-            if a.ptr % align or (view.row_stride * a.itemsize) % align:
-                return False
-        if args.chan_last:  # per-column scales and zero points are read as vectors too
-            for p in (args.scale, args.zero_point):
-                if isinstance(p, ArrayRef) and p.ptr % min(16, vec * p.itemsize):
-                    return False
-        return True
+        if not all(fits(a, view.row_stride, stream_word(a.kind, vec)) for a, view in args.ins + args.outs):
+            return False
+        # the columns layout reads per-column scales and zero points as vectors too
+        return not args.chan_last or all(fits(p, 0, word(p.itemsize, vec)) for p in (args.scale, args.zero_point)
+                                         if isinstance(p, ArrayRef))
 
     def prepare(self, plan, args: ElementwiseArgs) -> "PreparedLaunch":
         """Grid, block and packed parameters; ``run`` launches them. Pointer slots can be

@@ -36,6 +36,7 @@ from .plans import Launcher, Preference, launcher
 from .params import check_param_shape, device_check
 from .reference import MX_GROUP
 from .scopes import param_shape
+from .vectors import fits, stream_word
 
 FP8 = kinds.FP8            # plain aliases of the kind groups (runtime/kinds.py)
 INT4 = kinds.INT4
@@ -168,11 +169,6 @@ def input_kind(q: ArrayRef, in_dtype) -> Optional[str]:
 
 
 # -- launchers ---------------------------------------------------------------------------------------
-def aligned(a: ArrayRef, view, nbytes: int) -> bool:
-    align = min(16, nbytes)
-    return a.ptr % align == 0 and (view.row_stride * a.itemsize) % align == 0
-
-
 @launcher("lowbit_elementwise")
 class LowBitElementwiseLauncher(Launcher):
     """rows x cols kernels of lowbit_quantize / lowbit_dequantize.cu.j2 (cols = logical elements;
@@ -189,11 +185,10 @@ class LowBitElementwiseLauncher(Launcher):
             raise InvalidProblemError(f"{plan.sku} takes no e8m0 scales")
 
     def vec_ok(self, plan, args: ElementwiseArgs) -> bool:
-        vec, pack = plan.launch["vec"], plan.launch["pack"]
+        vec = plan.launch["vec"]
         if args.cols % vec:
             return False
-        return all(aligned(a, view, vec * a.itemsize // (pack if a.kind in INT4 else 1))
-                   for a, view in args.ins + args.outs)
+        return all(fits(a, view.row_stride, stream_word(a.kind, vec)) for a, view in args.ins + args.outs)
 
     def prepare(self, plan, args: ElementwiseArgs) -> PreparedLaunch:
         """Grid, block and parameters by name (a repeated call re-fills its pointer slots)."""

@@ -28,7 +28,8 @@ the remembered launches (runtime/replay.py: routing + products as ``PreparedLaun
 pointer slot re-filled, workspace regions by offset). docs/moe.md says how a workspace may be shared.
 
 Strategies are SKU backends: ``simt`` (every dtype, any shape), ``mma`` (tensor cores through
-``mma.sync``, f16/bf16, sm_80+; needs N and K multiples of 8 and 16-byte aligned operands) and
+``mma.sync``, f16/bf16, sm_80+; needs N and K multiples of 8, 16-byte aligned operands and outputs
+aligned to the accumulator pairs it stores: runtime/vectors.py) and
 ``wgmma`` (Hopper: warp-specialised wgmma + TMA kernels built for sm_90a, run on compute capability
 9.0 only; the mma conditions plus offsets routing). ``auto`` picks ``wgmma`` on sm_90 whenever it can
 implement the problem, else ``mma`` whenever it can, else ``simt``; failures are never hidden.
@@ -51,7 +52,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import config, kinds, replay, status
+from . import config, kinds, replay, status, vectors
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
 from .device import load_function, on_context_of, properties
 from .errors import InvalidProblemError, UnsupportedError
@@ -72,6 +73,7 @@ CONFIG_ENV = "SKUFORGE_MOE_CONFIG"
 CONFIG: dict = {}           # pass ("fwd" / "dgrad" / "wgrad" / "*") -> variant name; wins over CONFIG_ENV
 MAX_MMA_EXTENT = 2**31 - 256   # the mma kernels index the reduction / columns with 32-bit integers
 WGMMA_ARCH = 90             # the wgmma kernels are built for sm_90a: they run on compute capability 9.0 only
+WORKSPACE_ALIGN = 16        # a caller's workspace: its regions lie at multiples of 256 bytes past it
 COUNTER_SLOT = {"grouped_matmul": 0, "grouped_matmul_backward_input": 1, "grouped_matmul_backward_weight": 2}
 
 
@@ -212,8 +214,10 @@ def check_problem(x: ArrayRef, w: ArrayRef, dy: Optional[ArrayRef], row_experts,
     return M, N, K, E
 
 
-def mma_blockers(args: MoeArgs) -> list:
-    """Why the mma kernels cannot take these arguments (empty: they can)."""
+def mma_blockers(args: MoeArgs, backend: str = "mma") -> list:
+    """Why the mma kernels (``backend``: or the wgmma ones, as far as their pointers go) cannot
+    take these arguments (empty: they can): extents, and every operand and output the kernel
+    moves in words wider than an element (runtime/vectors.py), named as the caller passed it."""
     out = []
     if args.K % 8:
         out.append(f"K = {args.K} is not a multiple of 8")
@@ -221,17 +225,22 @@ def mma_blockers(args: MoeArgs) -> list:
         out.append(f"N = {args.N} is not a multiple of 8")
     if max(args.N, args.K) > MAX_MMA_EXTENT:
         out.append(f"N = {args.N}, K = {args.K}: the tensor-core kernels take N and K up to 2**31 - 256")
-    used = {"grouped_matmul": ("x", "w"), "grouped_matmul_backward_input": ("dy", "w"),
-            "grouped_matmul_backward_weight": ("dy", "x")}[args.op]
-    for name in used:
-        ref = getattr(args, name)
-        if ref.size == 0:
-            continue
-        if ref.ptr % 16:
-            out.append(f"{name} is not 16-byte aligned")
-        if any(s % 8 for s in ref.strides[:-1]):
-            out.append(f"{name} has strides {ref.strides}: row strides must be multiples of 8 elements")
-    return out
+    x, w, dy = args.x, args.w, args.dy
+    values = dict(x=_ptr(x), ldx=x.strides[0] if x is not None else 0, w=_ptr(w),
+                  w_se=w.strides[0] if w is not None else 0, w_sn=w.strides[1] if w is not None else 0,
+                  dy=_ptr(dy), lddy=dy.strides[0] if dy is not None else 0, out=args.out.ptr)
+    element = (x if x is not None else dy).kind
+    return out + vectors.problems(vectors.moe_gemm(backend, element, args.out.kind), values,
+                                  {"out": OUT_ARG[args.op]})
+
+
+# how the functional API names each pass's output (grouped_matmul's out=, grouped_matmul_backward's out=(dx, dw))
+OUT_ARG = {"grouped_matmul": "out", "grouped_matmul_backward_input": "out[0] (dx)",
+           "grouped_matmul_backward_weight": "out[1] (dw)"}
+
+
+def _ptr(ref: Optional[ArrayRef]) -> int:
+    return 0 if ref is None else ref.ptr
 
 
 def tma_specs(args: MoeArgs, tile: dict) -> dict:
@@ -263,7 +272,7 @@ def wgmma_blockers(args: MoeArgs) -> list:
     mma kernels, rows routed by ``row_experts`` (the copy engine loads an expert's rows as one box:
     they must be consecutive, as ``offsets`` routing gives them; a row gather is the mma path's),
     and what a tensor map cannot describe (no rows: M = 0; a zero row stride)."""
-    out = mma_blockers(args)
+    out = mma_blockers(args, "wgmma")
     if args.routing.mode != "offsets":
         out.append("rows are routed by row_experts: the wgmma kernels load each expert's rows as one block "
                    "(tensor maps), which needs offsets routing (rows sorted by expert)")
@@ -273,9 +282,9 @@ def wgmma_blockers(args: MoeArgs) -> list:
     return out
 
 
-_OPERAND = {"grouped_matmul": {"tmap_a": "x", "tmap_b": "w", "tmap_c": "out"},
-            "grouped_matmul_backward_input": {"tmap_a": "dy", "tmap_b": "w", "tmap_c": "dx"},
-            "grouped_matmul_backward_weight": {"tmap_a": "dy", "tmap_b": "x", "tmap_c": "dw"}}
+_OPERAND = {op: {"tmap_a": a, "tmap_b": b, "tmap_c": OUT_ARG[op]}
+            for op, a, b in (("grouped_matmul", "x", "w"), ("grouped_matmul_backward_input", "dy", "w"),
+                             ("grouped_matmul_backward_weight", "dy", "x"))}
 
 
 # -- tile configurations (variants) -----------------------------------------------------------
@@ -541,6 +550,8 @@ class MoeLauncher(Launcher):
             ws = as_array(empty(args.out, (self.workspace_size(plan, args),), "u8"), "workspace")
         elif ws.size < self.workspace_size(plan, args):
             raise InvalidProblemError(f"workspace has {ws.size} bytes; {self.workspace_size(plan, args)} needed")
+        else:
+            _workspace_aligned(ws)
         for st in self.steps(plan, args, ws):
             st.prep.launch(stream)
 
@@ -819,9 +830,13 @@ def _given_workspace(obj, like: ArrayRef, M: int, E: int, mode: str) -> ArrayRef
         raise InvalidProblemError(f"workspace has {ref.shape[0]} bytes; this call needs {need} "
                                   f"(runtime.moe.grouped_matmul_workspace_size(M={M}, E={E}, routing={mode!r}))")
     same_device(("x", like), ("workspace", ref))
-    if ref.ptr % 16:
-        raise InvalidProblemError(f"workspace at {ref.ptr:#x} is not 16-byte aligned")
+    _workspace_aligned(ref)
     return ref
+
+
+def _workspace_aligned(ref: ArrayRef) -> None:
+    vectors.require_aligned("workspace", ref, WORKSPACE_ALIGN, "the routing tables (8-byte counters and row "
+                            "starts, at offsets of 256 bytes)")
 
 
 def validate_offsets(offsets, M: int, E: Optional[int] = None) -> None:

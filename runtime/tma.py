@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .errors import SkuforgeError
 from .kinds import ALL, SIZE
+from .vectors import TMA
 
 # CUtensorMapDataType of the kinds tensor maps describe (the kind vocabulary's ``tma``); the swizzle,
 # L2 promotion and fill modes used.
@@ -45,12 +46,12 @@ class MapSpec:
     def problems(self, ptr: int) -> list:
         """Why the driver would refuse this map at ``ptr`` (empty: it encodes)."""
         out = []
-        if ptr % 16:
-            out.append(f"address {ptr:#x} is not 16-byte aligned")
+        if ptr % TMA:
+            out.append(f"address {ptr:#x} is not {TMA}-byte aligned")
         if not all(0 < d <= 2**32 for d in self.dims):
             out.append(f"extents {self.dims} must lie in 1..2**32")
-        if not all(s % 16 == 0 and 0 < s < 2**40 for s in self.strides):
-            out.append(f"row strides {self.strides} (bytes) must be multiples of 16 below 2**40")
+        if not all(s % TMA == 0 and 0 < s < 2**40 for s in self.strides):
+            out.append(f"row strides {self.strides} (bytes) must be multiples of {TMA} below 2**40")
         if not all(0 < b <= 256 for b in self.box) or self.box[0] * SIZE[self.kind] > 128:
             out.append(f"box {self.box} must have sides of 1..256 and an inner side of at most 128 bytes")
         return out

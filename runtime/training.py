@@ -37,6 +37,7 @@ from .params import channel_params, check_apart, out_arg, same_device, scale_arg
 from .quantization import launch_elementwise
 from .reference import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
 from .scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
+from .vectors import fits, stream_word
 
 DEFAULT_QMIN, DEFAULT_QMAX = -128, 127   # fake quantization's default range: int8, like PyTorch's QAT
 QLIMIT = 2 ** 24                         # |qmin|, |qmax| bound: integers float32 holds exactly
@@ -343,10 +344,7 @@ class LsqLauncher(Launcher):
         vec = plan.launch["vec"]
         if (args.cols if args.chan_last else args.seg_len) % vec:
             return False
-        for a, view in (args.dy, args.x, args.dx):
-            if a.ptr % 16 or (view.row_stride * a.itemsize) % 16:
-                return False
-        return True
+        return all(fits(a, view.row_stride, stream_word(a.kind, vec)) for a, view in (args.dy, args.x, args.dx))
 
     def prepare(self, plan, args: LsqArgs) -> list:
         """The launches, as :class:`PreparedLaunch`: the segment (or tile) pass, then for tensor and

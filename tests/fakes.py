@@ -30,10 +30,67 @@ def err(fn, exc, *words):
 
 def launcher_of(launch):
     """A ``runtime.device.bind_launch`` stand-in over a recording ``launch(fn, grid, block, fmt, values,
-    stream, shared_mem)`` (what the repeated-call tests compare)."""
+    stream, shared_mem)`` (what the repeated-call tests compare); every launch is checked by
+    :func:`assert_aligned` first."""
+    launch = aligned(launch)
+
     def bind_launch(fn, grid, block, fmt, shared_mem=0):
         return lambda stream, values: launch(fn, grid, block, fmt, list(values), stream, shared_mem)
     return bind_launch
+
+
+def aligned(launch):
+    """``launch(fn, grid, block, fmt, values, ...)`` (a recording stand-in of a driver launch), after
+    :func:`assert_aligned` on its kernel and parameters."""
+    def checked(fn, grid, block, fmt, values, *rest):
+        assert_aligned(fn, values)
+        return launch(fn, grid, block, fmt, values, *rest)
+    return checked
+
+
+def assert_aligned(fn, values):
+    """Every pointer parameter the kernel ``fn`` (an entry-point symbol: what the fakes load) moves in
+    words wider than an element is aligned as that access needs, row strides included, as
+    runtime/vectors.py declares the kernels' accesses (what a misaligned launch would fault on)."""
+    import runtime as sf
+    from runtime import vectors
+    reg = sf.default_registry()
+    entry, group = entry_points(reg).get(fn, (None, None))
+    assert entry is not None, f"a launch of {fn!r}, which is no entry point of the manifest"
+    abi = reg.abi(entry.launch["abi"][group])
+    assert len(values) == len(abi.names), f"{fn}: {len(values)} values for {abi}"
+    bad = vectors.problems(vectors.accesses(entry.sku, entry.launch, group), dict(zip(abi.names, values)))
+    assert not bad, f"{fn} launched with misaligned vector accesses: {bad}"
+
+
+_ENTRY_POINTS: dict = {}
+
+
+def entry_points(reg) -> dict:
+    """Every entry-point symbol of the manifest -> (its KernelEntry, its ABI group): the SKU's symbol
+    (``main``, or ``gemm`` with the moe tile variants), ``_rows`` (the channel rows layout),
+    ``_t<P>[_tx<TX>]`` (team kernels), ``_coop``, ``_finish`` and the moe routing kernels."""
+    got = _ENTRY_POINTS.get(id(reg))
+    if got is not None:
+        return got
+    out = {}
+    for entry in reg.entries.values():
+        sym, launch = entry.symbol, entry.launch
+        if launch["kind"] == "moe_gemm":
+            out[sym] = (entry, "gemm")
+            out.update({v["symbol"]: (entry, "gemm") for v in (launch.get("variants") or {}).values()})
+            out.update({s: (entry, "route_" + name) for name, s in launch["route"].items()})
+            continue
+        out[sym] = out[sym + "_rows"] = (entry, "main")
+        for group in ("coop", "finish"):
+            if group in launch["abi"]:
+                out[f"{sym}_{group}"] = (entry, group)
+        for p in launch.get("team_chunks") or ():
+            out[f"{sym}_t{p}"] = (entry, "team")
+        for p, _, tx in launch.get("team_fixed") or ():
+            out[f"{sym}_t{p}_tx{tx}"] = (entry, "team")
+    _ENTRY_POINTS[id(reg)] = out
+    return out
 
 
 def count_replays(monkeypatch, on_replay):

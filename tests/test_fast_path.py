@@ -24,7 +24,7 @@ from runtime import lowbit
 from runtime import quantization as qz
 from runtime import status
 from runtime import training
-from tests.fakes import FakeDeviceArray, count_replays, err, launcher_of
+from tests.fakes import FakeDeviceArray, aligned, count_replays, err, launcher_of
 
 H200 = {"sms": 132, "max_threads_per_sm": 2048, "cc": 90, "name": "fake"}
 
@@ -127,7 +127,7 @@ def dev(monkeypatch):
     monkeypatch.setattr(replay, "stream_getter", lambda ref: (lambda: 7))
     for mod in (qz, training, dyn, launch_mod):
         monkeypatch.setattr(mod, "stream_handle", lambda ref: 7)
-    monkeypatch.setattr(dyn, "launch", d.launch)
+    monkeypatch.setattr(dyn, "launch", aligned(d.launch))
     monkeypatch.setattr(launch_mod, "bind_launch", launcher_of(d.launch))
     for mod in (launch_mod, dyn):
         monkeypatch.setattr(mod, "properties", lambda device: H200)
@@ -137,7 +137,7 @@ def dev(monkeypatch):
     monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
     monkeypatch.setattr(dyn, "cooperative_shape", lambda fn, threads, device, want: (264, 112 * 1024))
     monkeypatch.setattr(dyn, "device_attribute", lambda device, attr: 228 * 1024)
-    monkeypatch.setattr(dyn, "launch_cooperative", d.launch_cooperative)
+    monkeypatch.setattr(dyn, "launch_cooperative", aligned(d.launch_cooperative))
     monkeypatch.setattr(dyn, "memset_u32", d.memset_u32)
     for mod in (training, dyn, launch_mod):
         monkeypatch.setattr(mod, "load_function", lambda reg, unit, symbol, device=None: symbol, raising=False)

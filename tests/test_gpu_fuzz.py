@@ -3,7 +3,9 @@ arrays of small shapes. Every call returns the NumPy reference's result (bit for
 quantization ops, the tolerance of docs/numerics.md for grouped matmul) or raises a typed error; a call with bad
 values in a device array reports a DeviceValueError at ``sf.check()``; a valid call repeated on new
 arrays of the same layouts (a replay) returns the reference again. After the run the CUDA context
-still works. At least 2,000 calls (``test_gpu_fuzz_made_enough_calls`` prints the counts).
+still works. At least 2,000 calls (``test_gpu_fuzz_made_enough_calls`` prints the counts). Then valid calls
+with one array moved off its alignment (``test_gpu_fuzz_misaligned_*``): at least 5,000 calls, each
+returning the reference's result or refused with a typed error about alignment, the context healthy after.
 
     python -m codegen compile --arch sm_90 --fill-cache      # once per machine: no NVRTC in the timing
     python -m pytest -q -s tests/test_gpu_fuzz.py
@@ -15,6 +17,7 @@ comparison with NumPy arrays standing in for device arrays, so the harness is ex
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -25,6 +28,8 @@ from hypothesis import strategies as st
 import runtime as sf
 from runtime import DeviceValueError, InvalidProblemError, UnsupportedError
 from tests import fuzz_cases as fc
+from tests.test_alignment import may_refuse, misaligned_problems
+from tests.test_gpu_alignment import assert_context_healthy
 
 ALLOWED = (UnsupportedError, InvalidProblemError)
 
@@ -327,6 +332,96 @@ def test_gpu_fuzz_made_enough_calls():
     assert total >= 2000
 
 
+# -- misaligned arrays -----------------------------------------------------------------------------------
+# Valid calls with one array (an output or workspace two times in three) moved a whole number of elements
+# off its 16-byte boundary (tests/test_alignment.py misaligned_problems): each returns the reference's
+# result (quantization: the scalar path; MoE: simt, or the backend auto picks) or, where a tensor-core
+# strategy was asked for or the MoE workspace moved, raises an InvalidProblemError about alignment before
+# anything runs. A call that returns is made twice again on new arrays (replays). At least 5,000 calls;
+# the context still works after.
+MISALIGNED_EXAMPLES = {"quantize": 360, "dequantize": 290, "dynamic_quantize": 360, "quantize_backward": 170,
+                       "fake_quantize": 170, "fake_quantize_learnable_backward": 190, "grouped_matmul": 430,
+                       "grouped_matmul_backward": 430}
+MISALIGNED_CALLS: Counter = Counter()
+MISALIGNED_OUTCOMES: Counter = Counter()
+MISALIGNED_DONE: set = set()
+
+
+def run_misaligned(p: fc.Problem, key: str, backend, seed: int) -> str:
+    host = fc.host_values(p, np.random.default_rng(seed))
+    try:
+        args, kw, _, _ = materialize(p, host, backend)
+    except Unmaterializable:
+        return "skipped"
+    MISALIGNED_CALLS[p.op] += 1
+    try:
+        res = fc.call(sf, p, args, kw)
+    except DeviceValueError as e:
+        raise AssertionError(f"a valid call reported {e}\n{p!r}") from e
+    except UnsupportedError:
+        return "unsupported"
+    except InvalidProblemError as e:
+        assert may_refuse(p, key), f"refused: {e}\n{p!r}"
+        assert "byte boundary" in str(e), f"{e}\n{p!r}"
+        return "refused"
+    except Exception as e:  # noqa: BLE001 - the property
+        raise AssertionError(f"untyped {type(e).__name__}: {e}\n{p!r}") from e
+    sf.check()
+    want = fc.expected(p, host)
+    fc.compare(p, _to_host(backend, res), want)
+    for _ in range(2):                  # replays on new arrays of the same layouts and alignment
+        args2, kw2, _, _ = materialize(p, host, backend)
+        MISALIGNED_CALLS[p.op] += 1
+        fc.compare(p, _to_host(backend, fc.call(sf, p, args2, kw2)), want)
+    return "ran, equal to the reference"
+
+
+def _misaligned_env(torch_ok: bool) -> fc.Env:
+    return dataclasses.replace(_env(torch_ok), mutate=0, bad_values=0)
+
+
+def _fuzz_misaligned(op):
+    @pytest.mark.gpu
+    def test():
+        backends = _backends()
+        env = _misaligned_env("torch" in backends)
+
+        @_settings(MISALIGNED_EXAMPLES[op])
+        @given(pk=misaligned_problems(op, env), pick=st.integers(0, 99), seed=st.integers(0, 2 ** 32 - 1))
+        def run(pk, pick, seed):
+            p, key = pk
+            try:
+                backend = _backend_for(p, backends, pick)
+            except Unmaterializable:
+                backend = None
+            outcome = "skipped" if key is None or backend is None else run_misaligned(p, key, backend, seed)
+            MISALIGNED_OUTCOMES[(op, outcome)] += 1
+        run()
+        MISALIGNED_DONE.add(op)
+    test.__name__ = f"test_gpu_fuzz_misaligned_{op}"
+    return test
+
+
+for _op in MISALIGNED_EXAMPLES:
+    globals()[f"test_gpu_fuzz_misaligned_{_op}"] = _fuzz_misaligned(_op)
+
+
+@pytest.mark.gpu
+def test_gpu_fuzz_misaligned_made_enough_calls():
+    """At least 5,000 calls with misaligned arrays, some refused and most run, and the context still
+    works (tests/test_gpu_alignment.py assert_context_healthy)."""
+    assert_context_healthy()
+    if MISALIGNED_DONE != set(MISALIGNED_EXAMPLES):
+        pytest.skip("counted only when every misaligned GPU fuzz test of this file runs")
+    total = sum(MISALIGNED_CALLS.values())
+    print(f"\nmisaligned gpu fuzz calls: {total}")
+    for (op, outcome), n in sorted(MISALIGNED_OUTCOMES.items()):
+        print(f"  {op:34} {outcome:30} {n}")
+    outcomes = {o for _, o in MISALIGNED_OUTCOMES}
+    assert "refused" in outcomes and "ran, equal to the reference" in outcomes
+    assert total >= 5000
+
+
 # -- the harness, rehearsed on the CPU ------------------------------------------------------------------
 def _rehearse(p: fc.Problem, seed: int, backend):
     """materialize on ``backend`` (NumPy, or torch on the CPU), read every input back (the values as
@@ -376,3 +471,22 @@ def test_gpu_fuzz_harness_on_the_cpu(op, data, seed):
     if _torch_cpu is not None and seed % 3 == 0:
         backend = _torch_cpu
     REHEARSAL[(backend.name, _rehearse(p, seed, backend))] += 1
+
+
+@_settings(300)
+@given(op=st.sampled_from(sorted(MISALIGNED_EXAMPLES)), data=st.data(), seed=st.integers(0, 2 ** 32 - 1))
+def test_gpu_fuzz_misaligned_harness_on_the_cpu(op, data, seed):
+    """The misaligned fuzz's arena places the moved array where its problem says: its address is off
+    the arena's 256-byte grid by exactly the planted offset (an element multiple, not 16)."""
+    p, key = data.draw(misaligned_problems(op, _misaligned_env(True)))
+    if key is None:
+        return
+    host = fc.host_values(p, np.random.default_rng(seed))
+    try:
+        _, _, arena, views = materialize(p, host, NumpyBackend())
+    except Unmaterializable:
+        return
+    a = next(a for a in p.arrays() if a.key == key)
+    lo, _ = a.span()
+    start = views[a.key].ctypes.data + lo * a.itemsize - arena.ctypes.data
+    assert start % 256 == a.offset % 256 and a.offset % 16 and a.offset % a.itemsize == 0, (a, start)

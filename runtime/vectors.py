@@ -1,0 +1,180 @@
+"""Vector accesses: the pointer parameters a kernel moves in words wider than one element.
+
+A word needs its address aligned to its size, and a row-strided access needs every row start
+aligned too; a misaligned one is a sticky CUDA error that ends the process's context. The kernels
+make such accesses in four ways:
+
+* ``load_vec`` / ``store_vec`` (templates/common/prelude.cuh): N elements as 16-byte words, or one
+  8- or 4-byte word, else element by element (:func:`word`). The quantization kernels take this
+  vector path only when their ``vec_ok`` parameter says so; their launchers set it from
+  :func:`fits`, so any alignment runs, on the scalar path where the vector path cannot.
+* ``cp.async`` 16-byte copies: the mma kernels' operands, the cooperative per-tensor reduction.
+* accumulator pairs stored as one word (32 bits for 16-bit outputs, ``float2`` for float32): the
+  mma and wgmma epilogues (``store2``).
+* tensor maps (wgmma): 16-byte aligned addresses and row strides (runtime/tma.py checks the maps).
+
+:func:`accesses` lists them per launch kind and entry-point group, by the parameter names of the
+kernel ABI (codegen/abi.py), with the widths derived from the kernel's launch metadata (``vec``,
+``rvec``, ``pack``, stream kinds, backend, output kind). The MoE launcher names what a tensor-core
+backend cannot take from it (:func:`problems`); the CPU tests' fake launcher checks every launch
+against it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from . import kinds
+from .errors import InvalidProblemError
+
+CP_ASYNC = 16        # bytes of one cp.async copy (the mma operands, the cooperative reduction's x)
+TMA = 16             # tensor-map addresses and row strides are multiples of this (wgmma)
+
+
+@dataclass(frozen=True)
+class Access:
+    """One pointer parameter moved in ``nbytes``-byte words: its address, and each of its row
+    strides (parameters ``strides``, in elements of ``item`` bytes), must be multiples of
+    ``nbytes``. ``when``: int parameters that must all be nonzero for the kernel to make this
+    access (``vec_ok``: the vector path); empty: always. A null pointer is never accessed."""
+
+    param: str
+    nbytes: int
+    item: int
+    how: str
+    strides: tuple = ()
+    when: tuple = ()
+
+
+def word(item: int, n: int) -> int:
+    """Bytes of the widest word ``load_vec`` / ``store_vec`` move ``n`` elements of ``item`` bytes
+    in (prelude.cuh): 16 when the vector is a multiple of 16 bytes, 8 or 4 when it is exactly that
+    long, else ``item`` (element by element)."""
+    b = item * n
+    if b % 16 == 0:
+        return 16
+    return b if b in (4, 8) else item
+
+
+def stream_word(kind: str, vec: int) -> int:
+    """The word of one vector of ``vec`` elements of a stream of ``kind`` (packed kinds: ``vec /
+    pack`` bytes of their container)."""
+    k = kinds.kind(kind)
+    return word(k.size, vec // k.pack)
+
+
+def fits(ref, row_stride: int, nbytes: int) -> bool:
+    """``ref``'s address and row stride (elements) are multiples of ``nbytes``; a None ``ref``
+    fits."""
+    return ref is None or (ref.ptr % nbytes == 0 and row_stride * ref.itemsize % nbytes == 0)
+
+
+def misaligned(arg: str, ptr: int, nbytes: int, how: str) -> Optional[str]:
+    """Why ``arg`` at ``ptr`` cannot be moved in ``nbytes``-byte words (``how``: by what), or None."""
+    off = ptr % nbytes
+    if not off:
+        return None
+    a = "an" if nbytes == 8 else "a"
+    return f"{arg} at {ptr:#x} is {off} bytes past {a} {nbytes}-byte boundary; {how} need {nbytes}-byte alignment"
+
+
+def require_aligned(arg: str, ref, nbytes: int, how: str) -> None:
+    """An InvalidProblemError naming ``arg``, its address offset and the alignment unless ``ref``
+    is ``nbytes``-byte aligned."""
+    why = misaligned(arg, ref.ptr, nbytes, how)
+    if why:
+        raise InvalidProblemError(f"{why}: pass a {nbytes}-byte aligned array")
+
+
+def problems(access, values: dict, names: Optional[dict] = None) -> list:
+    """What in ``values`` (a launch's parameters by name) breaks ``access``: one message per
+    misaligned address or row stride, naming the argument (``names``: parameter -> argument
+    name), the offset and the alignment needed."""
+    names = names or {}
+    out = []
+    for a in access:
+        ptr = values.get(a.param)
+        if not ptr or not all(values.get(f) for f in a.when):
+            continue
+        arg = names.get(a.param, a.param)
+        why = misaligned(arg, ptr, a.nbytes, a.how)
+        if why:
+            out.append(why)
+        for s in a.strides:
+            step = values[s] * a.item
+            if step % a.nbytes:
+                out.append(f"{arg} has a stride of {values[s]} elements ({step} bytes); {a.how} need row "
+                           f"strides that are multiples of {a.nbytes} bytes")
+    return out
+
+
+# -- the accesses of each launch kind -------------------------------------------------------------
+def _streams(launch, vec: int, when=("vec_ok",)) -> list:
+    """The data streams (``ins`` / ``outs`` of the launch), one vector of ``vec`` elements per
+    access, rows strided by ``<name>_rs``."""
+    return [Access(s["name"], stream_word(s["kind"], vec), kinds.kind(s["kind"]).size,
+                   f"{vec}-element vector accesses", (s["name"] + "_rs",), when)
+            for s in launch["ins"] + launch["outs"]]
+
+
+def _elementwise(sku, launch) -> dict:
+    vec = launch["vec"]
+    main = _streams(launch, vec)
+    if sku.scope == "channel":       # the columns layout reads per-column parameters as vectors
+        m = kinds.SIZE[sku.precision.math]
+        how = f"{vec}-element vector loads"
+        main += [Access("scale", word(m, vec), m, how, (), ("vec_ok", "chan_last")),
+                 Access("zero_point", word(4, vec), 4, how, (), ("vec_ok", "chan_last"))]
+    return {"main": tuple(main)}
+
+
+def _data_streams(sku, launch) -> dict:    # low-bit static, LSQ: parameters are read element by element
+    return {"main": tuple(_streams(launch, launch["vec"]))}
+
+
+def _fused(sku, launch) -> dict:     # dynamic_fused, lowbit_dynamic_fused: the team kernels are vector-only
+    vec = launch["vec"]
+    return {"main": tuple(_streams(launch, vec)), "team": tuple(_streams(launch, vec, ()))}
+
+
+def _reduce(sku, launch) -> dict:
+    """Phase 0 reads x in vectors (vec_ok; flat: a contiguous x, its rows unused); the cooperative
+    kernel copies x 16 bytes at a time and stores q in vectors."""
+    rvec = launch["rvec"]
+    x, q = launch["ins"][0]["kind"], launch["outs"][0]["kind"]
+    item, how = kinds.SIZE[x], f"{rvec}-element vector loads"
+    main = (Access("x", stream_word(x, rvec), item, how, ("x_rs",), ("vec_ok",)),
+            Access("x", stream_word(x, rvec), item, how, (), ("flat",)))
+    coop = (Access("x", CP_ASYNC, item, "16-byte cp.async copies"),
+            Access("q", stream_word(q, rvec), kinds.SIZE[q], f"{rvec}-element vector stores"))
+    return {"main": main, "coop": coop}
+
+
+def moe_gemm(backend: str, element: str, out_kind: str) -> tuple:
+    """The accesses of a grouped-matmul kernel of ``backend`` (the ``gemm`` group): the mma and
+    wgmma kernels copy their operands 16 bytes at a time (row strides too) and store accumulator
+    pairs as one word; the wgmma kernels store whole tiles through the output's tensor map."""
+    if backend == "simt":
+        return ()
+    item, out_item = kinds.SIZE[element], kinds.SIZE[out_kind]
+    copies = "the tensor-core kernels' 16-byte operand copies"
+    ops = tuple(Access(p, CP_ASYNC, item, copies, st)
+                for p, st in (("x", ("ldx",)), ("w", ("w_se", "w_sn")), ("dy", ("lddy",))))
+    if backend == "wgmma":
+        return ops + (Access("out", TMA, out_item, "the wgmma kernels' tensor-map stores"),)
+    pair = word(out_item, 2)
+    return ops + (Access("out", pair, out_item, f"the mma kernels' {pair}-byte stores of output pairs"),)
+
+
+def _moe(sku, launch) -> dict:       # the routing kernels move single elements
+    return {"gemm": moe_gemm(sku.backend, sku.element, launch["out"])}
+
+
+BUILDERS = {"elementwise": _elementwise, "lowbit_elementwise": _data_streams, "dynamic_fused": _fused,
+            "lowbit_dynamic_fused": _fused, "dynamic_reduce": _reduce, "lsq": _data_streams, "moe_gemm": _moe}
+
+
+def accesses(sku, launch: dict, group: str) -> tuple:
+    """The vector accesses of entry-point group ``group`` (codegen/abi.py's names) of the kernel
+    ``sku``, from its manifest ``launch`` metadata."""
+    return BUILDERS[launch["kind"]](sku, launch).get(group, ())
