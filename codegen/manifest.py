@@ -1,15 +1,17 @@
 """The manifest: SKU → translation unit, symbol, launch metadata and source sha256.
 
-``build()`` renders the matrix into ``generated/``; it writes only files whose bytes
-changed and removes generated files no cell produces any more. ``stale()`` lists what a
-build would change, which is what ``python -m codegen check`` (and CI) fail on.
+``build()`` renders the matrix into ``generated/`` (or ``--out DIR``); it writes only files whose
+bytes changed and removes the units the previous manifest there listed that no cell produces any
+more, and nothing else (a file no manifest listed, anything outside the folder). ``stale()`` lists
+what a build would change, which is what ``python -m codegen check`` (and CI) fail on.
 """
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from runtime.config import installed
 from runtime.errors import InstalledTreeError
@@ -63,15 +65,6 @@ def expected_files(families=FAMILIES) -> dict:
     return files
 
 
-def _on_disk(root: Path) -> dict:
-    out = {}
-    if root.exists():
-        for p in sorted(root.rglob("*")):
-            if p.is_file() and (p.suffix == ".cu" or p.name == MANIFEST):
-                out[p.relative_to(root).as_posix()] = p
-    return out
-
-
 @dataclass
 class BuildReport:
     written: list = field(default_factory=list)
@@ -80,13 +73,54 @@ class BuildReport:
     manifest: dict = field(default_factory=dict)
 
 
+def _written_by_build(root: Path, rel) -> bool:
+    """Whether ``rel`` (a unit an earlier build's manifest lists) names a generated source this build
+    may remove: a relative ``.cu`` path without ``..``, a regular file (not a symlink) inside ``root``."""
+    if not isinstance(rel, str):
+        return False
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or ".." in pure.parts or "\\" in rel or ":" in rel or pure.suffix != ".cu":
+        return False
+    path = root / rel
+    return (path.is_file() and not path.is_symlink()
+            and path.parent.resolve().is_relative_to(Path(root).resolve()))
+
+
+def _previous_units(root: Path) -> list:
+    """The units the manifest already in ``root`` lists (what an earlier build wrote there); none
+    where there is no manifest or it is not a skuforge manifest (with a warning: nothing is removed)."""
+    path = root / MANIFEST
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, RecursionError) as e:
+        data = e
+    ours = (isinstance(data, dict) and data.get("schema") == SCHEMA and isinstance(data.get("units"), dict)
+            and str(data.get("generator", "")).startswith("skuforge-codegen "))
+    if not ours:
+        warnings.warn(f"{path} is not a skuforge manifest ({str(data)[:80]}): it is replaced, and no file is "
+                      f"removed from {root}", UserWarning, stacklevel=3)
+        return []
+    return list(data["units"])
+
+
+def orphans(root: Path, want: dict) -> list:
+    """Generated sources a build removes from ``root``: units the manifest there lists that the matrix
+    no longer produces. A file that manifest does not list is never touched."""
+    return sorted(u for u in _previous_units(root) if u not in want and _written_by_build(root, u))
+
+
+def _differs(path: Path, text: str) -> bool:
+    return not path.is_file() or path.read_bytes() != text.encode()
+
+
 def stale(root: Path = GENERATED, families=FAMILIES) -> list:
     """Paths a build would write or remove (empty when generated/ is up to date)."""
+    root = Path(root)
     want = expected_files(families)
-    have = _on_disk(root)
-    out = [p for p, text in want.items()
-           if p not in have or have[p].read_bytes() != text.encode()]
-    out += [f"{p} (not produced by the matrix)" for p in have if p not in want]
+    out = [p for p, text in want.items() if _differs(root / p, text)]
+    out += [f"{p} (no longer produced by the matrix)" for p in orphans(root, want)]
     return sorted(out)
 
 
@@ -100,7 +134,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def build(root: Path = None, families=FAMILIES) -> BuildReport:
     """Render into ``root`` (default ``generated/`` of the source checkout). An installed copy (a
     wheel) is never rewritten in place: :class:`InstalledTreeError` unless ``root`` is given
-    (``python -m codegen build --out DIR``)."""
+    (``python -m codegen build --out DIR``). Removes only :func:`orphans`: files the previous
+    manifest in ``root`` listed."""
     if root is None:
         if installed():
             raise InstalledTreeError(
@@ -110,17 +145,15 @@ def build(root: Path = None, families=FAMILIES) -> BuildReport:
         root = GENERATED
     root = Path(root)
     want = expected_files(families)
-    have = _on_disk(root)
     report = BuildReport(manifest=json.loads(want[MANIFEST]))
+    removed = orphans(root, want)          # read the previous manifest before it is replaced
     for path, text in want.items():
-        data = text.encode()
-        if path in have and have[path].read_bytes() == data:
+        if not _differs(root / path, text):
             report.unchanged += 1
             continue
-        _write_atomic(root / path, data)
+        _write_atomic(root / path, text.encode())
         report.written.append(path)
-    for path, p in have.items():
-        if path not in want:
-            p.unlink()
-            report.removed.append(path)
+    for path in removed:
+        (root / path).unlink()
+        report.removed.append(path)
     return report

@@ -99,7 +99,10 @@ def installed() -> bool:
 
 
 def default_cache_dir() -> Path:
-    return (Path.home() / ".cache" / "skuforge").absolute()
+    """The platform's user cache folder for skuforge: ``$XDG_CACHE_HOME/skuforge`` (else
+    ``~/.cache/skuforge``) on Linux, ``~/Library/Caches/skuforge`` on macOS, under ``%LOCALAPPDATA%`` on Windows."""
+    import platformdirs  # imported here: only the default needs it
+    return Path(platformdirs.user_cache_dir("skuforge")).absolute()
 
 
 @dataclass(frozen=True)

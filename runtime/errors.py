@@ -39,10 +39,6 @@ class KernelNotPrebuiltError(SkuforgeError):
     the command that builds it."""
 
 
-class CacheLockTimeoutError(SkuforgeError):
-    """Waiting for a compile-cache entry's lock file took longer than ``SKUFORGE_LOCK_TIMEOUT``."""
-
-
 class TemplateError(SkuforgeError):
     """A Jinja template could not be found, parsed or rendered; the message names the template
     file and line."""
@@ -53,5 +49,6 @@ class InstalledTreeError(SkuforgeError):
 
 
 class CacheWarning(UserWarning):
-    """The compile cache could not be used as asked (unwritable folder, corrupt entry): skuforge
-    carried on (in memory, or by rebuilding the entry)."""
+    """The compile cache or the prebuilt folder could not be used as asked (unwritable folder, corrupt
+    or misplaced entry, a lock held past ``SKUFORGE_LOCK_TIMEOUT``, a malformed or foreign prebuilt
+    index): skuforge carried on (in memory, by rebuilding the entry, or without the prebuilt folder)."""

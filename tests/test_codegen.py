@@ -69,11 +69,14 @@ def test_check_detects_stale_and_build_repairs(tmp_path):
     assert rep.written and manifest.stale(root) == []
     unit = sorted(p for p in root.rglob("*.cu"))[0]
     unit.write_text(unit.read_text() + "// edited\n")
-    (root / "quantization" / "orphan.cu").write_text("//")
+    (root / "quantization" / "orphan.cu").write_text("//")          # a unit an earlier build wrote
+    man = json.loads((root / "manifest.json").read_text())
+    man["units"]["quantization/orphan.cu"] = {}
+    (root / "manifest.json").write_text(json.dumps(man))
     bad = manifest.stale(root)
     assert any(str(unit.relative_to(root)) in b for b in bad) and any("orphan" in b for b in bad)
     rep = manifest.build(root)
-    assert len(rep.written) == 1 and rep.removed == ["quantization/orphan.cu"]
+    assert len(rep.written) == 2 and rep.removed == ["quantization/orphan.cu"]
     assert manifest.build(root).written == []
 
 

@@ -22,6 +22,13 @@ def test_compiles_without_gpu_for_sm80_and_sm90():
         assert cubin[:4] == b"\x7fELF"
 
 
+def test_compiling_leaves_the_interpreters_shared_bytes_alone():
+    # An empty NVRTC log is one byte (its NUL): read into `b" " * 1`, the interpreter's shared
+    # one-byte object, it turned every b" " of the process into b"\x00" (and rendered sources with it).
+    compiler.nvrtc_compile(SRC, "k.cu", 80)
+    assert bytes([32])[0] == 32 and bytes([32]).decode() == " "
+
+
 def test_compile_error_carries_log():
     with pytest.raises(compiler.CompileError, match="identifier"):
         compiler.nvrtc_compile("__global__ void k() { undefined_name = 1; }", "bad.cu", 80)
@@ -57,6 +64,39 @@ def test_cache_hit_layout_and_corrupt_entry_recovery(cache_dir):
     with pytest.warns(compiler.CacheWarning, match="checksum"):
         assert not compiler.compile_cached(SRC, "quantization/k.cu", 80).cached
     assert not list(first.path.parent.glob(".tmp-*"))  # no temporary files left behind
+
+
+SRC_B = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] += 3.0f; }\n'
+
+
+@pytest.mark.parametrize("how", ["copy", "symlink"])
+def test_an_entry_of_another_unit_in_place_is_rebuilt_not_loaded(how):
+    # Another unit's valid entry (its checksum matches its payload) copied or linked into this
+    # unit's place: the header names another key and unit, so it is rebuilt, never loaded.
+    a = compiler.compile_cached(SRC, "quantization/a.cu", 80)
+    b = compiler.compile_cached(SRC_B, "quantization/b.cu", 80)
+    assert a.cubin != b.cubin
+    b.path.unlink()
+    if how == "copy":
+        b.path.write_bytes(a.path.read_bytes())
+    else:
+        b.path.symlink_to(a.path)
+    with pytest.warns(compiler.CacheWarning, match="holds another entry: unit 'quantization/a.cu'"):
+        again = compiler.compile_cached(SRC_B, "quantization/b.cu", 80)
+    assert not again.cached and again.cubin == b.cubin
+    assert compiler.entry_meta(b.path)["unit"] == "quantization/b.cu" and not b.path.is_symlink()
+    assert compiler.entry_meta(a.path)["unit"] == "quantization/a.cu"      # a link's target is not rewritten
+    assert compiler.compile_cached(SRC_B, "quantization/b.cu", 80).origin == "cache"
+
+
+def test_an_entry_is_used_only_for_its_unit_and_arch(cache_dir):
+    entry = compiler.compile_cached(SRC, "quantization/a.cu", 80)
+    key = compiler.cache_key(SRC, 80, ())
+    assert compiler._read_entry(entry.path, key, "quantization/a.cu", 80)[0] == entry.cubin
+    for name, arch, other in (("quantization/other.cu", 80, key), ("quantization/a.cu", 90, key),
+                              ("quantization/a.cu", 80, compiler.cache_key(SRC_B, 80, ()))):
+        payload, problem = compiler._read_entry(entry.path, other, name, arch)
+        assert payload is None and "holds another entry" in problem
 
 
 def _worker(args):
