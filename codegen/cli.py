@@ -340,7 +340,7 @@ def cmd_status(args) -> int:
     if root.is_dir():
         for d in sorted(p for p in root.glob(f"{compiler.CACHE_LAYOUT}/sm_*") if p.is_dir()):
             files = [f for f in d.iterdir() if compiler.is_entry(f)]
-            size = sum(f.stat().st_size for f in files)
+            size = sum(f.stat().st_size for f in files if f.is_file())  # a dangling link counts as nothing
             orphans = len(list(d.glob(".tmp-*.cubin")))
             table.add_row("", f"{d.relative_to(root)}: {len(files)} cubins, {size / 2**20:.1f} MiB"
                               + (f" ({orphans} temporary files)" if orphans else ""))
@@ -350,8 +350,7 @@ def cmd_status(args) -> int:
     elif root.exists():
         table.add_row("", Text("not a folder: kernels are cached in memory only", "red"))
     if s.prebuilt_dir is not None:
-        n = len(compiler._prebuilt_index(s.prebuilt_dir))
-        table.add_row("prebuilt", f"{s.prebuilt_dir}: {n} entries")
+        table.add_row("prebuilt", str(compiler.prebuilt_status(s.prebuilt_dir)))
     table.add_row("JIT", "disabled (SKUFORGE_DISABLE_JIT)" if s.disable_jit else "enabled")
     console.print(table)
     if args.clear_cache:

@@ -129,7 +129,7 @@ class Settings:
     lock_timeout: float = dataclasses.field(
         default=120.0, metadata={"env": "SKUFORGE_LOCK_TIMEOUT",
         "doc": "seconds a process waits for a compile-cache entry's lock before a "
-               "runtime.errors.CacheLockTimeoutError naming the lock file"})
+               "CacheWarning naming the lock file, and the process compiles the unit itself"})
     # -- runtime: launch configuration switches (measurements, A/B) ---------------------------
     columns_grid: str = dataclasses.field(
         default="2d", metadata={"env": "SKUFORGE_COLUMNS_GRID",
