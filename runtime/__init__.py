@@ -16,6 +16,7 @@ from . import dynamic  # noqa: F401  dynamic_quantize ("dynamic_fused", "dynamic
 from . import training  # noqa: F401  training ops ("lsq")
 from . import moe  # noqa: F401  MoE grouped matmul ("moe_gemm")
 from . import lowbit  # noqa: F401  low-bit formats ("lowbit_*", docs/lowbit.md)
+from . import replay
 from .config import sync_checks
 from .dynamic import dynamic_quantize
 from .errors import DeviceMismatchError, DeviceRequiredError, InvalidProblemError, SkuforgeError, UnsupportedError
@@ -38,6 +39,16 @@ __all__ = [
     "DeviceMismatchError",
     "check", "sync_checks",
 ]
+
+
+def _load_torch():
+    # runtime/replay.py, on the first torch tensor it sees: the custom ops (torch.ops.skuforge) and the
+    # dispatch of a functional call that torch traces to them (runtime/torch/traced.py)
+    from .torch.traced import call
+    return call
+
+
+replay.LOAD_TORCH = _load_torch
 
 
 def __getattr__(name):

@@ -6,7 +6,8 @@ earlier, fully validated call replays that call (its allocations, then its prepa
 every pointer slot re-filled, as one CUDA graph launch: runtime/graphs.py; the work arrays it does
 not return are kept per stream with the graph); any other call runs the
 op's slow path (normalize → plan → launch) under a :class:`FastCall` that records it. The status word of the device is read on every call
-(runtime/status.py), on both paths.
+(runtime/status.py), on both paths. A call that torch traces becomes the op's custom op instead
+(:func:`call`, runtime/torch/traced.py).
 """
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
     one is remembered, else ``slow(fast, *args, *static)`` (the op's normalize → plan → launch)
     under a recording :class:`FastCall` (``args[scale_at]``, ``args[scale_at + 1]``: the scale and
     zero point, if the op takes them). ``slow`` is a module-level function, not a closure: a
-    closure over the call's arguments would cost every call its cells, replays included."""
+    closure over the call's arguments would cost every call its cells, replays included.
+    A call that torch traces is the op's ``torch.ops.skuforge`` custom op (see ``TRACING``)."""
+    if TRACING() and any(isinstance(a, TENSOR) for a in args):
+        return traced(op, static, args)
     key, vals = call_key(op, static, args)
     if key is not None:
         try:
@@ -35,8 +39,55 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
             r = entry.go(args, vals, static)
             if r is not MISS:
                 return r
+    if torch_traces(args):
+        return traced(op, static, args)
     with FastCall(op, static, args, scale_at=scale_at) as fast:
         return slow(fast, *args, *static)
+
+
+# -- calls that torch traces ------------------------------------------------------------------------
+# A functional call on torch tensors that torch traces -- torch.compile or torch.export (Dynamo), or
+# tensors with no memory to launch on (FakeTensor, functional tensors and other subclasses, meta
+# tensors) -- is the op's torch.ops.skuforge custom op, called by runtime.torch (runtime/torch/traced.py),
+# not a launch. Once a torch tensor has been seen, ``TRACING`` is ``torch.compiler.is_dynamo_compiling``:
+# a function that returns False, which Dynamo folds to True. It is the one check a repeated call pays;
+# the other cases (tensors that cannot be replayed) are found on the slow path (:func:`torch_traces`).
+def _never() -> bool:
+    return False
+
+
+TRACING = _never
+TENSOR = None           # torch.Tensor, with TRACING
+traced = None           # runtime.torch's dispatch ``(op, static, args) -> result``, with TRACING
+LOAD_TORCH = None       # set by runtime/__init__.py: imports runtime.torch and returns that dispatch
+
+
+def _watch_torch(torch) -> None:
+    """A torch tensor is seen for the first time: load runtime.torch (the custom ops and their
+    dispatch) and check for Dynamo from now on."""
+    global TRACING, TENSOR, traced
+    if traced is None:
+        traced = LOAD_TORCH()
+        TENSOR = torch.Tensor
+        TRACING = torch.compiler.is_dynamo_compiling
+
+
+def _dispatches(torch, t) -> bool:
+    """Whether tensor type ``t`` is a ``__torch_dispatch__`` subclass (FakeTensor, FunctionalTensor, ...):
+    its ops go to its dispatch, not to memory of its own. (A subclass without one has its memory: it is
+    launched on like a tensor, and a custom op's implementation receives it as such.)"""
+    return t.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__
+
+
+def torch_traces(args) -> bool:
+    """Whether torch traces this call on torch tensors (slow path only): Dynamo, or a tensor argument
+    of a ``__torch_dispatch__`` subclass or on the meta device."""
+    torch = sys.modules.get("torch")
+    if torch is None or traced is None:
+        return False
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return bool(tensors) and (torch.compiler.is_dynamo_compiling()
+                              or any(t.is_meta or _dispatches(torch, type(t)) for t in tensors))
 
 
 # -- how a call is remembered ---------------------------------------------------------------------
@@ -68,10 +119,16 @@ MISS = object()
 _FRAMEWORK: dict = {float: 3, int: 3, type(None): 4}
 
 
-def _framework_of(t) -> int:
+def _framework_of(t):
+    """The framework code of type ``t``; None for a torch tensor type that Dynamo is tracing (not
+    remembered). A ``__torch_dispatch__`` subclass (FakeTensor, functional tensors, ...) is not
+    replayed: the slow path hands its calls to the custom ops (:func:`torch_traces`)."""
     torch = sys.modules.get("torch")
     if torch is not None and issubclass(t, torch.Tensor):
-        return 1
+        _watch_torch(torch)
+        if torch.compiler.is_dynamo_compiling():
+            return None
+        return 0 if _dispatches(torch, t) else 1
     cp = sys.modules.get("cupy")
     if cp is not None and issubclass(t, cp.ndarray):
         return 2
@@ -90,7 +147,10 @@ def describe(obj):
         return _NONE, 0
     fw = _FRAMEWORK.get(t)
     if fw is None:
-        fw = _FRAMEWORK[t] = _framework_of(t)
+        fw = _framework_of(t)
+        if fw is None:
+            return None, None
+        _FRAMEWORK[t] = fw
     if fw == 1:                    # get_device(): -1 for a tensor off the GPU
         p = obj.data_ptr()
         return (t, obj.shape, obj.stride(), obj.dtype, obj.get_device(), p & 15), p

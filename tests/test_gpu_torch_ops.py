@@ -2,7 +2,8 @@
 registration, fake tensor vs the real kernels, AOT dispatch static and dynamic), the real results
 equal to the functional API's, and the gradients: ``gradcheck`` in float64 where the op's gradient
 is a true derivative (dequantize w.r.t. the scale), float64 references for the straight-through
-ops (fake_quantize, quantize to fp8) and grouped matmul (f32 vs float64 within the 1e-5 of docs/numerics.md)."""
+ops (fake_quantize) and grouped matmul (f32 vs float64 within the 1e-5 of docs/numerics.md), and quantize -> dequantize as
+the straight-through estimator for every scope, code kind and scale dtype (x.grad == dy * mask)."""
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -58,6 +59,9 @@ def _cases():
         ("dynamic int4", sk.dynamic_quantize.default, (x, "group", "symmetric", None, 32, "int4"), {}),
         ("dynamic.out", sk.dynamic_quantize.out, (x, "token"), {"q": torch.empty(16, 64, dtype=torch.int8, device="cuda"),
                                                                "scale": torch.empty(16, device="cuda")}),
+        ("dynamic.out mx", sk.dynamic_quantize.out, (x, "group", "symmetric", None, 32, "fp8_e4m3"),
+         {"scale_dtype": "e8m0", "q": torch.empty(16, 64, dtype=torch.uint8, device="cuda"),
+          "scale": torch.empty(16, 2, dtype=torch.uint8, device="cuda")}),
         ("quantize_backward", sk.quantize_backward.default, (r(16, 64), x, s, z, "token"), {}),
         ("quantize_backward.out", sk.quantize_backward.out, (r(16, 64), x, s, z, "token"), {"out": torch.empty(16, 64, device="cuda")}),
         ("dequantize_backward", sk.dequantize_backward.default, (r(16, 64), s, "token"), {}),
@@ -71,7 +75,15 @@ def _cases():
          (r(16, 64, grad=True), s.clone().requires_grad_(True), z.float().requires_grad_(True), "token", None, None,
           -128, 127, 0.1), {}),
         ("fake_quantize_learnable_backward", sk.fake_quantize_learnable_backward.default, (r(16, 64), x, s, z, "token"), {}),
+        ("fake_quantize_learnable_backward.out", sk.fake_quantize_learnable_backward.out,
+         (r(16, 64), x, s, z, "token"), {"out": torch.empty(16, 64, device="cuda")}),
         ("grouped_matmul offsets", sk.grouped_matmul.default, (xb, w, None, off), {}),
+        ("grouped_matmul.out", sk.grouped_matmul.out, (xb.detach(), w.detach(), None, off),
+         {"out": torch.empty(16, 32, dtype=torch.bfloat16, device="cuda")}),
+        ("grouped_matmul_backward.out", sk.grouped_matmul_backward.out,
+         (xb.detach(), w.detach(), r(16, 32, dtype=torch.bfloat16), None, off),
+         {"dx": torch.empty(16, 64, dtype=torch.bfloat16, device="cuda"),
+          "dw": torch.empty(3, 32, 64, device="cuda")}),
         ("grouped_matmul row_experts", sk.grouped_matmul.default, (xb, w, re), {}),
         ("grouped_matmul_backward", sk.grouped_matmul_backward.default, (xb.detach(), w.detach(), r(16, 32, dtype=torch.bfloat16), None, off), {}),
         ("grouped_matmul_backward dw only", sk.grouped_matmul_backward.default,
@@ -193,17 +205,132 @@ def test_straight_through_gradients_against_float64_references():
     (gx,) = torch.autograd.grad(m.fake_quantize(x, s, scope="token", qmin=-128, qmax=127), x, dy)
     v = torch.round(x.detach() / s[:, None])
     assert torch.equal(gx, torch.where((v >= -128) & (v <= 127), dy, torch.zeros_like(dy)))
-    # fp8: straight through except where the value saturates
-    xf = (torch.randn(16, 128, device="cuda", generator=g) * 3).requires_grad_(True)
-    sf8 = torch.full((16,), 3.0 / 448, device="cuda")
-    q8 = m.quantize(xf, sf8, scope="token", out_dtype="fp8_e4m3")
-    y = m.dequantize(q8, sf8, scope="token", out_dtype="float32")
-    dyf = torch.randn(16, 128, device="cuda", generator=g)
-    (gxf,) = torch.autograd.grad(y, xf, dyf)
-    keep = (xf.detach() * (1.0 / sf8[:, None])).abs() <= 448
-    dq = (dyf * sf8[:, None]).to(torch.float8_e4m3fn).float()      # dequantize's q-gradient, in q's dtype
-    assert torch.equal(gxf, torch.where(keep, dq, torch.zeros_like(dq)))
-    assert not bool(keep.all())                                     # some values saturate
+
+
+# -- quantize -> dequantize: the straight-through estimator ---------------------------------------------
+STE_SCOPES = [("tensor", None, None), ("channel", 0, None), ("channel", 2, None), ("token", None, None),
+              ("group", None, 32)]
+STE_CODES = [(k, False) for k in ("int8", "uint8", "int4", "uint4", "fp8_e4m3", "fp8_e5m2")] + \
+    [(k, True) for k in ("int8", "uint8", "int4", "uint4")]
+QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int4": (-8, 7), "uint4": (0, 15)}
+IMPLIED_ZP = {"uint8": 128, "uint4": 8}
+FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+
+
+def _param_shape(shape, scope, axis, gs):
+    return {"tensor": (), "channel": (shape[axis or 0],), "token": shape[:-1],
+            "group": shape[:-1] + (shape[-1] // (gs or 1),)}[scope]
+
+
+def _broadcast(p, shape, scope, axis, gs):
+    """A per-scope parameter (NumPy) broadcast to x's shape."""
+    import numpy as np
+    if scope == "tensor":
+        return p.reshape(())
+    if scope == "channel":
+        return p.reshape([1] * axis + [shape[axis]] + [1] * (len(shape) - axis - 1))
+    if scope == "token":
+        return p.reshape(shape[:-1] + (1,))
+    return np.repeat(p, gs, axis=-1)
+
+
+def _ste_reference(x, scale_values, zp, scope, axis, gs, out_dtype):
+    """The mask from its definition, in NumPy: ``qmin <= rne(x * inv) + zp <= qmax`` (full range, the
+    implied zero point for None), fp8 ``|x * inv| <= fp8_max``; ``inv = 1 / scale`` in the math precision."""
+    import numpy as np
+    xn = x.detach().cpu().double().numpy() if x.dtype == torch.float64 else x.detach().cpu().float().numpy()
+    m = xn.dtype.type
+    inv = (m(1) / _broadcast(scale_values.astype(m), xn.shape, scope, axis, gs)).astype(m)
+    with np.errstate(all="ignore"):
+        t = (xn * inv).astype(m)
+        if out_dtype in FP8_MAX:
+            return np.abs(t) <= FP8_MAX[out_dtype]
+        z = IMPLIED_ZP.get(out_dtype, 0) if zp is None else _broadcast(zp.cpu().numpy(), xn.shape, scope, axis, gs)
+        v = np.rint(t) + z
+        return (v >= QRANGE[out_dtype][0]) & (v <= QRANGE[out_dtype][1])
+
+
+@pytest.mark.parametrize("scope,axis,gs", STE_SCOPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("out_dtype,zero_point", STE_CODES, ids=lambda v: {False: "sym", True: "zp"}.get(v, v))
+@pytest.mark.parametrize("xdt,ydt", [(torch.float32, "float32"), (torch.bfloat16, "float32"),
+                                     (torch.float16, "bfloat16"), (torch.float64, "float64")],
+                         ids=["f32", "bf16", "f16-to-bf16", "f64"])
+def test_quantize_then_dequantize_is_the_straight_through_estimator(scope, axis, gs, out_dtype, zero_point, xdt,
+                                                                    ydt):
+    """x.grad == dy * mask exactly, in x's dtype, for every scope, code kind and scale dtype (float32;
+    float64 for float64 x): the scale cancels and no gradient is rounded to the codes' dtype."""
+    import numpy as np
+    m = sft()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    shape = (4, 6, 64)
+    sdt = torch.float64 if xdt == torch.float64 else torch.float32
+    s = torch.rand(_param_shape(shape, scope, axis, gs), device="cuda", generator=g, dtype=sdt) + 0.5
+    span = FP8_MAX.get(out_dtype) or (QRANGE[out_dtype][1] - QRANGE[out_dtype][0]) / 2
+    sb = torch.from_numpy(_broadcast(s.cpu().numpy(), shape, scope, axis, gs)).to("cuda")
+    x = (torch.randn(shape, device="cuda", generator=g, dtype=torch.float64) * span * 0.6 * sb).to(xdt)
+    x.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), float("-inf")], device="cuda").to(xdt)
+    x.requires_grad_(True)
+    z = None
+    if zero_point:
+        lo, hi = QRANGE[out_dtype]
+        z = torch.randint(lo // 2, hi // 2 + 1, s.shape, device="cuda", dtype=torch.int32, generator=g)
+    kw = dict(scope=scope, axis=axis, group_size=gs)
+    q = m.quantize(x, s, z, out_dtype=out_dtype, **kw)
+    assert not q.requires_grad
+    y = m.dequantize(q, s, z, out_dtype=ydt, in_dtype=out_dtype if "4" in out_dtype else None, **kw)
+    want_y = sf.dequantize(q, s, z, out_dtype=ydt, in_dtype=out_dtype if "4" in out_dtype else None, **kw)
+    assert torch.equal(y.nan_to_num(0.0), want_y.nan_to_num(0.0))      # the forward is dequantize's own
+    dy = torch.randn(shape, device="cuda", generator=g).to(y.dtype)
+    y.backward(dy)
+    mask = _ste_reference(x, s.cpu().numpy(), z, scope, axis, gs, out_dtype)
+    assert 0 < mask.sum() < mask.size                                   # some elements clip or saturate
+    assert x.grad.dtype == xdt
+    assert torch.equal(x.grad, dy.to(xdt) * torch.from_numpy(np.ascontiguousarray(mask)).to("cuda"))
+
+
+@pytest.mark.parametrize("out_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("codes", ["uint8", "float8_e8m0fnu"])
+@pytest.mark.parametrize("xdt", [torch.float32, torch.bfloat16])
+def test_straight_through_with_mx_e8m0_scales(out_dtype, codes, xdt):
+    """MX block scales (e8m0 codes, group 32): x.grad == dy * mask all the same (it was 0)."""
+    m = sft()
+    if codes == "float8_e8m0fnu" and not hasattr(torch, codes):
+        pytest.skip("this torch has no float8_e8m0fnu")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    import numpy as np
+    c = torch.randint(120, 130, (8, 4), device="cuda", generator=g).to(torch.uint8)
+    sv = np.ldexp(1.0, c.cpu().numpy().astype(np.int64) - 127)          # 2^(c - 127), exact
+    x = (torch.randn(8, 128, device="cuda", generator=g, dtype=torch.float64) * FP8_MAX[out_dtype] * 0.6
+         * torch.from_numpy(sv).to("cuda").repeat_interleave(32, 1)).to(xdt).requires_grad_(True)
+    scale = c if codes == "uint8" else c.view(getattr(torch, codes))
+    kw = dict(scope="group", group_size=32, scale_dtype="e8m0")
+    y = m.dequantize(m.quantize(x, scale, out_dtype=out_dtype, **kw), scale, **kw)
+    dy = torch.randn(8, 128, device="cuda", generator=g)
+    y.backward(dy)
+    mask = _ste_reference(x, sv, None, "group", None, 32, out_dtype)
+    assert 0 < mask.sum() < mask.size
+    assert torch.equal(x.grad, dy.to(xdt) * torch.from_numpy(mask).to("cuda"))
+
+
+def test_quantize_alone_and_dequantize_alone():
+    """Codes never require a gradient (a gradient through them is an error, not a silent zero);
+    dequantize of codes quantize did not link: the scale's gradient only; an fp8 leaf q keeps
+    dequantize_backward's dy * scale in its own dtype."""
+    m = sft()
+    g = torch.Generator(device="cuda").manual_seed(8)
+    x = torch.randn(8, 64, device="cuda", generator=g).requires_grad_(True)
+    s = torch.rand(8, device="cuda", generator=g) + 0.5
+    for kind in ("int8", "fp8_e4m3"):
+        assert not m.quantize(x, s, scope="token", out_dtype=kind).requires_grad
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        m.quantize(x, s, scope="token", out_dtype="fp8_e4m3").float().sum().backward()
+    with torch.no_grad():
+        q = m.quantize(x, s, scope="token")
+    assert not m.dequantize(q, s, scope="token").requires_grad          # made without a gradient
+    q8 = (torch.randn(8, 64, device="cuda", generator=g) * 10).to(torch.float8_e4m3fn).requires_grad_(True)
+    dy = torch.randn(8, 64, device="cuda", generator=g)
+    (gq,) = torch.autograd.grad(m.dequantize(q8, s, scope="token"), q8, dy)
+    assert gq.dtype == torch.float8_e4m3fn and torch.equal(gq.float(), (dy * s[:, None]).to(torch.float8_e4m3fn).float())
 
 
 @pytest.mark.parametrize("routing", ["offsets", "row_experts"])

@@ -14,7 +14,9 @@ functional API's typed errors), ``.out`` overloads where the functional API take
 autograd where a user differentiates (fake-quant, quantize / dequantize straight-through, grouped
 matmul). They run in eager mode, under ``torch.compile(fullgraph=True)`` (dynamic shapes too) and
 in CUDA graphs (``mode="reduce-overhead"``). The functions here are thin wrappers over the ops with
-the functional API's signatures. See docs/torch.md.
+the functional API's signatures; ``quantize`` then ``dequantize`` is the straight-through estimator
+(docs/training.md). The functional API itself (``runtime.quantize(...)``) on torch tensors becomes
+these ops while torch traces it (runtime/torch/traced.py). See docs/torch.md.
 """
 try:
     import torch as _torch  # noqa: F401

@@ -57,6 +57,9 @@ def torch_dtype_of(kind: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+DEVICES = ("cuda", "meta")      # where the ops' tensors may live (meta: shapes only)
+
+
 def describe(t, arg: str) -> ArrayRef:
     """A tensor (real, fake or meta) described as the functional API sees a CUDA tensor, without
     touching its data; a typed error for what the functional API rejects the same way."""
@@ -64,7 +67,7 @@ def describe(t, arg: str) -> ArrayRef:
         if t is None:
             raise InvalidProblemError(f"{arg} is None; an array is needed")
         raise InvalidProblemError(f"{arg} has type {type(t).__name__}; expected a CUDA torch.Tensor")
-    if t.device.type not in ("cuda", "meta"):
+    if t.device.type not in DEVICES:
         raise InvalidProblemError(f"{arg} is a torch tensor on {t.device}; skuforge runs on CUDA tensors "
                                   f"(move it with {arg}.cuda())")
     return ArrayRef(t, 0, tuple(t.shape), tuple(t.stride()), kind_of(t.dtype, arg), 0, "torch")
@@ -363,3 +366,11 @@ def check_out(out, spec, arg: str, rows: bool = True) -> None:
                                   f"{tuple(shape)} and dtype {' or '.join(sorted(map(str, ok)))}")
     if rows:
         rows_view(ref, arg)
+
+
+def check_dense_out(out, spec, arg: str) -> None:
+    """An ``out=`` tensor as :func:`check_out`, C-contiguous (the MoE ops write dense outputs)."""
+    check_out(out, spec, arg, rows=False)
+    if not out.is_contiguous():
+        raise InvalidProblemError(f"{arg} must be C-contiguous; got strides {tuple(out.stride())} (elements) for "
+                                  f"shape {tuple(out.shape)}")

@@ -11,15 +11,16 @@ nothing else: plain CUDA tensors, no gradient to record, nothing tracing (``_pla
 
 | op | autograd |
 |---|---|
-| ``quantize`` | x: straight-through with clip mask (int8 outputs cannot carry a gradient in PyTorch; fp8 outputs can) |
-| ``dequantize`` | scale: ``sum(dy * (q - zp))`` per scale element; q: fp8 only (``dequantize_backward``) |
+| ``quantize`` | none: the codes are non-differentiable; :func:`quantize` -> :func:`dequantize` is the straight-through estimator to x |
+| ``dequantize`` | scale: ``sum(dy * (q - zp))`` per scale element; q: an fp8 leaf only (``dequantize_backward``) |
 | ``fake_quantize`` | x: ``fake_quantize_backward`` (mask recomputed from x) |
 | ``fake_quantize_learnable`` | x, scale, zero point: ``fake_quantize_learnable_backward`` (LSQ) |
 | ``grouped_matmul`` | x, w: ``grouped_matmul_backward`` (dw float32, cast to w's dtype) |
 
 ``.out`` overloads (``torch.ops.skuforge.quantize.out(..., out=t)``) exist where the functional API
-takes ``out=``; they return nothing and declare ``out`` mutated (``Tensor(a!)``), which is what
-``torch.compile`` functionalizes.
+takes ``out=``; they declare ``out`` mutated (``Tensor(a!)``), which is what ``torch.compile``
+functionalizes, and return nothing (LSQ's backward: its new dscale, dzero_point).
+runtime/torch/traced.py calls these ops for the functional API while torch traces it.
 
 (No ``from __future__ import annotations`` here: ``custom_op`` reads the annotations.)
 """
@@ -32,8 +33,9 @@ from torch import Tensor
 import runtime as sf
 from runtime import kinds, lowbit
 from runtime.arrays import kind_of, torch_dtype
-from runtime.errors import InvalidProblemError, UnsupportedError
-from runtime.scopes import implied_zero_point
+from runtime.errors import InvalidProblemError
+from runtime.moe import _out_pair
+from runtime.scopes import check_range, implied_zero_point
 
 from . import meta
 from .meta import E8M0_DTYPE
@@ -72,20 +74,21 @@ def _none_or_empty(t: Optional[Tensor], dtype, device) -> Tensor:
     return torch.empty((0,), dtype=dtype, device=device) if t is None else t
 
 
-def _define_out(name: str, outs: str, impl, fake) -> None:
+def _define_out(name: str, outs: str, impl, fake, returns: str = "()") -> None:
     """``skuforge::<name>.out``: the functional schema of ``name`` plus kwarg-only mutated outputs
-    ``outs`` (e.g. ``"Tensor(a!) out"``), returning nothing."""
+    ``outs`` (e.g. ``"Tensor(a!) out"``), returning nothing (or ``returns``: new tensors)."""
     schema = str(getattr(torch.ops.skuforge, name).default._schema)
     args = schema[schema.index("("):schema.rindex(") ->")]
     sep = ", *, " if "*" not in args else ", "
-    _LIB.define(f"{name}.out{args}{sep}{outs}) -> ()", tags=_PT2)
+    _LIB.define(f"{name}.out{args}{sep}{outs}) -> {returns}", tags=_PT2)
 
     def cuda(*args, **outs):
         # the dispatcher bumps no version counter for an op defined this way: the implementation
         # does, so that autograd refuses a saved tensor that was overwritten (inference tensors
         # have no counter)
-        impl(*args, **outs)
+        result = impl(*args, **outs)
         _bump([t for t in outs.values() if t is not None and not t.is_inference()])
+        return result
     _LIB.impl(f"{name}.out", cuda, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}.out", fake, lib=_LIB)
     _OUT[name] = (getattr(torch.ops.skuforge, name).out, cuda)
@@ -149,14 +152,13 @@ def _call(op, *args):
     return op(*args)
 
 
-def _call_out(name: str, args: tuple, **outs) -> None:
+def _call_out(name: str, args: tuple, **outs):
     """``torch.ops.skuforge.<name>.out(*args, **outs)``, or its CUDA implementation (which bumps
     the written tensors' version counters) called directly where :func:`_plain` allows."""
     overload, impl = _OUT[name]
     if _plain((*args, *outs.values())):
-        impl(*args, **outs)
-    else:
-        overload(*args, **outs)
+        return impl(*args, **outs)
+    return overload(*args, **outs)
 
 
 # -- quantize -----------------------------------------------------------------------------------
@@ -192,10 +194,13 @@ _define_out("quantize", "Tensor(a!) out", _quantize_out, _quantize_out_fake)
 
 
 def _scale_values(scale: Tensor, m: torch.dtype) -> Tensor:
-    """Scale values in the math dtype: float scales as they are, e8m0 codes as 2^(code - 127)."""
-    if scale.dtype in (torch.uint8, E8M0_DTYPE):
-        return torch.exp2(scale.view(torch.uint8).to(m) - 127)
-    return scale.to(m)
+    """Scale values in the math dtype: float scales as they are, e8m0 codes c as 2^(c - 127), built
+    from their float32 bits (exact; 2^-127 is the subnormal 0x00400000, code 255 NaN)."""
+    if scale.dtype not in (torch.uint8, E8M0_DTYPE):
+        return scale.to(m)
+    c = scale.view(torch.uint8).to(torch.int32)
+    bits = torch.where(c == 0, 0x00400000, torch.where(c == 255, 0x7FC00000, c << 23))
+    return bits.view(torch.float32).to(m)
 
 
 def _expand(p: Tensor, shape, scope: str, axis: Optional[int], group_size: Optional[int]) -> Tensor:
@@ -214,30 +219,15 @@ def _expand(p: Tensor, shape, scope: str, axis: Optional[int], group_size: Optio
 
 
 def _q_setup(ctx, inputs, output):
-    x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype = inputs
-    ctx.save_for_backward(x, scale, zero_point)
-    ctx.cfg = (scope, axis, group_size, out_dtype, qmin, qmax)
+    ctx.mark_non_differentiable(output)
 
 
 def _q_backward(ctx, grad):
-    """Straight-through with the clip mask: int8 outputs through ``quantize_backward`` (reached only
-    by callers that hand a gradient to the op directly, as PyTorch carries none on integer tensors);
-    fp8 outputs: ``dy`` where ``|x / scale| <= fp8_max`` (not saturated), else 0; int4: none."""
-    x, scale, zero_point = ctx.saved_tensors
-    scope, axis, group_size, out_dtype, qmin, qmax = ctx.cfg
-    qk = kind_of(out_dtype, "out_dtype")
-    dx = None
-    if qk in kinds.INT8:
-        dx = _call(_quantize_backward, grad.to(x.dtype).contiguous(), x, scale, zero_point, scope, axis,
-                   group_size, out_dtype, qmin, qmax)
-    elif qk in kinds.FP8:
-        m = _math_dtype(x)
-        inv = 1.0 / _expand(_scale_values(scale, m), x.shape, scope, axis, group_size)
-        keep = (x.to(m) * inv).abs() <= kinds.kind(qk).max
-        dx = torch.where(keep, grad.to(x.dtype), torch.zeros((), dtype=x.dtype, device=x.device))
-    return dx, None, None, None, None, None, None, None, None, None
+    return (None,) * 10
 
 
+# Codes carry no gradient (integer tensors cannot, and an fp8 one would round it to fp8): q is marked
+# non-differentiable. quantize's gradient reaches x through dequantize (:func:`quantize`, :func:`dequantize`).
 _quantize.register_autograd(_q_backward, setup_context=_q_setup)
 
 
@@ -297,8 +287,36 @@ def _unpack_int4(q: Tensor, signed: bool) -> Tensor:
     return torch.stack([lo, hi], dim=-1).reshape(tuple(q.shape[:-1]) + (2 * q.shape[-1],))
 
 
-def _q_kind(q: Tensor, in_dtype: Optional[str]) -> str:
-    return kind_of(in_dtype, "in_dtype") if in_dtype is not None else kind_of(q.dtype, "q")
+# Facts parsed from dtype names: constants of constant arguments, which torch.compile evaluates once
+# while tracing (assume_constant_result) instead of tracing the parsing.
+@torch.compiler.assume_constant_result
+def _e8m0(scale_dtype) -> bool:
+    """Whether ``scale_dtype`` names e8m0 scale codes."""
+    return lowbit.is_e8m0(scale_dtype)
+
+
+@torch.compiler.assume_constant_result
+def _dq_facts(q_dtype: torch.dtype, in_dtype, scale_dtype, s_dtype: torch.dtype) -> tuple:
+    """dequantize's (code kind, whether the scales are e8m0 codes, the implied zero point)."""
+    kind = kind_of(in_dtype, "in_dtype") if in_dtype is not None else kind_of(q_dtype, "q")
+    e8m0 = lowbit.is_e8m0(scale_dtype) or s_dtype in (E8M0_DTYPE, torch.uint8)
+    return kind, e8m0, 0 if kind in kinds.FP8 else implied_zero_point(kind)
+
+
+@torch.compiler.assume_constant_result
+def _mask_facts(out_dtype, qmin, qmax) -> tuple:
+    """quantize's clip mask for output kind ``out_dtype``: (fp8 max, None, None, None, 0) for fp8 codes;
+    else (None, the quantize_backward ``out_dtype``, qmin, qmax, the zero point of ``zero_point=None``
+    to pass explicitly, 0 where the kernel implies it): int4 through the int8 / uint8 kernel with
+    int4's range and zero point."""
+    qk = kind_of(out_dtype, "out_dtype")
+    k = kinds.kind(qk)
+    if k.max is not None:
+        return k.max, None, None, None, 0
+    if qk in kinds.INT4:
+        qmin, qmax = check_range(qk, qmin, qmax)
+        return None, "int8" if qk == "s4" else "uint8", qmin, qmax, implied_zero_point(qk)
+    return None, out_dtype, qmin, qmax, 0
 
 
 def _dq_setup(ctx, inputs, output):
@@ -307,30 +325,116 @@ def _dq_setup(ctx, inputs, output):
     ctx.cfg = (scope, axis, group_size, in_dtype, scale_dtype)
 
 
+def _dq_scale_grad(grad: Tensor, q: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
+                   axis: Optional[int], group_size: Optional[int], kind: str, implied_zp: int) -> Tensor:
+    """``sum(dy * (q - zp))`` per scale element, in the scale's dtype (int4 codes unpacked)."""
+    m = scale.dtype
+    qm = (_unpack_int4(q, kind == "s4") if kind in kinds.INT4 else q).to(m)
+    if zero_point is None:
+        zp = torch.full((), float(implied_zp), dtype=m, device=q.device)
+    else:
+        zp = _expand(zero_point.to(m), qm.shape, scope, axis, group_size)
+    return _sum_per_scale(grad.to(m) * (qm - zp), scope, axis, group_size, scale.shape).to(m)
+
+
 def _dq_backward(ctx, grad):
+    """scale (float): :func:`_dq_scale_grad`; fp8 q: ``dequantize_backward`` in q's dtype (a q that
+    requires a gradient is an fp8 leaf: what runtime.torch.quantize returns does not); e8m0 codes
+    are integers and take none."""
     q, scale, zero_point = ctx.saved_tensors
     scope, axis, group_size, in_dtype, scale_dtype = ctx.cfg
-    kind = _q_kind(q, in_dtype)
-    e8m0 = lowbit.is_e8m0(scale_dtype) or scale.dtype in (E8M0_DTYPE, torch.uint8)
+    kind, e8m0, implied_zp = _dq_facts(q.dtype, in_dtype, scale_dtype, scale.dtype)
+    if e8m0:
+        return (None,) * 9
     dq = ds = None
-    if e8m0:          # e8m0 codes are integers: no gradient to them (nor through them to q)
-        return None, None, None, None, None, None, None, None, None
     if ctx.needs_input_grad[1]:
-        m = scale.dtype
-        qv = _unpack_int4(q, kind == "s4") if kind in kinds.INT4 else q
-        qm = qv.to(m)
-        if zero_point is None:
-            zp = torch.zeros((), dtype=m, device=q.device) if kind in kinds.FP8 else \
-                torch.full((), float(implied_zero_point(kind)), dtype=m, device=q.device)
-        else:
-            zp = _expand(zero_point.to(m), qm.shape, scope, axis, group_size)
-        ds = _sum_per_scale(grad.to(m) * (qm - zp), scope, axis, group_size, scale.shape).to(scale.dtype)
+        ds = _dq_scale_grad(grad, q, scale, zero_point, scope, axis, group_size, kind, implied_zp)
     if ctx.needs_input_grad[0] and kind in kinds.FP8 and q.is_floating_point():
         dq = _call(_dequantize_backward, grad.contiguous(), scale, scope, axis, group_size).to(q.dtype)
     return dq, ds, None, None, None, None, None, None, None
 
 
 _dequantize.register_autograd(_dq_backward, setup_context=_dq_setup)
+
+
+# -- quantize -> dequantize: the straight-through estimator ------------------------------------------
+# The gradient of x through quantize and then dequantize is ``dy * mask`` in x's dtype, never rounded
+# to a code's dtype on the way. Codes cannot carry it (an integer tensor takes no gradient, an fp8 one
+# would round it to fp8), so the link goes around them: when x needs a gradient, runtime.torch's
+# quantize attaches to the codes it returns a *surrogate* -- a float tensor of x's shape and dtype
+# (a broadcast zero, no memory) whose backward is quantize's, ``dx = g * mask`` (_QuantizeSTE) --
+# and runtime.torch's dequantize, given those codes, computes y as usual in a node whose backward
+# passes dy to the surrogate unchanged (cast to x's dtype) and the scale gradient to the scale as
+# dequantize always does (_DequantizeSTE). The composition is exactly dy * mask (docs/training.md).
+_STE = "_skuforge_ste"      # the codes' attribute: (surrogate, the codes' version counter when made)
+
+
+def _ste_dx(g: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str, axis: Optional[int],
+            group_size: Optional[int], out_dtype: str, qmin: Optional[int], qmax: Optional[int]) -> Tensor:
+    """quantize's straight-through gradient ``dx = g * mask`` in x's dtype (a product, as
+    quantize_backward's): integer codes ``qmin <= rne(x * inv) + zp <= qmax`` (the quantize_backward
+    kernel), fp8 ``|x * inv| <= fp8_max`` (not saturated), ``inv = 1 / scale`` in the math precision."""
+    dy = g.to(x.dtype).contiguous()
+    fp8_max, kernel_dtype, qmin, qmax, implied_zp = _mask_facts(out_dtype, qmin, qmax)
+    if fp8_max is not None:
+        m = _math_dtype(x)
+        inv = _expand(torch.reciprocal(_scale_values(scale, m)), x.shape, scope, axis, group_size)
+        return dy * ((x.to(m) * inv).abs() <= fp8_max)
+    if zero_point is None and implied_zp:
+        zero_point = torch.full(tuple(scale.shape), implied_zp, dtype=torch.int32, device=x.device)
+    return _call(_quantize_backward, dy, x, scale, zero_point, scope, axis, group_size, kernel_dtype, qmin, qmax)
+
+
+class _QuantizeSTE(torch.autograd.Function):
+    """quantize's surrogate: a broadcast zero of x's shape and dtype; its gradient g gives
+    ``dx = g * mask`` (:func:`_ste_dx`)."""
+
+    @staticmethod
+    def forward(ctx, x, scale, zero_point, cfg):
+        ctx.save_for_backward(x, scale, zero_point)
+        ctx.cfg = cfg
+        return x.new_zeros(()).expand(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, scale, zero_point = ctx.saved_tensors
+        return _ste_dx(g, x, scale, zero_point, *ctx.cfg), None, None, None
+
+
+class _DequantizeSTE(torch.autograd.Function):
+    """dequantize of codes that carry a surrogate: y as the op computes it; dy passes to the
+    surrogate unchanged (in its dtype, x's) and to a float scale as ``_dq_scale_grad``."""
+
+    @staticmethod
+    def forward(ctx, surrogate, q, scale, zero_point, cfg):
+        ctx.save_for_backward(q, scale, zero_point)
+        ctx.cfg, ctx.dtype = cfg, surrogate.dtype
+        return _call(_dequantize, q, scale, zero_point, *cfg)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, scale, zero_point = ctx.saved_tensors
+        scope, axis, group_size, _out_dtype, in_dtype, scale_dtype = ctx.cfg
+        kind, e8m0, implied_zp = _dq_facts(q.dtype, in_dtype, scale_dtype, scale.dtype)
+        ds = None
+        if ctx.needs_input_grad[2] and not e8m0:
+            ds = _dq_scale_grad(g, q, scale, zero_point, scope, axis, group_size, kind, implied_zp)
+        return g.to(ctx.dtype), None, ds, None, None
+
+
+def _link(q: Tensor, surrogate: Tensor) -> None:
+    """Attach ``surrogate`` to the codes ``q`` with their version counter (not under torch.compile,
+    where it is not a Python number)."""
+    setattr(q, _STE, (surrogate, None if _compiling() else q._version))
+
+
+def _surrogate(q: Tensor) -> Optional[Tensor]:
+    """The surrogate that quantize attached to codes ``q``, unless q was written in place since
+    (by a PyTorch op or a ``.out`` overload: they bump its version counter)."""
+    link = getattr(q, _STE, None)
+    if link is None or (link[1] is not None and link[1] != q._version):
+        return None
+    return link[0]
 
 
 # -- dynamic_quantize ---------------------------------------------------------------------------
@@ -366,6 +470,8 @@ def _(x, scope, range_mode="symmetric", axis=None, group_size=None, out_dtype="i
 
 def _dynamic_quantize_out(x, scope, range_mode="symmetric", axis=None, group_size=None, out_dtype="int8", qmin=None,
                           qmax=None, eps=1e-8, scale_dtype="float32", *, q, scale, zero_point=None):
+    if scale.dtype == E8M0_DTYPE != torch.uint8:
+        scale = scale.view(torch.uint8)         # the functional API writes e8m0 codes into uint8
     outs = (q, scale) if zero_point is None else (q, scale, zero_point)
     sf.dynamic_quantize(x, scope=scope, mode=range_mode, axis=axis, group_size=group_size, out_dtype=out_dtype,
                         qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype, out=outs)
@@ -373,9 +479,6 @@ def _dynamic_quantize_out(x, scope, range_mode="symmetric", axis=None, group_siz
 
 def _dynamic_quantize_out_fake(x, scope, range_mode="symmetric", axis=None, group_size=None, out_dtype="int8",
                                qmin=None, qmax=None, eps=1e-8, scale_dtype="float32", *, q, scale, zero_point=None):
-    if kind_of(out_dtype, "out_dtype") in lowbit.KINDS or lowbit.is_e8m0(scale_dtype):
-        raise UnsupportedError(f"out= with out_dtype={out_dtype!r} / scale_dtype={scale_dtype!r}: dynamic_quantize "
-                               f"writes into given arrays for {', '.join(kinds.INT8)} outputs with float scales only")
     if range_mode == "asymmetric" and zero_point is None:
         raise InvalidProblemError("out: asymmetric mode returns a zero point; pass out=(q, scale, zero_point)")
     if range_mode != "asymmetric" and zero_point is not None:
@@ -539,10 +642,11 @@ def _(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN
 
 
 def _lfq_backward_direct(dy, x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
-                         qmax=DEFAULT_QMAX, grad_factor=1.0):
+                         qmax=DEFAULT_QMAX, grad_factor=1.0, out=None):
     """(dx, dscale in the scale's math dtype, dzero_point float32 or None when symmetric)."""
     return sf.fake_quantize_learnable_backward(dy, x, scale, zero_point, scope=scope, axis=axis,
-                                               group_size=group_size, qmin=qmin, qmax=qmax, grad_factor=grad_factor)
+                                               group_size=group_size, qmin=qmin, qmax=qmax, grad_factor=grad_factor,
+                                               out=out)
 
 
 @_op("fake_quantize_learnable_backward", direct=_lfq_backward_direct)
@@ -561,6 +665,26 @@ def _(dy, x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_
     specs = meta.fake_quantize_learnable_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax,
                                                        grad_factor)
     return tuple(_new(s, x.device) for s in specs)
+
+
+def _lfq_backward_out(dy, x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
+                      qmax=DEFAULT_QMAX, grad_factor=1.0, *, out):
+    """dx into ``out``; returns (dscale, dzero_point; an empty tensor when symmetric)."""
+    _, ds, dz = _lfq_backward_direct(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax, grad_factor, out)
+    return ds, _none_or_empty(dz, torch.float32, x.device)
+
+
+def _lfq_backward_out_fake(dy, x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
+                           qmax=DEFAULT_QMAX, grad_factor=1.0, *, out):
+    dx, ds, dz = meta.fake_quantize_learnable_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, qmin,
+                                                            qmax, grad_factor)
+    meta.same_device(x=x, out=out)
+    meta.check_out(out, dx, "out")
+    return _new(ds, x.device), _new(dz, x.device)
+
+
+_define_out("fake_quantize_learnable_backward", "Tensor(a!) out", _lfq_backward_out, _lfq_backward_out_fake,
+            "(Tensor, Tensor)")
 
 
 def _lfq_setup(ctx, inputs, output):
@@ -596,6 +720,20 @@ def _(x, w, row_experts=None, offsets=None, strategy="auto", trusted_offsets=Fal
     return _new(meta.grouped_matmul_spec(x, w, row_experts, offsets, strategy), x.device)
 
 
+def _grouped_matmul_out(x, w, row_experts=None, offsets=None, strategy="auto", trusted_offsets=False, *, out):
+    sf.grouped_matmul(x, w, row_experts=row_experts, offsets=offsets, strategy=strategy,
+                      trusted_offsets=trusted_offsets, out=out)
+
+
+def _grouped_matmul_out_fake(x, w, row_experts=None, offsets=None, strategy="auto", trusted_offsets=False, *, out):
+    spec = meta.grouped_matmul_spec(x, w, row_experts, offsets, strategy)
+    meta.same_device(x=x, out=out)
+    meta.check_dense_out(out, spec, "out")
+
+
+_define_out("grouped_matmul", "Tensor(a!) out", _grouped_matmul_out, _grouped_matmul_out_fake)
+
+
 def _gmm_backward_direct(x, w, dy, row_experts=None, offsets=None, strategy="auto", need_input=True,
                          need_weight=True, dw_dtype="float32", trusted_offsets=False):
     """``(dx, dw)``; a gradient not asked for is None."""
@@ -622,6 +760,32 @@ def _(x, w, dy, row_experts=None, offsets=None, strategy="auto", need_input=True
     dx, dw = meta.grouped_matmul_backward_spec(x, w, dy, row_experts, offsets, strategy, need_input, need_weight,
                                                dw_dtype)
     return _new(dx, x.device), _new(dw, x.device)
+
+
+def _grouped_matmul_backward_out(x, w, dy, row_experts=None, offsets=None, strategy="auto", need_input=True,
+                                 need_weight=True, dw_dtype="float32", trusted_offsets=False, *, dx=None, dw=None):
+    sf.grouped_matmul_backward(x, w, dy, row_experts=row_experts, offsets=offsets, strategy=strategy,
+                               need_input=need_input, need_weight=need_weight, dw_dtype=dw_dtype,
+                               trusted_offsets=trusted_offsets, out=(dx, dw))
+
+
+def _grouped_matmul_backward_out_fake(x, w, dy, row_experts=None, offsets=None, strategy="auto", need_input=True,
+                                      need_weight=True, dw_dtype="float32", trusted_offsets=False, *, dx=None,
+                                      dw=None):
+    specs = meta.grouped_matmul_backward_spec(x, w, dy, row_experts, offsets, strategy, need_input, need_weight,
+                                              dw_dtype)
+    meta.same_device(x=x, dx=dx, dw=dw)
+    for arg, t, need, flag, spec in (("out[0] (dx)", dx, need_input, "need_input", specs[0]),
+                                     ("out[1] (dw)", dw, need_weight, "need_weight", specs[1])):
+        if need != (t is not None):
+            raise InvalidProblemError(f"{arg} is {'None' if t is None else 'given'} but {flag}={bool(need)}; pass "
+                                      + (f"an array of shape {tuple(spec[0])} (or {flag}=False)" if need else "None"))
+        if t is not None:
+            meta.check_dense_out(t, spec, arg)
+
+
+_define_out("grouped_matmul_backward", "Tensor(a!)? dx=None, Tensor(b!)? dw=None", _grouped_matmul_backward_out,
+            _grouped_matmul_backward_out_fake)
 
 
 def _gmm_setup(ctx, inputs, output):
@@ -684,6 +848,7 @@ def _float_scale_dtype(kind_name: str) -> torch.dtype:
 _FLOAT_OUTS: dict = {}      # a dequantize out_dtype argument -> (the schema's dtype name, a Python scale's dtype)
 
 
+@torch.compiler.assume_constant_result
 def _float_out(out_dtype) -> tuple:
     """dequantize's ``out_dtype`` (a name or a torch dtype) as the torch dtype name its schema
     carries, and the dtype of a Python scale for it."""
@@ -700,27 +865,37 @@ def quantize(x: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[in
              group_size: Optional[int] = None, out_dtype="int8", qmin: Optional[int] = None,
              qmax: Optional[int] = None, scale_dtype=None, out: Optional[Tensor] = None) -> Tensor:
     """``torch.ops.skuforge.quantize`` (``.out`` with ``out=``): runtime.quantize on torch tensors;
-    fp8 outputs are torch fp8 tensors, int4 packed uint8 (..., D/2). Differentiable for fp8 outputs
-    (straight-through with the saturation mask); integer outputs carry no gradient in PyTorch."""
+    fp8 outputs are torch fp8 tensors, int4 packed uint8 (..., D/2). The codes carry no gradient;
+    when x needs one, :func:`dequantize` of these codes is the straight-through estimator,
+    ``x.grad = dy * mask`` (the codes hold its surrogate; docs/training.md)."""
     s = _scale_tensor(scale, x)
     z = _zp_tensor(zero_point, x)
     args = (x, s, z, scope, axis, group_size, _dtype_name(out_dtype), qmin, qmax, _dtype_name(scale_dtype))
     if out is None:
-        return _call(_quantize, *args)
-    _call_out("quantize", args, out=out)
-    return out
+        q = _call(_quantize, *args)
+    else:
+        _call_out("quantize", args, out=out)
+        q = out
+    if _grad_on() and x.requires_grad:
+        _link(q, _QuantizeSTE.apply(x, s, z, (scope, axis, group_size, args[6], qmin, qmax)))
+    return q
 
 
 def dequantize(q: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[int] = None,
                group_size: Optional[int] = None, out_dtype="float32", in_dtype=None, scale_dtype=None,
                out: Optional[Tensor] = None) -> Tensor:
     """``(q - zp) * scale``; differentiable with respect to a float ``scale`` (e.g. tuning the scales of
-    a quantized model) and, for fp8 q, to q (``dequantize_backward``); integer q gets none."""
+    a quantized model) and, for an fp8 leaf q, to q (``dequantize_backward``); integer q gets none.
+    Codes from :func:`quantize` of an x that needs a gradient: the straight-through estimator,
+    ``x.grad = dy * mask`` in x's dtype (docs/training.md)."""
     name, scale_dt = _float_out(out_dtype)
     s = _scale_tensor(scale, q, scale_dt)
     args = (q, s, _zp_tensor(zero_point, q), scope, axis, group_size, name, _dtype_name(in_dtype),
             _dtype_name(scale_dtype))
     if out is None:
+        surrogate = _surrogate(q) if _grad_on() else None
+        if surrogate is not None:
+            return _DequantizeSTE.apply(surrogate, q, s, args[2], args[3:])
         return _call(_dequantize, *args)
     _call_out("dequantize", args, out=out)
     return out
@@ -807,27 +982,42 @@ def fake_quantize_learnable(x: Tensor, scale: Tensor, zero_point: Optional[Tenso
     return _call(_fake_quantize_learnable, x, scale, zero_point, scope, axis, group_size, qmin, qmax, g)
 
 
-def fake_quantize_learnable_backward(dy: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor] = None, *,
-                                     scope: str, axis: Optional[int] = None, group_size: Optional[int] = None,
-                                     qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX, grad_factor: float = 1.0):
-    """``(dx, dscale, dzero_point)`` (runtime.fake_quantize_learnable_backward; dzero_point None when symmetric)."""
-    dx, ds, dz = _call(_fake_quantize_learnable_backward, dy, x, scale, zero_point, scope, axis, group_size, qmin,
-                       qmax, float(grad_factor))
+def fake_quantize_learnable_backward(dy: Tensor, x: Tensor, scale, zero_point=None, *, scope: str,
+                                     axis: Optional[int] = None, group_size: Optional[int] = None,
+                                     qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX, grad_factor: float = 1.0,
+                                     out: Optional[Tensor] = None):
+    """``(dx, dscale, dzero_point)`` (runtime.fake_quantize_learnable_backward; dzero_point None when
+    symmetric); ``out=``: dx written into it (the ``.out`` overload) and returned."""
+    args = (dy, x, _scale_tensor(scale, x), _zp_tensor(zero_point, x), scope, axis, group_size, qmin, qmax,
+            float(grad_factor))
+    if out is None:
+        dx, ds, dz = _call(_fake_quantize_learnable_backward, *args)
+    else:
+        dx, (ds, dz) = out, _call_out("fake_quantize_learnable_backward", args, out=out)
     return dx, ds, (None if zero_point is None else dz)
 
 
 def grouped_matmul(x: Tensor, w: Tensor, *, row_experts: Optional[Tensor] = None, offsets: Optional[Tensor] = None,
-                   strategy: str = "auto", trusted_offsets: bool = False) -> Tensor:
-    """``y[m] = w[e(m)] @ x[m]`` (runtime.grouped_matmul); differentiable in x and w."""
-    return _call(_grouped_matmul, x, w, row_experts, offsets, strategy, trusted_offsets)
+                   strategy: str = "auto", trusted_offsets: bool = False, out: Optional[Tensor] = None) -> Tensor:
+    """``y[m] = w[e(m)] @ x[m]`` (runtime.grouped_matmul); differentiable in x and w (not with ``out=``)."""
+    args = (x, w, row_experts, offsets, strategy, trusted_offsets)
+    if out is None:
+        return _call(_grouped_matmul, *args)
+    _call_out("grouped_matmul", args, out=out)
+    return out
 
 
 def grouped_matmul_backward(x: Tensor, w: Tensor, dy: Tensor, *, row_experts: Optional[Tensor] = None,
                             offsets: Optional[Tensor] = None, strategy: str = "auto", need_input: bool = True,
-                            need_weight: bool = True, dw_dtype="float32", trusted_offsets: bool = False):
-    """``(dx, dw)`` (runtime.grouped_matmul_backward); a gradient not asked for is None."""
-    dx, dw = _call(_grouped_matmul_backward, x, w, dy, row_experts, offsets, strategy, need_input, need_weight,
-                   _dtype_name(dw_dtype), trusted_offsets)
+                            need_weight: bool = True, dw_dtype="float32", trusted_offsets: bool = False, out=None):
+    """``(dx, dw)`` (runtime.grouped_matmul_backward); a gradient not asked for is None.
+    ``out=(dx, dw)``: written and returned (None exactly for a gradient not asked for)."""
+    args = (x, w, dy, row_experts, offsets, strategy, need_input, need_weight, _dtype_name(dw_dtype), trusted_offsets)
+    if out is not None:
+        dxo, dwo = _out_pair(out)
+        _call_out("grouped_matmul_backward", args, dx=dxo, dw=dwo)
+        return dxo, dwo
+    dx, dw = _call(_grouped_matmul_backward, *args)
     return (dx if need_input else None), (dw if need_weight else None)
 
 
@@ -864,4 +1054,4 @@ OPS = ("quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequa
        "fake_quantize_backward", "fake_quantize_learnable", "fake_quantize_learnable_backward", "grouped_matmul",
        "grouped_matmul_backward")
 OUT_OPS = ("quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequantize_backward", "fake_quantize",
-           "fake_quantize_backward")
+           "fake_quantize_backward", "fake_quantize_learnable_backward", "grouped_matmul", "grouped_matmul_backward")
