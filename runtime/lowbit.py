@@ -173,7 +173,7 @@ def aligned(a: ArrayRef, view, nbytes: int) -> bool:
     return a.ptr % align == 0 and (view.row_stride * a.itemsize) % align == 0
 
 
-@launcher("lowbit_elementwise")
+@launcher("lowbit_elementwise", ElementwiseArgs)
 class LowBitElementwiseLauncher(Launcher):
     """rows x cols kernels of lowbit_quantize / lowbit_dequantize.cu.j2 (cols = logical elements;
     the packed stream has cols / pack bytes per row)."""

@@ -448,7 +448,7 @@ def _step(plan, group: str, fn, grid, block, smem: int, ptrs: dict, maps: Option
                 tuple((abi.slot[k], r, spec) for k, (r, spec) in maps.items()))
 
 
-@launcher("moe_gemm")
+@launcher("moe_gemm", MoeArgs, main="gemm")
 class MoeLauncher(Launcher):
     """Routing prologue (<symbol>_route_*) then the persistent grouped-matmul kernel."""
 
