@@ -187,10 +187,11 @@ def stream_handle_of(stream):
     """A raw ``cudaStream_t`` from a CuPy stream, a torch stream or an int (None stays None)."""
     if stream is None:
         return None
-    h = stream if isinstance(stream, int) and not isinstance(stream, bool) else None
-    for attr in ("ptr", "cuda_stream"):
-        h = getattr(stream, attr, None) if h is None else h
-    if not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < 1 << 64:
+    h = stream
+    if type(h) is not int:
+        h = getattr(stream, "ptr", None)
+        h = getattr(stream, "cuda_stream", None) if h is None else h
+    if type(h) is not int or not 0 <= h < 1 << 64:
         raise InvalidProblemError(f"stream={stream!r:.60} is not a CuPy stream, a torch stream or a raw handle "
                                   "(an integer cudaStream_t)")
     return h

@@ -31,6 +31,7 @@ Two modes (docs/audit.md, "The fuzz"):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -45,11 +46,14 @@ from hypothesis import strategies as st
 
 import runtime as sf
 from runtime import DeviceRequiredError, InvalidProblemError, UnsupportedError, kinds, moe, replay, status
+from runtime import arrays, device, dynamic, lowbit, training
+from runtime import launch as launch_mod
 from runtime.device import pack_params
 from runtime.kinds import SIZE
 from tests import fuzz_cases as fc
 from tests.test_fast_path import D, dev  # noqa: F401  (dev: a fixture)
 from tests.test_moe_replay import fake_tensor_map, mdev  # noqa: F401  (mdev: a fixture)
+from tests.test_validation import without_driver
 
 MAPS: dict = {}      # fake tensor map -> (address, MapSpec): what the wgmma launches can reach
 
@@ -167,7 +171,6 @@ def fz(mdev, monkeypatch):  # noqa: F811
         return described(obj)
     monkeypatch.setattr(replay, "describe", describe)
     # dynamic_quantize fills a foreign out= of an empty x through CuPy (a device): recorded here
-    from runtime import dynamic
     monkeypatch.setattr(dynamic, "_fill_foreign", lambda obj, value: obj.__cuda_array_interface__)
     mdev.alloc_ranges = made
 
@@ -239,16 +242,17 @@ def _vector_bytes(entry, name: str):
     return min(16, max(1, vec * SIZE[kind] // kinds.kind(kind).pack))
 
 
-def _alignment_problems(fn, fmt, values) -> list:
+def _alignment_problems(fn, fmt, values, ranges) -> list:
     """Pointer parameters not aligned to the element size the kernel reads them as, or, on the vector
     path, stream pointers and row strides not aligned to one vector (and, for the elementwise
-    kernels' per-column parameters, the scale and zero point)."""
+    kernels' per-column parameters, the scale and zero point). A pointer into no array's bytes (an
+    empty array's, never read) is exempt."""
     entry, names = _kernel_params(fn, fmt)
     named = dict(zip(names, values))
     vector = named.get("vec_ok") == 1
     bad = []
     for name, c, v in zip(names, fmt, values):
-        if c != "Q" or not v:
+        if c != "Q" or not v or not (status.is_status_pointer(v) or any(lo <= v < hi for lo, hi in ranges)):
             continue
         need = _element_bytes(entry, fn, name)
         vbytes = _vector_bytes(entry, name) if vector else None
@@ -291,7 +295,7 @@ def _launch_problems(launches, ranges) -> list:
                     bad.append(f"{fn}: tensor map {j} ({spec} at {ptr:#x}) reaches outside every array of the call")
                 if ptr % 16:
                     bad.append(f"{fn}: tensor map {j} at {ptr:#x}: not 16-byte aligned")
-        bad += _alignment_problems(fn, fmt, values)
+        bad += _alignment_problems(fn, fmt, values, ranges)
     return bad
 
 
@@ -427,8 +431,6 @@ for _op in fc.OPS:
 
 
 # -- no usable driver ----------------------------------------------------------------------------------
-from runtime import arrays, device, dynamic, launch as launch_mod, lowbit, training  # noqa: E402
-
 REAL = {"new": arrays._new, "arch": moe._arch, "fill": dynamic._fill_foreign, "kernel": sf.Registry.kernel,
         "load": device.load_function}
 
@@ -436,29 +438,9 @@ REAL = {"new": arrays._new, "arch": moe._arch, "fill": dynamic._fill_foreign, "k
 @pytest.fixture
 def nodriver(fz, monkeypatch):
     """``fz`` where every CUDA runtime call answers cudaErrorInsufficientDriver (a machine whose driver
-    is older than the runtime, or none): the real allocation (CuPy), device properties, status word and
-    kernel loading, on top of a CuPy whose device, allocation and runtime calls raise that error."""
-    cupy = pytest.importorskip("cupy")
-    rt = cupy.cuda.runtime
-
-    def refuse(*args, **kw):
-        raise rt.CUDARuntimeError(35)         # cudaErrorInsufficientDriver
-
-    class Device:
-        def __init__(self, *args):
-            pass
-
-        def __enter__(self):
-            refuse()
-
-        def __exit__(self, *exc):
-            return False
-    monkeypatch.setattr(cupy.cuda, "Device", Device)
-    monkeypatch.setattr(cupy, "empty", refuse)
-    monkeypatch.setattr(cupy, "from_dlpack", refuse)
-    for name in ("getDevice", "getDeviceCount", "getDeviceProperties", "hostAlloc", "pointerGetAttributes",
-                 "deviceSynchronize"):
-        monkeypatch.setattr(rt, name, refuse)
+    is older than the runtime, or none: tests/test_validation.py ``without_driver``), with the real
+    allocation (CuPy), device properties, status word and kernel loading in place of ``fz``'s fakes."""
+    without_driver(monkeypatch)
     monkeypatch.setattr(arrays, "_new", REAL["new"])
     monkeypatch.setattr(moe, "_arch", REAL["arch"])
     monkeypatch.setattr(dynamic, "_fill_foreign", REAL["fill"])
@@ -467,9 +449,6 @@ def nodriver(fz, monkeypatch):
         monkeypatch.setattr(mod, "properties", device.properties)
     for mod in (launch_mod, dynamic, training, moe):
         monkeypatch.setattr(mod, "load_function", REAL["load"], raising=False)
-    monkeypatch.setattr(status, "_words", None)       # the status word is allocated on first use
-    monkeypatch.setattr(status, "_base", 0)
-    device.properties.cache_clear()
     yield fz
     device.properties.cache_clear()
 
@@ -498,8 +477,6 @@ def _no_driver(d, p):
 def test_fuzz_no_driver(nodriver):
     _no_driver(nodriver)
     DONE.add("no driver")
-
-
 
 
 # -- malformed __cuda_array_interface__ objects --------------------------------------------------------
@@ -627,10 +604,17 @@ SETTING_TEXTS = {
 }
 
 
+# what code may set: runtime.moe.use_config's tile configurations, runtime.lowbit.prefer_arch's arch
+IN_CODE = {"use_config": st.sampled_from([None, "default", "fwd=zzz", {"fwd": ["x"]}, {"fwd": 3}, {"*": None},
+                                          {"dgrad": "default"}, 3, ["fwd"]]),
+           "prefer_arch": st.sampled_from([80, 89, 90, "80", None, 8.9, True, 2 ** 70])}
+
+
 @_settings(300)
 @given(env=st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in SETTING_TEXTS.items()}),
+       code=st.fixed_dictionaries({}, optional=IN_CODE),
        p=fc.problems("dynamic_quantize") | fc.problems("grouped_matmul") | fc.problems("quantize"))
-def _settings_fuzz(d, env, p):
+def _settings_fuzz(d, env, code, p):
     from runtime import config
     CALLS["settings"] += 1
     try:
@@ -641,9 +625,20 @@ def _settings_fuzz(d, env, p):
         return
     except Exception as e:  # noqa: BLE001
         raise AssertionError(f"untyped {type(e).__name__} reading {env}: {e}") from e
-    p.mutations.append(f"settings {env}")
-    with config.override(**{f: getattr(s, f) for f in ("dynamic_config", "dynamic_tensor", "columns_grid",
-                                                       "moe_config")}):
+    p.mutations.append(f"settings {env} {code}")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(config.override(**{f: getattr(s, f) for f in ("dynamic_config", "dynamic_tensor",
+                                                                          "columns_grid", "moe_config")}))
+        try:
+            if "use_config" in code:
+                stack.enter_context(moe.use_config(code["use_config"]))
+            if "prefer_arch" in code:
+                stack.enter_context(lowbit.prefer_arch(code["prefer_arch"]))
+        except ALLOWED:
+            OUTCOMES[("settings", "typed in code")] += 1
+            return
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(f"untyped {type(e).__name__} entering {code}: {e}") from e
         check_problem(d, p)
 
 

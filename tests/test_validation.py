@@ -6,6 +6,8 @@ import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
+from tests.test_fast_path import dev  # noqa: F401  (a fixture of mdev)
+from tests.test_moe_replay import mdev  # noqa: F401  (a fixture)
 
 
 X = D((8, 64), "float32")
@@ -415,3 +417,75 @@ def test_grad_factor_may_be_zero_or_negative():
     from runtime.params import real_scalar
     assert real_scalar(0, "grad_factor", "f32") == 0.0 and real_scalar(-2.5, "grad_factor", "f32") == -2.5
     assert real_scalar(1e300, "grad_factor", "f64") == 1e300
+
+
+def test_configuration_set_in_code_is_checked(mdev):
+    from runtime import lowbit, moe
+    for bad in ("80", None, 8.9, True):
+        err(lambda bad=bad: lowbit.prefer_arch(bad).__enter__(), InvalidProblemError, "prefer_arch", "80")
+    err(lambda: moe.use_config(3).__enter__(), InvalidProblemError, "use_config(3)")
+    with moe.use_config(fwd=["128x128x32s5"]):
+        err(lambda: sf.grouped_matmul(mdev.a((64, 64), "float16"), mdev.a((2, 64, 64), "float16"),
+                                      offsets=mdev.a((3,), "int32")),
+            InvalidProblemError, "tile configuration", "not a configuration name")
+    assert not moe.CONFIG
+
+
+# -- on a GPU --------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_dlpack_objects(rng):
+    """A CUDA array behind DLPack alone runs (zero-copy, results as CuPy arrays); CPU ones are refused."""
+    import cupy as cp
+    from runtime import reference
+    from tests.fuzz_cases import BareDLPack, HostDLPack
+
+    class CudaDLPack:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+    x = rng.standard_normal((33, 64)).astype(np.float32)
+    q = sf.quantize(CudaDLPack(cp.asarray(x)), 0.05, scope="tensor")
+    assert isinstance(q, cp.ndarray)
+    np.testing.assert_array_equal(q.get(), reference.quantize(x, np.float32(0.05), scope="tensor"))
+    err(lambda: sf.quantize(HostDLPack(), 0.05, scope="tensor"), InvalidProblemError, "x", "CPU array")
+    err(lambda: sf.quantize(BareDLPack(), 0.05, scope="tensor"), InvalidProblemError, "x", "DLPack")
+
+
+@pytest.mark.gpu
+def test_gpu_scalar_scales_at_the_range_edges(rng):
+    """The smallest normal and the largest finite float32 run and equal the reference; one step outside
+    is refused before anything is allocated (the memory pool holds what it held)."""
+    import cupy as cp
+    from runtime import reference
+    x = rng.standard_normal((16, 64)).astype(np.float32) * 1e-30
+    xd = cp.asarray(x)
+    for s in (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)):
+        np.testing.assert_array_equal(sf.quantize(xd, s, scope="tensor").get(),
+                                      reference.quantize(x, np.float32(s), scope="tensor"))
+    pool = cp.get_default_memory_pool()
+    before = pool.used_bytes()
+    for s in (float(np.finfo(np.float32).tiny) / 2, 3.5e38, 1e308, 10 ** 400):
+        err(lambda s=s: sf.fake_quantize(xd, s, scope="tensor"), InvalidProblemError, "scale=")
+        err(lambda s=s: sf.dynamic_quantize(xd, scope="token", eps=s), InvalidProblemError, "eps=")
+    assert pool.used_bytes() == before
+
+
+@pytest.mark.gpu
+def test_gpu_device_ordinals_beyond_the_devices(rng):
+    """A device ordinal the process does not have is a DeviceRequiredError naming the CUDA error, from
+    the registry and from sf.check; the context works afterwards."""
+    import cupy as cp
+    n = cp.cuda.runtime.getDeviceCount()
+    reg = sf.default_registry()
+    sku = reg.query("quantization/quantize/token/symmetric/f32/s8/*")[0]
+    err(lambda: reg.kernel(sku, device=n), sf.DeviceRequiredError, "cudaErrorInvalidDevice")
+    x = cp.asarray(rng.standard_normal((8, 64)).astype(np.float32))
+    sf.quantize(x, 0.5, scope="tensor")               # the status words exist from here on
+    err(lambda: sf.check(n), sf.DeviceRequiredError, "cudaErrorInvalidDevice")
+    sf.check()
+    assert int(sf.quantize(x, 0.5, scope="tensor").size) == 8 * 64
