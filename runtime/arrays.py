@@ -115,8 +115,8 @@ def _from_dlpack(obj, arg: str):
         return cp.from_dlpack(obj)
     except (TypeError, ValueError, BufferError, RuntimeError, AttributeError) as e:
         raise_no_device(e)
-        raise InvalidProblemError(f"{arg}: {type(obj).__name__} could not be imported through DLPack as a CUDA "
-                                  f"device array ({type(e).__name__}: {e})") from e
+        raise InvalidProblemError(f"{arg}: a CUDA device array is required; {type(obj).__name__} could not be "
+                                  f"imported through DLPack as one ({type(e).__name__}: {e})") from e
 
 
 MAX_EXTENT = 1 << 62          # extents and strides the kernels' 64-bit index arithmetic takes

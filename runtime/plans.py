@@ -20,14 +20,6 @@ from .registry import Registry, default_registry
 from .sku import KernelSku
 
 
-def _strings(obj, optional) -> None:
-    """Every field of the dataclass ``obj`` is a string (or None where named in ``optional``)."""
-    for name, value in vars(obj).items():
-        if not (isinstance(value, str) or (value is None and name in optional)):
-            raise InvalidProblemError(f"{type(obj).__name__}.{name}={value!r:.60}: a string"
-                                      + (" or None" if name in optional else "") + " is required")
-
-
 @dataclass(frozen=True)
 class Descriptor:
     """What problem: op, scope, mode, element kinds (input, output)."""
@@ -39,8 +31,14 @@ class Descriptor:
     aux_element: Optional[str] = None
     category: str = "quantization"
 
-    def __post_init__(self):
-        _strings(self, ("scope", "mode", "aux_element"))
+    def check(self) -> None:
+        """Every field a string (scope, mode and aux_element may be None), else an InvalidProblemError
+        naming it (made when a plan is selected, not when a descriptor is made: that is on every call)."""
+        for name, value in vars(self).items():
+            if not (isinstance(value, str) or (value is None and name in ("scope", "mode", "aux_element"))):
+                raise InvalidProblemError(f"Descriptor.{name}={value!r:.60}: a string"
+                                          + ("" if name in ("op", "element", "category") else " or None")
+                                          + " is required")
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,8 @@ class Preference:
     backend: Optional[str] = None
     arch: Optional[int] = None
 
-    def __post_init__(self):
+    def check(self) -> None:
+        """A backend name or None, a compute capability or None (as :meth:`Descriptor.check`)."""
         if not (self.backend is None or isinstance(self.backend, str)):
             raise InvalidProblemError(f"Preference.backend={self.backend!r:.60}: a backend name (simt, mma, wgmma) "
                                       "or None is required")
@@ -115,6 +114,8 @@ class Plan:
         if not isinstance(descriptor, Descriptor) or not isinstance(preference, Preference):
             raise InvalidProblemError(f"Plan.select({descriptor!r:.60}, {preference!r:.60}): a runtime.Descriptor "
                                       "and a runtime.Preference are required")
+        descriptor.check()
+        preference.check()
         reg = _registry(registry)
         sku = reg.select(category=descriptor.category, op=descriptor.op, scope=descriptor.scope,
                          mode=descriptor.mode, element=descriptor.element, aux_element=descriptor.aux_element,
@@ -197,6 +198,13 @@ def stream_handle_of(stream):
     return h
 
 
-@lru_cache(maxsize=4096)
 def cached_plan(descriptor: Descriptor, preference: Preference = Preference()) -> Plan:
-    return Plan.select(descriptor, preference)
+    """``Plan.select(descriptor, preference)``, remembered (a descriptor with a field that cannot be
+    hashed gets Plan.select's error)."""
+    try:
+        return _cached_plan(descriptor, preference)
+    except TypeError:
+        return Plan.select(descriptor, preference)
+
+
+_cached_plan = lru_cache(maxsize=4096)(Plan.select)

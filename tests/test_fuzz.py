@@ -696,7 +696,7 @@ def _plan_calls(reg, text, fields, pattern, ws, junk, query):
             lambda: sf.KernelSku(**sku_fields), lambda: sf.KernelSku(j0, j1, j2, j3, j0, j1),
             lambda: sf.KernelSku(**{**sku_fields, "precision": j2}), lambda: sf.Precision(j0, j1, j2, j3),
             lambda: sf.Precision.parse(j0), lambda: sf.KernelSku.parse(text).runs_on(j1),
-            lambda: sf.Descriptor(j0, j1, j2, j3), lambda: sf.Preference(j0, j1), lambda: reg.source(text),
+            lambda: sf.Plan.select(sf.Descriptor(j0, j1, j2, j3), sf.Preference(j0, j1)), lambda: reg.source(text),
             lambda: reg.abi(j0), lambda: reg.unit_source(j1), lambda: sf.check(j2),
             lambda: sf.Registry.load(j3))
 

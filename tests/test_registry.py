@@ -119,10 +119,13 @@ def test_plan_construction_arguments():
     err(lambda: Plan(sku, registry=3), InvalidProblemError, "registry=3")
     err(lambda: Plan.select(3), InvalidProblemError, "Descriptor")
     err(lambda: Plan.select(Descriptor("quantize"), "sm90"), InvalidProblemError, "Preference")
-    err(lambda: Descriptor("quantize", scope=["token"]), InvalidProblemError, "Descriptor.scope")
-    err(lambda: Descriptor(None), InvalidProblemError, "Descriptor.op")
-    err(lambda: Preference(arch="90"), InvalidProblemError, "Preference.arch")
-    err(lambda: Preference(backend=1), InvalidProblemError, "Preference.backend")
+    err(lambda: Plan.select(Descriptor("quantize", scope=["token"])), InvalidProblemError, "Descriptor.scope")
+    err(lambda: Plan.select(Descriptor(None)), InvalidProblemError, "Descriptor.op")
+    err(lambda: Plan.select(Descriptor("quantize"), Preference(arch="90")), InvalidProblemError, "Preference.arch")
+    err(lambda: Plan.select(Descriptor("quantize"), Preference(backend=1)), InvalidProblemError, "Preference.backend")
+    from runtime.plans import cached_plan                           # the remembered plans: the same errors
+    err(lambda: cached_plan(Descriptor("quantize", scope=["token"])), InvalidProblemError, "Descriptor.scope")
+    err(lambda: cached_plan(Descriptor("quantize", scope=3)), InvalidProblemError, "Descriptor.scope")
 
 
 def test_registry_lookups_of_junk(tmp_path):
