@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kinds
-from .errors import InvalidProblemError
+from .errors import DeviceRequiredError, InvalidProblemError
 
 # Normalise a dtype spelling (``"int8"``, ``"s8"``, ``numpy.int8``, ``torch.int8``) to a kind.
 kind_of = kinds.of
@@ -77,12 +77,46 @@ def as_array(obj, arg: str) -> ArrayRef:
     if cai is not None:
         return _checked(_from_cai(obj, cai, arg), arg)
     if hasattr(obj, "__dlpack__"):
-        import cupy as cp2  # zero-copy wrap, then describe as CuPy (results come back as CuPy)
-        return as_array(cp2.from_dlpack(obj), arg)
+        return as_array(_from_dlpack(obj, arg), arg)
     if obj is None:
         raise InvalidProblemError(f"{arg} is None; an array is needed")
     raise InvalidProblemError(f"{arg} has type {type(obj).__name__}; expected a cupy.ndarray, a CUDA torch.Tensor "
                               "or an object with __cuda_array_interface__ / __dlpack__")
+
+
+# DLPack device types (dlpack.h DLDeviceType) whose memory a CUDA kernel of the current process reads
+_DLPACK_CUDA = {2: "kDLCUDA", 3: "kDLCUDAHost", 13: "kDLCUDAManaged"}
+_DLPACK_NAMES = {1: "kDLCPU", 4: "kDLOpenCL", 7: "kDLVulkan", 8: "kDLMetal", 9: "kDLVPI", 10: "kDLROCM",
+                 11: "kDLROCMHost", 12: "kDLExtDev", 14: "kDLOneAPI", 15: "kDLWebGPU", 16: "kDLHexagon"}
+
+
+def _from_dlpack(obj, arg: str):
+    """A zero-copy CuPy view of a ``__dlpack__`` object (described as CuPy after: results come back
+    as CuPy arrays). Its ``__dlpack_device__`` must name CUDA memory; anything CuPy cannot import is
+    an InvalidProblemError naming ``arg``, a missing driver a DeviceRequiredError."""
+    where = getattr(obj, "__dlpack_device__", None)
+    if where is not None:
+        dev = where()
+        if not (isinstance(dev, tuple) and len(dev) == 2 and all(isinstance(v, (int, np.integer)) for v in dev)):
+            raise InvalidProblemError(f"{arg}: __dlpack_device__() returned {dev!r}; a (device type, device id) "
+                                      "pair of integers is required")
+        if int(dev[0]) not in _DLPACK_CUDA:
+            name = _DLPACK_NAMES.get(int(dev[0]), f"device type {int(dev[0])}")
+            what = "a CPU array" if int(dev[0]) == 1 else f"an array in {name} memory"
+            raise InvalidProblemError(f"{arg}: a CUDA device array is required; got {what} ({type(obj).__name__} "
+                                      f"whose __dlpack_device__ is {name}): move it to the GPU first (e.g. "
+                                      "cupy.asarray, or .cuda() / .to('cuda'))")
+    try:
+        import cupy as cp
+    except ImportError as e:
+        raise DeviceRequiredError(f"{arg}: a __dlpack__ object is imported through CuPy: pip install "
+                                  "cupy-cuda13x") from e
+    try:
+        return cp.from_dlpack(obj)
+    except (TypeError, ValueError, BufferError, RuntimeError, AttributeError) as e:
+        raise_no_device(e)
+        raise InvalidProblemError(f"{arg}: a CUDA device array is required; {type(obj).__name__} could not be "
+                                  f"imported through DLPack as one ({type(e).__name__}: {e})") from e
 
 
 MAX_EXTENT = 1 << 62          # extents and strides the kernels' 64-bit index arithmetic takes
@@ -203,12 +237,56 @@ def _device_of_pointer(ptr: int) -> int:
         return 0
 
 
+# -- CUDA errors that mean "no usable driver or device" ----------------------------------------------
+def no_device_error(e: BaseException) -> DeviceRequiredError:
+    """``e`` (an error of the CUDA runtime or driver) as the DeviceRequiredError that names it."""
+    return DeviceRequiredError(f"no usable CUDA device ({type(e).__name__}: {e}): skuforge's kernels need an "
+                               f"NVIDIA GPU and its driver; compiling (`python -m codegen compile`) does not")
+
+
+# CUDA status codes (the runtime and the driver API share them) that say there is no usable driver
+# or device: not initialized / deinitialized, a stub library, a driver older than the runtime, a
+# call that needs a newer driver, devices unavailable (exclusive mode), no device, an invalid
+# device ordinal, system not ready, a driver / kernel-module mismatch, no forward compatibility.
+NO_DEVICE_STATUS = frozenset((3, 4, 34, 35, 36, 46, 100, 101, 802, 803, 804))
+_NO_DEVICE_ERRORS = ("CUDARuntimeError", "CUDADriverError", "DynamicLibNotFoundError")
+_NO_DEVICE_TEXTS = ("Found no NVIDIA driver", "No CUDA GPUs are available", "CUDA driver version is insufficient",
+                    "Torch not compiled with CUDA enabled", "no CUDA-capable device", "libcuda.so")
+
+
+def no_device(e: BaseException):
+    """``e`` as a :class:`DeviceRequiredError` naming what happened where ``e`` says that this process
+    has no usable CUDA driver or device (CuPy's ``CUDARuntimeError: cudaErrorInsufficientDriver``,
+    ``cudaErrorNoDevice``, a driver API error of the same kind, a libcuda that cannot be loaded,
+    PyTorch's "Found no NVIDIA driver"); None for any other exception."""
+    if isinstance(e, DeviceRequiredError):
+        return None
+    name = type(e).__name__
+    if name in _NO_DEVICE_ERRORS and (name == "DynamicLibNotFoundError" or getattr(e, "status", None) in NO_DEVICE_STATUS):
+        return no_device_error(e)
+    if isinstance(e, (RuntimeError, AssertionError, OSError)) and any(t in str(e) for t in _NO_DEVICE_TEXTS):
+        return no_device_error(e)
+    return None
+
+
+def raise_no_device(e: BaseException) -> None:
+    """Inside an ``except`` block: raise :func:`no_device`'s error (from ``e``) where ``e`` says there
+    is no usable driver or device; return otherwise (the caller re-raises ``e``)."""
+    d = no_device(e)
+    if d is not None:
+        raise d from e
+
+
 def empty(like: ArrayRef, shape, kind: str):
     """A new array in the framework and on the device of ``like`` (``kind="bool"``: a bool mask).
 
     While a functional call records its allocations (:func:`recording_allocations`, the
     repeated-call fast path), each one is logged with what :func:`allocator` needs to repeat it."""
-    obj = _new(like, shape, kind)
+    try:
+        obj = _new(like, shape, kind)
+    except Exception as e:
+        raise_no_device(e)
+        raise
     log = getattr(_alloc_log, "log", None)
     if log is not None:
         log.append((obj, _data_ptr(obj, like.framework), like, tuple(shape), kind))
@@ -267,7 +345,11 @@ def allocator(like: ArrayRef, shape, kind: str):
         new, dt, dev, strides = torch.empty_strided, torch_dtype(kind), like.obj.device, contiguous_strides(shape)
 
         def alloc():
-            a = new(shape, strides, dtype=dt, device=dev)
+            try:
+                a = new(shape, strides, dtype=dt, device=dev)
+            except Exception as e:
+                raise_no_device(e)
+                raise
             return a, a.data_ptr()
         return alloc
     import cupy as cp
@@ -275,11 +357,15 @@ def allocator(like: ArrayRef, shape, kind: str):
     device = cp.cuda.Device
 
     def alloc():
-        if current() == dev:
-            a = nd(shape, dt)
-        else:
-            with device(dev):
+        try:
+            if current() == dev:
                 a = nd(shape, dt)
+            else:
+                with device(dev):
+                    a = nd(shape, dt)
+        except Exception as e:
+            raise_no_device(e)
+            raise
         return a, a.data.ptr
     return alloc
 
@@ -299,8 +385,12 @@ def work_allocator(like: ArrayRef, shape, kind: str):
     dev, device, malloc = like.device, cp.cuda.Device, cp.cuda.alloc
 
     def alloc(stream):
-        with device(dev), cupy_stream(stream, dev):
-            m = malloc(nbytes)
+        try:
+            with device(dev), cupy_stream(stream, dev):
+                m = malloc(nbytes)
+        except Exception as e:
+            raise_no_device(e)
+            raise
         return m, m.ptr
     return alloc
 

@@ -1,11 +1,13 @@
 """Devices: module loading per device through CuPy, device properties, stream handles."""
 from __future__ import annotations
 
+import numbers
 import threading
 from functools import lru_cache
 
+from .arrays import no_device_error
 from .compiler import compile_cached
-from .errors import DeviceRequiredError
+from .errors import DeviceRequiredError, InvalidProblemError
 
 _modules: dict = {}
 _lock = threading.Lock()
@@ -19,9 +21,13 @@ def cupy():
         raise DeviceRequiredError("skuforge kernels run through CuPy: pip install cupy-cuda13x") from e
 
 
-def _no_device(e: BaseException) -> DeviceRequiredError:
-    return DeviceRequiredError(f"no usable CUDA device ({type(e).__name__}: {e}): skuforge's kernels need an "
-                               f"NVIDIA GPU and its driver; compiling (`python -m codegen compile`) does not")
+def check_device(device, arg: str = "device") -> int:
+    """``device`` as a CUDA device ordinal: a non-negative Python (or NumPy) integer below 2**31, else
+    an InvalidProblemError naming ``arg`` (whether such a device exists is the driver's answer)."""
+    if isinstance(device, bool) or not isinstance(device, numbers.Integral) or not 0 <= device < 1 << 31:
+        raise InvalidProblemError(f"{arg}={device!r}: a CUDA device ordinal (an integer from 0, such as 0 for "
+                                  "cuda:0) is required")
+    return int(device)
 
 
 def current_device() -> int:
@@ -31,7 +37,7 @@ def current_device() -> int:
     try:
         return cp.cuda.runtime.getDevice()
     except cp.cuda.runtime.CUDARuntimeError as e:
-        raise _no_device(e) from e
+        raise no_device_error(e) from e
 
 
 @lru_cache(maxsize=None)
@@ -40,7 +46,7 @@ def properties(device: int) -> dict:
     try:
         p = cp.cuda.runtime.getDeviceProperties(device)
     except cp.cuda.runtime.CUDARuntimeError as e:
-        raise _no_device(e) from e
+        raise no_device_error(e) from e
     return {"name": p["name"].decode() if isinstance(p["name"], bytes) else p["name"],
             "cc": p["major"] * 10 + p["minor"], "sms": p["multiProcessorCount"],
             "max_threads_per_sm": p["maxThreadsPerMultiProcessor"]}

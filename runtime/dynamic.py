@@ -19,8 +19,6 @@ Two launch kinds:
 """
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
@@ -36,7 +34,7 @@ from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .params import channel_params, check_apart, check_scale_dtype, out_arg, same_device
+from .params import channel_params, check_apart, check_scale_dtype, out_arg, positive_scalar, same_device
 from .quantization import code_out
 from .reference import dynamic_qparams, dynamic_quantize_lowbit_ref, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
@@ -279,7 +277,7 @@ def fused_launch(launcher, plan, args, pack: int):
     return hit
 
 
-@launcher("dynamic_fused")
+@launcher("dynamic_fused", DynamicArgs)
 class DynamicFusedLauncher(Launcher):
     """Per-token / per-group: one launch of a fused kernel (dynamic_fused.cu.j2), as runtime.config's
     ``dynamic_config`` says (a :class:`FusedConfig`; the low-bit fused launcher follows it too)."""
@@ -335,7 +333,7 @@ class ReduceConfig:
         return self.slots * self.parts
 
 
-@launcher("dynamic_reduce")
+@launcher("dynamic_reduce", DynamicArgs)
 class DynamicReduceLauncher(Launcher):
     """Per-tensor / per-channel: reduce (phase 0, 1) then the static quantize kernel; per-tensor
     over a contiguous x: the one-launch cooperative kernel where the SKU and device have it."""
@@ -429,10 +427,10 @@ class DynamicReduceLauncher(Launcher):
         return ReduceConfig(True, True, self.COOP_THREADS, blocks, cols, 1, blocks, blocks, 0, coop=True,
                             smem=keep * 16 * width, width=width, keep_tiles=keep)
 
-    def workspace_size(self, plan, args=None) -> int:
+    def workspace_size(self, plan, args: DynamicArgs) -> int:
         """Bytes of scratch one call needs: the partial results (hi, and lo in asymmetric mode) and,
         for the cooperative kernel, 16 bytes ahead of them for its barrier counter."""
-        if args is None or args.xv.rows == 0 or args.xv.cols == 0:
+        if args.xv.rows == 0 or args.xv.cols == 0:
             return 0
         cfg = self.config(plan, args)
         item = 8 if plan.sku.precision.math == "f64" else 4
@@ -480,7 +478,7 @@ class DynamicReduceLauncher(Launcher):
         qplan.run(qargs, stream=stream)
 
 
-@launcher("lowbit_dynamic_fused")
+@launcher("lowbit_dynamic_fused", DynamicArgs)
 class LowBitFusedLauncher(Launcher):
     """Per-token / per-group low-bit dynamic quantization: one launch of the fused kernel
     (lowbit_dynamic_fused.cu.j2), configured as runtime.dynamic.DynamicFusedLauncher does."""
@@ -524,19 +522,6 @@ class LowBitFusedLauncher(Launcher):
 
 
 # -- the functional API ------------------------------------------------------------------------
-def _check_eps(eps, math_kind: str) -> float:
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
-        raise InvalidProblemError(f"eps={eps!r} must be a positive finite number")
-    e = float(eps)
-    if not (math.isfinite(e) and e > 0):
-        raise InvalidProblemError(f"eps={eps!r} must be a positive finite number (it bounds the scale from below)")
-    em = _scalar(math_kind, e)
-    if not (np.isfinite(em) and em > 0):
-        raise InvalidProblemError(f"eps={eps!r} is {em!r} in {math_kind}, the math precision of this input; "
-                                  "it must stay positive and finite")
-    return e
-
-
 def _resolve_range(qk: str, mode: str, qmin, qmax):
     """(qmin, qmax, zp_value) after validation; symmetric zero point = the implied one."""
     if mode == "symmetric":
@@ -645,7 +630,7 @@ def _dynamic_quantize(fast, x, q_out, s_out, z_out, scope, mode, axis, group_siz
             lowbit.check_int4(xr.shape, scope, group_size, qk, "x")
         qmin, qmax, zp_value = _resolve_range(qk, mode, qmin, qmax)
     m = kinds.math_kind(xr.kind)
-    eps = _check_eps(eps, m)
+    eps = positive_scalar(eps, "eps", m)
     if mx:
         lowbit.check_mx(qk, scope, group_size)
     else:

@@ -82,7 +82,7 @@ def stream_params(plan, args: ElementwiseArgs) -> dict:
     return out
 
 
-@launcher("elementwise")
+@launcher("elementwise", ElementwiseArgs)
 class ElementwiseLauncher(Launcher):
     """rows x cols kernels of templates/quantization/_elementwise.cu.j2."""
 

@@ -54,6 +54,8 @@ def prefer_arch(arch: int):
     ``prefer_arch(80)`` runs the software-conversion SKUs on an sm_90 GPU (the checkers do).
     Remembered calls are forgotten on entry and exit: a replay would keep the kernel it chose."""
     from .replay import CACHE
+    if isinstance(arch, bool) or not isinstance(arch, numbers.Integral):
+        raise InvalidProblemError(f"prefer_arch({arch!r:.60}): a compute capability such as 80 is required")
     prev = getattr(_local, "arch", None)
     _local.arch = int(arch)
     CACHE.clear()
@@ -169,7 +171,7 @@ def input_kind(q: ArrayRef, in_dtype) -> Optional[str]:
 
 
 # -- launchers ---------------------------------------------------------------------------------------
-@launcher("lowbit_elementwise")
+@launcher("lowbit_elementwise", ElementwiseArgs)
 class LowBitElementwiseLauncher(Launcher):
     """rows x cols kernels of lowbit_quantize / lowbit_dequantize.cu.j2 (cols = logical elements;
     the packed stream has cols / pack bytes per row)."""

@@ -314,6 +314,9 @@ def parse_config(text: str) -> dict:
 def use_config(spec=None, **passes):
     """``with use_config("128x128x32s5"):`` or ``use_config(fwd=..., wgrad=...)``: the variants the
     launcher runs inside the block (restores ``CONFIG`` after)."""
+    if not (spec is None or isinstance(spec, (str, dict))):
+        raise InvalidProblemError(f"use_config({spec!r:.60}): a configuration name, 'fwd=...,wgrad=...' or a dict "
+                                  "of pass -> name is required")
     saved = dict(CONFIG)
     if isinstance(spec, str):
         CONFIG.update(parse_config(spec))
@@ -393,6 +396,9 @@ def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optio
         want = src.get(key) or src.get("*")
         if want:
             break
+    if not (want is None or isinstance(want, str)):
+        raise InvalidProblemError(f"tile configuration {want!r:.60} (runtime.moe.CONFIG / use_config) is not a "
+                                  f"configuration name; {plan.sku}'s: {', '.join(variants)}")
     name = default if want in (None, "", "default") else want
     if name not in variants:
         if name in _names_elsewhere(plan):
@@ -457,7 +463,7 @@ def _step(plan, group: str, fn, grid, block, smem: int, ptrs: dict, maps: Option
                 tuple((abi.slot[k], r, spec) for k, (r, spec) in maps.items()))
 
 
-@launcher("moe_gemm")
+@launcher("moe_gemm", MoeArgs, main="gemm")
 class MoeLauncher(Launcher):
     """Routing prologue (<symbol>_route_*) then the persistent grouped-matmul kernel."""
 

@@ -11,6 +11,8 @@ import math
 import numbers
 import sys
 
+import numpy as np
+
 from . import config, kinds
 from .arrays import ArrayRef, as_array, byte_span, empty, kind_of, overlap, writable
 from .errors import DeviceMismatchError, InvalidProblemError, UnsupportedError
@@ -26,6 +28,64 @@ def same_device(*named) -> None:
         raise DeviceMismatchError({arg: f"cuda:{r.device}" for arg, r in refs})
 
 
+# The finite normal range (smallest positive normal, largest finite) of each math type: a Python
+# number packed into a float kernel parameter of that type must lie in it (a larger one does not fit
+# the parameter; a smaller one would be a subnormal, which the kernels may flush to zero).
+NORMAL_RANGE = {"f32": (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)),
+                "f64": (float(np.finfo(np.float64).tiny), float(np.finfo(np.float64).max))}
+
+
+def _as_float(value, arg: str, what: str) -> float:
+    """``value`` (a real number, not a bool) as a Python float; +-inf where it is too large for one."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise InvalidProblemError(f"{arg}={shown(value)}: {what} is required")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def shown(value) -> str:
+    """``repr(value)``, shortened where it is long (an integer of 400 digits: its first digits and
+    how many there are)."""
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    if isinstance(value, numbers.Integral):
+        return f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+    return text[:40] + "..."
+
+
+def _range_text(math_kind: str) -> str:
+    lo, hi = NORMAL_RANGE[math_kind]
+    name, data = ("float64", "float64 data") if math_kind == "f64" else ("float32", "float16, bfloat16 and float32 data")
+    return f"[{lo:.8g}, {hi:.8g}], {name}'s finite positive normal range ({name}: the math type of {data})"
+
+
+def positive_scalar(value, arg: str, math_kind: str) -> float:
+    """A scale or eps given as a Python number, as the float the kernels take: finite, positive and
+    within the math type's finite positive normal range, else an InvalidProblemError naming ``arg``,
+    the value and the range (``math_kind``: the op's math type, ``f32`` for f16 / bf16 / f32 data,
+    ``f64`` for f64 data)."""
+    v = _as_float(value, arg, "a positive finite number")
+    lo, hi = NORMAL_RANGE[math_kind]
+    if not lo <= v <= hi:           # NaN fails too
+        raise InvalidProblemError(f"{arg}={shown(value)}: {arg} must be positive and finite, within "
+                                  f"{_range_text(math_kind)}")
+    return v
+
+
+def real_scalar(value, arg: str, math_kind: str) -> float:
+    """A signed factor given as a Python number (``grad_factor``): zero, or of a magnitude within the
+    math type's finite positive normal range; else an InvalidProblemError naming ``arg``."""
+    v = _as_float(value, arg, "a finite real number")
+    lo, hi = NORMAL_RANGE[math_kind]
+    if v != 0 and not lo <= abs(v) <= hi:
+        raise InvalidProblemError(f"{arg}={shown(value)}: 0 or a magnitude within {_range_text(math_kind)} is "
+                                  "required")
+    return v
+
+
 def scale_arg(scale, x: ArrayRef, scope, axis, group_size, math_kind):
     """A scale as an ArrayRef of the scope shape, or a validated Python float (tensor scope)."""
     want = param_shape(x.shape, scope, axis, group_size)
@@ -33,14 +93,7 @@ def scale_arg(scale, x: ArrayRef, scope, axis, group_size, math_kind):
     if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
         if scope != "tensor":
             raise InvalidProblemError(f"scale is a scalar ({scale!r}) but scope={scope!r} needs an array of shape {want}")
-        try:
-            s = float(scale)
-        except OverflowError:
-            raise InvalidProblemError(f"scale={scale!r} does not fit a float; scales must be positive and "
-                                      "finite") from None
-        if not (math.isfinite(s) and s > 0):
-            raise InvalidProblemError(f"scale={scale!r}; scales must be positive and finite")
-        return s
+        return positive_scalar(scale, "scale", math_kind)
     ref = as_array(scale, "scale")
     if ref.kind != math_kind:
         raise InvalidProblemError(f"scale has dtype {ref.kind}; {np_name} is required for {x.kind} data")

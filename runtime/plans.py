@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Optional
 
 from .errors import InvalidProblemError
-from .registry import default_registry
+from .registry import Registry, default_registry
 from .sku import KernelSku
 
 
@@ -31,6 +31,15 @@ class Descriptor:
     aux_element: Optional[str] = None
     category: str = "quantization"
 
+    def check(self) -> None:
+        """Every field a string (scope, mode and aux_element may be None), else an InvalidProblemError
+        naming it (made when a plan is selected, not when a descriptor is made: that is on every call)."""
+        for name, value in vars(self).items():
+            if not (isinstance(value, str) or (value is None and name in ("scope", "mode", "aux_element"))):
+                raise InvalidProblemError(f"Descriptor.{name}={value!r:.60}: a string"
+                                          + ("" if name in ("op", "element", "category") else " or None")
+                                          + " is required")
+
 
 @dataclass(frozen=True)
 class Preference:
@@ -39,9 +48,23 @@ class Preference:
     backend: Optional[str] = None
     arch: Optional[int] = None
 
+    def check(self) -> None:
+        """A backend name or None, a compute capability or None (as :meth:`Descriptor.check`)."""
+        if not (self.backend is None or isinstance(self.backend, str)):
+            raise InvalidProblemError(f"Preference.backend={self.backend!r:.60}: a backend name (simt, mma, wgmma) "
+                                      "or None is required")
+        if not (self.arch is None or (isinstance(self.arch, int) and not isinstance(self.arch, bool))):
+            raise InvalidProblemError(f"Preference.arch={self.arch!r:.60}: a compute capability such as 90 (or "
+                                      "None) is required")
+
 
 class Launcher:
-    """Drives one launch kind: argument checks, scratch size, grid and parameters."""
+    """Drives one launch kind: argument checks, scratch size, grid and parameters. ``args_type``: the
+    class of the arguments its plans take (the plan API refuses anything else); ``main``: the
+    entry-point group :meth:`Plan.abi` gives by default."""
+
+    args_type: type = object
+    main: str = "main"
 
     def check(self, plan: "Plan", args) -> None:
         """Raise InvalidProblemError when ``args`` do not fit ``plan``."""
@@ -56,19 +79,30 @@ class Launcher:
 LAUNCHERS: dict = {}
 
 
-def launcher(kind: str):
-    """Class decorator: register a Launcher for a manifest launch kind."""
+def launcher(kind: str, args_type: type = object, main: str = "main"):
+    """Class decorator: register a Launcher for a manifest launch kind, whose plans take arguments
+    of ``args_type`` and whose main entry-point group is ``main``."""
     def deco(cls):
+        cls.args_type, cls.main = args_type, main
         LAUNCHERS[kind] = cls()
         return cls
     return deco
 
 
+def _registry(registry):
+    if registry is None:
+        return default_registry()
+    if not isinstance(registry, Registry):
+        raise InvalidProblemError(f"registry={registry!r:.60}: a runtime.Registry (or None: the default one) is "
+                                  "required")
+    return registry
+
+
 class Plan:
     def __init__(self, sku: KernelSku, registry=None):
-        self.registry = registry or default_registry()
+        self.registry = _registry(registry)
         self.entry = self.registry.lookup(sku)
-        self.sku = sku
+        self.sku = self.entry.sku
         self.launch = self.entry.launch
         try:
             self.launcher = LAUNCHERS[self.launch["kind"]]
@@ -77,7 +111,12 @@ class Plan:
 
     @classmethod
     def select(cls, descriptor: Descriptor, preference: Preference = Preference(), registry=None) -> "Plan":
-        reg = registry or default_registry()
+        if not isinstance(descriptor, Descriptor) or not isinstance(preference, Preference):
+            raise InvalidProblemError(f"Plan.select({descriptor!r:.60}, {preference!r:.60}): a runtime.Descriptor "
+                                      "and a runtime.Preference are required")
+        descriptor.check()
+        preference.check()
+        reg = _registry(registry)
         sku = reg.select(category=descriptor.category, op=descriptor.op, scope=descriptor.scope,
                          mode=descriptor.mode, element=descriptor.element, aux_element=descriptor.aux_element,
                          arch=preference.arch, backend=preference.backend)
@@ -86,9 +125,21 @@ class Plan:
     def __repr__(self) -> str:
         return f"Plan({self.sku})"
 
-    def abi(self, group: str = "main"):
-        """The parameter list of this kernel's ``group`` of entry points (runtime.abi.Abi)."""
-        return self.registry.abi(self.launch["abi"][group])
+    @property
+    def entry_points(self) -> tuple:
+        """The names of this kernel's entry-point groups (``("main",)``; the MoE kernels: ``gemm``
+        and their routing kernels ``route_*``), what :meth:`abi` takes."""
+        return tuple(sorted(self.launch["abi"]))
+
+    def abi(self, group: Optional[str] = None):
+        """The parameter list of this kernel's ``group`` of entry points (runtime.abi.Abi); None: its
+        main group (``main``; ``gemm`` for the MoE kernels)."""
+        group = self.launcher.main if group is None else group
+        abi_id = self.launch["abi"].get(group) if isinstance(group, str) else None
+        if abi_id is None:
+            raise InvalidProblemError(f"{self.sku} has no entry-point group {group!r:.60}; its groups: "
+                                      f"{', '.join(self.entry_points)}")
+        return self.registry.abi(abi_id)
 
     @property
     def precision_guarantee(self) -> str:
@@ -100,10 +151,25 @@ class Plan:
             s += "; deterministic (same bits every run)"
         return s
 
+    def _args(self, args, method: str):
+        """``args`` where they are of the launcher's argument class, else an InvalidProblemError."""
+        want = self.launcher.args_type
+        if not isinstance(args, want):
+            raise InvalidProblemError(f"Plan.{method}: args is of type {type(args).__name__}; {self.sku} (launch kind "
+                                      f"{self.launch['kind']!r}) takes a {want.__module__}.{want.__name__}")
+        return args
+
     def workspace_size(self, args=None) -> int:
-        return self.launcher.workspace_size(self, args)
+        """Bytes of scratch ``args`` need (``workspace=`` of the launch kinds that take one); without
+        ``args``, 0 for a kernel that never needs any (else the arguments are required)."""
+        if args is None and type(self.launcher).workspace_size is Launcher.workspace_size:
+            return 0
+        return self.launcher.workspace_size(self, self._args(args, "workspace_size"))
 
     def can_implement(self, args) -> bool:
+        """Whether the kernel takes ``args`` (of the launcher's argument class: anything else is an
+        InvalidProblemError)."""
+        args = self._args(args, "can_implement")
         try:
             self.launcher.check(self, args)
             return True
@@ -113,21 +179,32 @@ class Plan:
     def run(self, args, stream=None):
         """Launch on ``stream`` (a CuPy or torch stream, or a raw handle); default: the
         caller's current stream for the arrays' framework."""
-        self.launcher.check(self, args)
-        self.launcher.run(self, args, stream_handle_of(stream))
+        stream = stream_handle_of(stream)
+        self.launcher.check(self, self._args(args, "run"))
+        self.launcher.run(self, args, stream)
 
 
 def stream_handle_of(stream):
     """A raw ``cudaStream_t`` from a CuPy stream, a torch stream or an int (None stays None)."""
-    if stream is None or isinstance(stream, int):
-        return stream
-    for attr in ("ptr", "cuda_stream"):
-        h = getattr(stream, attr, None)
-        if h is not None:
-            return int(h)
-    raise InvalidProblemError(f"stream={stream!r} is not a CuPy stream, a torch stream or a raw handle")
+    if stream is None:
+        return None
+    h = stream
+    if type(h) is not int:
+        h = getattr(stream, "ptr", None)
+        h = getattr(stream, "cuda_stream", None) if h is None else h
+    if type(h) is not int or not 0 <= h < 1 << 64:
+        raise InvalidProblemError(f"stream={stream!r:.60} is not a CuPy stream, a torch stream or a raw handle "
+                                  "(an integer cudaStream_t)")
+    return h
 
 
-@lru_cache(maxsize=4096)
 def cached_plan(descriptor: Descriptor, preference: Preference = Preference()) -> Plan:
-    return Plan.select(descriptor, preference)
+    """``Plan.select(descriptor, preference)``, remembered (a descriptor with a field that cannot be
+    hashed gets Plan.select's error)."""
+    try:
+        return _cached_plan(descriptor, preference)
+    except TypeError:
+        return Plan.select(descriptor, preference)
+
+
+_cached_plan = lru_cache(maxsize=4096)(Plan.select)

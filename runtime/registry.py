@@ -18,6 +18,8 @@ from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
 from .sku import KernelSku
 
+SKU_FIELDS = ("category", "op", "scope", "mode", "element", "aux_element", "arch", "backend", "precision")
+
 
 @dataclass(frozen=True)
 class KernelEntry:
@@ -38,30 +40,40 @@ class Registry:
             sku = KernelSku.parse(text)
             self.entries[sku] = KernelEntry(sku, e["unit"], e["symbol"], e["family"], e["sha256"], e["launch"])
         self.excluded = {KernelSku.parse(t): e["reason"] for t, e in manifest["excluded"].items()}
+        self._sorted = tuple(sorted(self.entries))
         self._abi = {}
         self.units = manifest["units"]
 
     @classmethod
     def load(cls, root: Optional[Path] = None) -> "Registry":
         """The manifest under ``root`` (default: the ``SKUFORGE_GENERATED`` setting, read now)."""
+        if root is not None and not isinstance(root, (str, Path)):
+            raise InvalidProblemError(f"root={root!r:.60}: the folder of a generated manifest (a path) is required")
         root = settings().generated if root is None else Path(root)
         path = root / "manifest.json"
         try:
             manifest = json.loads(path.read_text())
         except FileNotFoundError:
             raise UnsupportedError(f"no manifest at {path}: run `python -m codegen` to generate the kernels") from None
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise UnsupportedError(f"the manifest at {path} cannot be read ({type(e).__name__}: {e}); run "
+                                   "`python -m codegen` to generate it again") from None
         return cls(manifest, root)
 
     # -- queries -------------------------------------------------------------------------
     def skus(self) -> list:
-        return sorted(self.entries)
+        return list(self._sorted)
 
     def query(self, pattern: str = "*", **fields) -> list:
         """SKUs whose string matches the glob and whose fields equal ``fields``."""
         if not isinstance(pattern, str):
             raise InvalidProblemError(f"pattern={pattern!r}: a glob on the SKU string is required")
+        unknown = sorted(set(fields) - set(SKU_FIELDS))
+        if unknown:
+            raise InvalidProblemError(f"query: no SKU field named {', '.join(unknown)}; the fields are "
+                                      f"{', '.join(SKU_FIELDS)}")
         out = []
-        for sku in sorted(self.entries):
+        for sku in self._sorted:
             if not fnmatch.fnmatchcase(str(sku), pattern):
                 continue
             if all(getattr(sku, k) == v for k, v in fields.items()):
@@ -115,14 +127,19 @@ class Registry:
     def abi(self, abi_id: str):
         """The parameter list ``abi_id`` of the manifest (codegen/abi.py declares it) as a
         runtime.abi.Abi: names, packing format, slots."""
-        a = self._abi.get(abi_id)
+        a = self._abi.get(abi_id) if isinstance(abi_id, str) else None
         if a is None:
+            if not isinstance(abi_id, str) or abi_id not in self.manifest["abi"]:
+                raise InvalidProblemError(f"abi_id={abi_id!r:.80} is not a parameter list of the manifest "
+                                          "(Plan(sku).abi(group) names a kernel's)")
             from .abi import Abi
             a = self._abi[abi_id] = Abi(abi_id, self.manifest["abi"][abi_id])
         return a
 
     # -- sources and kernels -------------------------------------------------------------------
     def unit_source(self, unit: str) -> str:
+        if not isinstance(unit, str) or unit not in self.units:
+            raise InvalidProblemError(f"unit={unit!r:.80} is not a translation unit of the manifest")
         return (self.root / unit).read_text()
 
     def source(self, sku) -> str:
@@ -139,9 +156,9 @@ class Registry:
 
     def kernel(self, sku, device: int = None):
         """The loaded ``cupy`` function of a SKU on a device (compiled via the disk cache)."""
-        from .device import load_function
+        from .device import check_device, load_function
         entry = self.lookup(sku)
-        return load_function(self, entry.unit, entry.symbol, device)
+        return load_function(self, entry.unit, entry.symbol, None if device is None else check_device(device))
 
 
 @lru_cache(maxsize=1)

@@ -48,9 +48,10 @@ class Precision:
 
     def __post_init__(self):
         for name in ("math", "accumulator"):
-            value = getattr(self, name)
-            if value not in kinds.MATH:
-                raise InvalidProblemError(f"Precision.{name}={value!r}; supported: {', '.join(kinds.MATH)}")
+            _check(f"Precision.{name}", getattr(self, name), kinds.MATH, required=True)
+        for name in ("deterministic", "bit_stable"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidProblemError(f"Precision.{name}={getattr(self, name)!r:.60}; True or False is required")
 
     def __str__(self) -> str:
         s = f"{self.math}.acc-{self.accumulator}"
@@ -62,6 +63,8 @@ class Precision:
 
     @classmethod
     def parse(cls, text: str) -> "Precision":
+        if not isinstance(text, str):
+            raise InvalidProblemError(f"precision {text!r:.60}: a string MATH.acc-ACC[.det][.stable] is required")
         parts = text.split(".")
         if len(parts) < 2 or not parts[1].startswith("acc-"):
             raise InvalidProblemError(f"precision {text!r} is not of the form MATH.acc-ACC[.det][.stable]")
@@ -72,9 +75,13 @@ class Precision:
         return cls(parts[0], parts[1][4:], "det" in flags, "stable" in flags)
 
 
-def _check(name: str, value: Optional[str], allowed) -> None:
-    if value is not None and value not in allowed:
-        raise InvalidProblemError(f"KernelSku.{name}={value!r}; supported: {', '.join(allowed)}")
+def _check(name: str, value: Optional[str], allowed, required: bool = False) -> None:
+    """``value`` is one of ``allowed`` (strings), or None where the field is optional."""
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidProblemError(f"{name}={value!r:.60}; supported: {', '.join(allowed)}"
+                                  + ("" if required else " (or None where it does not apply)"))
 
 
 @dataclass(frozen=True)
@@ -92,14 +99,17 @@ class KernelSku:
     precision: Precision = field(default_factory=Precision)
 
     def __post_init__(self):
-        _check("category", self.category, CATEGORIES)
-        _check("op", self.op, OPS[self.category])
-        _check("scope", self.scope, SCOPES)
-        _check("mode", self.mode, MODES)
-        _check("element", self.element, kinds.ELEMENTS)
-        _check("aux_element", self.aux_element, kinds.ELEMENTS)
-        _check("arch", self.arch, ARCHES)
-        _check("backend", self.backend, BACKENDS)
+        _check("KernelSku.category", self.category, CATEGORIES, required=True)
+        _check("KernelSku.op", self.op, OPS[self.category], required=True)
+        _check("KernelSku.scope", self.scope, SCOPES)
+        _check("KernelSku.mode", self.mode, MODES)
+        _check("KernelSku.element", self.element, kinds.ELEMENTS, required=True)
+        _check("KernelSku.aux_element", self.aux_element, kinds.ELEMENTS)
+        _check("KernelSku.arch", self.arch, ARCHES, required=True)
+        _check("KernelSku.backend", self.backend, BACKENDS, required=True)
+        if not isinstance(self.precision, Precision):
+            raise InvalidProblemError(f"KernelSku.precision={self.precision!r:.60}; a runtime.sku.Precision is "
+                                      "required (Precision.parse('f32.acc-f32.det.stable'))")
 
     def __str__(self) -> str:
         fields = (self.category, self.op, self.scope, self.mode, self.element, self.aux_element,
@@ -155,6 +165,8 @@ class KernelSku:
     def runs_on(self, cc: int) -> bool:
         """Whether the kernel runs on a device of compute capability ``cc`` (90 for sm_90): built for
         an arch at or below it, and an arch-specific SKU only on its own arch."""
+        if isinstance(cc, bool) or not isinstance(cc, int):
+            raise InvalidProblemError(f"cc={cc!r:.60}: a compute capability such as 90 is required")
         if self.backend in ARCH_SPECIFIC:
             return cc == self.arch_number
         return self.arch_number <= cc

@@ -65,11 +65,16 @@ def _alloc() -> None:
     with _lock:
         if _words is not None:
             return
+        from .arrays import raise_no_device
         from .device import cupy
         rt = cupy().cuda.runtime
         # portable and mapped: one allocation serves every device; with unified addressing its
         # device address is its host address (asked for all the same)
-        ptr = rt.hostAlloc(4 * MAX_DEVICES, rt.hostAllocPortable | rt.hostAllocMapped)
+        try:
+            ptr = rt.hostAlloc(4 * MAX_DEVICES, rt.hostAllocPortable | rt.hostAllocMapped)
+        except Exception as e:
+            raise_no_device(e)          # DeviceRequiredError without a usable driver
+            raise
         ctypes.memset(ptr, 0, 4 * MAX_DEVICES)
         words = (ctypes.c_uint32 * MAX_DEVICES).from_address(ptr)
         _base = rt.pointerGetAttributes(ptr).devicePointer or ptr
@@ -107,12 +112,18 @@ def check(device=None, synchronize: bool = True) -> None:
     """The explicit check point: wait for the device's work (``synchronize``), then raise what its
     kernels reported. ``device=None``: every device this process has launched checking kernels on
     (no other device is touched: synchronizing one would create its context)."""
+    from .arrays import raise_no_device
+    from .device import check_device, cupy
+    devices = None if device is None else (check_device(device),)
     if _words is None:
         return
-    from .device import cupy
-    for d in (sorted(_used) if device is None else (device,)):
+    for d in (sorted(_used) if devices is None else devices):
         if synchronize:
             cp = cupy()
-            with cp.cuda.Device(d):
-                cp.cuda.runtime.deviceSynchronize()
+            try:
+                with cp.cuda.Device(d):
+                    cp.cuda.runtime.deviceSynchronize()
+            except Exception as e:
+                raise_no_device(e)      # no such device (or no driver): DeviceRequiredError
+                raise
         raise_pending(d)

@@ -33,7 +33,7 @@ from .device import load_function, properties
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
 from .plans import Descriptor, Launcher, cached_plan, launcher
-from .params import channel_params, check_apart, out_arg, same_device, scale_arg, zero_point_arg
+from .params import channel_params, check_apart, out_arg, real_scalar, same_device, scale_arg, zero_point_arg
 from .quantization import launch_elementwise
 from .reference import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
 from .scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
@@ -78,23 +78,6 @@ def fake_quant_range(qmin, qmax, learnable: bool = False):
         raise InvalidProblemError(f"qmin={qmin}, qmax={qmax}: fake_quantize_learnable_backward needs "
                                   "qmin <= 0 <= qmax (as PyTorch's learnable fake quantization)")
     return qmin, qmax
-
-
-F32_MAX = 3.4028234663852886e38
-
-
-def _grad_factor(g) -> float:
-    """``grad_factor`` as the float32 kernel parameter: a finite real number float32 can hold."""
-    if not isinstance(g, numbers.Real) or isinstance(g, bool):
-        raise InvalidProblemError(f"grad_factor={g!r} must be a finite real number")
-    try:
-        v = float(g)
-    except OverflowError:
-        v = math.inf
-    if not math.isfinite(v) or abs(v) > F32_MAX:
-        raise InvalidProblemError(f"grad_factor={g!r} must be a finite real number within float32's range "
-                                  f"(|grad_factor| <= {F32_MAX:.7g})")
-    return v
 
 
 @dataclass
@@ -310,7 +293,7 @@ def _ptr(a) -> int:
     return a.ptr if isinstance(a, ArrayRef) else 0
 
 
-@launcher("lsq")
+@launcher("lsq", LsqArgs)
 class LsqLauncher(Launcher):
     """A segment (or tile) pass that writes dx and per-segment sums, then for tensor and channel
     scopes a finish pass (``<symbol>_finish``) that sums the partials per scale element."""
@@ -430,7 +413,7 @@ def _lsq(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qma
     xr = _float_array(x, "x", "fake_quantize_learnable_backward")
     dyr = _grad_array(dy, xr)
     qmin, qmax = fake_quant_range(qmin, qmax, learnable=True)
-    g = _grad_factor(grad_factor)
+    g = real_scalar(grad_factor, "grad_factor", kinds.math_kind(xr.kind))
     p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
     mk = kinds.math_kind(xr.kind)
     pshape = param_shape(xr.shape, scope, p.axis, group_size)

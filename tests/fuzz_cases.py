@@ -218,6 +218,24 @@ class _G:
         return f"{name}#{self.n}"
 
 
+class SeededG(_G):
+    """The drawing interface of :class:`_G` on a ``random.Random`` (no hypothesis): the bases of the
+    single-mutation sweep (:func:`single_mutation_problems`)."""
+
+    def __init__(self, rng):
+        super().__init__(None)
+        self.rng = rng
+
+    def pick(self, seq):
+        return self.rng.choice(tuple(seq))
+
+    def int(self, lo, hi):
+        return self.rng.randint(lo, hi)
+
+    def chance(self, percent) -> bool:
+        return self.rng.randrange(100) < percent
+
+
 def _spelling(g, kind: str):
     """A user spelling of a kind: the SKU name, a dtype name, or a NumPy type."""
     k = kinds.kind(kind)
@@ -548,9 +566,37 @@ for _op in ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_q
 
 
 # -- mutations -----------------------------------------------------------------------------------
-JUNK = (None, 3.0, 7, "x", [1, 2], (), True, object(), np.float32(1.5), np.zeros(4, np.float32), b"\x00")
-BAD_SCALARS = (0.0, -1.0, float("nan"), float("inf"), -float("inf"), 1e-45, 1e308, 10 ** 400, -(10 ** 400), True,
-               "0.5", None, np.float64("nan"), np.float32(-2.0), 2 ** 64, [0.5], complex(1, 1))
+class HostDLPack:
+    """A CPU array behind the DLPack protocol (``__dlpack_device__`` says kDLCPU): what a JAX or a
+    NumPy-like CPU array hands over."""
+
+    def __init__(self):
+        self.a = np.zeros((4, 8), np.float32)
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+    def __repr__(self):
+        return "HostDLPack()"
+
+
+class BareDLPack(HostDLPack):
+    """A CPU array with ``__dlpack__`` only (no ``__dlpack_device__``): the importer finds out."""
+
+    __dlpack_device__ = None
+
+    def __repr__(self):
+        return "BareDLPack()"
+
+
+JUNK = (None, 3.0, 7, "x", [1, 2], (), True, object(), np.float32(1.5), np.zeros(4, np.float32), b"\x00",
+        HostDLPack(), BareDLPack())
+BAD_SCALARS = (0.0, -1.0, float("nan"), float("inf"), -float("inf"), 1e-45, 1e-46, 1e-300, 1e308, 3.5e38,
+               np.float64(1e300), 10 ** 400, -(10 ** 400), True, "0.5", None, np.float64("nan"), np.float32(-2.0),
+               2 ** 64, [0.5], complex(1, 1))
 BAD_INTS = (None, -1, 0, 1, 2, 3, 5, 7, 2 ** 31, 2 ** 62, 2 ** 63, 2 ** 70, -(2 ** 70), 1.0, 1.5, True, False, "16",
             np.int64(16), np.int32(-1), float("nan"), [16], 10 ** 30)
 KW_BAD = {
@@ -612,52 +658,13 @@ def mutate(g: _G, p: Problem, env: Env):
     arrs = p.arrays()
     if what in ("dtype", "shape", "layout", "offset", "null", "junk", "huge") and not arrs:
         what = "kwarg"
-    if what == "dtype":
-        a = g.pick(arrs)
-        pool = ODD_DTYPES + env.floats + ("int8", "uint8", "int32")
-        new = g.pick([d for d in pool if d != a.dtype])
-        _replace_arr(p, a.key, replace(a, dtype=new))
-        p.mutations.append(f"{a.key}.dtype={new}")
-    elif what == "shape":
-        a = g.pick(arrs)
-        shape = list(a.shape)
-        how = g.pick(("add", "drop", "bump", "zero", "one"))
-        if how == "add" or not shape:
-            shape.insert(g.int(0, len(shape)), g.pick((1, 2, 3)))
-        elif how == "drop":
-            shape.pop(g.int(0, len(shape) - 1))
-        else:
-            i = g.int(0, len(shape) - 1)
-            shape[i] = {"bump": shape[i] + g.pick((-1, 1, 2)), "zero": 0, "one": 1}[how]
-            shape[i] = max(shape[i], 0)
-        _replace_arr(p, a.key, replace(a, shape=tuple(shape)))
-        p.mutations.append(f"{a.key}.shape={tuple(shape)}")
-    elif what == "layout":
-        cands = [a for a in arrs if len(a.shape) >= 2] or arrs
-        a = g.pick(cands)
-        lay = g.pick(("t", "rev", "bcast", "overlap", "gap"))
-        _replace_arr(p, a.key, replace(a, layout=lay))
-        p.mutations.append(f"{a.key}.layout={lay}")
-    elif what == "offset":
-        a = g.pick(arrs)
-        off = g.pick((1, 2, 3, 4, 6, 8, 12))
-        _replace_arr(p, a.key, replace(a, offset=a.offset + off))
-        p.mutations.append(f"{a.key}.offset+={off}")
-    elif what == "null":
-        a = g.pick(arrs)
-        _replace_arr(p, a.key, replace(a, null=True, alias=None))
-        p.mutations.append(f"{a.key}.null")
-    elif what == "huge":
-        a = g.pick(arrs)
-        shape = list(a.shape) or [1]
-        shape[g.int(0, len(shape) - 1)] = g.pick((2 ** 31, 2 ** 40, 2 ** 62 - 1, 2 ** 62, 2 ** 63))
-        _replace_arr(p, a.key, replace(a, shape=tuple(shape), pad=0))
-        p.mutations.append(f"{a.key}.shape={tuple(shape)}")
-    elif what == "junk":
-        a = g.pick(arrs)
-        j = g.pick(JUNK)
-        _replace_arr(p, a.key, j)
-        p.mutations.append(f"{a.key}={j!r:.40}")
+    if what in ("dtype", "shape", "layout", "offset", "null", "junk", "huge"):
+        a = g.pick([x for x in arrs if len(x.shape) >= 2] or arrs) if what == "layout" else g.pick(arrs)
+        pools = {"dtype": [d for d in ODD_DTYPES + env.floats + ("int8", "uint8", "int32") if d != a.dtype],
+                 "shape": ("add", "drop", "bump", "zero", "one"), "layout": ("t", "rev", "bcast", "overlap", "gap"),
+                 "offset": (1, 2, 3, 4, 6, 8, 12), "null": (None,), "junk": JUNK,
+                 "huge": (2 ** 31, 2 ** 40, 2 ** 62 - 1, 2 ** 62, 2 ** 63)}
+        _array_mutation(g, p, a, what, g.pick(pools[what]))
     elif what == "kwarg":
         name = g.pick(STATIC_KW[p.op])
         v = g.pick(KW_BAD[name])
@@ -681,7 +688,7 @@ def mutate(g: _G, p: Problem, env: Env):
         if not slots:
             return mutate(g, p, env)
         i = g.pick(slots)
-        v = g.pick(BAD_SCALARS if pos[i] == "scale" else BAD_INTS + (-129, 128, 256, 300, -9))
+        v = g.pick(BAD_SCALARS if pos[i] == "scale" else ZP_SCALARS)
         p.args[i] = v
         p.mutations.append(f"{pos[i]}={v!r:.40}")
     elif what == "bad_values":
@@ -690,28 +697,70 @@ def mutate(g: _G, p: Problem, env: Env):
     elif what == "routing":
         if not p.op.startswith("grouped_matmul"):
             return mutate(g, p, env)
-        M, E = p.meta["M"], p.meta["E"]
-        how = g.pick(("both", "neither", "ids_dtype", "ids_shape", "offs_shape", "validate"))
-        if how == "both":
-            p.kw["row_experts"] = _param(g, "row_experts", (M,), "int32", ("ids", E))
-            p.kw["offsets"] = _param(g, "offsets", (E + 1,), "int32", ("offsets", M, E))
-        elif how == "neither":
-            p.kw.pop("row_experts", None)
-            p.kw.pop("offsets", None)
-        elif how == "ids_dtype":
-            p.kw.pop("offsets", None)
-            p.kw["row_experts"] = _param(g, "row_experts", (M,), g.pick(("int64", "float32", "int16")), ("ids", E))
-        elif how == "ids_shape":
-            p.kw.pop("offsets", None)
-            p.kw["row_experts"] = _param(g, "row_experts", (M + 1, 1)[:g.int(1, 2)], "int32", ("ids", E))
-        elif how == "offs_shape":
-            p.kw.pop("row_experts", None)
-            n = E + g.pick((0, 2, -1 if E > 1 else 3))
-            p.kw["offsets"] = _param(g, "offsets", (n,), "int64", ("offsets", M, E))
+        _routing(g, p, g.pick(("both", "neither", "ids_dtype", "ids_shape", "offs_shape", "validate")))
+
+
+def _array_mutation(g: _G, p: Problem, a: Arr, what: str, value) -> None:
+    """Change array ``a`` of ``p``: its dtype, shape (``value``: how), layout, byte offset, a null
+    pointer, junk in its place, or a huge extent."""
+    if what == "dtype":
+        _replace_arr(p, a.key, replace(a, dtype=value))
+        p.mutations.append(f"{a.key}.dtype={value}")
+    elif what == "shape":
+        shape = list(a.shape)
+        if value == "add" or not shape:
+            shape.insert(g.int(0, len(shape)), g.pick((1, 2, 3)))
+        elif value == "drop":
+            shape.pop(g.int(0, len(shape) - 1))
         else:
-            p.kw["strategy"] = g.pick(("mma", "simt"))
-            p.kw["trusted_offsets"] = g.pick((0, 1, "yes", None, 2.5))
-        p.mutations.append(f"routing {how}")
+            i = g.int(0, len(shape) - 1)
+            shape[i] = {"bump": shape[i] + g.pick((-1, 1, 2)), "zero": 0, "one": 1}[value]
+            shape[i] = max(shape[i], 0)
+        _replace_arr(p, a.key, replace(a, shape=tuple(shape)))
+        p.mutations.append(f"{a.key}.shape={tuple(shape)}")
+    elif what == "layout":
+        _replace_arr(p, a.key, replace(a, layout=value))
+        p.mutations.append(f"{a.key}.layout={value}")
+    elif what == "offset":
+        _replace_arr(p, a.key, replace(a, offset=a.offset + value))
+        p.mutations.append(f"{a.key}.offset+={value}")
+    elif what == "null":
+        _replace_arr(p, a.key, replace(a, null=True, alias=None))
+        p.mutations.append(f"{a.key}.null")
+    elif what == "huge":
+        shape = list(a.shape) or [1]
+        shape[g.int(0, len(shape) - 1)] = value
+        _replace_arr(p, a.key, replace(a, shape=tuple(shape), pad=0))
+        p.mutations.append(f"{a.key}.shape={tuple(shape)}")
+    else:
+        _replace_arr(p, a.key, value)
+        p.mutations.append(f"{a.key}={value!r:.40}")
+
+
+def _routing(g: _G, p: Problem, how: str) -> None:
+    """Change a MoE call's routing arguments (``how``: both given, neither, a wrong ids dtype or
+    shape, a wrong offsets shape, or the strategy / trusted_offsets keywords)."""
+    M, E = p.meta["M"], p.meta["E"]
+    if how == "both":
+        p.kw["row_experts"] = _param(g, "row_experts", (M,), "int32", ("ids", E))
+        p.kw["offsets"] = _param(g, "offsets", (E + 1,), "int32", ("offsets", M, E))
+    elif how == "neither":
+        p.kw.pop("row_experts", None)
+        p.kw.pop("offsets", None)
+    elif how == "ids_dtype":
+        p.kw.pop("offsets", None)
+        p.kw["row_experts"] = _param(g, "row_experts", (M,), g.pick(("int64", "float32", "int16")), ("ids", E))
+    elif how == "ids_shape":
+        p.kw.pop("offsets", None)
+        p.kw["row_experts"] = _param(g, "row_experts", (M + 1, 1)[:g.int(1, 2)], "int32", ("ids", E))
+    elif how == "offs_shape":
+        p.kw.pop("row_experts", None)
+        n = E + g.pick((0, 2, -1 if E > 1 else 3))
+        p.kw["offsets"] = _param(g, "offsets", (n,), "int64", ("offsets", M, E))
+    else:
+        p.kw["strategy"] = g.pick(("mma", "simt"))
+        p.kw["trusted_offsets"] = g.pick((0, 1, "yes", None, 2.5))
+    p.mutations.append(f"routing {how}")
 
 
 def _bad_values(g, p: Problem) -> bool:
@@ -724,6 +773,96 @@ def _bad_values(g, p: Problem) -> bool:
     _replace_arr(p, a.key, replace(a, fill=(a.fill[0] + "!",) + a.fill[1:]))
     p.bad_values = True
     return True
+
+
+# -- the single-mutation sweep ---------------------------------------------------------------------
+# Every bad value of the tables above, each alone in an otherwise valid call (a random draw often
+# pairs it with another mutation that fails first): (what, detail) pairs, applied by _apply_single.
+ARRAY_SINGLES = ([("dtype", d) for d in ODD_DTYPES + ("float16", "float32", "float64", "int8", "uint8", "int32")]
+                 + [("offset", o) for o in (1, 2, 3, 4, 6, 8, 12)] + [("null", None)]
+                 + [("junk", j) for j in JUNK] + [("huge", n) for n in (2 ** 31, 2 ** 40, 2 ** 62 - 1, 2 ** 62, 2 ** 63)]
+                 + [("layout", lay) for lay in ("t", "rev", "bcast", "overlap", "gap")]
+                 + [("shape", how) for how in ("add", "drop", "bump", "zero", "one")])
+ZP_SCALARS = BAD_INTS + (-129, 128, 256, 300, -9)
+
+
+def single_mutations(op: str, env: Env = CPU) -> list:
+    """Every single mutation of ``op``'s calls: ``(what, where, value)``; ``where`` is a keyword, a
+    positional scalar slot, or the rotation index of the array a mutation changes."""
+    out = [("kwarg", name, v) for name in STATIC_KW[op] for v in KW_BAD[name]]
+    for i, name in enumerate(POSITIONAL[op]):
+        if name == "scale":
+            out += [("scalar", i, v) for v in BAD_SCALARS]
+        elif name == "zero_point":
+            out += [("scalar", i, v) for v in ZP_SCALARS]
+    singles = [m for m in ARRAY_SINGLES if (m[0] != "null" or env.null) and (m[0] != "huge" or env.huge)]
+    out += [("array", k, m) for k, m in enumerate(singles)]
+    if op.startswith("grouped_matmul"):
+        out += [("routing", None, how) for how in ("neither", "ids_dtype", "ids_shape", "offs_shape")]
+    return out
+
+
+def _fits(p: Problem, what: str, where, value) -> bool:
+    """Whether ``p`` is a base that shows this mutation alone: a scalar replaces a tensor-scope
+    scale or zero point of a call that takes one (no e8m0 scales; integer codes for a zero point)."""
+    if what == "scalar":
+        pos = POSITIONAL[p.op][where]
+        return (p.kw.get("scope") == "tensor" and not p.meta.get("mx") and where < len(p.args)
+                and (pos != "zero_point" or p.meta.get("qk") not in kinds.FP8))
+    if what == "array":
+        return bool(p.arrays())
+    return True
+
+
+def _apply_single(g: _G, p: Problem, what: str, where, value) -> None:
+    if what == "kwarg":
+        p.kw[where] = value
+        p.mutations.append(f"{where}={value!r:.40}")
+    elif what == "scalar":
+        p.args[where] = value
+        p.mutations.append(f"{POSITIONAL[p.op][where]}={value!r:.40}")
+    elif what == "routing":
+        _routing(g, p, value)
+    else:
+        arrs = p.arrays()
+        _array_mutation(g, p, arrs[where % len(arrs)], *value)
+
+
+FLOAT_SCALARS = ("scale", "eps", "grad_factor")    # Python numbers packed into a float parameter
+
+
+def _math_type(p: Problem) -> str:
+    return "f64" if p.meta.get("xk", p.meta.get("yk")) == "float64" else "f32"
+
+
+def single_mutation_problems(op: str, seed: int, env: Env = CPU):
+    """One problem per single mutation of ``op`` (:func:`single_mutations`), each on a valid base
+    drawn from ``random.Random(seed)`` that shows it alone (:func:`_fits`); a float scalar (a scale,
+    eps, grad_factor) once per math type (float32 and float64 data: their ranges differ)."""
+    import random
+    rng = random.Random(f"{seed}/{op}")
+    bases = [_MAKERS[op](SeededG(rng), env) for _ in range(48)]
+    slot = POSITIONAL[op].index("scale") if "scale" in POSITIONAL[op] else None
+    for _ in range(1000):          # a tensor-scope base of each math type (the scalar slots need one)
+        if slot is None or len({_math_type(b) for b in bases if _fits(b, "scalar", slot, None)}) == 2:
+            break
+        bases.append(_MAKERS[op](SeededG(rng), env))
+    for k, (what, where, value) in enumerate(single_mutations(op, env)):
+        fit = [b for b in bases[k % len(bases):] + bases[:k % len(bases)] if _fits(b, what, where, value)]
+        name = POSITIONAL[op][where] if what == "scalar" else where
+        if what in ("scalar", "kwarg") and name in FLOAT_SCALARS:
+            fit = [next(b for b in fit if _math_type(b) == m) for m in ("f32", "f64")
+                   if any(_math_type(b) == m for b in fit)]
+        for base in fit[:2 if what in ("scalar", "kwarg") and name in FLOAT_SCALARS else 1]:
+            p = _copy(base)
+            g = SeededG(rng)
+            g.n = 1000                  # keys of new arrays (routing) apart from the base's
+            _apply_single(g, p, what, where, value)
+            yield p
+
+
+def _copy(p: Problem) -> Problem:
+    return Problem(p.op, list(p.args), dict(p.kw), dict(p.meta), list(p.mutations), p.bad_values)
 
 
 @st.composite

@@ -6,35 +6,54 @@ tests/test_fast_path.py and tests/test_moe_replay.py).
 The property, for every call: it returns, or it raises one of the project's typed argument errors
 (:data:`ALLOWED`); any other exception fails. When it returns:
 
-* every launch has a grid and block the driver takes and every pointer parameter lies inside an
-  array of the call (an argument or an allocation) or is the device's status word;
+* every launch has a grid and block the driver takes, and every pointer parameter lies inside an
+  array of the call (an argument or an allocation) or is the device's status word, aligned to the
+  element size the kernel reads it as (the SKU's launch metadata names each stream's kind) and, where
+  the launch takes the vector path (``vec_ok``), to the kernel's vector width;
 * a call that raised launched nothing (every check comes before any launch);
 * a valid problem (no mutation) does not raise InvalidProblemError, and its results have the
   shapes and dtypes the NumPy reference gives (tests/fuzz_cases.py ``expected``, on host values);
 * the same call on other arrays of the same layouts (a replay) launches exactly what the slow
   path launches for those arrays.
 
-Deterministic (``derandomize=True``): the same examples on every run. At least 10,000 calls in
-all (``test_the_fuzz_made_enough_calls`` prints the counts).
+Besides the random draws: every bad value of fuzz_cases' tables alone in an otherwise valid call
+(the single-mutation sweep), every op without a usable driver (the CUDA runtime answering
+``cudaErrorInsufficientDriver``: a DeviceRequiredError, nothing launched), malformed
+``__cuda_array_interface__`` objects, the settings, and the plan and registry API with junk arguments.
+
+Two modes (docs/audit.md, "The fuzz"):
+
+* CI (the default): deterministic (``derandomize=True``, the sweep's bases from a fixed seed), at
+  least 10,000 calls of the ten ops (``test_the_fuzz_made_enough_calls`` prints the counts);
+* long: ``SKUFORGE_FUZZ_CALLS=100000`` (at least that many calls in all) and/or
+  ``SKUFORGE_FUZZ_SEED=<int>`` (randomized from that seed; a random seed, printed, where only the
+  count is given). The same seed and count replay the same calls.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
+import random
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import runtime as sf
-from runtime import InvalidProblemError, UnsupportedError, moe, replay, status
+from runtime import DeviceRequiredError, InvalidProblemError, UnsupportedError, kinds, moe, replay, status
+from runtime import arrays, device, dynamic, lowbit, training
+from runtime import launch as launch_mod
 from runtime.device import pack_params
 from runtime.kinds import SIZE
 from tests import fuzz_cases as fc
 from tests.test_fast_path import D, dev  # noqa: F401  (dev: a fixture)
 from tests.test_moe_replay import fake_tensor_map, mdev  # noqa: F401  (mdev: a fixture)
+from tests.test_validation import without_driver
 
 MAPS: dict = {}      # fake tensor map -> (address, MapSpec): what the wgmma launches can reach
 
@@ -43,11 +62,35 @@ MAPS: dict = {}      # fake tensor map -> (address, MapSpec): what the wgmma lau
 # DeviceValueError (what a kernel found) is an InvalidProblemError.
 ALLOWED = (UnsupportedError, InvalidProblemError)
 
+
+def _env_int(name: str):
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise pytest.UsageError(f"{name}={text!r}: an integer is required") from None
+
+
+# The mode: CI (deterministic) unless SKUFORGE_FUZZ_CALLS or SKUFORGE_FUZZ_SEED is set.
+LONG_CALLS = _env_int("SKUFORGE_FUZZ_CALLS")
+SEED = _env_int("SKUFORGE_FUZZ_SEED")
+RANDOMIZED = LONG_CALLS is not None or SEED is not None
+if RANDOMIZED and SEED is None:
+    SEED = random.SystemRandom().randrange(2 ** 32)
+REPLAY = (f"replay: SKUFORGE_FUZZ_SEED={SEED}" + (f" SKUFORGE_FUZZ_CALLS={LONG_CALLS}" if LONG_CALLS else "")
+          + " python -m pytest tests/test_fuzz.py") if RANDOMIZED else "CI mode (deterministic)"
+
 # examples per op: about 15,000 calls of the ten ops (a call that returns is made three times)
-EXAMPLES = {"quantize": 1000, "dequantize": 900, "dynamic_quantize": 1000, "quantize_backward": 600,
-            "dequantize_backward": 450, "fake_quantize": 600, "fake_quantize_backward": 500,
-            "fake_quantize_learnable_backward": 600, "grouped_matmul": 700, "grouped_matmul_backward": 700}
+EXAMPLES = {"quantize": 850, "dequantize": 750, "dynamic_quantize": 850, "quantize_backward": 500,
+            "dequantize_backward": 380, "fake_quantize": 500, "fake_quantize_backward": 420,
+            "fake_quantize_learnable_backward": 500, "grouped_matmul": 600, "grouped_matmul_backward": 600}
 MALFORMED_EXAMPLES = 600
+NO_DRIVER_EXAMPLES = 400
+PLAN_API_EXAMPLES = 500
+CI_CALLS = 32_000       # about the calls of the CI mode in all: what SKUFORGE_FUZZ_CALLS scales from
+SCALE = max(1.0, LONG_CALLS / CI_CALLS) if LONG_CALLS else 1.0
 VALID = dataclasses.replace(fc.CPU, mutate=0)
 
 CALLS: Counter = Counter()          # op -> calls made
@@ -56,8 +99,24 @@ DONE: set = set()                   # the fuzz tests that ran to the end
 
 
 def _settings(n):
-    return settings(max_examples=n, derandomize=True, database=None, deadline=None, print_blob=True,
-                    suppress_health_check=list(HealthCheck))
+    """``n`` examples (scaled in the long mode): derandomized in CI, from SEED when randomized."""
+    options = dict(max_examples=max(1, round(n * SCALE)), database=None, deadline=None, print_blob=True,
+                   suppress_health_check=list(HealthCheck))
+    if not RANDOMIZED:
+        return settings(derandomize=True, **options)
+
+    def deco(test):
+        return seed(SEED)(settings(derandomize=False, **options)(test))
+    return deco
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _announce_mode(request):
+    """Print the mode (and in the long mode the seed that replays it), whatever pytest captures."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"tests/test_fuzz.py: {'randomized, ' + REPLAY if RANDOMIZED else REPLAY}")
+    yield
 
 
 class FD(D):
@@ -112,7 +171,6 @@ def fz(mdev, monkeypatch):  # noqa: F811
         return described(obj)
     monkeypatch.setattr(replay, "describe", describe)
     # dynamic_quantize fills a foreign out= of an empty x through CuPy (a device): recorded here
-    from runtime import dynamic
     monkeypatch.setattr(dynamic, "_fill_foreign", lambda obj, value: obj.__cuda_array_interface__)
     mdev.alloc_ranges = made
 
@@ -125,14 +183,102 @@ def fz(mdev, monkeypatch):  # noqa: F811
     return mdev
 
 
+# -- what a launch's pointers must satisfy ------------------------------------------------------------
+# The element size each kernel reads a pointer parameter as (codegen/abi.py declares the C types): the
+# streams' kinds come from the SKU's launch metadata (``ins`` / ``outs``), the rest from this table,
+# a function of the SKU (``math``: its precision's math type). Every pointer parameter of the manifest
+# is in one or the other (test_every_pointer_parameter_has_an_element_size).
+def _math(sku):
+    return SIZE[sku.precision.math]
+
+
+POINTER_BYTES = {"scale": _math, "partial": _math, "ds": _math, "ds_part": _math, "dz_part": _math,
+                 "zero_point": 4, "dz": 4, "status": 4, "ws_status": 4, "count": 4, "scale_e8m0": 1,
+                 "counter": 8, "counters": 8, "row_start": 8, "tile_start": 8, "perm": 4, "hist": 4, "base": 4,
+                 "ids": 4}
+
+
+@lru_cache(maxsize=None)
+def _entries_by_symbol() -> dict:
+    return {e.symbol: e for e in sf.default_registry().entries.values()}
+
+
+@lru_cache(maxsize=None)
+def _kernel_params(fn: str, fmt: str):
+    """(manifest entry, parameter names) of a launched function (the fakes launch symbols: a SKU's
+    symbol, or one with a suffix: ``_rows``, ``_coop``, ``_finish``, a team or tile variant, a route
+    kernel), its entry-point group found by its packing format."""
+    table, sym = _entries_by_symbol(), fn
+    while sym and sym not in table:
+        sym = sym.rpartition("_")[0]
+    assert sym, f"{fn}: no SKU's symbol starts it"
+    entry, reg = table[sym], sf.default_registry()
+    names = {reg.abi(a).names for a in entry.launch["abi"].values() if reg.abi(a).fmt == fmt}
+    assert len(names) == 1, f"{fn}: {len(names)} entry-point groups of {entry.sku} have the format {fmt}"
+    return entry, names.pop()
+
+
+def _element_bytes(entry, fn: str, name: str) -> int:
+    launch, sku = entry.launch, entry.sku
+    streams = {s["name"]: s["kind"] for s in launch["ins"] + launch["outs"]}
+    if name in streams:
+        return SIZE[streams[name]]
+    if launch["kind"] == "moe_gemm" and name in ("x", "w", "dy", "out", "off"):
+        if name == "off":
+            return 8 if fn.endswith("offsets_i64") else 4
+        return SIZE[launch["out"] if name == "out" else sku.element]
+    size = POINTER_BYTES[name]
+    return size if isinstance(size, int) else size(sku)
+
+
+def _vector_bytes(entry, name: str):
+    """Bytes of one vector of stream ``name`` on the vector path (``vec_ok``): the launch's vector
+    width (``rvec`` for the reduction's), capped at 16 bytes; None for a pointer that is no stream."""
+    launch = entry.launch
+    kind = {s["name"]: s["kind"] for s in launch["ins"] + launch["outs"]}.get(name)
+    if kind is None:
+        return None
+    vec = launch["rvec"] if launch["kind"] == "dynamic_reduce" else launch["vec"]
+    return min(16, max(1, vec * SIZE[kind] // kinds.kind(kind).pack))
+
+
+def _alignment_problems(fn, fmt, values, ranges) -> list:
+    """Pointer parameters not aligned to the element size the kernel reads them as, or, on the vector
+    path, stream pointers and row strides not aligned to one vector (and, for the elementwise
+    kernels' per-column parameters, the scale and zero point). A pointer into no array's bytes (an
+    empty array's, never read) is exempt."""
+    entry, names = _kernel_params(fn, fmt)
+    named = dict(zip(names, values))
+    vector = named.get("vec_ok") == 1
+    bad = []
+    for name, c, v in zip(names, fmt, values):
+        if c != "Q" or not v or not (status.is_status_pointer(v) or any(lo <= v < hi for lo, hi in ranges)):
+            continue
+        need = _element_bytes(entry, fn, name)
+        vbytes = _vector_bytes(entry, name) if vector else None
+        if vbytes:
+            need = max(need, vbytes)
+            if named[name + "_rs"] * _element_bytes(entry, fn, name) % vbytes:
+                bad.append(f"{fn}: {name}_rs = {named[name + '_rs']} is not a whole number of {vbytes}-byte vectors")
+        elif vector and named.get("chan_last") == 1 and entry.launch["kind"] == "elementwise" \
+                and name in ("scale", "zero_point"):
+            need = max(need, min(16, entry.launch["vec"] * need))
+        if v % need:
+            bad.append(f"{fn}: {name} = {v:#x} is not aligned to {need} bytes")
+    return bad
+
+
 def _launch_problems(launches, ranges) -> list:
-    """What is wrong with these launches: grid / block limits, pointers outside every array."""
+    """What is wrong with these launches: grid / block limits, pointers outside every array,
+    pointers not aligned as the kernel reads them."""
     bad = []
     for launch in launches:
         if launch[0] == "memset":
             _, ptr, _, count = launch
             if not any(lo <= ptr and ptr + 4 * count <= hi for lo, hi in ranges):
                 bad.append(f"memset at {ptr:#x} outside every array")
+            if ptr % 4:
+                bad.append(f"memset at {ptr:#x}: not 4-byte aligned")
             continue
         fn, grid, block, fmt, values = launch
         if not (1 <= grid[0] < 2 ** 31 and all(1 <= g < 65536 for g in grid[1:])):
@@ -147,6 +293,9 @@ def _launch_problems(launches, ranges) -> list:
                 end = ptr + spec.dims[0] * SIZE[spec.kind] + sum((n - 1) * st for n, st in zip(spec.dims[1:], spec.strides))
                 if not any(lo <= ptr and end <= hi for lo, hi in ranges):
                     bad.append(f"{fn}: tensor map {j} ({spec} at {ptr:#x}) reaches outside every array of the call")
+                if ptr % 16:
+                    bad.append(f"{fn}: tensor map {j} at {ptr:#x}: not 16-byte aligned")
+        bad += _alignment_problems(fn, fmt, values, ranges)
     return bad
 
 
@@ -176,8 +325,13 @@ def _run_once(d, p, base, alloc_base):
         assert str(e), f"{type(e).__name__} without a message"
         return "typed", e, list(d.launches), None
     except Exception as e:  # noqa: BLE001 - the property: anything else is a bug
-        raise AssertionError(f"untyped {type(e).__name__}: {e}\n{p!r}") from e
+        raise AssertionError(f"untyped {type(e).__name__}: {e}\n{_why(p)}") from e
     return "ok", result, list(d.launches), space.buffers + d.alloc_ranges[start:]
+
+
+def _why(p) -> str:
+    """A failing problem and how to replay it."""
+    return f"{p!r}\n({REPLAY})"
 
 
 def _shape_dtype(obj):
@@ -192,24 +346,24 @@ def check_problem(d, p: fc.Problem):
     outcome, res, launches, ranges = _run_once(d, p, 0x7A0000000000, 0x7E8000000000)
     OUTCOMES[(p.op, outcome if p.mutations else f"valid {outcome}")] += 1
     if outcome == "typed":
-        assert not launches, f"{type(res).__name__} raised after {len(launches)} launches: {res}\n{p!r}"
+        assert not launches, f"{type(res).__name__} raised after {len(launches)} launches: {res}\n{_why(p)}"
         if p.valid:
-            assert isinstance(res, UnsupportedError), f"a valid call raised {type(res).__name__}: {res}\n{p!r}"
+            assert isinstance(res, UnsupportedError), f"a valid call raised {type(res).__name__}: {res}\n{_why(p)}"
             OUTCOMES[(p.op, f"unsupported: {str(res)[:70]}")] += 1
         return
     bad = _launch_problems(launches, ranges)
-    assert not bad, f"{bad[:3]}\n{p!r}"
+    assert not bad, f"{bad[:3]}\n{_why(p)}"
     if p.valid and not p.bad_values:
         _check_against_reference(p, res)
     # a replay at other addresses (same layouts) launches what the slow path launches there
     second = _run_once(d, p, 0x7B0000000000, 0x7E9000000000)
-    assert second[0] == "ok", f"the repeated call raised {second[1]!r}\n{p!r}"
+    assert second[0] == "ok", f"the repeated call raised {second[1]!r}\n{_why(p)}"
     replay.CACHE.clear()
     third = _run_once(d, p, 0x7B0000000000, 0x7E9000000000)
-    assert third[0] == "ok", f"the slow path raised {third[1]!r} after the replay returned\n{p!r}"
-    assert _comparable(second[2]) == _comparable(third[2]), f"the replay launched other parameters\n{p!r}"
+    assert third[0] == "ok", f"the slow path raised {third[1]!r} after the replay returned\n{_why(p)}"
+    assert _comparable(second[2]) == _comparable(third[2]), f"the replay launched other parameters\n{_why(p)}"
     bad = _launch_problems(second[2], second[3])
-    assert not bad, f"replay: {bad[:3]}\n{p!r}"
+    assert not bad, f"replay: {bad[:3]}\n{_why(p)}"
 
 
 def _check_against_reference(p, res):
@@ -220,18 +374,18 @@ def _check_against_reference(p, res):
     fc.compare(p, want, want)
     gots = res if isinstance(res, tuple) else (res,)
     wants = want if isinstance(want, tuple) else (want,)
-    assert len(gots) == len(wants), f"{len(gots)} results, the reference has {len(wants)}\n{p!r}"
+    assert len(gots) == len(wants), f"{len(gots)} results, the reference has {len(wants)}\n{_why(p)}"
     for i, (g, w) in enumerate(zip(gots, wants)):
         if w is None:
-            assert g is None, f"result {i} is not None\n{p!r}"
+            assert g is None, f"result {i} is not None\n{_why(p)}"
             continue
         shape, dt = _shape_dtype(g)
         w = fc._bits(w)
         if p.op.startswith("grouped_matmul"):
-            assert shape == w.shape, f"result {i}: shape {shape}, reference {w.shape}\n{p!r}"
+            assert shape == w.shape, f"result {i}: shape {shape}, reference {w.shape}\n{_why(p)}"
             continue
-        assert math.prod(shape) == w.size, f"result {i}: shape {shape}, reference {w.shape}\n{p!r}"
-        assert dt == w.dtype, f"result {i}: dtype {dt}, reference {w.dtype}\n{p!r}"
+        assert math.prod(shape) == w.size, f"result {i}: shape {shape}, reference {w.shape}\n{_why(p)}"
+        assert dt == w.dtype, f"result {i}: dtype {dt}, reference {w.dtype}\n{_why(p)}"
 
 
 def _fuzz(op):
@@ -258,6 +412,71 @@ test_fuzz_grouped_matmul = _fuzz("grouped_matmul")
 test_fuzz_grouped_matmul_backward = _fuzz("grouped_matmul_backward")
 
 
+# -- every bad value alone ---------------------------------------------------------------------------
+def _sweep(op):
+    """Every single mutation of fuzz_cases' tables, each alone in a valid call of ``op`` (on bases
+    from a fixed seed in CI, from SEED when randomized: as many rounds as the long mode scales to)."""
+    def test(fz):
+        for r in range(max(1, round(SCALE))):
+            for p in fc.single_mutation_problems(op, (SEED or 0) + r):
+                OUTCOMES[("single mutations", op)] += 1
+                check_problem(fz, p)
+        DONE.add(f"single {op}")
+    test.__name__ = f"test_single_mutations_{op}"
+    return test
+
+
+for _op in fc.OPS:
+    globals()[f"test_single_mutations_{_op}"] = _sweep(_op)
+
+
+# -- no usable driver ----------------------------------------------------------------------------------
+REAL = {"new": arrays._new, "arch": moe._arch, "fill": dynamic._fill_foreign, "kernel": sf.Registry.kernel,
+        "load": device.load_function}
+
+
+@pytest.fixture
+def nodriver(fz, monkeypatch):
+    """``fz`` where every CUDA runtime call answers cudaErrorInsufficientDriver (a machine whose driver
+    is older than the runtime, or none: tests/test_validation.py ``without_driver``), with the real
+    allocation (CuPy), device properties, status word and kernel loading in place of ``fz``'s fakes."""
+    without_driver(monkeypatch)
+    monkeypatch.setattr(arrays, "_new", REAL["new"])
+    monkeypatch.setattr(moe, "_arch", REAL["arch"])
+    monkeypatch.setattr(dynamic, "_fill_foreign", REAL["fill"])
+    monkeypatch.setattr(sf.Registry, "kernel", REAL["kernel"])
+    for mod in (launch_mod, dynamic, training, lowbit, moe):
+        monkeypatch.setattr(mod, "properties", device.properties)
+    for mod in (launch_mod, dynamic, training, moe):
+        monkeypatch.setattr(mod, "load_function", REAL["load"], raising=False)
+    yield fz
+    device.properties.cache_clear()
+
+
+@_settings(NO_DRIVER_EXAMPLES)
+@given(p=st.one_of(*(fc.problems(op) for op in fc.OPS)))
+def _no_driver(d, p):
+    d.launches = []
+    args, kw = p.build(Space(0x7A0000000000).make)
+    CALLS["no driver"] += 1
+    try:
+        fc.call(sf, p, args, kw)
+    except DeviceRequiredError as e:
+        OUTCOMES[("no driver", "DeviceRequiredError")] += 1
+        assert "cudaErrorInsufficientDriver" in str(e), f"the error does not say what happened: {e}"
+    except ALLOWED as e:
+        OUTCOMES[("no driver", "typed")] += 1
+        assert not p.valid or isinstance(e, UnsupportedError), f"a valid call raised {e!r}\n{_why(p)}"
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"untyped {type(e).__name__} without a driver: {e}\n{_why(p)}") from e
+    else:
+        OUTCOMES[("no driver", "ok")] += 1        # nothing to compute (an empty problem)
+    assert not d.launches, f"launched without a driver\n{_why(p)}"
+
+
+def test_fuzz_no_driver(nodriver):
+    _no_driver(nodriver)
+    DONE.add("no driver")
 
 
 # -- malformed __cuda_array_interface__ objects --------------------------------------------------------
@@ -361,9 +580,9 @@ def _malformed(d, p, pick, how):
         assert not d.launches, f"launched before raising {e!r}"
         return
     except Exception as e:  # noqa: BLE001
-        raise AssertionError(f"untyped {type(e).__name__}: {e}\n{target.key}: {names}\n{p!r}") from e
+        raise AssertionError(f"untyped {type(e).__name__}: {e}\n{target.key}: {names}\n{_why(p)}") from e
     OUTCOMES[("malformed interface", "ok")] += 1
-    assert not must, f"a malformed interface ({names}) of {target.key} was accepted\n{p!r}"
+    assert not must, f"a malformed interface ({names}) of {target.key} was accepted\n{_why(p)}"
 
 
 def test_fuzz_malformed_interfaces(fz):
@@ -385,10 +604,17 @@ SETTING_TEXTS = {
 }
 
 
+# what code may set: runtime.moe.use_config's tile configurations, runtime.lowbit.prefer_arch's arch
+IN_CODE = {"use_config": st.sampled_from([None, "default", "fwd=zzz", {"fwd": ["x"]}, {"fwd": 3}, {"*": None},
+                                          {"dgrad": "default"}, 3, ["fwd"]]),
+           "prefer_arch": st.sampled_from([80, 89, 90, "80", None, 8.9, True, 2 ** 70])}
+
+
 @_settings(300)
 @given(env=st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in SETTING_TEXTS.items()}),
+       code=st.fixed_dictionaries({}, optional=IN_CODE),
        p=fc.problems("dynamic_quantize") | fc.problems("grouped_matmul") | fc.problems("quantize"))
-def _settings_fuzz(d, env, p):
+def _settings_fuzz(d, env, code, p):
     from runtime import config
     CALLS["settings"] += 1
     try:
@@ -399,9 +625,20 @@ def _settings_fuzz(d, env, p):
         return
     except Exception as e:  # noqa: BLE001
         raise AssertionError(f"untyped {type(e).__name__} reading {env}: {e}") from e
-    p.mutations.append(f"settings {env}")
-    with config.override(**{f: getattr(s, f) for f in ("dynamic_config", "dynamic_tensor", "columns_grid",
-                                                       "moe_config")}):
+    p.mutations.append(f"settings {env} {code}")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(config.override(**{f: getattr(s, f) for f in ("dynamic_config", "dynamic_tensor",
+                                                                          "columns_grid", "moe_config")}))
+        try:
+            if "use_config" in code:
+                stack.enter_context(moe.use_config(code["use_config"]))
+            if "prefer_arch" in code:
+                stack.enter_context(lowbit.prefer_arch(code["prefer_arch"]))
+        except ALLOWED:
+            OUTCOMES[("settings", "typed in code")] += 1
+            return
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(f"untyped {type(e).__name__} entering {code}: {e}") from e
         check_problem(d, p)
 
 
@@ -435,45 +672,113 @@ JUNK_FIELD = st.sampled_from([None, "", "quantize", "dequantize", "grouped_matmu
                               True, "mma", "simt", "wgmma", "e8m0"])
 
 
-@_settings(500)
-@given(text=_sku_texts(), fields=st.fixed_dictionaries({}, optional={
-    k: JUNK_FIELD for k in ("category", "op", "scope", "mode", "element", "aux_element", "arch", "backend")}),
-    pattern=st.sampled_from(["*", "moe/*", "[", None, 3, "quantization/quantize/*/f16/*"]),
-    ws=st.tuples(st.sampled_from([0, 1, 5, 2 ** 31, 2 ** 31 + 1, -1, 1.5, "8", None, True, 2 ** 70]),
-                 st.sampled_from([1, 8, 1024, 1025, 0, -2, 2.0, None, "4"]),
-                 st.sampled_from(["row_experts", "offsets", "sorted", None])))
-def _plan_api(text, fields, pattern, ws):
+SKU_FIELDS = ("category", "op", "scope", "mode", "element", "aux_element", "arch", "backend")
+JUNK_ARG = st.sampled_from([None, 3, -1, 2 ** 70, 1.5, float("nan"), "0", "main", "gemm", "route_scan", "", b"0",
+                            [0], (0,), {}, object(), True, np.int64(0), fc.HostDLPack()])
+
+
+def _plan_calls(reg, text, fields, pattern, ws, junk, query):
+    """The calls of one example: every entry point of the plan, SKU and registry API."""
+    j0, j1, j2, j3 = junk
+    sku_fields = {"category": "quantization", "op": "quantize", "scope": None, "mode": None, "element": "f32",
+                  "aux_element": None, **fields}
+    return (lambda: sf.KernelSku.parse(text), lambda: reg.lookup(text), lambda: sf.Plan(text),
+            lambda: reg.query(pattern), lambda: sf.moe.grouped_matmul_workspace_size(*ws),
+            lambda: reg.select(**{"category": "quantization", "op": "quantize", "element": "f32", **fields}),
+            lambda: sf.Plan.select(sf.Descriptor(**{k: v for k, v in fields.items() if k not in ("arch", "backend")}
+                                                 | {"op": fields.get("op", "quantize")}),
+                                   sf.Preference(**{k: v for k, v in fields.items() if k in ("arch", "backend")})),
+            lambda: reg.query("*", **query), lambda: reg.kernel(text, device=j0),
+            lambda: sf.Plan(text).abi(j1), lambda: sf.Plan(text).abi(), lambda: sf.Plan(text).entry_points,
+            lambda: sf.Plan(text).workspace_size(j2), lambda: sf.Plan(text).can_implement(j3),
+            lambda: sf.Plan(text).run(j0, stream=j1), lambda: sf.Plan(text, registry=j2),
+            lambda: sf.Plan.select(j0, j1), lambda: sf.Plan.select(sf.Descriptor("quantize"), j2),
+            lambda: sf.KernelSku(**sku_fields), lambda: sf.KernelSku(j0, j1, j2, j3, j0, j1),
+            lambda: sf.KernelSku(**{**sku_fields, "precision": j2}), lambda: sf.Precision(j0, j1, j2, j3),
+            lambda: sf.Precision.parse(j0), lambda: sf.KernelSku.parse(text).runs_on(j1),
+            lambda: sf.Plan.select(sf.Descriptor(j0, j1, j2, j3), sf.Preference(j0, j1)), lambda: reg.source(text),
+            lambda: reg.abi(j0), lambda: reg.unit_source(j1), lambda: sf.check(j2),
+            lambda: sf.Registry.load(j3))
+
+
+@_settings(PLAN_API_EXAMPLES)
+@given(text=_sku_texts(), fields=st.fixed_dictionaries({}, optional={k: JUNK_FIELD for k in SKU_FIELDS}),
+       pattern=st.sampled_from(["*", "moe/*", "[", None, 3, "quantization/quantize/*/f16/*"]),
+       ws=st.tuples(st.sampled_from([0, 1, 5, 2 ** 31, 2 ** 31 + 1, -1, 1.5, "8", None, True, 2 ** 70]),
+                    st.sampled_from([1, 8, 1024, 1025, 0, -2, 2.0, None, "4"]),
+                    st.sampled_from(["row_experts", "offsets", "sorted", None])),
+       junk=st.tuples(JUNK_ARG, JUNK_ARG, JUNK_ARG, JUNK_ARG),
+       query=st.dictionaries(st.sampled_from(SKU_FIELDS + ("precision", "bogus", "sku")), JUNK_FIELD, max_size=2))
+def _plan_api(text, fields, pattern, ws, junk, query):
     reg = sf.default_registry()
-    calls = (lambda: sf.KernelSku.parse(text), lambda: reg.lookup(text), lambda: sf.Plan(text),
-             lambda: reg.query(pattern), lambda: sf.moe.grouped_matmul_workspace_size(*ws),
-             lambda: reg.select(**{"category": "quantization", "op": "quantize", "element": "f32", **fields}),
-             lambda: sf.Plan.select(sf.Descriptor(**{k: v for k, v in fields.items() if k not in ("arch", "backend")}
-                                                  | {"op": fields.get("op", "quantize")}),
-                                    sf.Preference(**{k: v for k, v in fields.items() if k in ("arch", "backend")})))
-    for fn in calls:
+    for fn in _plan_calls(reg, text, fields, pattern, ws, junk, query):
         CALLS["plan and registry"] += 1
         try:
             fn()
-        except ALLOWED:
+        except ALLOWED + (DeviceRequiredError,):
             OUTCOMES[("plan and registry", "typed")] += 1
         except Exception as e:  # noqa: BLE001
-            raise AssertionError(f"untyped {type(e).__name__}: {e} ({text!r}, {fields}, {pattern!r}, {ws})") from e
+            raise AssertionError(f"untyped {type(e).__name__}: {e} ({text!r}, {fields}, {pattern!r}, {ws}, {junk}, "
+                                 f"{query}; {REPLAY})") from e
         else:
             OUTCOMES[("plan and registry", "ok")] += 1
 
 
-def test_fuzz_plan_and_registry():
+def test_fuzz_plan_and_registry(nodriver):
+    """Under the no-driver fake: ``kernel(sku, device=0)`` of a valid SKU is a DeviceRequiredError
+    (nothing compiles), every junk argument a typed error."""
     _plan_api()
     DONE.add("plan and registry")
 
 
+def test_the_launch_checks_find_misaligned_and_stray_pointers(fz):
+    """The property's launch checks are not vacuous: a launch of a real call passes them, and the same
+    launch with its x pointer moved by one byte, by four bytes on the vector path, with an odd row
+    stride, or out of every array fails them."""
+    x = FD((8, 64), ptr=0x7A0000000000)
+    fz.at(0x7E8000000000).launches = []
+    sf.quantize(x, 0.5, scope="tensor")
+    ranges = [(x.ptr, x.ptr + 8 * 64 * 4)] + fz.alloc_ranges
+    (fn, grid, block, fmt, values), = fz.launches
+    names = _kernel_params(fn, fmt)[1]
+    assert values[names.index("vec_ok")] == 1 and not _launch_problems(fz.launches, ranges)
+
+    def moved(**changed):
+        v = list(values)
+        for name, value in changed.items():
+            v[names.index(name)] = value
+        return _launch_problems([(fn, grid, block, fmt, v)], ranges)
+    assert any("x = " in b and "aligned to 4 bytes" in b for b in moved(x=x.ptr + 1, vec_ok=0))
+    assert not moved(x=x.ptr + 4, vec_ok=0)
+    assert any("aligned to 16 bytes" in b for b in moved(x=x.ptr + 4))
+    assert any("x_rs = 65" in b for b in moved(x_rs=65))
+    assert any("outside every array" in b for b in moved(x=0x100000))
+
+
+def test_every_pointer_parameter_has_an_element_size():
+    """The alignment check knows the element size of every pointer parameter of the manifest."""
+    reg = sf.default_registry()
+    for e in reg.entries.values():
+        streams = {s["name"] for s in e.launch["ins"] + e.launch["outs"]}
+        for group, abi_id in e.launch["abi"].items():
+            abi = reg.abi(abi_id)
+            for name, c in zip(abi.names, abi.fmt):
+                if c == "Q" and name not in streams:
+                    assert _element_bytes(e, e.symbol + "_" + group, name) in (1, 2, 4, 8), (e.sku, group, name)
+
+
 def test_the_fuzz_made_enough_calls():
-    """At least 10,000 calls of the ten ops when every fuzz test of this file ran (a selection skips the count)."""
-    if DONE != set(EXAMPLES) | {"malformed interface", "settings", "plan and registry"}:
+    """At least 10,000 calls of the ten ops when every fuzz test of this file ran (a selection skips
+    the count); in the long mode, at least SKUFORGE_FUZZ_CALLS calls in all."""
+    every = set(EXAMPLES) | {f"single {op}" for op in fc.OPS} | {"malformed interface", "settings",
+                                                                 "plan and registry", "no driver"}
+    if DONE != every:
         pytest.skip("counted only when every fuzz test of this file runs")
     total = sum(CALLS.values())
     ops = sum(CALLS[op] for op in EXAMPLES)
-    print(f"\nfuzz calls: {total}, of the ten ops {ops} ({', '.join(f'{op} {n}' for op, n in sorted(CALLS.items()))})")
+    print(f"\nfuzz ({REPLAY}) calls: {total}, of the ten ops {ops} "
+          f"({', '.join(f'{op} {n}' for op, n in sorted(CALLS.items()))})")
     for (op, outcome), n in sorted(OUTCOMES.items()):
         print(f"  {op:34} {outcome:70.70} {n}")
     assert ops >= 10_000
+    assert total >= (LONG_CALLS or 0), f"{total} calls; SKUFORGE_FUZZ_CALLS={LONG_CALLS} asked for more"

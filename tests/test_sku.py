@@ -42,3 +42,40 @@ def test_frozen_and_ordered():
 def test_parse_rejects_with_typed_error(text):
     with pytest.raises(InvalidProblemError):
         KernelSku.parse(text)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(category=None), ("KernelSku.category=None", "quantization, moe")),
+    (dict(category="moe"), ("KernelSku.op='quantize'", "grouped_matmul")),
+    (dict(op=None), ("KernelSku.op=None",)),
+    (dict(element=None), ("KernelSku.element=None",)),
+    (dict(element=["f32"]), ("KernelSku.element=['f32']",)),
+    (dict(scope={"token"}), ("KernelSku.scope",)),
+    (dict(arch=90), ("KernelSku.arch=90", "sm80")),
+    (dict(backend=None), ("KernelSku.backend=None",)),
+    (dict(precision="f32.acc-f32"), ("KernelSku.precision", "Precision.parse")),
+])
+def test_constructor_fields_are_checked(fields, words):
+    base = dict(category="quantization", op="quantize", scope="token", mode="symmetric", element="bf16",
+                aux_element="s8")
+    with pytest.raises(InvalidProblemError) as e:
+        KernelSku(**{**base, **fields})
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_precision_fields_are_checked():
+    for args, word in ((([],), "Precision.math"), (("f32", None), "Precision.accumulator"),
+                       (("f32", "f32", "yes"), "Precision.deterministic"), (("f32", "f32", True, 1), "bit_stable")):
+        with pytest.raises(InvalidProblemError, match=word):
+            Precision(*args)
+    for bad in (None, 3, b"f32.acc-f32"):
+        with pytest.raises(InvalidProblemError, match="precision"):
+            Precision.parse(bad)
+
+
+def test_runs_on_takes_a_compute_capability():
+    sku = KernelSku("quantization", "quantize", "token", "symmetric", "bf16", "s8")
+    assert sku.runs_on(90) and not sku.runs_on(75)
+    for bad in ("90", None, 9.0, True):
+        with pytest.raises(InvalidProblemError, match="compute capability"):
+            sku.runs_on(bad)

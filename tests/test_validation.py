@@ -6,6 +6,8 @@ import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
+from tests.test_fast_path import dev  # noqa: F401  (a fixture of mdev)
+from tests.test_moe_replay import mdev  # noqa: F401  (a fixture)
 
 
 X = D((8, 64), "float32")
@@ -254,3 +256,249 @@ def test_plan_and_registry_arguments_are_typed_errors():
                         (8, 0, ("E=",)), (8, 2.0, ("E=",)), (8, 2 ** 70, ("E=",))):
         err(lambda m=m, e=e: sf.moe.grouped_matmul_workspace_size(m, e), InvalidProblemError, *words)
     assert sf.moe.grouped_matmul_workspace_size(np.int64(8), 4) == sf.moe.grouped_matmul_workspace_size(8, 4)
+
+
+# -- no usable driver ----------------------------------------------------------------------------------
+def without_driver(monkeypatch):
+    """Every CUDA runtime call CuPy makes answers cudaErrorInsufficientDriver (a driver older than the
+    runtime, or none): device scopes, allocations, DLPack imports, device queries, the status word's
+    pinned allocation. Device properties are asked again (their cache is cleared)."""
+    cupy = pytest.importorskip("cupy")
+    from runtime import device, status
+    rt = cupy.cuda.runtime
+
+    def refuse(*args, **kw):
+        raise rt.CUDARuntimeError(35)         # cudaErrorInsufficientDriver
+
+    class Device:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            refuse()
+
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(cupy.cuda, "Device", Device)
+    for name in ("empty", "from_dlpack"):
+        monkeypatch.setattr(cupy, name, refuse)
+    for name in ("getDevice", "getDeviceCount", "getDeviceProperties", "hostAlloc", "pointerGetAttributes",
+                 "deviceSynchronize"):
+        monkeypatch.setattr(rt, name, refuse)
+    monkeypatch.setattr(status, "_words", None)        # allocated on first use
+    monkeypatch.setattr(status, "_base", 0)
+    device.properties.cache_clear()
+    monkeypatch.setattr(device, "properties", device.properties)   # (cleared again when the test ends)
+    return refuse
+
+
+@pytest.fixture
+def no_driver(monkeypatch):
+    from runtime import device
+    yield without_driver(monkeypatch)
+    device.properties.cache_clear()
+
+
+Y = D((8, 64), ptr=0x7F0000100000)
+W = D((2, 16, 64), ptr=0x7F0000200000)
+OFFS = D((3,), "int32", ptr=0x7F0000300000)
+EVERY_OP = {
+    "quantize": lambda: sf.quantize(X, 0.1, scope="tensor"),
+    "dequantize": lambda: sf.dequantize(D((8, 64), "int8"), 0.1, scope="tensor"),
+    "dynamic_quantize": lambda: sf.dynamic_quantize(X, scope="token"),
+    "quantize_backward": lambda: sf.quantize_backward(X, Y, 0.1, scope="tensor"),
+    "dequantize_backward": lambda: sf.dequantize_backward(X, 0.1, scope="tensor"),
+    "fake_quantize": lambda: sf.fake_quantize(X, 0.1, scope="tensor"),
+    "fake_quantize_backward": lambda: sf.fake_quantize_backward(X, Y, 0.1, scope="tensor"),
+    "fake_quantize_learnable_backward": lambda: sf.fake_quantize_learnable_backward(X, Y, 0.1, scope="tensor"),
+    "grouped_matmul": lambda: sf.grouped_matmul(X, W, offsets=OFFS),
+    "grouped_matmul_backward": lambda: sf.grouped_matmul_backward(X, W, D((8, 16), ptr=0x7F0000400000),
+                                                                  offsets=OFFS),
+}
+
+
+@pytest.mark.parametrize("op", sorted(EVERY_OP))
+def test_every_op_without_a_driver_raises_device_required(no_driver, op):
+    """The driver's error at the first allocation (or device query) is a DeviceRequiredError that says
+    what happened, for every op."""
+    err(EVERY_OP[op], sf.DeviceRequiredError, "no usable CUDA device", "cudaErrorInsufficientDriver")
+
+
+def test_every_op_with_out_without_a_driver_raises_device_required(no_driver):
+    """Given outputs, nothing is allocated: the status word's pinned allocation is the first touch."""
+    err(lambda: sf.quantize(X, 0.1, scope="tensor", out=D((8, 64), "int8", ptr=0x7F0000500000)),
+        sf.DeviceRequiredError, "cudaErrorInsufficientDriver")
+    err(lambda: sf.status.pointer(0), sf.DeviceRequiredError, "cudaErrorInsufficientDriver")
+    sf.check(0)                          # nothing launched, nothing to check: no device is touched
+
+
+def test_which_errors_say_there_is_no_device():
+    cupy = pytest.importorskip("cupy")
+    from runtime.arrays import no_device
+    rt = cupy.cuda.runtime
+    for status in (35, 100, 3, 34, 46, 101, 803):
+        assert isinstance(no_device(rt.CUDARuntimeError(status)), sf.DeviceRequiredError), status
+    for e in (rt.CUDARuntimeError(700), rt.CUDARuntimeError(2), RuntimeError("out of memory"), TypeError("x")):
+        assert no_device(e) is None, e        # an illegal address, out of memory, a bug: not "no device"
+    for text in ("Found no NVIDIA driver on your system", "No CUDA GPUs are available",
+                 "CuPy failed to load libcuda.so.1: OSError: ..."):
+        assert "no usable CUDA device" in str(no_device(RuntimeError(text)))
+
+
+# -- DLPack objects ------------------------------------------------------------------------------------
+def test_a_cpu_dlpack_object_is_a_typed_error():
+    from tests.fuzz_cases import BareDLPack, HostDLPack
+    err(lambda: sf.quantize(HostDLPack(), 0.1, scope="tensor"), InvalidProblemError, "x",
+        "a CUDA device array is required; got a CPU array", "kDLCPU")
+    err(lambda: sf.quantize(X, D((8,)), scope="token", out=HostDLPack()), InvalidProblemError, "out", "CPU array")
+    err(lambda: sf.quantize(BareDLPack(), 0.1, scope="tensor"), InvalidProblemError, "x", "DLPack")
+
+    class Rocm(HostDLPack):
+        def __dlpack_device__(self):
+            return (10, 0)
+
+    class Junk(HostDLPack):
+        def __dlpack_device__(self):
+            return "cuda"
+    err(lambda: sf.quantize(Rocm(), 0.1, scope="tensor"), InvalidProblemError, "x", "kDLROCM")
+    err(lambda: sf.quantize(Junk(), 0.1, scope="tensor"), InvalidProblemError, "x", "__dlpack_device__")
+
+
+def test_a_cuda_dlpack_object_without_a_driver(no_driver):
+    from tests.fuzz_cases import HostDLPack
+
+    class Cuda(HostDLPack):
+        def __dlpack_device__(self):
+            return (2, 0)
+    err(lambda: sf.quantize(Cuda(), 0.1, scope="tensor"), sf.DeviceRequiredError, "cudaErrorInsufficientDriver")
+
+
+# -- Python numbers packed into kernel parameters --------------------------------------------------------
+SCALE_OPS = {
+    "quantize": lambda s: sf.quantize(X, s, scope="tensor"),
+    "dequantize": lambda s: sf.dequantize(D((8, 64), "int8"), s, scope="tensor"),
+    "quantize_backward": lambda s: sf.quantize_backward(X, Y, s, scope="tensor"),
+    "dequantize_backward": lambda s: sf.dequantize_backward(X, s, scope="tensor"),
+    "fake_quantize": lambda s: sf.fake_quantize(X, s, scope="tensor"),
+    "fake_quantize_backward": lambda s: sf.fake_quantize_backward(X, Y, s, scope="tensor"),
+    "fake_quantize_learnable_backward": lambda s: sf.fake_quantize_learnable_backward(X, Y, s, scope="tensor"),
+}
+
+
+@pytest.fixture
+def no_allocation(monkeypatch):
+    """Any allocation fails the test: these errors come before anything is allocated."""
+    def allocated(*args):
+        raise AssertionError("allocated before the error")
+    monkeypatch.setattr(sf.arrays, "_new", allocated)
+
+
+@pytest.mark.parametrize("op", sorted(SCALE_OPS))
+@pytest.mark.parametrize("scale", [1e308, 3.5e38, 1e-46, 1e-300, 10 ** 400, -(10 ** 400), np.float64(1e39)])
+def test_scalar_scales_outside_float32_are_refused_before_allocating(no_allocation, op, scale):
+    err(lambda: SCALE_OPS[op](scale), InvalidProblemError, "scale=", "positive and finite", "float32",
+        "1.1754944e-38", "3.4028235e+38")
+
+
+def test_scalar_scales_take_float64_range_for_float64_data(no_allocation):
+    from runtime.params import positive_scalar
+    assert positive_scalar(1e308, "scale", "f64") == 1e308 and positive_scalar(1e-300, "scale", "f64") == 1e-300
+    for bad in (1e-320, 10 ** 400, float("inf")):
+        err(lambda bad=bad: sf.quantize(D((8, 64), "float64"), bad, scope="tensor"), InvalidProblemError,
+            "scale=", "float64", "2.2250739e-308")
+
+
+@pytest.mark.parametrize("eps", [10 ** 400, 1e308, 3.5e38, 1e-46, 1e-300, 0.0, -1.0, float("nan"), float("inf")])
+def test_dynamic_quantize_eps_outside_the_math_range(no_allocation, eps):
+    err(lambda: sf.dynamic_quantize(X, scope="token", eps=eps), InvalidProblemError, "eps=", "positive and finite",
+        "float32")
+
+
+def test_dynamic_quantize_eps_of_float64_data(no_allocation):
+    err(lambda: sf.dynamic_quantize(D((8, 64), "float64"), scope="token", eps=10 ** 400), InvalidProblemError,
+        "eps=", "float64", "1.7976931e+308")
+    err(lambda: sf.dynamic_quantize(D((8, 64), "float64"), scope="token", eps="1e-8"), InvalidProblemError, "eps=")
+
+
+@pytest.mark.parametrize("g", [10 ** 400, 1e39, 1e-46, float("nan"), "1", True])
+def test_grad_factor_outside_the_math_range(no_allocation, g):
+    err(lambda: sf.fake_quantize_learnable_backward(X, Y, 0.1, scope="tensor", grad_factor=g), InvalidProblemError,
+        "grad_factor=")
+
+
+def test_grad_factor_may_be_zero_or_negative():
+    from runtime.params import real_scalar
+    assert real_scalar(0, "grad_factor", "f32") == 0.0 and real_scalar(-2.5, "grad_factor", "f32") == -2.5
+    assert real_scalar(1e300, "grad_factor", "f64") == 1e300
+
+
+def test_configuration_set_in_code_is_checked(mdev):
+    from runtime import lowbit, moe
+    for bad in ("80", None, 8.9, True):
+        err(lambda bad=bad: lowbit.prefer_arch(bad).__enter__(), InvalidProblemError, "prefer_arch", "80")
+    err(lambda: moe.use_config(3).__enter__(), InvalidProblemError, "use_config(3)")
+    with moe.use_config(fwd=["128x128x32s5"]):
+        err(lambda: sf.grouped_matmul(mdev.a((64, 64), "float16"), mdev.a((2, 64, 64), "float16"),
+                                      offsets=mdev.a((3,), "int32")),
+            InvalidProblemError, "tile configuration", "not a configuration name")
+    assert not moe.CONFIG
+
+
+# -- on a GPU --------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_dlpack_objects(rng):
+    """A CUDA array behind DLPack alone runs (zero-copy, results as CuPy arrays); CPU ones are refused."""
+    import cupy as cp
+    from runtime import reference
+    from tests.fuzz_cases import BareDLPack, HostDLPack
+
+    class CudaDLPack:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+    x = rng.standard_normal((33, 64)).astype(np.float32)
+    q = sf.quantize(CudaDLPack(cp.asarray(x)), 0.05, scope="tensor")
+    assert isinstance(q, cp.ndarray)
+    np.testing.assert_array_equal(q.get(), reference.quantize(x, np.float32(0.05), scope="tensor"))
+    err(lambda: sf.quantize(HostDLPack(), 0.05, scope="tensor"), InvalidProblemError, "x", "CPU array")
+    err(lambda: sf.quantize(BareDLPack(), 0.05, scope="tensor"), InvalidProblemError, "x", "DLPack")
+
+
+@pytest.mark.gpu
+def test_gpu_scalar_scales_at_the_range_edges(rng):
+    """The smallest normal and the largest finite float32 run and equal the reference; one step outside
+    is refused before anything is allocated (the memory pool holds what it held)."""
+    import cupy as cp
+    from runtime import reference
+    x = rng.standard_normal((16, 64)).astype(np.float32) * 1e-30
+    xd = cp.asarray(x)
+    for s in (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)):
+        np.testing.assert_array_equal(sf.quantize(xd, s, scope="tensor").get(),
+                                      reference.quantize(x, np.float32(s), scope="tensor"))
+    pool = cp.get_default_memory_pool()
+    before = pool.used_bytes()
+    for s in (float(np.finfo(np.float32).tiny) / 2, 3.5e38, 1e308, 10 ** 400):
+        err(lambda s=s: sf.fake_quantize(xd, s, scope="tensor"), InvalidProblemError, "scale=")
+        err(lambda s=s: sf.dynamic_quantize(xd, scope="token", eps=s), InvalidProblemError, "eps=")
+    assert pool.used_bytes() == before
+
+
+@pytest.mark.gpu
+def test_gpu_device_ordinals_beyond_the_devices(rng):
+    """A device ordinal the process does not have is a DeviceRequiredError naming the CUDA error, from
+    the registry and from sf.check; the context works afterwards."""
+    import cupy as cp
+    n = cp.cuda.runtime.getDeviceCount()
+    reg = sf.default_registry()
+    sku = reg.query("quantization/quantize/token/symmetric/f32/s8/*")[0]
+    err(lambda: reg.kernel(sku, device=n), sf.DeviceRequiredError, "cudaErrorInvalidDevice")
+    x = cp.asarray(rng.standard_normal((8, 64)).astype(np.float32))
+    sf.quantize(x, 0.5, scope="tensor")               # the status words exist from here on
+    err(lambda: sf.check(n), sf.DeviceRequiredError, "cudaErrorInvalidDevice")
+    sf.check()
+    assert int(sf.quantize(x, 0.5, scope="tensor").size) == 8 * 64

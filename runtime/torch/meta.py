@@ -9,17 +9,16 @@ them. The same functions serve the fake implementations (FakeTensor / meta tenso
 and nothing else: the real implementations call the functional API, which checks again.
 """
 import functools
-import math
 from typing import Optional
 
 import torch
 
 from runtime import kinds, lowbit
 from runtime.arrays import ArrayRef, kind_of
-from runtime.dynamic import MODES, _check_eps, _resolve_range
+from runtime.dynamic import MODES, _resolve_range
 from runtime.errors import DeviceMismatchError, InvalidProblemError, UnsupportedError
 from runtime.moe import STRATEGIES, _out_kind, check_problem
-from runtime.params import check_param_shape, check_scale_dtype
+from runtime.params import check_param_shape, check_scale_dtype, positive_scalar, real_scalar
 from runtime.scopes import check_range, check_scope, param_shape, rows_view
 from runtime.training import fake_quant_range
 
@@ -221,7 +220,7 @@ def dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qma
         else:
             lowbit.check_int4(xr.shape, scope, group_size, qk, "x")
             _resolve_range(qk, mode, qmin, qmax)
-        _check_eps(eps, m)
+        positive_scalar(eps, "eps", m)
         if mx:
             lowbit.check_mx(qk, scope, group_size)
         else:
@@ -236,7 +235,7 @@ def dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qma
         raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
     axis = check_scope(xr.shape, scope, axis, group_size)
     _resolve_range(qk, mode, qmin, qmax)
-    _check_eps(eps, m)
+    positive_scalar(eps, "eps", m)
     check_scale_dtype(scale_dtype, xr.kind)
     rows_view(xr, "x")
     pshape = param_shape(xr.shape, scope, axis, group_size)
@@ -302,8 +301,7 @@ def fake_quantize_learnable_spec(x, scale, zero_point, scope, axis, group_size, 
     xr = _float_input(x, "x", "fake_quantize_learnable")
     same_device(x=x, scale=scale, zero_point=zero_point)
     fake_quant_range(qmin, qmax, learnable=True)
-    if not isinstance(grad_factor, (int, float)) or isinstance(grad_factor, bool) or not math.isfinite(grad_factor):
-        raise InvalidProblemError(f"grad_factor={grad_factor!r} must be a finite real number")
+    real_scalar(grad_factor, "grad_factor", kinds.math_kind(xr.kind))
     axis = check_scope(xr.shape, scope, axis, group_size)
     _param(scale, xr.shape, scope, axis, group_size, "scale", kinds.FLOAT, "a floating-point dtype")
     _param(zero_point, xr.shape, scope, axis, group_size, "zero_point", kinds.FLOAT + ("i32",),
