@@ -45,7 +45,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import runtime as sf
-from runtime import DeviceRequiredError, InvalidProblemError, UnsupportedError, kinds, moe, replay, status
+from runtime import DeviceRequiredError, InvalidProblemError, UnsupportedError, moe, replay, status
 from runtime import arrays, device, dynamic, lowbit, training
 from runtime import launch as launch_mod
 from runtime.device import pack_params
@@ -231,38 +231,17 @@ def _element_bytes(entry, fn: str, name: str) -> int:
     return size if isinstance(size, int) else size(sku)
 
 
-def _vector_bytes(entry, name: str):
-    """Bytes of one vector of stream ``name`` on the vector path (``vec_ok``): the launch's vector
-    width (``rvec`` for the reduction's), capped at 16 bytes; None for a pointer that is no stream."""
-    launch = entry.launch
-    kind = {s["name"]: s["kind"] for s in launch["ins"] + launch["outs"]}.get(name)
-    if kind is None:
-        return None
-    vec = launch["rvec"] if launch["kind"] == "dynamic_reduce" else launch["vec"]
-    return min(16, max(1, vec * SIZE[kind] // kinds.kind(kind).pack))
-
-
 def _alignment_problems(fn, fmt, values, ranges) -> list:
-    """Pointer parameters not aligned to the element size the kernel reads them as, or, on the vector
-    path, stream pointers and row strides not aligned to one vector (and, for the elementwise
-    kernels' per-column parameters, the scale and zero point). A pointer into no array's bytes (an
-    empty array's, never read) is exempt."""
+    """Pointer parameters not aligned to the element size the kernel reads them as. (Words wider than
+    an element -- vectors, cp.async copies, output pairs -- are checked by the fake launcher itself
+    against runtime/vectors.py: tests/fakes.py ``assert_aligned``.) A pointer into no array's bytes
+    (an empty array's, never read) is exempt."""
     entry, names = _kernel_params(fn, fmt)
-    named = dict(zip(names, values))
-    vector = named.get("vec_ok") == 1
     bad = []
     for name, c, v in zip(names, fmt, values):
         if c != "Q" or not v or not (status.is_status_pointer(v) or any(lo <= v < hi for lo, hi in ranges)):
             continue
         need = _element_bytes(entry, fn, name)
-        vbytes = _vector_bytes(entry, name) if vector else None
-        if vbytes:
-            need = max(need, vbytes)
-            if named[name + "_rs"] * _element_bytes(entry, fn, name) % vbytes:
-                bad.append(f"{fn}: {name}_rs = {named[name + '_rs']} is not a whole number of {vbytes}-byte vectors")
-        elif vector and named.get("chan_last") == 1 and entry.launch["kind"] == "elementwise" \
-                and name in ("scale", "zero_point"):
-            need = max(need, min(16, entry.launch["vec"] * need))
         if v % need:
             bad.append(f"{fn}: {name} = {v:#x} is not aligned to {need} bytes")
     return bad
@@ -733,8 +712,9 @@ def test_fuzz_plan_and_registry(nodriver):
 
 def test_the_launch_checks_find_misaligned_and_stray_pointers(fz):
     """The property's launch checks are not vacuous: a launch of a real call passes them, and the same
-    launch with its x pointer moved by one byte, by four bytes on the vector path, with an odd row
-    stride, or out of every array fails them."""
+    launch with its x pointer moved by one byte, by four bytes on the vector path (the fake
+    launcher's check), with an odd row stride on it, or out of every array fails them."""
+    from tests.fakes import assert_aligned
     x = FD((8, 64), ptr=0x7A0000000000)
     fz.at(0x7E8000000000).launches = []
     sf.quantize(x, 0.5, scope="tensor")
@@ -742,17 +722,21 @@ def test_the_launch_checks_find_misaligned_and_stray_pointers(fz):
     (fn, grid, block, fmt, values), = fz.launches
     names = _kernel_params(fn, fmt)[1]
     assert values[names.index("vec_ok")] == 1 and not _launch_problems(fz.launches, ranges)
+    assert_aligned(fn, values)
 
     def moved(**changed):
         v = list(values)
         for name, value in changed.items():
             v[names.index(name)] = value
-        return _launch_problems([(fn, grid, block, fmt, v)], ranges)
-    assert any("x = " in b and "aligned to 4 bytes" in b for b in moved(x=x.ptr + 1, vec_ok=0))
-    assert not moved(x=x.ptr + 4, vec_ok=0)
-    assert any("aligned to 16 bytes" in b for b in moved(x=x.ptr + 4))
-    assert any("x_rs = 65" in b for b in moved(x_rs=65))
-    assert any("outside every array" in b for b in moved(x=0x100000))
+        return v
+    assert any("x = " in b and "aligned to 4 bytes" in b
+               for b in _launch_problems([(fn, grid, block, fmt, moved(x=x.ptr + 1, vec_ok=0))], ranges))
+    assert_aligned(fn, moved(x=x.ptr + 4, vec_ok=0))            # the scalar path takes any element address
+    for bad in (moved(x=x.ptr + 4), moved(x_rs=65)):
+        with pytest.raises(AssertionError, match="misaligned vector accesses"):
+            assert_aligned(fn, bad)
+    assert any("outside every array" in b
+               for b in _launch_problems([(fn, grid, block, fmt, moved(x=0x100000))], ranges))
 
 
 def test_every_pointer_parameter_has_an_element_size():
