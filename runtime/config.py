@@ -1,4 +1,5 @@
-"""Settings: every ``SKUFORGE_*`` environment variable is read here, once, and nowhere else.
+"""Settings: every ``SKUFORGE_*`` environment variable of the runtime is read here, once, and nowhere
+else (the harness and the tests read their own, docs/audit.md "Environment").
 
 :func:`settings` returns the :class:`Settings` (a frozen dataclass, typed, each field documented;
 the table is docs/configuration.md). The environment is read on the first call (never at import:
