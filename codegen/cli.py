@@ -1,4 +1,4 @@
-"""``python -m codegen``: build, check, list, show, compile, status (and the harness: audit, verify, bench).
+"""``python -m codegen``: build, check, list, show, compile, status (and the harness: audit, verify, bench, tune).
 
 No argument builds ``generated/``. Every subcommand has ``--help``. Exit status: 0 on success
 (also when the reader of the output goes away: ``| head``), 1 when something failed or a

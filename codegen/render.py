@@ -21,6 +21,7 @@ from runtime.status import ARGS, code as status_code
 from . import GENERATOR_VERSION
 from .abi import signatures
 from .matrix import Cell, Family
+from .schedules import launch_schedules
 
 ROOT = data_root()               # the repository root, or runtime/_data in an installed wheel
 TEMPLATES = ROOT / "templates"
@@ -149,6 +150,7 @@ def launch_metadata(cell: Cell, ctx: dict) -> dict:
         "ins": [{"name": s["name"], "kind": s["kind"]} for s in ctx["ins"]],
         "outs": [{"name": s["name"], "kind": s["kind"]} for s in ctx["outs"]],
     }
+    meta.update(launch_schedules(ctx["launch_kind"]))
     meta.update(ctx["launch_extra"])
     return meta
 

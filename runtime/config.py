@@ -8,7 +8,7 @@ variable goes through :func:`parse_flag`, here and in the harness and tests, whi
 variables with :func:`env_flag` / :func:`env_int`. :func:`override` replaces fields inside a
 ``with`` block (tools and tests)::
 
-    with runtime.config.override(dynamic_config="block", columns_grid="1d"):
+    with runtime.config.override(dynamic_config="block", schedule="b128"):
         ...
 
 and forgets the remembered launches that depend on them (the functional fast path, the fused
@@ -132,9 +132,10 @@ class Settings:
         "doc": "seconds a process waits for a compile-cache entry's lock before a "
                "CacheWarning naming the lock file, and the process compiles the unit itself"})
     # -- runtime: launch configuration switches (measurements, A/B) ---------------------------
-    columns_grid: str = dataclasses.field(
-        default="2d", metadata={"env": "SKUFORGE_COLUMNS_GRID",
-        "doc": "columns-layout grid of elementwise kernels: ``2d`` (column blocks in y) or ``1d``"})
+    schedule: str = dataclasses.field(
+        default="", metadata={"env": "SKUFORGE_SCHEDULE",
+        "doc": "a schedule variant (docs/tuning.md) every launch of a kind that declares it takes, instead of "
+               "the tuning table's choice (measurements, A/B); empty: the table"})
     dynamic_config: str = dataclasses.field(
         default="auto", metadata={"env": "SKUFORGE_DYNAMIC_CONFIG",
         "doc": "fused dynamic-quantize launch: ``auto`` or a runtime.dynamic.FusedConfig text "
@@ -196,7 +197,7 @@ def env_int(var: str, environ=None) -> Optional[int]:
                    "an integer")
 
 
-CHOICES = {"columns_grid": ("2d", "1d"), "dynamic_tensor": ("auto", "two_pass"), "graph_replay": ("on", "off")}
+CHOICES = {"dynamic_tensor": ("auto", "two_pass"), "graph_replay": ("on", "off")}
 
 
 def _field_value(f, text: str):
@@ -250,7 +251,7 @@ def reload(environ=None) -> Settings:
 
 # What is remembered from the settings: (module, attribute) of dicts to clear when they change.
 # Looked up in sys.modules, so that this module imports nothing of the runtime.
-DEPENDENT_CACHES = (("runtime.replay", "CACHE"), ("runtime.dynamic", "_LAUNCHES"))
+DEPENDENT_CACHES = (("runtime.replay", "CACHE"), ("runtime.dynamic", "_LAUNCHES"), ("runtime.tuning", "_CHOICES"))
 
 
 def _forget() -> None:

@@ -38,6 +38,7 @@ from .params import channel_params, check_apart, check_scale_dtype, out_arg, pos
 from .quantization import code_out
 from .reference import dynamic_qparams, dynamic_quantize_lowbit_ref, dynamic_range
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
+from .tuning import schedule
 from .vectors import CP_ASYNC, fits, require_aligned, stream_word
 
 MODES = ("symmetric", "asymmetric")
@@ -253,6 +254,10 @@ def fused_launch(launcher, plan, args, pack: int):
     configuration text and everything the choice depends on (sizes, strides, alignment, device):
     the host cost of a call."""
     text = settings().dynamic_config
+    if text == "auto" or settings().schedule:
+        # the schedule variant (runtime/tuning.py) names the configuration; a configuration set with
+        # SKUFORGE_DYNAMIC_CONFIG (anything but auto) wins over the table, a forced schedule over both
+        text = schedule(plan, args.xv.rows * args.xv.cols, properties(args.x.device)).get("config", text)
     key = (plan, text, args.xv.rows, args.xv.cols, args.group_size, args.xv.row_stride, args.qv.row_stride,
            args.x.ptr % 16, args.q.ptr % 16, args.x.device)
     hit = _LAUNCHES.get(key)

@@ -7,10 +7,10 @@ from typing import Union
 
 
 from .arrays import ArrayRef, stream_handle
-from .config import settings
 from .device import bind_launch, load_function, properties, resident_blocks
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
+from .tuning import schedule
 from .vectors import fits, stream_word, word
 
 
@@ -24,9 +24,6 @@ def ptr(a) -> int:
 
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
-# Columns layout grid: "2d" (column blocks in y: a thread owns one column vector) or "1d" (a block
-# covers the whole row width, a thread loops over column vectors): a measurement switch (docs/perf-notes.md),
-# runtime.config's columns_grid (SKUFORGE_COLUMNS_GRID).
 # Verification hook: when set, elementwise grids are capped at this many blocks, so that small
 # test shapes exercise the kernels' grid-stride loops (codegen/harness/checks/ sets it with grid_cap()).
 GRID_CAP = [None]
@@ -118,16 +115,23 @@ class ElementwiseLauncher(Launcher):
             fn = load_function(plan.registry, plan.entry.unit, plan.entry.symbol + "_rows", first.device)
         else:
             fn = plan.registry.kernel(plan.sku, first.device)
-        threads = plan.launch["block_threads"]
+        # the schedule variant (runtime/tuning.py): threads per block, grid shape
+        sched = schedule(plan, args.rows * args.cols, properties(first.device))
+        threads = sched.get("threads", plan.launch["block_threads"])
         if vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last)):
-            # columns layout (templates/quantization/_elementwise.cu.j2): a persistent grid of (row
-            # blocks, column blocks); a thread owns one column vector and walks its rows U at a time,
-            # one run of steps with a single partial step at its end
+            # columns layout (templates/quantization/_elementwise.cu.j2): a grid of (row blocks, column
+            # blocks); a thread owns one column vector and walks its rows U at a time. A persistent grid
+            # holds at most the resident blocks (one run of steps, a single partial step at its end); a
+            # full one has a block per step of work.
             tx = min(threads, next_pow2(-(-args.cols // vec)))
             ty = threads // tx
-            resident = properties(first.device)["sms"] * resident_blocks(fn, threads)
-            col_blocks = 1 if settings().columns_grid == "1d" else max(1, min(-(-args.cols // (tx * vec)), resident, MAX_GRID_Y))
-            grid = (max(1, min(-(-args.rows // (ty * unroll)), MAX_GRID_X, resident // col_blocks)), col_blocks)
+            row_blocks = -(-args.rows // (ty * unroll))
+            col_blocks = 1 if sched.get("columns") == "1d" else max(1, min(-(-args.cols // (tx * vec)), MAX_GRID_Y))
+            if sched.get("grid", "persistent") == "persistent":
+                resident = properties(first.device)["sms"] * resident_blocks(fn, threads)
+                col_blocks = min(col_blocks, resident)
+                row_blocks = min(row_blocks, resident // col_blocks)
+            grid = (max(1, min(row_blocks, MAX_GRID_X)), col_blocks)
         else:
             # columns per thread-iteration: U vectors (vector path) or one element (scalar path)
             units = -(-args.cols // (vec * unroll)) if vec_ok else args.cols

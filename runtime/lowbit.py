@@ -36,6 +36,7 @@ from .plans import Launcher, Preference, launcher
 from .params import check_param_shape, device_check
 from .reference import MX_GROUP
 from .scopes import param_shape
+from .tuning import schedule
 from .vectors import fits, stream_word
 
 FP8 = kinds.FP8            # plain aliases of the kind groups (runtime/kinds.py)
@@ -199,7 +200,8 @@ class LowBitElementwiseLauncher(Launcher):
         vec_ok = self.vec_ok(plan, args)
         vec, pack = plan.launch["vec"], plan.launch["pack"]
         units = -(-args.cols // (vec * plan.launch.get("unroll", 1))) if vec_ok else -(-args.cols // pack)
-        threads = plan.launch["block_threads"]
+        # the schedule variant (runtime/tuning.py): threads per block (the rows layout's grid is full)
+        threads = schedule(plan, args.rows * args.cols, properties(first.device)).get("threads", plan.launch["block_threads"])
         tx = min(threads, next_pow2(units))
         ty = threads // tx
         streams = stream_params(plan, args)

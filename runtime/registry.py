@@ -43,6 +43,8 @@ class Registry:
         self._sorted = tuple(sorted(self.entries))
         self._abi = {}
         self.units = manifest["units"]
+        # per-arch schedule choices (runtime/tuning.py); a manifest without them: every kind's default
+        self.tuning = manifest.get("tuning") or {}
 
     @classmethod
     def load(cls, root: Optional[Path] = None) -> "Registry":

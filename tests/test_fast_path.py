@@ -449,16 +449,25 @@ def test_pointer_counter_is_unique():
     assert itertools is not None
 
 
-@pytest.mark.parametrize("grid_kind, want", [("2d", (132, 4)), ("1d", (528, 1))])
-def test_columns_layout_grid(dev, override_settings, grid_kind, want):
-    """Group scope on (8192, 8192) f16 (VEC 8, 256 threads): the columns layout's persistent grid.
-    2d (default): 8192 / (256 * 8) = 4 column blocks in y, and resident / 4 row blocks in x, so a
-    thread owns one column vector; 1d: one block covers the row, threads loop over columns."""
-    override_settings(columns_grid=grid_kind)
+@pytest.mark.parametrize("name, want", [("b256", ((132, 4), (256, 1))), ("b256-1d", ((528, 1), (256, 1))),
+                                        ("b256-full", ((2048, 4), (256, 1))), ("b128", ((66, 8), (128, 1))),
+                                        ("b128-full", ((2048, 8), (128, 1)))])
+def test_columns_layout_grid(dev, override_settings, name, want):
+    """Group scope on (8192, 8192) f16 (VEC 8, U 4) under each elementwise schedule: 256 threads and a
+    persistent 2-D grid (default): 8192 / (256 * 8) = 4 column blocks in y and resident / 4 row blocks
+    in x (resident: 132 SMs x 4 blocks, the fixture), so a thread owns one column vector; 1d: one block
+    covers the row, threads loop over columns; full: a block per step of U rows (8192 / 4)."""
+    override_settings(schedule=name)
     dev.at(0x7F0000000000).launches = []
     sf.quantize(dev.a((8192, 8192), "float16"), dev.a((8192, 64)), scope="group", group_size=128)
     (fn, grid, block, fmt, values), = dev.launches
-    assert block == (256, 1) and grid == want      # resident: 132 SMs x 4 blocks (the fixture)
+    assert (grid, block) == want
+
+
+def test_unknown_schedule_is_a_typed_error(dev, override_settings):
+    override_settings(schedule="b999")
+    with pytest.raises(sf.InvalidProblemError, match="SKUFORGE_SCHEDULE='b999'.*b128"):
+        sf.quantize(dev.a((16, 256), "float16"), 1.0, scope="tensor")
 
 
 @pytest.mark.parametrize("op, arg", [("quantize", "scale"), ("fake_quantize", "zero_point"),

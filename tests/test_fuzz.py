@@ -575,7 +575,7 @@ SETTING_TEXTS = {
                                 "t8,grid=sideways", "t99", "", ",,,", "t8,ch=4,threads=256,grid=full", "t8,ch=-4",
                                 "t16,threads=64,fixed=0", "t8,index=div", "=", "t8,ch=8=8"),
     "SKUFORGE_DYNAMIC_TENSOR": ("auto", "two_pass", "three_pass", "", "AUTO"),
-    "SKUFORGE_COLUMNS_GRID": ("2d", "1d", "3d", "", "2D"),
+    "SKUFORGE_SCHEDULE": ("", "b128", "b256-1d", "t8", "auto", "block", "bogus"),
     "SKUFORGE_MOE_CONFIG": ("", "default", "fwd=default", "bogus", "fwd=,wgrad=", "x=y", "=", "fwd=128x128x32s5",
                             ",", "fwd"),
     "SKUFORGE_LOCK_TIMEOUT": ("", "5", "-1", "abc", "nan", "inf", "1e400"),
@@ -607,7 +607,7 @@ def _settings_fuzz(d, env, code, p):
     p.mutations.append(f"settings {env} {code}")
     with contextlib.ExitStack() as stack:
         stack.enter_context(config.override(**{f: getattr(s, f) for f in ("dynamic_config", "dynamic_tensor",
-                                                                          "columns_grid", "moe_config")}))
+                                                                          "schedule", "moe_config")}))
         try:
             if "use_config" in code:
                 stack.enter_context(moe.use_config(code["use_config"]))

@@ -211,11 +211,10 @@ def test_bad_settings_are_typed_errors_naming_the_variable():
     for env, words in (({"SKUFORGE_DISABLE_JIT": "maybe"}, ("SKUFORGE_DISABLE_JIT", "0, false, no, off")),
                        ({"SKUFORGE_LOCK_TIMEOUT": "abc"}, ("SKUFORGE_LOCK_TIMEOUT",)),
                        ({"SKUFORGE_LOCK_TIMEOUT": "-1"}, ("SKUFORGE_LOCK_TIMEOUT",)),
-                       ({"SKUFORGE_COLUMNS_GRID": "3d"}, ("SKUFORGE_COLUMNS_GRID", "2d, 1d")),
                        ({"SKUFORGE_DYNAMIC_TENSOR": "three_pass"}, ("SKUFORGE_DYNAMIC_TENSOR", "two_pass"))):
         err(lambda env=env: config.from_environ(env), InvalidProblemError, *words)
-    s = config.from_environ({"SKUFORGE_SYNC_CHECKS": "", "SKUFORGE_LOCK_TIMEOUT": "", "SKUFORGE_COLUMNS_GRID": "1D"})
-    assert (s.sync_checks, s.lock_timeout, s.columns_grid) == (False, 120.0, "1d")
+    s = config.from_environ({"SKUFORGE_SYNC_CHECKS": "", "SKUFORGE_LOCK_TIMEOUT": "", "SKUFORGE_SCHEDULE": "b128"})
+    assert (s.sync_checks, s.lock_timeout, s.schedule) == (False, 120.0, "b128")
     for text in ("t8,ch=abc", "t4,threads=", "t2,threads=1e3"):
         err(lambda text=text: dynamic.FusedConfig.parse(text), UnsupportedError, "SKUFORGE_DYNAMIC_CONFIG", text)
 

@@ -1,4 +1,4 @@
-"""The verification / benchmark / audit harness (``python -m codegen verify | bench | audit``).
+"""The verification / benchmark / audit harness (``python -m codegen verify | bench | tune | audit``).
 
 Kept apart from the generator (``codegen.matrix`` -> ``render`` -> ``manifest``, the build
 commands in ``codegen.cli``): it may use the generator and the runtime, nothing in the
@@ -10,16 +10,17 @@ generator uses it (import-linter contracts in pyproject.toml).
     workloads/base.py  what the bench workloads share; workloads/<family>.py: one family each
     verify.py          `verify`: every selected SKU through its registered checker, recorded
     bench.py           `bench`: the registered workloads against a device copy and PyTorch, recorded
+    tune.py            `tune`: every schedule variant timed per size bucket, the arch's tuning table written
     audit.py           `audit`: the coverage table from the manifest and the records
 """
 from __future__ import annotations
 
-from . import audit, bench, verify
+from . import audit, bench, tune, verify
 
-COMMANDS = (audit, verify, bench)
+COMMANDS = (audit, verify, bench, tune)
 
 
 def add_parsers(sub) -> None:
-    """Add the harness subcommands (audit, verify, bench) to the CLI's subparsers."""
+    """Add the harness subcommands (audit, verify, bench, tune) to the CLI's subparsers."""
     for module in COMMANDS:
         module.add_parser(sub)
