@@ -11,11 +11,14 @@ SKU of that kind carries them all in its manifest launch metadata (``schedules``
 Parameters by launch kind (read by the kind's launcher, runtime/launch.py, runtime/lowbit.py,
 runtime/dynamic.py):
 
-- ``elementwise`` / ``lowbit_elementwise`` (static quantize, dequantize, the straight-through and
-  fake-quantize passes): ``threads`` per block (at most the kernels' ``__launch_bounds__``, 256);
-  ``grid``: ``persistent`` (at most the resident blocks; the columns layout walks its rows) or
-  ``full`` (one block per step of work, nothing walked twice); ``columns``: ``2d`` (column blocks in
-  the grid's y: a thread owns one column vector) or ``1d`` (a block spans the row and loops).
+- ``elementwise`` (static s8 / u8 quantize and dequantize, the straight-through and fake-quantize
+  passes): ``threads`` per block (at most the kernels' ``__launch_bounds__``, 256); for the columns
+  layout (group scope, channel on the last axis) ``grid``: ``persistent`` (at most the resident
+  blocks; a thread walks its rows) or ``full`` (one block per step of rows, nothing walked twice),
+  and ``columns``: ``2d`` (column blocks in the grid's y: a thread owns one column vector) or ``1d``
+  (a block spans the row and loops).
+- ``lowbit_elementwise`` (static fp8 / int4 quantize and dequantize; one block per group of rows):
+  ``threads`` per block.
 - ``dynamic_fused`` / ``lowbit_dynamic_fused`` (per-token and per-group dynamic quantize):
   ``config``, a launch configuration of the SKU's fused kernels (runtime.dynamic.FusedConfig: the
   team kernel ``t16``/``t8``/``t4``/``t2`` with its threads per block, or the block kernel; ``auto``
@@ -47,22 +50,27 @@ _ELEMENTWISE = (
     _sched("b128", threads=128, grid="persistent", columns="2d"),
     _sched("b128-full", threads=128, grid="full", columns="2d"),
     _sched("b256-1d", threads=256, grid="persistent", columns="1d"),
+    _sched("b64", threads=64, grid="full", columns="2d"),
+)
+# the low-bit static kernels walk rows only (one block per row group: the grid is always full)
+_ROWS = (
+    _sched("b256", threads=256),                                     # default
+    _sched("b128", threads=128),
+    _sched("b64", threads=64),
 )
 _FUSED = (
     _sched("auto", config="auto"),                                   # default: the size rule
     _sched("t16", config="t16"),
-    _sched("t8", config="t8"),
-    _sched("t8-b128", config="t8,threads=128"),
+    _sched("t8", config="t8"),                                       # team kernels: 128 threads a block
     _sched("t8-b256", config="t8,threads=256"),
     _sched("t4", config="t4"),
     _sched("t2", config="t2"),
-    _sched("t2-b64", config="t2,threads=64"),
     _sched("block", config="block"),
 )
 
 SCHEDULES: dict = {
     "elementwise": _ELEMENTWISE,
-    "lowbit_elementwise": _ELEMENTWISE,
+    "lowbit_elementwise": _ROWS,
     "dynamic_fused": _FUSED,
     "lowbit_dynamic_fused": _FUSED,
 }

@@ -25,19 +25,38 @@ MAX_RUNS_KEPT = 50
 
 
 def check(sku, rng=None, preferred_fw="cupy"):
-    """Run the registered checker of ``sku`` -> ``CheckResult`` (checks/base.py); a crash is a
-    failed result, with its message."""
+    """Run the registered checker of ``sku`` -> ``CheckResult`` (checks/base.py), once under each of
+    its schedule variants (codegen/schedules.py) when it has several; a crash is a failed result,
+    with its message."""
     import numpy as np
+
+    from runtime.config import override
+    from runtime.registry import default_registry
 
     from .checks.base import CheckResult
     rng = rng or np.random.default_rng()
     fn = registry.checker_for(sku)
     if fn is None:
         return CheckResult(str(sku), False, detail=f"no checker for op {sku.op}")
-    try:
-        return fn(sku, rng, preferred_fw)
-    except Exception as e:  # noqa: BLE001 - a crash is a failed verification, recorded
-        return CheckResult(str(sku), False, detail=f"{type(e).__name__}: {e}")
+    names = list(default_registry().lookup(sku).launch.get("schedules") or [""])
+    total = CheckResult(str(sku), True)
+    for name in names:
+        try:
+            with override(schedule=name):
+                res = fn(sku, rng, preferred_fw)
+        except Exception as e:  # noqa: BLE001 - a crash is a failed verification, recorded
+            res = CheckResult(str(sku), False, detail=f"{type(e).__name__}: {e}")
+        if len(names) == 1:
+            return res
+        total.passed = total.passed and res.passed
+        total.cases += res.cases
+        total.mismatches += res.mismatches
+        total.max_error = max(total.max_error, res.max_error)
+        total.failures += [f"[{name}] {f}" for f in res.failures] or ([f"[{name}] {res.detail}"] if not res.passed else [])
+    total.passed = total.passed and total.cases > 0
+    total.detail = (f"{total.cases} cases over {len(names)} schedules ({', '.join(names)}), "
+                    f"{total.mismatches} mismatching")
+    return total
 
 
 def sku_seed(seed: int, sku: str) -> list:
