@@ -191,7 +191,7 @@ def _bench_best(sku: str, sha: str, bench: dict):
                 best = {"score": score, "pct_copy": r.get("pct_copy"), "speedup_ref": r.get("speedup_ref"),
                         "gbps": r.get("gbps"), "tflops": r.get("tflops"), "shape": r.get("shape"),
                         "gpu": (rec.get("gpu") or {}).get("name", gpu),
-                        "speedup_compile": r.get("speedup_compile")}
+                        "speedup_compile": r.get("speedup_compile"), "schedule": r.get("schedule")}
     return best, (stale and best is None)
 
 
@@ -365,7 +365,7 @@ def _cell_tooltip(c: CellStatus) -> str:
     if c.bench:
         b = c.bench
         lines.append(f"best: {bench_text(b)} {b.get('gbps') and round(b['gbps']) or ''} GB/s on "
-                     f"{b.get('shape')} ({b.get('gpu')})")
+                     f"{b.get('shape')} ({b.get('gpu')})" + (f", schedule {b['schedule']}" if b.get("schedule") else ""))
     elif c.bench_stale:
         lines.append("benchmark: stale")
     return "\n".join(lines)

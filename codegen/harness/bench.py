@@ -272,11 +272,12 @@ def to_markdown(rec: dict) -> str:
     fl = [r for r in res if r.get("flops") and not r.get("bytes")]
     if bw:
         lines += ["## Bandwidth kernels", "",
-                  "| op | kernel | shape | µs | GB/s | % copy | eager % | compile % | × eager | × compile | = eager |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| op | kernel | shape | schedule | µs | GB/s | % copy | eager % | compile % | × eager | × compile | = eager |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(bw, key=lambda r: (r["op"], r["sku"], shape_key(r["shape"]))):
             e, c = r.get("torch_eager") or {}, r.get("torch_compile") or {}
-            lines.append(f"| {r['op']} | {r['label']} | {shape_key(r['shape'])} | {_f(r.get('ms', 0) * 1e3, '{:.1f}')} | "
+            lines.append(f"| {r['op']} | {r['label']} | {shape_key(r['shape'])} | {r.get('schedule', '')} | "
+                         f"{_f(r.get('ms', 0) * 1e3, '{:.1f}')} | "
                          f"{_f(r.get('gbps'))} | {_f(r.get('pct_copy'), '{:.1f}')} | {_f(e.get('pct_copy'), '{:.1f}')} | "
                          f"{_f(c.get('pct_copy'), '{:.1f}')} | {_f(r.get('speedup_eager'), '{:.2f}')} | "
                          f"{_f(r.get('speedup_compile'), '{:.2f}')} | {_agree(r.get('mismatches_vs_eager'))} |")
@@ -868,6 +869,9 @@ def run_one(timer, baselines, sku, module, shape, l2: int, copy_gbps: float, sha
          "label": w0.get("label") or str(sku), "bytes": w0.get("bytes"), "flops": w0.get("flops"), "sets": n,
          "date": now()}
     r.update(target_for(module, sku, shape))
+    sched = schedule_of(sku, shape)
+    if sched:
+        r["schedule"] = sched
     ref = [w["torch_ref"] for w in sets] if baselines is not None and w0.get("torch_ref") is not None else None
     if ref is None:
         r["skuforge"] = timer.measure([w["call"] for w in sets])
@@ -911,6 +915,22 @@ def run_one(timer, baselines, sku, module, shape, l2: int, copy_gbps: float, sha
         out["pct_ceiling"] = pct(out["tflops"], ceiling["tflops"])
         out["ceiling_tflops"] = ceiling["tflops"]
     return out
+
+
+def schedule_of(sku, shape) -> Optional[str]:
+    """The schedule variant a call of ``sku`` at ``shape`` runs on the current device (runtime/tuning.py),
+    or None for a kind with one way to launch."""
+    from runtime import tuning
+    from runtime.device import current_device, properties
+    from runtime.plans import Plan
+    from runtime.errors import DeviceRequiredError
+    if not isinstance(shape, (tuple, list)):
+        return None
+    try:
+        cc = properties(current_device())["cc"]
+    except DeviceRequiredError:         # a run without a device (the harness's own tests): not known
+        return None
+    return tuning.choose(Plan(sku), math.prod(shape), cc)[0]
 
 
 _SAME_COPY: dict = {}
