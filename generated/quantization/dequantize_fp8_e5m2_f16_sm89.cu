@@ -390,11 +390,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return !chan_last;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -404,6 +414,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -446,10 +457,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -457,7 +472,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -517,12 +532,22 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return group_size % VEC == 0;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
-        Param p;
+        Raw r;
         // e8m0 block scales (MX): 2^(code - 127), exact, so inv is exact too
-        p.s = scale_e8m0 ? e8m0_to_f32(scale_e8m0[i]) : (scale ? scale[i] : scale_value);
-        p.zp = zp_value;
+        r.s = scale_e8m0 ? e8m0_to_f32(scale_e8m0[i]) : (scale ? scale[i] : scale_value);
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
+        Param p;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -532,6 +557,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -574,10 +600,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -585,7 +615,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -645,11 +675,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -659,6 +699,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -701,10 +742,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -712,7 +757,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -772,11 +817,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -786,6 +841,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -828,10 +884,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -839,7 +899,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);

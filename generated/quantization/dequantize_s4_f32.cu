@@ -389,11 +389,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return !chan_last;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zero_point ? zero_point[i] : zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zero_point ? zero_point[i] : zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -403,6 +413,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -437,10 +448,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -448,7 +463,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -508,11 +523,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return !chan_last;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -522,6 +547,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -556,10 +582,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -567,7 +597,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -626,11 +656,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return group_size % VEC == 0;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zero_point ? zero_point[i] : zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zero_point ? zero_point[i] : zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -640,6 +680,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -674,10 +715,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -685,7 +730,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -744,11 +789,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return group_size % VEC == 0;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -758,6 +813,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -792,10 +848,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -803,7 +863,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -862,11 +922,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zero_point ? zero_point[i] : zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zero_point ? zero_point[i] : zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -876,6 +946,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -910,10 +981,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -921,7 +996,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -980,11 +1055,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -994,6 +1079,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -1028,10 +1114,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -1039,7 +1129,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -1098,11 +1188,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zero_point ? zero_point[i] : zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zero_point ? zero_point[i] : zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -1112,6 +1212,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -1146,10 +1247,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -1157,7 +1262,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -1216,11 +1321,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -1230,6 +1345,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 template <int V>
@@ -1264,10 +1380,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<u8_t, VEC / PACK> qv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -1275,7 +1395,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
                     if (c >= cols) break;
                     M s[VEC], v[VEC];
                     int zp[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);

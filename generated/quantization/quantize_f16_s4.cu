@@ -389,11 +389,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return !chan_last;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zero_point ? zero_point[i] : zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zero_point ? zero_point[i] : zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -403,6 +413,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
@@ -442,10 +453,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<T, VEC> xv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) xv[u] = load_vec<T, VEC>(xr + c);
+                    if (c < cols) {
+                        xv[u] = load_vec<T, VEC>(xr + c);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -453,7 +468,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
                     if (c >= cols) break;
                     M t[VEC];
                     QuantBounds<M> qb[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -509,11 +524,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return !chan_last;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -523,6 +548,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
@@ -562,10 +588,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<T, VEC> xv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) xv[u] = load_vec<T, VEC>(xr + c);
+                    if (c < cols) {
+                        xv[u] = load_vec<T, VEC>(xr + c);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -573,7 +603,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
                     if (c >= cols) break;
                     M t[VEC];
                     QuantBounds<M> qb[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -628,11 +658,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return group_size % VEC == 0;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zero_point ? zero_point[i] : zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zero_point ? zero_point[i] : zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -642,6 +682,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
@@ -681,10 +722,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<T, VEC> xv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) xv[u] = load_vec<T, VEC>(xr + c);
+                    if (c < cols) {
+                        xv[u] = load_vec<T, VEC>(xr + c);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -692,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
                     if (c >= cols) break;
                     M t[VEC];
                     QuantBounds<M> qb[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -747,11 +792,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return group_size % VEC == 0;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -761,6 +816,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
@@ -800,10 +856,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f1
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<T, VEC> xv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) xv[u] = load_vec<T, VEC>(xr + c);
+                    if (c < cols) {
+                        xv[u] = load_vec<T, VEC>(xr + c);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -811,7 +871,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f1
                     if (c >= cols) break;
                     M t[VEC];
                     QuantBounds<M> qb[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -866,11 +926,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zero_point ? zero_point[i] : zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zero_point ? zero_point[i] : zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -880,6 +950,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
@@ -919,10 +990,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<T, VEC> xv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) xv[u] = load_vec<T, VEC>(xr + c);
+                    if (c < cols) {
+                        xv[u] = load_vec<T, VEC>(xr + c);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -930,7 +1005,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
                     if (c >= cols) break;
                     M t[VEC];
                     QuantBounds<M> qb[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -985,11 +1060,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -999,6 +1084,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
@@ -1038,10 +1124,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<T, VEC> xv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) xv[u] = load_vec<T, VEC>(xr + c);
+                    if (c < cols) {
+                        xv[u] = load_vec<T, VEC>(xr + c);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -1049,7 +1139,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
                     if (c >= cols) break;
                     M t[VEC];
                     QuantBounds<M> qb[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -1104,11 +1194,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zero_point ? zero_point[i] : zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zero_point ? zero_point[i] : zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -1118,6 +1218,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
@@ -1157,10 +1258,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<T, VEC> xv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) xv[u] = load_vec<T, VEC>(xr + c);
+                    if (c < cols) {
+                        xv[u] = load_vec<T, VEC>(xr + c);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -1168,7 +1273,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
                     if (c >= cols) break;
                     M t[VEC];
                     QuantBounds<M> qb[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
@@ -1223,11 +1328,21 @@ struct Params {
     __device__ __forceinline__ bool uniform() const {
         return true;
     }
-    __device__ __forceinline__ Param at(i64_t row, i64_t c) const {
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
         const i64_t i = index(row, c);
+        Raw r;
+        r.s = scale ? scale[i] : scale_value;
+        r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param finish(const Raw& r) const {
         Param p;
-        p.s = scale ? scale[i] : scale_value;
-        p.zp = zp_value;
+        p.s = r.s;
+        p.zp = r.zp;
         // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
         // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
         if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
@@ -1237,6 +1352,7 @@ struct Params {
         p.inv = recip(p.s);
         return p;
     }
+    __device__ __forceinline__ Param at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
 };
 
 // One element's code: clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble.
@@ -1276,10 +1392,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
             const bool uniform = P.uniform();
             for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
                 Vec<T, VEC> xv[U];
+                Params::Raw pr[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) xv[u] = load_vec<T, VEC>(xr + c);
+                    if (c < cols) {
+                        xv[u] = load_vec<T, VEC>(xr + c);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -1287,7 +1407,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f1
                     if (c >= cols) break;
                     M t[VEC];
                     QuantBounds<M> qb[VEC];
-                    Param p = P.at(row, c);
+                    Param p = uniform ? P.finish(pr[u]) : P.at(row, c);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
                         if (!uniform && i) p = P.at(row, c + i);
