@@ -496,11 +496,13 @@ def _lowbit_dynamic_context(cell, ctx):
     ch_max = max(1, 64 // (ctx["vec"] * kinds.SIZE[el]))
     ch_vec = [c for c in (1, 2, 4, 8) if c <= ch_max]
     ch_scalar = [c for c in (1, 4, 8) if c * pack * kinds.SIZE[el] <= 64]
-    team = _team_context(sku)
+    # the fixed-TX entry points for the fp8 kernels with the conversion instructions (sm89: what
+    # Hopper runs; the software-conversion and int4 kernels keep the run-time-TX ones only)
+    team = _team_context(sku, fixed=out["hw"] and out["fmt"] is not None)
     out.update({"ch_vec": ch_vec, "ch_scalar": ch_scalar,
                 "min_blocks": 2 if sku.mode == "symmetric" and kinds.SIZE[el] <= 4 else 1, **team,
-                "launch": {"max_threads": 512, "ch_vec": ch_vec,
-                           "ch_scalar": ch_scalar, "pack": pack, "mx": out["mx"], "team_chunks": team["team_chunks"]}})
+                "launch": {"max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar, "pack": pack,
+                           "mx": out["mx"], "team_chunks": team["team_chunks"], "team_fixed": team["team_fixed"]}})
     return out
 
 

@@ -1042,6 +1042,51 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     }
 }
 
+// Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
+// compile time: row groups of up to 8 chunks (32 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8.
+extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8_tx2(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 2, dense != 0, xch);
+}
+
+// Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
+// compile time: row groups of up to 16 chunks (64 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8.
+extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8_tx4(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 4, 2, 4>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 4, dense != 0, xch);
+}
+
+// Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
+// compile time: row groups of up to 32 chunks (128 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8.
+extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8_tx8(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 4, 2, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
+}
+
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
@@ -1076,6 +1121,21 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     case 1: team_row_groups<4, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
+}
+
+// Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
+// compile time: row groups of up to 16 chunks (64 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t2.
+extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t2_tx8(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 2, 1, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/symmetric/f32/fp8_e5m2/sm89/simt/f32.acc-f32.det.stable
@@ -1775,4 +1835,19 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     case 1: team_row_groups<4, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
     default: break;
     }
+}
+
+// Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
+// compile time: row groups of up to 512 chunks (2048 elements); parameters as for sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_t2.
+extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_t2_tx256(
+    const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+    float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
+    int ch, int dense, i64_t ngroups)
+{
+    using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    team_row_groups<4, 2, 1, 256>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 256, dense != 0, xch);
 }
