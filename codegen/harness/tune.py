@@ -131,13 +131,19 @@ def cmd_tune(args) -> int:
                 console.print(f"[{i + 1}/{len(todo)}] {sku} {b}: {pick} "
                               f"({times[pick]:.2f} µs; default {default} {times[default]:.2f} µs)")
             _free()
-    table["seconds"] = round(time.perf_counter() - t0, 1)
-    table["entries"] = {k: dict(sorted(v.items())) for k, v in sorted(table["entries"].items())}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+            table["seconds"] = round(time.perf_counter() - t0, 1)
+            _write(path, table)          # after every SKU: an interrupted run keeps what it measured
     console.print(f"wrote {path}: {len(todo)} SKUs x {len(buckets)} buckets in {table['seconds']} s; run "
                   "`python -m codegen` to fold it into the manifest")
     return 0
+
+
+def _write(path: Path, table: dict) -> None:
+    """The table, keys sorted, written atomically (a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
 
 
 def _plan(reg, sku):
