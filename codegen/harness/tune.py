@@ -113,7 +113,7 @@ def cmd_tune(args) -> int:
     table.update({"arch": arch, "gpu": env["gpu"]["name"], "commit": git_info().get("commit") or "unknown",
                   "date": now(), "samples": args.samples, "shapes": {b: list(BUCKET_SHAPES[b]) for b in buckets}})
     l2 = int(cp.cuda.Device(args.device).attributes.get("L2CacheSize", 64 << 20))
-    stream = cp.cuda.get_current_stream()
+    stream = _stream(cp, args.device)
     t0 = time.perf_counter()
     with stream:
         timer = Timer(stream, args.samples, 0.2)
@@ -136,6 +136,19 @@ def cmd_tune(args) -> int:
     console.print(f"wrote {path}: {len(todo)} SKUs x {len(buckets)} buckets in {table['seconds']} s; run "
                   "`python -m codegen` to fold it into the manifest")
     return 0
+
+
+def _stream(cp, device: int):
+    """The stream the workloads' calls run on, as bench times them: torch's current stream where the
+    workloads make torch tensors (torch importable), else CuPy's."""
+    try:
+        import torch
+    except ImportError:
+        return cp.cuda.get_current_stream()
+    from runtime.arrays import cupy_stream
+    torch.cuda.set_device(device)
+    torch.cuda.init()
+    return cupy_stream(torch.cuda.current_stream().cuda_stream, device)
 
 
 def _write(path: Path, table: dict) -> None:
