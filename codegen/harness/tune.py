@@ -37,6 +37,11 @@ DEFAULT_FILTERS = tuple(
     for pair in pairs)
 
 
+# the order SKUs are measured in: the ops users call most first (an interrupted run keeps those)
+OP_ORDER = ("dynamic_quantize", "quantize", "dequantize", "fake_quantize", "fake_quantize_backward",
+            "quantize_backward", "dequantize_backward")
+
+
 def selected(reg, filters, cc: int) -> list:
     """SKUs with schedule variants matching a filter that run on ``cc``; of those differing only in
     arch, the one a plan on this device picks (the highest arch it runs)."""
@@ -49,7 +54,8 @@ def selected(reg, filters, cc: int) -> list:
         k = (sku.op, sku.scope, sku.mode, sku.element, sku.aux_element, sku.backend)
         if k not in best or best[k].arch < sku.arch:
             best[k] = sku
-    return [best[k] for k in sorted(best)]
+    order = {op: i for i, op in enumerate(OP_ORDER)}
+    return sorted(best.values(), key=lambda s: (order.get(s.op, len(order)), str(s)))
 
 
 def _under(name: str, call):
