@@ -560,6 +560,10 @@ LOCAL_MEMORY = (
                 "per-element scale check"),
     LocalMemory("sf_quantize_group_symmetric_f64_fp8_*", 16, "f64 -> fp8 software conversion, group scope: 12-24 B of "
                 "spills"),
+    LocalMemory("sf_dequantize_*_fp8_e?m?_f32_sm80_simt", 24, "fp8 -> f32 dequantize (software conversion) with a "
+                "step's scale elements held beside its data: 24-44 B of spills"),
+    LocalMemory("sf_dequantize_*_[su]4_*_sm80_simt", 8, "int4 dequantize with a step's scale elements (and zero "
+                "points) held beside its data: 4-16 B of spills on some scopes"),
 )
 
 

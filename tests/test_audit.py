@@ -413,6 +413,7 @@ def test_bench_targets_and_markdown():
           res(S_GRP, "quantize", "bf16->s8 group", (16, 4096), 0.25, scope="group"),        # not a large shape
           res("d1", "dynamic_quantize", "dyn token", (8192, 8192), 0.2299),                   # 87% >= 85 (default)
           res("d2", "dynamic_quantize", "dyn tensor", (8192, 8192), 0.4, scope="tensor", target_pct=55.0),
+          res("d3", "dynamic_quantize", "dyn group", (16, 4096), 0.0045, scope="group", target_us=4.77),
           {"sku": GMM.format("mma"), "op": "grouped_matmul", "label": "gmm", "shape": [8, 1], "flops": 1e12,
            "speedup_ref": 0.6, "target_ref": 0.5},
           {"sku": GMM.format("wgmma"), "op": "grouped_matmul", "label": "gmm E8", "shape": [8, 1], "flops": 1e12,
@@ -425,11 +426,13 @@ def test_bench_targets_and_markdown():
     rec = {"gpu": {"name": "G"}, "copy": {"gbps": 5000.0, "bytes": 2**30}, "results": rs,
            "host_overhead": [{"label": "quantize cupy", "us": 12.0, "min_us": 11.0, "target_us": 15.0}]}
     t = {what: (val, want, ok) for what, val, want, ok, _ in bench.targets(rec)}
-    assert t["quantize (group/token): min % of copy on 65536x4096/8192x8192"] == (pytest.approx(80.0), 90.0, False)
+    assert t["quantize (group/token): min % of copy on 131072x4096/4096x14336/4096x7168/65536x4096/8192x8192"] == (pytest.approx(80.0), 95.0, False)
     g = t["quantize: geomean speed-up vs torch.compile"]
     assert g[0] == pytest.approx(math.sqrt(1.5 * 1.2)) and g[2] is True
-    assert t["dynamic_quantize (token): min % of copy on 65536x4096/8192x8192"][1:] == (85.0, True)
-    assert t["dynamic_quantize (tensor): min % of copy on 65536x4096/8192x8192"] == (pytest.approx(50.0), 55.0, False)
+    assert t["quantize: min speed-up vs torch.compile (every cell)"] == (pytest.approx(1.2), 1.0, True)
+    assert t["dynamic_quantize (token): min % of copy on 131072x4096/4096x14336/4096x7168/65536x4096/8192x8192"][1:] == (95.0, False)     # 87 %
+    assert t["dynamic_quantize (tensor): min % of copy on 131072x4096/4096x14336/4096x7168/65536x4096/8192x8192"] == (pytest.approx(50.0), 55.0, False)
+    assert t["dynamic_quantize: µs at 16x4096, dyn group"] == (pytest.approx(4.5), 4.77, True)
     assert t["grouped_matmul [mma]: min ratio to the PyTorch reference"] == (0.6, 0.5, True)
     assert t["grouped_matmul [wgmma]: min ratio to the PyTorch reference"] in ((1.0, 0.95, True), (1.05, 1.1, False))
     levels = [(v, w, ok) for what, v, w, ok, _ in bench.targets(rec) if what.startswith("grouped_matmul [wgmma]")]
@@ -452,6 +455,9 @@ def test_bench_targets_declared_by_modules():
     assert bench.target_for(by_shape, sku, [128, 4096]) == {"target_ref": 1.1}
     assert bench.target_for(by_shape, sku, (8, 4096)) == {} == bench.target_for(by_shape, sku)
     assert bench.target_for(types.SimpleNamespace(), sku) == {}
+    latency = types.SimpleNamespace(TARGET_US=lambda s, shape: (4.5, "peer") if shape == (16, 4096) else None)
+    assert bench.target_for(latency, sku, [16, 4096]) == {"target_us": 4.5, "target_us_note": "peer"}
+    assert bench.target_for(latency, sku, [8192, 8192]) == {}
     per_sku = types.SimpleNamespace(TARGET_PCT=lambda s: None if s.scope == "token" else 80.0)
     assert bench.target_for(per_sku, sku) == {"no_target": True}
     assert bench.target_for(per_sku, KernelSku.parse(S_GRP)) == {"target_pct": 80.0}
@@ -466,15 +472,16 @@ def test_bench_targets_skip_results_without_target():
 
 
 def test_bench_target_shapes_split_the_rows():
-    """A module's TARGET_SHAPES (low-bit: 65536x4096 only) makes its own row; other
-    shapes of those results count for no target."""
+    """A result's target shapes (a module's TARGET_SHAPES, here 65536x4096 only) make their own row;
+    other shapes of those results count for no target."""
     base = dict(op="dynamic_quantize", scope="group", element="bf16")
     lowbit = dict(base, aux_element="s4", target_pct=85.0, target_shapes=[[65536, 4096]])
     rec = {"results": [dict(base, aux_element="s8", label="s8", shape=[8192, 8192], pct_copy=86.0, target_pct=85.0),
                        dict(lowbit, label="s4", shape=[65536, 4096], pct_copy=86.1),
                        dict(lowbit, label="s4", shape=[8192, 8192], pct_copy=76.0)]}
     rows = {what: (value, want, ok) for what, value, want, ok, _ in bench.targets(rec)}
-    assert rows["dynamic_quantize (group): min % of copy on 65536x4096/8192x8192"] == (86.0, 85.0, True)
+    assert rows["dynamic_quantize (group): min % of copy on 131072x4096/4096x14336/4096x7168/65536x4096/8192x8192"] \
+        == (86.0, 85.0, True)
     assert rows["dynamic_quantize (group): min % of copy on 65536x4096"] == (86.1, 85.0, True)
     mod = types.SimpleNamespace(TARGET_PCT=85.0, TARGET_SHAPES=((65536, 4096),))
     assert bench.target_for(mod, KernelSku.parse(S_GRP)) == {"target_pct": 85.0, "target_shapes": [[65536, 4096]]}

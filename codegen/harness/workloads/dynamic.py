@@ -21,7 +21,8 @@ from .base import random_input
 OPS = ("dynamic_quantize",)
 GROUP_SIZE = 128
 CHANNEL_AXIS = -1
-TARGETS_BY_SCOPE = {"token": 85.0, "group": 85.0, "tensor": 55.0, "channel": 55.0}   # % of copy, bf16 -> s8
+# % of copy: single-pass token / group 95, the two-pass scopes (a reduction, then the quantize) 75
+TARGETS_BY_SCOPE = {"token": 95.0, "group": 95.0, "tensor": 75.0, "channel": 75.0}
 
 
 def _torch():
