@@ -610,6 +610,17 @@ def error_text(e: BaseException, limit: int = 600) -> str:
     return f"{type(e).__name__}: {text}"[:limit]
 
 
+def no_gpu() -> Optional[str]:
+    """Why the GPU commands cannot run here (no CuPy, no driver, no device), or None."""
+    try:
+        import cupy as cp
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            raise RuntimeError("no CUDA device")
+    except Exception as e:  # noqa: BLE001 - any failure to reach a device is the answer
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def _free():
     import cupy as cp
     cp.get_default_memory_pool().free_all_blocks()
@@ -981,13 +992,11 @@ def cmd_bench(args) -> int:
         console.print(f"bench: nothing to run for --filter {args.filter!r} "
                       f"(modules: {', '.join(m.__name__ for m in modules) or 'none'}; try --all)")
         return 2
-    try:
-        import cupy as cp
-        if cp.cuda.runtime.getDeviceCount() == 0:
-            raise RuntimeError("no CUDA device")
-    except Exception as e:  # noqa: BLE001
-        console.print(f"bench: needs a CUDA GPU ({type(e).__name__}: {e}); nothing recorded")
+    missing = no_gpu()
+    if missing:
+        console.print(f"bench: needs a CUDA GPU ({missing}); nothing recorded")
         return 2
+    import cupy as cp
     import os
 
     from .verify import _precompile, environment

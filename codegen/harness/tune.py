@@ -17,7 +17,7 @@ from pathlib import Path
 
 from runtime import tuning
 
-from .bench import Timer, module_for, rotation_sets, workload_modules
+from .bench import Timer, _free, module_for, no_gpu, rotation_sets, workload_modules
 from .records import git_info, now
 
 # The shape each size bucket is measured at (runtime.tuning.BUCKETS): the benchmark's latency,
@@ -91,13 +91,11 @@ def cmd_tune(args) -> int:
     from ..terminal import console as new_console
     from .verify import _precompile, environment
     console = new_console(stderr=True)
-    try:
-        import cupy as cp
-        if cp.cuda.runtime.getDeviceCount() == 0:
-            raise RuntimeError("no CUDA device")
-    except Exception as e:  # noqa: BLE001
-        console.print(f"tune: needs a CUDA GPU ({type(e).__name__}: {e}); nothing written")
+    missing = no_gpu()
+    if missing:
+        console.print(f"tune: needs a CUDA GPU ({missing}); nothing written")
         return 2
+    import cupy as cp
     reg = Registry.load(GENERATED)
     cp.cuda.Device(args.device).use()
     env = environment(args.device)
@@ -168,15 +166,6 @@ def _write(path: Path, table: dict) -> None:
 def _plan(reg, sku):
     from runtime.plans import Plan
     return Plan(sku, reg)
-
-
-def _free():
-    import cupy as cp
-    cp.get_default_memory_pool().free_all_blocks()
-    import sys
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 def add_parser(sub) -> None:
