@@ -464,6 +464,21 @@ def test_columns_layout_grid(dev, override_settings, name, want):
     assert (grid, block) == want
 
 
+def test_the_schedule_is_chosen_once_per_shape_and_not_on_a_replay(dev, monkeypatch):
+    """The tuning table is read when a launch is prepared; a repeated call replays the prepared launch
+    and does not choose again."""
+    from runtime import tuning
+    chosen = []
+    real = tuning.choose
+    monkeypatch.setattr(tuning, "choose", lambda *a: chosen.append(a[1]) or real(*a))
+    x, scale = dev.a((64, 4096), "float16"), dev.a((64, 32))
+    for _ in range(3):
+        sf.quantize(x, scale, scope="group", group_size=128)
+    assert chosen == [64 * 4096]
+    sf.quantize(dev.a((16, 4096), "float16"), dev.a((16, 32)), scope="group", group_size=128)
+    assert chosen == [64 * 4096, 16 * 4096]
+
+
 def test_unknown_schedule_is_a_typed_error(dev, override_settings):
     override_settings(schedule="b999")
     with pytest.raises(sf.InvalidProblemError, match="SKUFORGE_SCHEDULE='b999'.*b128"):

@@ -111,3 +111,45 @@ def test_tune_keeps_the_default_within_the_margin():
     assert tune.choose({"b256": 100.0, "b128": 99.5}, "b256") == "b256"
     assert tune.choose({"b256": 100.0, "b128": 98.0}, "b256") == "b128"
     assert tune.choose({"b256": 100.0, "b128": 101.0}, "b256") == "b256"
+
+
+def test_tune_one_times_each_schedule_under_its_own_name():
+    """tune_one: every schedule of the SKU is a contender whose calls run with that schedule forced,
+    timed in one measure_turns; the result is {schedule: median µs}."""
+    from runtime.config import settings
+    sku = SKU
+    reg = default_registry()
+    names = sorted(reg.lookup(sku).launch["schedules"])
+    seen = []
+
+    def make(s, shape):
+        return {"call": lambda: seen.append(settings().schedule), "bytes": 3 << 20}
+
+    class FakeTimer:
+        def measure_turns(self, contenders):
+            out = []
+            for calls in contenders:
+                before = len(seen)
+                calls[0]()
+                out.append({"ms": 0.001 * (1 + len(seen[before])), "samples": 1})
+            return out
+    times = tune.tune_one(FakeTimer(), reg, sku, SimpleNamespace(make=make), (16, 4096), 60 << 20)
+    assert sorted(times) == names and sorted(seen) == names
+    assert all(times[n] == pytest.approx(1 + len(n)) for n in names)     # µs, from each contender's own run
+    assert settings().schedule == ""                                      # the override ends with the call
+    assert tune.tune_one(FakeTimer(), reg, sku, SimpleNamespace(make=lambda s, sh: None), (16, 4096), 1) == {}
+
+
+def test_tune_selects_one_arch_per_sku_and_the_most_called_ops_first():
+    reg = default_registry()
+    picked = tune.selected(reg, tune.DEFAULT_FILTERS, 90)
+    assert picked and all(reg.lookup(s).launch.get("schedules") for s in picked)
+    keys = [(s.op, s.scope, s.mode, s.element, s.aux_element, s.backend) for s in picked]
+    assert len(set(keys)) == len(keys)
+    fp8 = [s for s in picked if s.aux_element == "fp8_e4m3"]
+    assert fp8 and all(s.arch == "sm89" for s in fp8)                      # what an sm_90 device runs
+    assert [s.arch for s in tune.selected(reg, tune.DEFAULT_FILTERS, 80) if s.aux_element == "fp8_e4m3"] \
+        == ["sm80"] * len(fp8)
+    order = [tune.OP_ORDER.index(s.op) for s in picked]
+    assert order == sorted(order)
+
