@@ -425,9 +425,9 @@ def test_bench_module_selection_and_bytes():
     assert bench_lowbit.expected_bytes(fp8, (65536, 4096)) == n * 2 + n + n // 128 * 4
     assert bench_lowbit.expected_bytes(s4, (65536, 4096)) == n * 2 + n // 2 + n // 128 * 4
     fp8s = {s.arch: s for s, _, _ in todo if s.aux_element == "fp8_e4m3"}
-    assert bench.target_for(bench_lowbit, fp8s["sm89"])["target_pct"] == 85.0     # hardware cvt: the 85 % target
+    assert bench.target_for(bench_lowbit, fp8s["sm89"])["target_pct"] == 95.0     # hardware cvt: the 95 % target
     assert bench.target_for(bench_lowbit, fp8s["sm80"]) == {"no_target": True}     # the software fallback: none
-    assert bench.target_for(bench_lowbit, s4)["target_pct"] == 85.0
+    assert bench.target_for(bench_lowbit, s4)["target_pct"] == 95.0
 
 
 def test_prefer_arch_forgets_remembered_calls():
