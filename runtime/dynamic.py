@@ -253,8 +253,9 @@ def fused_launch(launcher, plan, args, pack: int):
     team kernel (tx, ch, dense, ngroups) or the block kernel (vec_ok). Cached per plan,
     configuration text and everything the choice depends on (sizes, strides, alignment, device):
     the host cost of a call."""
-    text = settings().dynamic_config
-    if text == "auto" or settings().schedule:
+    s = settings()
+    text = s.dynamic_config
+    if text == "auto" or s.schedule:
         # the schedule variant (runtime/tuning.py) names the configuration; a configuration set with
         # SKUFORGE_DYNAMIC_CONFIG (anything but auto) wins over the table, a forced schedule over both
         text = schedule(plan, args.xv.rows * args.xv.cols, properties(args.x.device)).get("config", text)

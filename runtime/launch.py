@@ -116,7 +116,8 @@ class ElementwiseLauncher(Launcher):
         else:
             fn = plan.registry.kernel(plan.sku, first.device)
         # the schedule variant (runtime/tuning.py): threads per block, grid shape
-        sched = schedule(plan, args.rows * args.cols, properties(first.device))
+        props = properties(first.device)
+        sched = schedule(plan, args.rows * args.cols, props)
         threads = sched.get("threads", plan.launch["block_threads"])
         if vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last)):
             # columns layout (templates/quantization/_elementwise.cu.j2): a grid of (row blocks, column
@@ -128,7 +129,7 @@ class ElementwiseLauncher(Launcher):
             row_blocks = -(-args.rows // (ty * unroll))
             col_blocks = 1 if sched.get("columns") == "1d" else max(1, min(-(-args.cols // (tx * vec)), MAX_GRID_Y))
             if sched.get("grid", "persistent") == "persistent":
-                resident = properties(first.device)["sms"] * resident_blocks(fn, threads)
+                resident = props["sms"] * resident_blocks(fn, threads)
                 col_blocks = min(col_blocks, resident)
                 row_blocks = min(row_blocks, resident // col_blocks)
             grid = (max(1, min(row_blocks, MAX_GRID_X)), col_blocks)

@@ -1,7 +1,7 @@
 """Which schedule variant a launch takes (docs/tuning.md).
 
-A SKU whose launch kind has several schedules (manifest launch metadata ``schedules``, default
-first) runs the one the tuning table names for its problem: the manifest's ``tuning`` section, one
+A SKU whose launch kind has several schedules (manifest launch metadata ``schedules`` and
+``default_schedule``) runs the one the tuning table names for its problem: the manifest's ``tuning`` section, one
 table per arch (``sm90``...), written by ``python -m codegen tune`` on a GPU of that arch. The rule,
 in order:
 
@@ -19,6 +19,7 @@ prepared launch and pays nothing for it.
 from __future__ import annotations
 
 from .config import settings
+from .errors import InvalidProblemError
 from .kinds import SIZE
 
 # Size buckets, by elements of the problem's input: (upper bound inclusive, name); the last is open.
@@ -84,7 +85,6 @@ def schedule(plan, elements: int, props: dict) -> dict:
 
 def _check_forced(registry, name: str) -> None:
     """A forced schedule must be one that some kind declares: a typo is an error, not the default."""
-    from .errors import InvalidProblemError
     names = sorted({n for e in registry.entries.values() for n in e.launch.get("schedules", ())})
     if name not in names:
         raise InvalidProblemError(f"SKUFORGE_SCHEDULE={name!r} is no schedule of any kernel; the schedules: "
