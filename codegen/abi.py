@@ -135,7 +135,8 @@ def lowbit_dynamic_fused(k) -> dict:
 
 def dynamic_reduce(k) -> dict:
     """Per-tensor / per-channel ranges, two phases (dynamic_reduce.cu.j2); ``coop``: the per-tensor
-    cooperative kernel ``<symbol>_coop`` (dynamic_tensor.cu.j2), where the SKU has one."""
+    cooperative kernel ``<symbol>_coop`` (dynamic_tensor.cu.j2), ``chan``: the one-launch per-channel
+    kernel ``<symbol>_chan`` (dynamic_channel.cu.j2), where the SKU has them."""
     M, T = k["M"], k["ins"][0]["ctype"]
     out = {"main": [
         _ptr("x", T, const=True), Param("x_rs", "i64_t"), _ptr("partial", M), _ptr("scale", M),
@@ -147,6 +148,12 @@ def dynamic_reduce(k) -> dict:
             _ptr("x", T, const=True), _ptr("q", k["out_ctype"]), _ptr("partial", M), _ptr("count", "u32_t"),
             _ptr("scale", M), _ptr("zero_point", "i32_t"), *_i64("n"), *_int("keep_tiles", "width"),
             Param("eps", M), *_int("qmin", "qmax", "zp_value")]
+    if k.get("chan"):
+        out["chan"] = [
+            _ptr("x", T, const=True), _ptr("q", k["out_ctype"]), _ptr("colmax", "u64_t" if M == "double" else "u32_t"),
+            _ptr("count", "u32_t"), _ptr("scale", M), _ptr("zero_point", "i32_t"), *_i64("rows", "cols"),
+            *_int("tx_width", "col_tiles", "row_parts", "keep_tiles"), Param("eps", M),
+            *_int("qmin", "qmax", "zp_value")]
     return out
 
 

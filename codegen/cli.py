@@ -299,15 +299,16 @@ def _store(reg, built, out, to_cache: bool) -> None:
 
 
 def _print_resources(reg, reports, pattern) -> None:
-    """ptxas's report for the selected kernels: registers per thread, spill bytes, static smem."""
-    symbols = {e.symbol: str(s) for s, e in reg.entries.items() if fnmatch.fnmatchcase(str(s), pattern)}
+    """ptxas's report for the selected kernels (every entry point): registers per thread, spill
+    bytes, static smem."""
+    symbols = {e.symbol for s, e in reg.entries.items() if fnmatch.fnmatchcase(str(s), pattern)}
     table = Table(title="ptxas resources (per thread / per block)")
     table.add_column("kernel", overflow="fold")
     for col in ("arch", "registers", "stack (B)", "spill st/ld (B)", "smem (B)"):
         table.add_column(col)
     for unit, arch, report in sorted(reports):
         for sym, r in sorted(report.items()):
-            if sym in symbols:
+            if sym in symbols or sym.rpartition("_")[0] in symbols or sym.split("_t")[0] in symbols:
                 spill = f"{r['spill_stores']}/{r['spill_loads']}"
                 stack = Text(str(r["stack"]), "red" if r["stack"] else "")
                 table.add_row(sym, f"sm_{arch}", str(r["registers"]), stack,

@@ -138,6 +138,9 @@ TEAM_FIXED = {"group": ((8, 4, 2), (8, 4, 4), (8, 4, 8), (2, 2, 8)), "token": ((
 # (dynamic_tensor.cu.j2), (reduce, quantize): the bytes in flight per thread at its 32-register cap;
 # the asymmetric quantize (zero point) fits two without spilling.
 COOP_BATCH = {"symmetric": (4, 4), "asymmetric": (4, 2)}
+# The same for the per-channel kernel (dynamic_channel.cu.j2, 64 registers: one 1024-thread block
+# per SM), both passes.
+CHAN_BATCH = {"symmetric": 4, "asymmetric": 4}
 
 
 def _team_context(sku, fixed: bool = False) -> dict:
@@ -152,7 +155,8 @@ def _dynamic_context(cell, ctx):
     """dynamic_quantize: token/group are one fused pass (launch kind ``dynamic_fused``),
     tensor/channel a two-phase deterministic reduction + the static quantize kernel
     (``dynamic_reduce``); ``coop``: s8/u8 per-tensor SKUs also carry the one-launch cooperative
-    kernel ``<symbol>_coop`` (dynamic_tensor.cu.j2). ``ch_*``: chunks of a row a thread keeps in registers (64 bytes of x);
+    kernel ``<symbol>_coop`` (dynamic_tensor.cu.j2), ``chan``: s8/u8 per-channel SKUs the one-launch
+    kernel ``<symbol>_chan`` for channels on the last axis (dynamic_channel.cu.j2). ``ch_*``: chunks of a row a thread keeps in registers (64 bytes of x);
     ``min_blocks``: 2 (64 registers, 4 resident 256-thread blocks) where ptxas fits it unspilled."""
     el = cell.sku.element
     if cell.sku.scope in ("token", "group"):
@@ -165,8 +169,10 @@ def _dynamic_context(cell, ctx):
                 "launch": {"max_threads": 512, "ch_vec": ch_vec, "ch_scalar": ch_scalar,
                            "team_chunks": team["team_chunks"], "team_fixed": team["team_fixed"]}}
     coop = cell.sku.scope == "tensor" and cell.sku.aux_element in kinds.INT8
+    chan = cell.sku.scope == "channel" and cell.sku.aux_element in kinds.INT8
     return {"rvec": 16 // kinds.SIZE[el], "coop": coop, "coop_batch": COOP_BATCH[cell.sku.mode],
-            "launch": {"rvec": 16 // kinds.SIZE[el], "coop": coop}}
+            "chan": chan, "chan_batch": CHAN_BATCH[cell.sku.mode],
+            "launch": {"rvec": 16 // kinds.SIZE[el], "coop": coop, "chan": chan}}
 
 
 DYNAMIC_QUANTIZE = Family(

@@ -150,7 +150,7 @@ def launch_metadata(cell: Cell, ctx: dict) -> dict:
         "ins": [{"name": s["name"], "kind": s["kind"]} for s in ctx["ins"]],
         "outs": [{"name": s["name"], "kind": s["kind"]} for s in ctx["outs"]],
     }
-    meta.update(launch_schedules(ctx["launch_kind"]))
+    meta.update(launch_schedules(ctx["launch_kind"], ctx))
     meta.update(ctx["launch_extra"])
     return meta
 

@@ -23,6 +23,10 @@ runtime/dynamic.py):
   ``config``, a launch configuration of the SKU's fused kernels (runtime.dynamic.FusedConfig: the
   team kernel ``t16``/``t8``/``t4``/``t2`` with its threads per block, or the block kernel; ``auto``
   is the size rule of docs/dynamic.md).
+- ``dynamic_reduce`` (per-tensor and per-channel dynamic quantize, on the SKUs that have a one-launch
+  kernel): ``path``, ``one`` (the one-launch kernel where the layout allows it: per tensor over a
+  contiguous x, per channel on the last axis of a contiguous x) or ``two`` (reduce, then the static
+  quantize kernel: x read twice).
 """
 from __future__ import annotations
 
@@ -68,12 +72,20 @@ _FUSED = (
     _sched("block", config="block"),
 )
 
+_REDUCE = (
+    _sched("one-launch", path="one"),                                # default
+    _sched("two-pass", path="two"),
+)
+
 SCHEDULES: dict = {
     "elementwise": _ELEMENTWISE,
     "lowbit_elementwise": _ROWS,
     "dynamic_fused": _FUSED,
     "lowbit_dynamic_fused": _FUSED,
+    "dynamic_reduce": _REDUCE,
 }
+# kinds whose schedules only some SKUs have: launch kind -> which (from the kernel's context)
+ONLY = {"dynamic_reduce": lambda ctx: bool(ctx.get("coop") or ctx.get("chan"))}
 
 
 def schedules_of(launch_kind: str) -> tuple:
@@ -81,9 +93,10 @@ def schedules_of(launch_kind: str) -> tuple:
     return SCHEDULES.get(launch_kind, ())
 
 
-def launch_schedules(launch_kind: str) -> dict:
-    """The manifest launch-metadata entries of a kind's schedules (nothing for a kind without)."""
+def launch_schedules(launch_kind: str, ctx: dict = None) -> dict:
+    """The manifest launch-metadata entries of a kernel's schedules (its rendering context ``ctx``;
+    nothing for a kind without, or a SKU with one way to launch)."""
     sched = schedules_of(launch_kind)
-    if not sched:
+    if not sched or not ONLY.get(launch_kind, lambda c: True)(ctx or {}):
         return {}
     return {"schedules": {s.name: s.as_dict() for s in sched}, "default_schedule": sched[0].name}

@@ -140,9 +140,6 @@ class Settings:
         default="auto", metadata={"env": "SKUFORGE_DYNAMIC_CONFIG",
         "doc": "fused dynamic-quantize launch: ``auto`` or a runtime.dynamic.FusedConfig text "
                "(``block``, ``t8,ch=4,threads=256``, ``...,fixed=0``)"})
-    dynamic_tensor: str = dataclasses.field(
-        default="auto", metadata={"env": "SKUFORGE_DYNAMIC_TENSOR",
-        "doc": "per-tensor dynamic quantization: ``auto`` (cooperative kernel where possible) or ``two_pass``"})
     moe_config: str = dataclasses.field(
         default="", metadata={"env": "SKUFORGE_MOE_CONFIG",
         "doc": "MoE tile configuration per pass (``128x128x32s5`` or ``fwd=...,dgrad=...,wgrad=...``); "
@@ -197,7 +194,7 @@ def env_int(var: str, environ=None) -> Optional[int]:
                    "an integer")
 
 
-CHOICES = {"dynamic_tensor": ("auto", "two_pass"), "graph_replay": ("on", "off")}
+CHOICES = {"graph_replay": ("on", "off")}
 
 
 def _field_value(f, text: str):
@@ -265,7 +262,7 @@ def _forget() -> None:
 
 @contextlib.contextmanager
 def override(**fields):
-    """``with override(dynamic_tensor="two_pass"): ...``: these fields replaced inside the block
+    """``with override(schedule="two-pass"): ...``: these fields replaced inside the block
     (every thread: the settings are process-wide), the previous settings restored after."""
     global _SETTINGS
     prev = settings()

@@ -13,9 +13,13 @@ Two launch kinds:
   fixed order), then the static ``quantize`` kernel of the same scope applies the scales.
   Per-tensor over a contiguous x (s8 / u8 outputs) takes one cooperative launch instead
   (``<symbol>_coop``, dynamic_tensor.cu.j2): reduce with part of x kept in shared memory, a
-  grid-wide barrier, the scale combined identically in every block, then quantize.
-  No atomics on data: the same input gives the same bits on every run. The workspace is
-  allocated by the caller's framework; ``Plan.workspace_size(args)`` reports it.
+  grid-wide barrier, the scale combined identically in every block, then quantize. Per-channel
+  on the last axis of a contiguous x (s8 / u8) takes one launch too (``<symbol>_chan``,
+  dynamic_channel.cu.j2): column tiles x row parts, the parts' ranges folded by integer max on
+  the bits of non-negative numbers (exact: any order gives the same bits), a grid barrier where
+  there are several parts. The schedule ``two-pass`` (runtime/tuning.py) forces the two passes.
+  The same input gives the same bits on every run. The workspace is allocated by the caller's
+  framework; ``Plan.workspace_size(args)`` reports it.
 """
 from __future__ import annotations
 
@@ -330,13 +334,21 @@ class ReduceConfig:
     grid0: int
     grid1: int
     coop: bool = False     # the one-launch cooperative kernel <symbol>_coop: grid0 blocks of COOP_THREADS
-    smem: int = 0          # coop: dynamic shared memory per block (bytes, whole tiles)
+    smem: int = 0          # coop / chan: dynamic shared memory per block (bytes, whole tiles)
     width: int = 0         # coop: threads per tile (16-byte vectors), <= COOP_THREADS
-    keep_tiles: int = 0    # coop: tiles a block keeps in shared memory (no more than x has)
+    keep_tiles: int = 0    # coop / chan: tiles a block keeps in shared memory (no more than x has)
+    chan: bool = False     # the one-launch per-channel kernel <symbol>_chan: grid0 = col_tiles * row_parts
+    col_tiles: int = 0     # chan: column tiles of tx 16-byte vectors
+    threads: int = 0       # chan: threads per block (tx x rows of a tile)
 
     @property
     def partials(self) -> int:
         return self.slots * self.parts
+
+    @property
+    def barrier(self) -> bool:
+        """One launch with a grid barrier: a 16-byte counter (and, per channel, the column words)."""
+        return self.coop or (self.chan and self.row_parts > 1)
 
 
 @launcher("dynamic_reduce", DynamicArgs)
@@ -348,9 +360,11 @@ class DynamicReduceLauncher(Launcher):
     MIN_ELEMS = 1 << 14    # elements per work item, at least (amortises the block reduction)
     COOP_THREADS = 1024    # <symbol>_coop: threads per block
     COOP_BLOCKS = 2        # resident per SM (__launch_bounds__(1024, 2)); f64: 1
-    # "auto": per-tensor over a contiguous x takes the cooperative kernel where the SKU has one and
-    # the device launches cooperatively; "two_pass": always the reduce + quantize launches (A/B);
-    # runtime.config's dynamic_tensor (SKUFORGE_DYNAMIC_TENSOR).
+    CHAN_THREADS = 1024    # <symbol>_chan: threads per block of the cooperative launch (one per SM)
+    CHAN_TX = (128, 64, 32, 16, 8)   # column vectors of a tile, widest first (the kernel's MAX_TX: 128)
+    CHAN_ONE_PART = 256    # rows up to which a block takes its column tile's every row (no barrier)
+    # The schedule's path (codegen/schedules.py): "one" takes the one-launch kernel where the SKU,
+    # the layout and the device allow; "two": the reduce + quantize launches.
 
     def check(self, plan, args: DynamicArgs):
         _check_kinds(plan, args)
@@ -370,10 +384,14 @@ class DynamicReduceLauncher(Launcher):
         vec_ok = _vec_ok(rvec, [(args.x, args.xv)], cols)
         v = rvec if vec_ok else 1
         props = properties(args.x.device)
+        one = schedule(plan, rows * cols, props).get("path", "one") == "one"
         per_sm = max(1, props["max_threads_per_sm"] // self.BLOCK)
         target = 4 * props["sms"] * per_sm               # work items: a few per resident block
         units = max(1, -(-cols // v))
         if last:                                          # one scale per column
+            chan = self.chan_config(plan, args) if one else None
+            if chan is not None:
+                return chan
             tx = min(self.BLOCK, next_pow2(units))
             ty = self.BLOCK // tx
             tiles = -(-cols // (tx * v))
@@ -382,7 +400,7 @@ class DynamicReduceLauncher(Launcher):
                                 max(1, min(row_parts * tiles, props["sms"] * per_sm)), self._grid1(cols, props))
         if args.scope == "tensor":
             count = 1
-            coop = self.coop_config(plan, args)
+            coop = self.coop_config(plan, args) if one else None
             if coop is not None:
                 return coop
             if vec_ok and (rows == 1 or args.xv.row_stride == cols):
@@ -412,7 +430,7 @@ class DynamicReduceLauncher(Launcher):
         """The cooperative per-tensor launch, or None: a two-pass configuration, a SKU without the
         kernel (low-bit outputs), x or q not contiguous, x not 16-byte aligned, q not aligned to one
         vector of codes, or a device without cooperative launches."""
-        if settings().dynamic_tensor == "two_pass" or not plan.launch.get("coop"):
+        if not plan.launch.get("coop"):
             return None
         rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
         contiguous = rows == 1 or (args.xv.row_stride == cols and args.qv.row_stride == cols)
@@ -433,14 +451,62 @@ class DynamicReduceLauncher(Launcher):
         return ReduceConfig(True, True, self.COOP_THREADS, blocks, cols, 1, blocks, blocks, 0, coop=True,
                             smem=keep * 16 * width, width=width, keep_tiles=keep)
 
+    def chan_config(self, plan, args: DynamicArgs) -> Optional[ReduceConfig]:
+        """The one-launch per-channel kernel (channel on the last axis), or None: a SKU without it,
+        x or q not contiguous, a row that is not whole 16-byte vectors, x not 16-byte aligned, q not
+        aligned to one vector of codes, or (many rows) a device without cooperative launches or
+        more column tiles than resident blocks.
+        Up to CHAN_ONE_PART rows: one block per column tile of 8 vectors takes every row (kept in
+        shared memory: x read once, no barrier, a plain launch). More rows: one 1024-thread block
+        per SM, column tiles of the widest TX (up to the row) that keeps the grid within 5 % of the fullest,
+        row parts filling the rest of the resident grid, a cooperative launch."""
+        if not plan.launch.get("chan"):
+            return None
+        rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
+        contiguous = rows == 1 or (args.xv.row_stride == cols and args.qv.row_stride == cols)
+        if not (contiguous and cols % v == 0 and fits(args.x, 0, CP_ASYNC)
+                and fits(args.q, 0, stream_word(args.q.kind, v))):
+            return None
+        cvecs = cols // v
+        dev = args.x.device
+        if rows <= self.CHAN_ONE_PART:
+            tx = self.CHAN_TX[-1]
+            ty = min(self.CHAN_THREADS // tx, -(-rows // 4) * 4)    # whole warps
+            tiles = -(-cvecs // tx)
+            keep = -(-rows // ty)
+            return ReduceConfig(True, False, tx, 1, cols, cols, 0, tiles, 0, chan=True, col_tiles=tiles,
+                                threads=tx * ty, keep_tiles=keep, smem=keep * 16 * tx * ty)
+        fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_chan", dev)
+        want = device_attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) - 2048
+        blocks, smem = cooperative_shape(fn, self.CHAN_THREADS, dev, want)
+        shapes = []
+        for tx in self.CHAN_TX:
+            tiles = -(-cvecs // tx)
+            if tiles <= blocks and (tx == self.CHAN_TX[-1] or tx <= next_pow2(cvecs)):   # no tile wider than a row
+                parts = max(1, min(blocks // tiles, -(-rows // (self.CHAN_THREADS // tx))))
+                shapes.append((tiles * parts, tx, tiles, parts))
+        if not shapes:
+            return None
+        most = max(s[0] for s in shapes)
+        _, tx, tiles, parts = next(s for s in shapes if s[0] * 1.05 >= most)     # the widest near the fullest
+        ty = self.CHAN_THREADS // tx
+        part_rows = -(-rows // parts)
+        keep = min(smem // (16 * self.CHAN_THREADS), -(-part_rows // ty))      # whole tiles, no more than a part has
+        return ReduceConfig(True, False, tx, parts, cols, cols, 0, tiles * parts, 0, chan=True, col_tiles=tiles,
+                            threads=self.CHAN_THREADS, keep_tiles=keep, smem=keep * 16 * self.CHAN_THREADS)
+
     def workspace_size(self, plan, args: DynamicArgs) -> int:
-        """Bytes of scratch one call needs: the partial results (hi, and lo in asymmetric mode) and,
-        for the cooperative kernel, 16 bytes ahead of them for its barrier counter."""
+        """Bytes of scratch one call needs: the partial results (hi, and lo in asymmetric mode); for
+        a one-launch kernel with a grid barrier, 16 bytes ahead of them for its counter (per
+        channel: then one word per column, two in asymmetric mode, instead of the partial results)."""
         if args.xv.rows == 0 or args.xv.cols == 0:
             return 0
         cfg = self.config(plan, args)
         item = 8 if plan.sku.precision.math == "f64" else 4
-        return (16 if cfg.coop else 0) + cfg.partials * item * (2 if plan.sku.mode == "asymmetric" else 1)
+        words = 2 if plan.sku.mode == "asymmetric" else 1
+        if cfg.chan:
+            return 16 + args.xv.cols * item * words if cfg.barrier else 0
+        return (16 if cfg.coop else 0) + cfg.partials * item * words
 
     def run(self, plan, args: DynamicArgs, stream=None):
         rows, cols = args.xv.rows, args.xv.cols
@@ -449,6 +515,24 @@ class DynamicReduceLauncher(Launcher):
         stream = stream if stream is not None else stream_handle(args.x)
         cfg = self.config(plan, args)
         eps = float(_scalar(plan.sku.precision.math, args.eps))
+        if cfg.chan:                          # one launch: reduce, (grid barrier,) quantize
+            fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_chan", args.x.device)
+            ws = args.workspace.ptr if cfg.barrier else 0
+            abi = plan.abi("chan")
+            values = abi.values(x=args.x.ptr, q=args.q.ptr, colmax=ws + 16 if ws else 0, count=ws,
+                                scale=args.scale.ptr, zero_point=ptr(args.zero_point), rows=rows, cols=cols,
+                                tx_width=cfg.tx, col_tiles=cfg.col_tiles, row_parts=cfg.row_parts,
+                                keep_tiles=cfg.keep_tiles, eps=eps, qmin=args.qmin, qmax=args.qmax,
+                                zp_value=args.zp_value)
+            if not cfg.barrier:
+                launch(fn, (cfg.grid0,), (cfg.threads,), abi.fmt, values, stream, cfg.smem)
+                return
+            with on_context_of(fn):               # the stream's device, for the memset too
+                words = 2 if plan.sku.mode == "asymmetric" else 1
+                item = 8 if plan.sku.precision.math == "f64" else 4
+                memset_u32(ws, 0, (16 + cols * item * words) // 4, stream)   # the counter, the column words
+                launch_cooperative(fn, cfg.grid0, cfg.threads, abi.fmt, values, stream, cfg.smem)
+            return
         if cfg.coop:                          # one launch: reduce, grid barrier, quantize
             fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", args.x.device)
             ws = args.workspace.ptr
@@ -589,7 +673,7 @@ def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, 
     # the launch configuration is part of the key: a remembered launch is replayed as it was chosen
     cfg = settings()
     static = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, cfg.dynamic_config,
-              cfg.dynamic_tensor, out is None)
+              out is None)
     return replay.call("dynamic_quantize", static, (x, *_out_tuple(out, mode)), _dynamic_quantize)
 
 
@@ -610,7 +694,7 @@ def _out_tuple(out, mode) -> tuple:
 
 
 def _dynamic_quantize(fast, x, q_out, s_out, z_out, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps,
-                      scale_dtype, _config, _tensor, no_out):
+                      scale_dtype, _config, no_out):
     outs = () if no_out else (q_out, s_out, z_out)
     xr = as_array(x, "x")
     if xr.kind not in kinds.FLOAT:

@@ -138,8 +138,9 @@ def _fused(sku, launch) -> dict:     # dynamic_fused, lowbit_dynamic_fused: the 
 
 
 def _reduce(sku, launch) -> dict:
-    """Phase 0 reads x in vectors (vec_ok; flat: a contiguous x, its rows unused); the cooperative
-    kernel copies x 16 bytes at a time and stores q in vectors."""
+    """Phase 0 reads x in vectors (vec_ok; flat: a contiguous x, its rows unused); the one-launch
+    kernels copy x 16 bytes at a time and store q in vectors (per channel: rows of ``cols``
+    elements, so a row is whole vectors)."""
     rvec = launch["rvec"]
     x, q = launch["ins"][0]["kind"], launch["outs"][0]["kind"]
     item, how = kinds.SIZE[x], f"{rvec}-element vector loads"
@@ -147,7 +148,9 @@ def _reduce(sku, launch) -> dict:
             Access("x", stream_word(x, rvec), item, how, (), ("flat",)))
     coop = (Access("x", CP_ASYNC, item, "16-byte cp.async copies"),
             Access("q", stream_word(q, rvec), kinds.SIZE[q], f"{rvec}-element vector stores"))
-    return {"main": main, "coop": coop}
+    chan = (Access("x", CP_ASYNC, item, "16-byte cp.async copies and loads", ("cols",)),
+            Access("q", stream_word(q, rvec), kinds.SIZE[q], f"{rvec}-element vector stores", ("cols",)))
+    return {"main": main, "coop": coop, "chan": chan}
 
 
 def moe_gemm(backend: str, element: str, out_kind: str) -> tuple:

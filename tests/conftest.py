@@ -56,6 +56,6 @@ def rng(request):
 
 @pytest.fixture
 def override_settings():
-    """``override_settings(dynamic_tensor="two_pass")``: runtime.config.override for the rest of the test."""
+    """``override_settings(schedule="two-pass")``: runtime.config.override for the rest of the test."""
     with contextlib.ExitStack() as stack:
         yield lambda **fields: stack.enter_context(runtime_config.override(**fields))

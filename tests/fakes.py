@@ -69,7 +69,7 @@ _ENTRY_POINTS: dict = {}
 def entry_points(reg) -> dict:
     """Every entry-point symbol of the manifest -> (its KernelEntry, its ABI group): the SKU's symbol
     (``main``, or ``gemm`` with the moe tile variants), ``_rows`` (the channel rows layout),
-    ``_t<P>[_tx<TX>]`` (team kernels), ``_coop``, ``_finish`` and the moe routing kernels."""
+    ``_t<P>[_tx<TX>]`` (team kernels), ``_coop``, ``_chan``, ``_finish`` and the moe routing kernels."""
     got = _ENTRY_POINTS.get(id(reg))
     if got is not None:
         return got
@@ -82,7 +82,7 @@ def entry_points(reg) -> dict:
             out.update({s: (entry, "route_" + name) for name, s in launch["route"].items()})
             continue
         out[sym] = out[sym + "_rows"] = (entry, "main")
-        for group in ("coop", "finish"):
+        for group in ("coop", "chan", "finish"):
             if group in launch["abi"]:
                 out[f"{sym}_{group}"] = (entry, group)
         for p in launch.get("team_chunks") or ():

@@ -390,7 +390,7 @@ def test_the_plan_api_checks_a_dynamic_reduce_workspace(dev, override_settings):
     from runtime.dynamic import DynamicArgs
     from runtime.plans import Descriptor, cached_plan
     from runtime.scopes import rows_view
-    override_settings(dynamic_tensor="two_pass")
+    override_settings(schedule="two-pass")
     plan = cached_plan(Descriptor("dynamic_quantize", "tensor", "symmetric", "f32", "s8"))
     x, q = as_array(dev.a((64, 256)), "x"), as_array(dev.a((64, 256), "int8"), "q")
 

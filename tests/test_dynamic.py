@@ -11,6 +11,7 @@ from runtime.reference import dynamic_quantize_ref, quantize
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
 from codegen.matrix import TEAM_CHUNKS
+from codegen.schedules import launch_schedules
 
 f32 = np.float32
 
@@ -393,7 +394,8 @@ def test_coop_falls_back_to_two_passes(monkeypatch, override_settings, case):
     shape = (64, 512)
     args = _args(shape, "tensor", strides=(1024, 1) if case == "strided_x" else None)
     if case == "two_pass":
-        override_settings(dynamic_tensor="two_pass")
+        plan.launch.update(launch_schedules("dynamic_reduce", {"coop": True}))
+        override_settings(schedule="two-pass")
     if case == "no_kernel":
         plan.launch["coop"] = False
     if case == "strided_q":
@@ -405,6 +407,101 @@ def test_coop_falls_back_to_two_passes(monkeypatch, override_settings, case):
         args.x.ptr += 8
     cfg = dyn.DynamicReduceLauncher().config(plan, args)
     assert not cfg.coop
+
+
+# -- the one-launch per-channel kernel (<symbol>_chan, dynamic_channel.cu.j2) ---------------------
+def _chan_plan(element="bf16", mode="symmetric"):
+    plan = _Plan("channel", mode=mode, element=element)
+    plan.launch["chan"] = True
+    plan.entry = type("Entry", (), {"unit": "u.cu", "symbol": "sf_x"})()
+    return plan
+
+
+def _chan_patch(monkeypatch, coop=True):
+    """A fake H200: one 1024-thread block per SM with all of its 227 KB (132 blocks)."""
+    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+    monkeypatch.setattr(dyn, "load_function", lambda reg, unit, symbol, device: symbol)
+    monkeypatch.setattr(dyn, "device_attribute", lambda device, attr: 228 * 1024)
+    monkeypatch.setattr(dyn, "cooperative_shape",
+                        lambda fn, threads, device, want: (132 if coop else 0, min(want, 227 * 1024) // 16 * 16))
+
+
+def _emulate_chan(rows, cvecs, cfg):
+    """The kernel's split: block b takes column tile b % col_tiles, row part b / col_tiles; thread
+    (tx, ty) its column vector and the part's rows r0 + ty + k * TY, k < keep_tiles kept in shared
+    memory (slot k * threads + thread), the others streamed and re-read last first."""
+    hits = np.zeros((rows, cvecs), np.int64)
+    ty_n = cfg.threads // cfg.tx
+    for b in range(cfg.grid0):
+        ct, rp = b % cfg.col_tiles, b // cfg.col_tiles
+        r0, r1 = rows * rp // cfg.row_parts, rows * (rp + 1) // cfg.row_parts
+        for ty in range(ty_n):
+            mine = list(range(r0 + ty, r1, ty_n))
+            streamed = mine[cfg.keep_tiles:]
+            if streamed:                        # the backwards walk visits exactly the streamed rows
+                last = streamed[0] + (r1 - 1 - streamed[0]) // ty_n * ty_n
+                assert list(range(last, streamed[0] - 1, -ty_n)) == streamed[::-1]
+            for tx in range(cfg.tx):
+                cv = ct * cfg.tx + tx
+                if cv < cvecs:
+                    hits[mine, cv] += 1
+    return hits
+
+
+@pytest.mark.parametrize("shape,element,want", [
+    ((8192, 8192), "bf16", (128, 8, 16, 14)),      # (tx, col tiles, row parts, kept tiles)
+    ((4096, 14336), "bf16", (128, 14, 9, 14)),
+    ((65536, 4096), "f32", (128, 8, 16, 14)),
+    ((2048, 100), "f32", (32, 1, 64, 1)),
+    ((16, 4096), "bf16", (8, 64, 1, 1)),
+    ((128, 7168), "bf16", (8, 112, 1, 1)),
+    ((256, 24), "f64", (8, 2, 1, 2)),
+    ((1, 8), "bf16", (8, 1, 1, 1))])
+def test_chan_partition_covers_every_element_once(monkeypatch, shape, element, want):
+    _chan_patch(monkeypatch)
+    plan = _chan_plan(element)
+    args = _args(shape, "channel", axis=-1)
+    launcher = dyn.DynamicReduceLauncher()
+    cfg = launcher.config(plan, args)
+    rows, cols = shape
+    v = plan.launch["rvec"]
+    assert cfg.chan and (cfg.tx, cfg.col_tiles, cfg.row_parts, cfg.keep_tiles) == want
+    assert cfg.grid0 == cfg.col_tiles * cfg.row_parts and cfg.threads % 32 == 0 and cfg.threads <= 1024
+    assert cfg.smem == 16 * cfg.threads * cfg.keep_tiles
+    if cfg.row_parts > 1:                      # cooperative: every block resident
+        assert cfg.barrier and cfg.grid0 <= 132 and cfg.threads == 1024 and cfg.smem <= 227 * 1024
+    else:                                      # a plain launch: every row of the tile kept, within 48 KB
+        assert not cfg.barrier and cfg.keep_tiles * (cfg.threads // cfg.tx) >= rows and cfg.smem <= 40 * 1024
+    if rows * cols <= 1 << 22:
+        assert (_emulate_chan(rows, cols // v, cfg) == 1).all()
+    item = 8 if element == "f64" else 4
+    assert launcher.workspace_size(plan, args) == (16 + cols * item if cfg.barrier else 0)
+    asym = _chan_plan(element, mode="asymmetric")
+    assert launcher.workspace_size(asym, args) == (16 + 2 * cols * item if cfg.barrier else 0)   # hi and lo words
+
+
+@pytest.mark.parametrize("case", ["two_pass", "no_kernel", "strided_x", "strided_q", "misaligned", "partial_vector",
+                                  "no_coop_device", "too_wide", "leading_axis"])
+def test_chan_falls_back_to_two_passes(monkeypatch, override_settings, case):
+    _chan_patch(monkeypatch, coop=case != "no_coop_device")
+    plan = _chan_plan()
+    shape = {"partial_vector": (512, 1001), "too_wide": (512, 8 * 128 * 133)}.get(case, (512, 512))
+    args = _args(shape, "channel", axis=0 if case == "leading_axis" else -1,
+                 strides=(1024, 1) if case == "strided_x" else None)
+    if case == "two_pass":
+        plan.launch.update(launch_schedules("dynamic_reduce", {"chan": True}))
+        override_settings(schedule="two-pass")
+    if case == "no_kernel":
+        plan.launch["chan"] = False
+    if case == "strided_q":
+        from runtime.arrays import as_array
+        from runtime.scopes import rows_view
+        args.q = as_array(D(shape, "int8", strides=(1024, 1)), "q")
+        args.qv = rows_view(args.q, "q")
+    if case == "misaligned":
+        args.x.ptr += 8
+    cfg = dyn.DynamicReduceLauncher().config(plan, args)
+    assert not cfg.chan and not cfg.coop and cfg.partials > 0
 
 
 @pytest.mark.parametrize("shape,scope,gs", [((8192, 8192), "token", None), ((65536, 4096), "token", None),

@@ -192,7 +192,7 @@ def _math(sku):
     return SIZE[sku.precision.math]
 
 
-POINTER_BYTES = {"scale": _math, "partial": _math, "ds": _math, "ds_part": _math, "dz_part": _math,
+POINTER_BYTES = {"scale": _math, "partial": _math, "colmax": _math, "ds": _math, "ds_part": _math, "dz_part": _math,
                  "zero_point": 4, "dz": 4, "status": 4, "ws_status": 4, "count": 4, "scale_e8m0": 1,
                  "counter": 8, "counters": 8, "row_start": 8, "tile_start": 8, "perm": 4, "hist": 4, "base": 4,
                  "ids": 4}
@@ -206,7 +206,7 @@ def _entries_by_symbol() -> dict:
 @lru_cache(maxsize=None)
 def _kernel_params(fn: str, fmt: str):
     """(manifest entry, parameter names) of a launched function (the fakes launch symbols: a SKU's
-    symbol, or one with a suffix: ``_rows``, ``_coop``, ``_finish``, a team or tile variant, a route
+    symbol, or one with a suffix: ``_rows``, ``_coop``, ``_chan``, ``_finish``, a team or tile variant, a route
     kernel), its entry-point group found by its packing format."""
     table, sym = _entries_by_symbol(), fn
     while sym and sym not in table:
@@ -574,8 +574,7 @@ SETTING_TEXTS = {
     "SKUFORGE_DYNAMIC_CONFIG": ("auto", "block", "t8", "t16,ch=8", "t8,ch=abc", "t4,threads=", "t2,threads=1e3",
                                 "t8,grid=sideways", "t99", "", ",,,", "t8,ch=4,threads=256,grid=full", "t8,ch=-4",
                                 "t16,threads=64,fixed=0", "t8,index=div", "=", "t8,ch=8=8"),
-    "SKUFORGE_DYNAMIC_TENSOR": ("auto", "two_pass", "three_pass", "", "AUTO"),
-    "SKUFORGE_SCHEDULE": ("", "b128", "b256-1d", "t8", "auto", "block", "bogus"),
+    "SKUFORGE_SCHEDULE": ("", "b128", "b256-1d", "t8", "auto", "block", "two-pass", "one-launch", "bogus"),
     "SKUFORGE_MOE_CONFIG": ("", "default", "fwd=default", "bogus", "fwd=,wgrad=", "x=y", "=", "fwd=128x128x32s5",
                             ",", "fwd"),
     "SKUFORGE_LOCK_TIMEOUT": ("", "5", "-1", "abc", "nan", "inf", "1e400"),
@@ -606,8 +605,8 @@ def _settings_fuzz(d, env, code, p):
         raise AssertionError(f"untyped {type(e).__name__} reading {env}: {e}") from e
     p.mutations.append(f"settings {env} {code}")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(config.override(**{f: getattr(s, f) for f in ("dynamic_config", "dynamic_tensor",
-                                                                          "schedule", "moe_config")}))
+        stack.enter_context(config.override(**{f: getattr(s, f) for f in ("dynamic_config", "schedule",
+                                                                          "moe_config")}))
         try:
             if "use_config" in code:
                 stack.enter_context(moe.use_config(code["use_config"]))

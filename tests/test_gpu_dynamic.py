@@ -28,7 +28,8 @@ def test_dynamic_sku_bit_exact(sku, rng):
                                       ("token", {}), ("group", {"group_size": 128})])
 @pytest.mark.parametrize("mode", ["symmetric", "asymmetric"])
 def test_deterministic_run_to_run(scope, kw, mode, rng):
-    """The same input gives the same bits on every run (no atomics anywhere)."""
+    """The same input gives the same bits on every run (no atomics on data; the per-channel
+    kernel folds ranges with integer max, which is exact in any order)."""
     import cupy as cp
     x = cp.asarray((rng.standard_normal((2048, 4096)) * 10 ** rng.uniform(-2, 2, (2048, 1))).astype(np.float32))
     first = sf.dynamic_quantize(x, scope=scope, mode=mode, **kw)
@@ -39,32 +40,50 @@ def test_deterministic_run_to_run(scope, kw, mode, rng):
                 assert bool(cp.all(a.reshape(-1).view(cp.uint8) == b.reshape(-1).view(cp.uint8)))
 
 
-@pytest.mark.parametrize("element,mode,shape", [("bf16", "symmetric", (8192, 8192)), ("f32", "asymmetric", (3, 100003)),
-                                                ("f16", "symmetric", (1, 1001)), ("f64", "asymmetric", (4096, 515))])
-def test_tensor_one_launch_equals_two_passes(element, mode, shape, rng, monkeypatch, override_settings):
-    """Per-tensor: the cooperative kernel (shared memory + L2 reuse, tail elements) and the
-    reduce + static quantize launches give the same bits; the default takes the cooperative one."""
+@pytest.mark.parametrize("scope,element,mode,shape,out", [
+    ("tensor", "bf16", "symmetric", (8192, 8192), "s8"), ("tensor", "f32", "asymmetric", (3, 100003), "s8"),
+    ("tensor", "f16", "symmetric", (1, 1001), "s8"), ("tensor", "f64", "asymmetric", (4096, 515), "s8"),
+    ("channel", "bf16", "symmetric", (8192, 8192), "s8"), ("channel", "bf16", "asymmetric", (4096, 14336), "u8"),
+    ("channel", "f32", "asymmetric", (3, 100000), "s8"), ("channel", "f16", "symmetric", (300, 4096), "s8"),
+    ("channel", "f64", "asymmetric", (4096, 516), "u8"), ("channel", "bf16", "asymmetric", (16, 4096), "s8"),
+    ("channel", "bf16", "symmetric", (257, 24), "s8")])
+def test_one_launch_equals_two_passes(scope, element, mode, shape, out, rng, override_settings):
+    """Per tensor and per channel (last axis): the one-launch kernels (shared memory + L2 reuse,
+    tails, one or several row parts) and the reduce + static quantize launches give the same bits,
+    the reference's; the default takes the one launch. Edge values: NaN, +-inf, -0.0, a column of
+    zeros."""
     import cupy as cp
     from runtime import dynamic as dyn
-    from runtime.arrays import numpy_dtype
-    host = (rng.standard_normal(shape) * 10 ** rng.uniform(-2, 2)).astype(numpy_dtype(element))
-    host.reshape(-1)[rng.integers(0, host.size, 3)] = np.nan
-    x = cp.asarray(host)
-    plan = sf.Plan.select(sf.Descriptor("dynamic_quantize", "tensor", mode, element, "s8"))
-    from runtime.arrays import as_array
+    from runtime.arrays import as_array, numpy_dtype
     from runtime.scopes import rows_view
-    xr = as_array(x, "x")
-    args = dyn.DynamicArgs(xr, rows_view(xr, "x"), xr, rows_view(xr, "x"), None, None, "tensor", mode, -128, 127, 0, 1e-8)
-    assert dyn.DynamicReduceLauncher().coop_config(plan, args) is not None   # this GPU takes the one launch
-    one = sf.dynamic_quantize(x, scope="tensor", mode=mode)
-    override_settings(dynamic_tensor="two_pass")
-    two = sf.dynamic_quantize(x, scope="tensor", mode=mode)
+    host = (rng.standard_normal(shape) * 10 ** rng.uniform(-2, 2, (1, shape[1]))).astype(numpy_dtype(element))
+    flat = host.reshape(-1)
+    flat[rng.integers(0, host.size, 3)] = np.nan
+    flat[rng.integers(0, host.size, 2)] = -0.0
+    if scope == "channel":
+        host[:, 1] = 0
+        host[rng.integers(0, shape[0]), 2] = np.inf
+        host[rng.integers(0, shape[0]), 3] = -np.inf
+    kw = {"axis": -1} if scope == "channel" else {}
+    x = cp.asarray(host)
+    plan = sf.Plan.select(sf.Descriptor("dynamic_quantize", scope, mode, element, out))
+    xr, qr = as_array(x, "x"), as_array(cp.empty(shape, numpy_dtype(out)), "q")
+    lo, hi = (-128, 127) if out == "s8" else (0, 255)
+    args = dyn.DynamicArgs(xr, rows_view(xr, "x"), qr, rows_view(qr, "q"), None, None, scope, mode, lo, hi, 0, 1e-8,
+                           axis=1 if scope == "channel" else None)
+    cfg = dyn.DynamicReduceLauncher().config(plan, args)
+    assert cfg.coop or cfg.chan                # this GPU takes the one launch
+    one = sf.dynamic_quantize(x, scope=scope, mode=mode, out_dtype=out, **kw)
+    override_settings(schedule="two-pass")
+    two = sf.dynamic_quantize(x, scope=scope, mode=mode, out_dtype=out, **kw)
     for a, b in zip(one, two):
         if a is not None:
             assert bool(cp.all(a.reshape(-1).view(cp.uint8) == b.reshape(-1).view(cp.uint8)))
-    q_ref, s_ref, z_ref = sf.reference.dynamic_quantize_ref(host, scope="tensor", mode=mode)
+    q_ref, s_ref, z_ref = sf.reference.dynamic_quantize_ref(host, scope=scope, mode=mode, out_dtype=out, **kw)
     np.testing.assert_array_equal(one[0].get(), q_ref)
-    assert one[1].get() == s_ref
+    np.testing.assert_array_equal(one[1].get().reshape(-1), np.asarray(s_ref).reshape(-1))
+    if z_ref is not None:
+        np.testing.assert_array_equal(one[2].get().reshape(-1), np.asarray(z_ref).reshape(-1))
 
 
 def test_torch_side_stream_and_types(rng):

@@ -211,7 +211,7 @@ def test_bad_settings_are_typed_errors_naming_the_variable():
     for env, words in (({"SKUFORGE_DISABLE_JIT": "maybe"}, ("SKUFORGE_DISABLE_JIT", "0, false, no, off")),
                        ({"SKUFORGE_LOCK_TIMEOUT": "abc"}, ("SKUFORGE_LOCK_TIMEOUT",)),
                        ({"SKUFORGE_LOCK_TIMEOUT": "-1"}, ("SKUFORGE_LOCK_TIMEOUT",)),
-                       ({"SKUFORGE_DYNAMIC_TENSOR": "three_pass"}, ("SKUFORGE_DYNAMIC_TENSOR", "two_pass"))):
+                       ({"SKUFORGE_GRAPH_REPLAY": "sometimes"}, ("SKUFORGE_GRAPH_REPLAY", "off"))):
         err(lambda env=env: config.from_environ(env), InvalidProblemError, *words)
     s = config.from_environ({"SKUFORGE_SYNC_CHECKS": "", "SKUFORGE_LOCK_TIMEOUT": "", "SKUFORGE_SCHEDULE": "b128"})
     assert (s.sync_checks, s.lock_timeout, s.schedule) == (False, 120.0, "b128")

@@ -38,12 +38,12 @@ def cases(torch, sf):
     for scope in ("token", "group", "tensor"):
         sku = sku_of[("dynamic_quantize", scope, "symmetric", "bf16", "s8")]
         ws = [bench_dynamic.make(sku, SHAPE) for _ in range(8)]
-        variants = FUSED if scope != "tensor" else ("auto", "two_pass")
+        variants = FUSED if scope != "tensor" else ("one-launch", "two-pass")
         for v in variants:
             def call(ws=ws, i=[0]):
                 i[0] += 1
                 return ws[i[0] % 8]["call"]()
-            fields = {"dynamic_tensor": v} if scope == "tensor" else {"dynamic_config": v}
+            fields = {"schedule": v} if scope == "tensor" else {"dynamic_config": v}
             out.append((f"dynamic {scope} {v}", call, None, fields))
         compiled = torch.compile(ws[0]["torch_fn"], fullgraph=True, dynamic=False)
         out.append((f"dynamic {scope} torch.compile", None,

@@ -410,6 +410,166 @@ extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_as
         }
     }
 }
+namespace sf_dynamic_quantize_channel_asymmetric_f64_s8_sm80_simt_impl {
+// 16 bytes global -> shared without registers (sm_80+), L2 only (.cg: x is not read again by this SM).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32_t s = (u32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Every block of a cooperative launch waits here until all have arrived; `count` is 0 at launch
+// (the launcher clears it) and each block adds 1 once.
+__device__ __forceinline__ void grid_barrier(u32_t* count) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();                       // this block's partial result is visible first
+        atomicAdd(count, 1u);
+        while (*reinterpret_cast<volatile u32_t*>(count) < gridDim.x) asm volatile("nanosleep.u32 100;");
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+typedef u64_t B;
+__device__ __forceinline__ B bits(double v) { return (B)__double_as_longlong(v); }
+__device__ __forceinline__ double from_bits(B b) { return __longlong_as_double((long long)b); }
+constexpr int MAX_TX = 128;                    // column vectors of a tile, at most (the launcher's limit)
+
+template <int V>
+__device__ __forceinline__ void accumulate_vec(Acc (&a)[V], const Vec<T, V>& v) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) accumulate(a[e], elem(v, e));
+}
+
+// One vector of V columns quantized, each with its own reciprocal and zero point, and stored.
+template <int V, int NZ>
+__device__ __forceinline__ void quant_store_cols(Q* p, const Vec<T, V>& b, const M (&inv)[V], const int (&zp)[NZ],
+                                                 int qmin, int qmax) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<true>(elem(b, i), inv[i], quant_bounds<M>(zp[NZ == 1 ? 0 : i], qmin, qmax));
+    store_vec<Q, V>(p, o);
+}
+}  // namespace sf_dynamic_quantize_channel_asymmetric_f64_s8_sm80_simt_impl
+
+// x, q: rows x cols contiguous (x 16-byte aligned, cols a multiple of V, q aligned to V codes);
+// colmax: cols words (then cols more in asymmetric mode), zeroed, and count, a zeroed counter,
+// where row_parts > 1 (then launched cooperatively: col_tiles * row_parts blocks, all resident);
+// kept: keep_tiles x blockDim.x 16-byte vectors of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channel_asymmetric_f64_s8_sm80_simt_chan(
+    const double* __restrict__ x, s8_t* __restrict__ q, u64_t* __restrict__ colmax,
+    u32_t* __restrict__ count, double* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, int tx_width, int col_tiles, int row_parts, int keep_tiles, double eps,
+    int qmin, int qmax, int zp_value)
+{
+    using namespace sf_dynamic_quantize_channel_asymmetric_f64_s8_sm80_simt_impl;
+    constexpr int V = 2;            // elements of a 16-byte vector
+    constexpr int U = 4;                       // streamed vectors in flight per thread
+    constexpr int NZ = ASYM ? V : 1;           // zero points: one per column, or the implied one
+    extern __shared__ uint4 kept[];
+    __shared__ B fold_hi[V * MAX_TX];          // the block's range, element e of column vector t at e * MAX_TX + t
+    __shared__ B fold_lo[ASYM ? V * MAX_TX : 1];
+    const int NT = blockDim.x, TY = NT / tx_width, tx = threadIdx.x % tx_width, ty = threadIdx.x / tx_width;
+    const i64_t ct = blockIdx.x % col_tiles, rp = blockIdx.x / col_tiles;
+    const i64_t cv = ct * tx_width + tx;       // this thread's column vector
+    const bool on = cv < cols / V;
+    const i64_t r0 = rows * rp / row_parts, r1 = rows * (rp + 1) / row_parts;
+    // this thread's rows: first + k * TY < r1; the first keep_tiles of them stay in shared memory
+    const i64_t first = r0 + ty, streamed = first + (i64_t)keep_tiles * TY;
+    const T* __restrict__ xc = x + cv * V;
+    Q* __restrict__ qc = q + cv * V;
+    for (int i = threadIdx.x; i < V * MAX_TX; i += NT) {
+        fold_hi[i] = 0;
+        if (ASYM) fold_lo[i] = 0;
+    }
+    // 1. reduce: the kept rows in flight to shared memory, the others streamed, then the kept ones
+    if (on) {
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
+            cp_async16(&kept[t * NT + threadIdx.x], xc + (first + (i64_t)t * TY) * cols);
+    }
+    Acc a[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) a[e] = Acc{(M)0, (M)0};
+    if (on) {
+        i64_t r = streamed;
+        for (; r + (U - 1) * TY < r1; r += U * TY) {
+            Vec<T, V> v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r + u * TY) * cols);
+#pragma unroll
+            for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
+        }
+        for (; r < r1; r += TY) accumulate_vec<V>(a, load_vec<T, V>(xc + r * cols));
+    }
+    cp_async_wait_all();                       // a thread reads back only the vectors it copied
+    if (on) {
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
+            accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]));
+    }
+    __syncthreads();                           // the fold words are zero
+    if (on) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {          // (+ 0 and 0 - turn a -0 into +0: its bits would be the largest)
+            atomicMax(&fold_hi[e * MAX_TX + tx], bits(a[e].hi + (M)0));
+            if (ASYM) atomicMax(&fold_lo[e * MAX_TX + tx], bits((M)0 - a[e].lo));
+        }
+    }
+    __syncthreads();
+    // 2. the columns' range over every row part
+    if (row_parts > 1) {
+        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
+            const int e = i / tx_width, t = i % tx_width;
+            const i64_t col = (ct * tx_width + t) * V + e;
+            if (col < cols) {
+                atomicMax(&colmax[col], fold_hi[e * MAX_TX + t]);
+                if (ASYM) atomicMax(&colmax[cols + col], fold_lo[e * MAX_TX + t]);
+            }
+        }
+        grid_barrier(count);
+        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
+            const int e = i / tx_width, t = i % tx_width;
+            const i64_t col = (ct * tx_width + t) * V + e;
+            if (col < cols) {
+                fold_hi[e * MAX_TX + t] = __ldcg(&colmax[col]);
+                if (ASYM) fold_lo[e * MAX_TX + t] = __ldcg(&colmax[cols + col]);
+            }
+        }
+        __syncthreads();
+    }
+    // 3. scale and zero point of this thread's V columns
+    M inv[V];
+    int zp[NZ];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+        const Acc c = {ASYM ? (M)0 - from_bits(fold_lo[e * MAX_TX + tx]) : (M)0, from_bits(fold_hi[e * MAX_TX + tx])};
+        M s;
+        int z;
+        finish(c, eps, qmin, qmax, zp_value, s, z);
+        inv[e] = (M)1 / s;                     // as the static quantize kernel does
+        zp[ASYM ? e : 0] = z;
+        if (on && rp == 0 && ty == 0) {
+            scale[cv * V + e] = s;
+            if (ASYM) zero_point[cv * V + e] = z;
+        }
+    }
+    if (!on) return;
+    // 4. quantize: the streamed rows from the last one back, then the kept rows
+    if (streamed < r1) {
+        i64_t r = streamed + (r1 - 1 - streamed) / TY * TY;
+        for (; r - (U - 1) * TY >= streamed; r -= U * TY) {
+            Vec<T, V> v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r - u * TY) * cols);
+#pragma unroll
+            for (int u = 0; u < U; ++u) quant_store_cols<V, NZ>(qc + (r - u * TY) * cols, v[u], inv, zp, qmin, qmax);
+        }
+        for (; r >= streamed; r -= TY) quant_store_cols<V, NZ>(qc + r * cols, load_vec<T, V>(xc + r * cols), inv, zp, qmin, qmax);
+    }
+    for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
+        quant_store_cols<V, NZ>(qc + (first + (i64_t)t * TY) * cols,
+                                *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]), inv, zp, qmin, qmax);
+}
 
 // SKU: quantization/dynamic_quantize/channel/symmetric/f64/s8/sm80/simt/f64.acc-f64.det.stable
 namespace sf_dynamic_quantize_channel_symmetric_f64_s8_sm80_simt_impl {
@@ -620,6 +780,166 @@ extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_sy
             if (ASYM) zero_point[slot] = zp;
         }
     }
+}
+namespace sf_dynamic_quantize_channel_symmetric_f64_s8_sm80_simt_impl {
+// 16 bytes global -> shared without registers (sm_80+), L2 only (.cg: x is not read again by this SM).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32_t s = (u32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Every block of a cooperative launch waits here until all have arrived; `count` is 0 at launch
+// (the launcher clears it) and each block adds 1 once.
+__device__ __forceinline__ void grid_barrier(u32_t* count) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();                       // this block's partial result is visible first
+        atomicAdd(count, 1u);
+        while (*reinterpret_cast<volatile u32_t*>(count) < gridDim.x) asm volatile("nanosleep.u32 100;");
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+typedef u64_t B;
+__device__ __forceinline__ B bits(double v) { return (B)__double_as_longlong(v); }
+__device__ __forceinline__ double from_bits(B b) { return __longlong_as_double((long long)b); }
+constexpr int MAX_TX = 128;                    // column vectors of a tile, at most (the launcher's limit)
+
+template <int V>
+__device__ __forceinline__ void accumulate_vec(Acc (&a)[V], const Vec<T, V>& v) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) accumulate(a[e], elem(v, e));
+}
+
+// One vector of V columns quantized, each with its own reciprocal and zero point, and stored.
+template <int V, int NZ>
+__device__ __forceinline__ void quant_store_cols(Q* p, const Vec<T, V>& b, const M (&inv)[V], const int (&zp)[NZ],
+                                                 int qmin, int qmax) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<true>(elem(b, i), inv[i], quant_bounds<M>(zp[NZ == 1 ? 0 : i], qmin, qmax));
+    store_vec<Q, V>(p, o);
+}
+}  // namespace sf_dynamic_quantize_channel_symmetric_f64_s8_sm80_simt_impl
+
+// x, q: rows x cols contiguous (x 16-byte aligned, cols a multiple of V, q aligned to V codes);
+// colmax: cols words (then cols more in asymmetric mode), zeroed, and count, a zeroed counter,
+// where row_parts > 1 (then launched cooperatively: col_tiles * row_parts blocks, all resident);
+// kept: keep_tiles x blockDim.x 16-byte vectors of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channel_symmetric_f64_s8_sm80_simt_chan(
+    const double* __restrict__ x, s8_t* __restrict__ q, u64_t* __restrict__ colmax,
+    u32_t* __restrict__ count, double* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, int tx_width, int col_tiles, int row_parts, int keep_tiles, double eps,
+    int qmin, int qmax, int zp_value)
+{
+    using namespace sf_dynamic_quantize_channel_symmetric_f64_s8_sm80_simt_impl;
+    constexpr int V = 2;            // elements of a 16-byte vector
+    constexpr int U = 4;                       // streamed vectors in flight per thread
+    constexpr int NZ = ASYM ? V : 1;           // zero points: one per column, or the implied one
+    extern __shared__ uint4 kept[];
+    __shared__ B fold_hi[V * MAX_TX];          // the block's range, element e of column vector t at e * MAX_TX + t
+    __shared__ B fold_lo[ASYM ? V * MAX_TX : 1];
+    const int NT = blockDim.x, TY = NT / tx_width, tx = threadIdx.x % tx_width, ty = threadIdx.x / tx_width;
+    const i64_t ct = blockIdx.x % col_tiles, rp = blockIdx.x / col_tiles;
+    const i64_t cv = ct * tx_width + tx;       // this thread's column vector
+    const bool on = cv < cols / V;
+    const i64_t r0 = rows * rp / row_parts, r1 = rows * (rp + 1) / row_parts;
+    // this thread's rows: first + k * TY < r1; the first keep_tiles of them stay in shared memory
+    const i64_t first = r0 + ty, streamed = first + (i64_t)keep_tiles * TY;
+    const T* __restrict__ xc = x + cv * V;
+    Q* __restrict__ qc = q + cv * V;
+    for (int i = threadIdx.x; i < V * MAX_TX; i += NT) {
+        fold_hi[i] = 0;
+        if (ASYM) fold_lo[i] = 0;
+    }
+    // 1. reduce: the kept rows in flight to shared memory, the others streamed, then the kept ones
+    if (on) {
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
+            cp_async16(&kept[t * NT + threadIdx.x], xc + (first + (i64_t)t * TY) * cols);
+    }
+    Acc a[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) a[e] = Acc{(M)0, (M)0};
+    if (on) {
+        i64_t r = streamed;
+        for (; r + (U - 1) * TY < r1; r += U * TY) {
+            Vec<T, V> v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r + u * TY) * cols);
+#pragma unroll
+            for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
+        }
+        for (; r < r1; r += TY) accumulate_vec<V>(a, load_vec<T, V>(xc + r * cols));
+    }
+    cp_async_wait_all();                       // a thread reads back only the vectors it copied
+    if (on) {
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
+            accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]));
+    }
+    __syncthreads();                           // the fold words are zero
+    if (on) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {          // (+ 0 and 0 - turn a -0 into +0: its bits would be the largest)
+            atomicMax(&fold_hi[e * MAX_TX + tx], bits(a[e].hi + (M)0));
+            if (ASYM) atomicMax(&fold_lo[e * MAX_TX + tx], bits((M)0 - a[e].lo));
+        }
+    }
+    __syncthreads();
+    // 2. the columns' range over every row part
+    if (row_parts > 1) {
+        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
+            const int e = i / tx_width, t = i % tx_width;
+            const i64_t col = (ct * tx_width + t) * V + e;
+            if (col < cols) {
+                atomicMax(&colmax[col], fold_hi[e * MAX_TX + t]);
+                if (ASYM) atomicMax(&colmax[cols + col], fold_lo[e * MAX_TX + t]);
+            }
+        }
+        grid_barrier(count);
+        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
+            const int e = i / tx_width, t = i % tx_width;
+            const i64_t col = (ct * tx_width + t) * V + e;
+            if (col < cols) {
+                fold_hi[e * MAX_TX + t] = __ldcg(&colmax[col]);
+                if (ASYM) fold_lo[e * MAX_TX + t] = __ldcg(&colmax[cols + col]);
+            }
+        }
+        __syncthreads();
+    }
+    // 3. scale and zero point of this thread's V columns
+    M inv[V];
+    int zp[NZ];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+        const Acc c = {ASYM ? (M)0 - from_bits(fold_lo[e * MAX_TX + tx]) : (M)0, from_bits(fold_hi[e * MAX_TX + tx])};
+        M s;
+        int z;
+        finish(c, eps, qmin, qmax, zp_value, s, z);
+        inv[e] = (M)1 / s;                     // as the static quantize kernel does
+        zp[ASYM ? e : 0] = z;
+        if (on && rp == 0 && ty == 0) {
+            scale[cv * V + e] = s;
+            if (ASYM) zero_point[cv * V + e] = z;
+        }
+    }
+    if (!on) return;
+    // 4. quantize: the streamed rows from the last one back, then the kept rows
+    if (streamed < r1) {
+        i64_t r = streamed + (r1 - 1 - streamed) / TY * TY;
+        for (; r - (U - 1) * TY >= streamed; r -= U * TY) {
+            Vec<T, V> v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r - u * TY) * cols);
+#pragma unroll
+            for (int u = 0; u < U; ++u) quant_store_cols<V, NZ>(qc + (r - u * TY) * cols, v[u], inv, zp, qmin, qmax);
+        }
+        for (; r >= streamed; r -= TY) quant_store_cols<V, NZ>(qc + r * cols, load_vec<T, V>(xc + r * cols), inv, zp, qmin, qmax);
+    }
+    for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
+        quant_store_cols<V, NZ>(qc + (first + (i64_t)t * TY) * cols,
+                                *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]), inv, zp, qmin, qmax);
 }
 
 // SKU: quantization/dynamic_quantize/group/asymmetric/f64/s8/sm80/simt/f64.acc-f64.det.stable

@@ -36,7 +36,7 @@ def _dequantize(static, q, scale, zero_point, out):
 
 
 def _dynamic_quantize(static, x, q_out, s_out, z_out):
-    scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, _config, _tensor, no_out = static
+    scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, _config, no_out = static
     out = None if no_out else ((q_out, s_out) if z_out is None else (q_out, s_out, z_out))
     q, s, z = ops.dynamic_quantize(x, scope=scope, mode=mode, axis=axis, group_size=group_size, out_dtype=out_dtype,
                                    qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype, out=out)

@@ -36,7 +36,8 @@ SHAPES = {
               ((2, 65536), None, 65536, True), ((4, 256), None, 1, True), ((8, 1024), None, 128, True)],
     "channel": [((40, 256), 1, None, True), ((40, 256), 0, None, True), ((3, 6, 5, 32), 1, None, True),
                 ((2, 3, 4, 5, 7), -1, None, True), ((2, 2, 2, 2, 2, 2, 2, 16), 3, None, True),
-                ((70001, 3), 0, None, True), ((70001, 24), 1, None, True), ((5, 100000), 0, None, True)],
+                ((70001, 3), 0, None, True), ((70001, 24), 1, None, True), ((5, 100000), 0, None, True),
+                ((600, 4096), 1, None, True), ((17, 1000), 1, None, True), ((257, 40), -1, None, True)],
 }
 EMPTY = {"tensor": [((0, 64), None, None)], "token": [((4, 0), None, None), ((0, 8), None, None)],
          "group": [((4, 0), None, 16)], "channel": [((5, 0), 0, None), ((0, 7), 1, None)]}
