@@ -5,7 +5,7 @@
 # ARGS_<probe stage> (extra arguments of that probe, e.g. ARGS_probe_dynamic='--cases 2').
 # Everything lands flat in the output folder OUT (logs, probe JSON, audit records as audit.tar).
 set -u
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1   # the caller's path after the tree (packages installed aside)
 # A copy of the tree may carry a .git that is not its own (its HEAD is not the commit under test):
 # the records must name the commit from the caller, so it is required.
 : "${SKUFORGE_COMMIT:?set SKUFORGE_COMMIT to the commit under test (git rev-parse --short HEAD, here)}"
