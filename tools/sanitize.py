@@ -115,7 +115,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     _precompile(reg, skus, compile_arch(0), os.cpu_count() or 1)
     print(f"sanitize: {len(skus)} SKUs, units compiled in {time.perf_counter() - t0:.0f} s", flush=True)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    extra = os.environ.get("PYTHONPATH")            # packages installed aside stay importable
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + extra if extra else ""), PYTHONUNBUFFERED="1")
     procs = []
     for i, part in enumerate(shards(reg, skus, args.jobs)):
         lst = out / f"{args.tool}-{i}.skus"
