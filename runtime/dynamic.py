@@ -348,7 +348,7 @@ class ReduceConfig:
     @property
     def barrier(self) -> bool:
         """One launch with a grid barrier: a 16-byte counter (and, per channel, the column words)."""
-        return self.coop or (self.chan and self.row_parts > 1)
+        return (self.coop and self.grid0 > 1) or (self.chan and self.row_parts > 1)
 
 
 @launcher("dynamic_reduce", DynamicArgs)
@@ -360,9 +360,11 @@ class DynamicReduceLauncher(Launcher):
     MIN_ELEMS = 1 << 14    # elements per work item, at least (amortises the block reduction)
     COOP_THREADS = 1024    # <symbol>_coop: threads per block
     COOP_BLOCKS = 2        # resident per SM (__launch_bounds__(1024, 2)); f64: 1
+    COOP_ONE_BLOCK = 128 << 10   # bytes of x up to which one block takes all of it (no barrier, no memset)
     CHAN_THREADS = 1024    # <symbol>_chan: threads per block of the cooperative launch (one per SM)
     CHAN_TX = (128, 64, 32, 16, 8)   # column vectors of a tile, widest first (the kernel's MAX_TX: 128)
     CHAN_ONE_PART = 256    # rows up to which a block takes its column tile's every row (no barrier)
+    CHAN_ONE_PART_THREADS = 256   # ... in blocks of at most this many threads
     # The schedule's path (codegen/schedules.py): "one" takes the one-launch kernel where the SKU,
     # the layout and the device allow; "two": the reduce + quantize launches.
 
@@ -429,7 +431,8 @@ class DynamicReduceLauncher(Launcher):
     def coop_config(self, plan, args: DynamicArgs) -> Optional[ReduceConfig]:
         """The cooperative per-tensor launch, or None: a two-pass configuration, a SKU without the
         kernel (low-bit outputs), x or q not contiguous, x not 16-byte aligned, q not aligned to one
-        vector of codes, or a device without cooperative launches."""
+        vector of codes, or a device without cooperative launches. Up to COOP_ONE_BLOCK bytes of x,
+        one block (a plain launch: no grid barrier, no counter to clear)."""
         if not plan.launch.get("coop"):
             return None
         rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
@@ -445,6 +448,8 @@ class DynamicReduceLauncher(Launcher):
         if blocks == 0:
             return None
         nvec = rows * cols // v
+        if nvec * 16 <= self.COOP_ONE_BLOCK:
+            blocks = 1
         per_block = -(-nvec // blocks)
         width = min(self.COOP_THREADS, max(32, -(-per_block // 32) * 32))   # small x: every block gets some
         keep = min(smem // (16 * width), -(-nvec // (blocks * width)))     # whole tiles, no more than x has
@@ -459,7 +464,8 @@ class DynamicReduceLauncher(Launcher):
         Up to CHAN_ONE_PART rows: one block per column tile of 8 vectors takes every row (kept in
         shared memory: x read once, no barrier, a plain launch). More rows: one 1024-thread block
         per SM, column tiles of the widest TX (up to the row) that keeps the grid within 5 % of the fullest,
-        row parts filling the rest of the resident grid, a cooperative launch."""
+        row parts (interleaved tiles of rows) filling the rest of the resident grid, a cooperative
+        launch."""
         if not plan.launch.get("chan"):
             return None
         rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
@@ -471,7 +477,7 @@ class DynamicReduceLauncher(Launcher):
         dev = args.x.device
         if rows <= self.CHAN_ONE_PART:
             tx = self.CHAN_TX[-1]
-            ty = min(self.CHAN_THREADS // tx, -(-rows // 4) * 4)    # whole warps
+            ty = min(self.CHAN_ONE_PART_THREADS // tx, -(-rows // 4) * 4)    # whole warps
             tiles = -(-cvecs // tx)
             keep = -(-rows // ty)
             return ReduceConfig(True, False, tx, 1, cols, cols, 0, tiles, 0, chan=True, col_tiles=tiles,
@@ -490,8 +496,7 @@ class DynamicReduceLauncher(Launcher):
         most = max(s[0] for s in shapes)
         _, tx, tiles, parts = next(s for s in shapes if s[0] * 1.05 >= most)     # the widest near the fullest
         ty = self.CHAN_THREADS // tx
-        part_rows = -(-rows // parts)
-        keep = min(smem // (16 * self.CHAN_THREADS), -(-part_rows // ty))      # whole tiles, no more than a part has
+        keep = min(smem // (16 * self.CHAN_THREADS), -(-rows // (parts * ty)))   # whole tiles, no more than a part has
         return ReduceConfig(True, False, tx, parts, cols, cols, 0, tiles * parts, 0, chan=True, col_tiles=tiles,
                             threads=self.CHAN_THREADS, keep_tiles=keep, smem=keep * 16 * self.CHAN_THREADS)
 
@@ -540,6 +545,9 @@ class DynamicReduceLauncher(Launcher):
             values = abi.values(x=args.x.ptr, q=args.q.ptr, partial=ws + 16, count=ws, scale=args.scale.ptr,
                                 zero_point=ptr(args.zero_point), n=rows * cols, keep_tiles=cfg.keep_tiles,
                                 width=cfg.width, eps=eps, qmin=args.qmin, qmax=args.qmax, zp_value=args.zp_value)
+            if not cfg.barrier:                   # one block
+                launch(fn, (1,), (self.COOP_THREADS,), abi.fmt, values, stream, cfg.smem)
+                return
             with on_context_of(fn):               # the stream's device, for the memset too
                 memset_u32(ws, 0, 1, stream)      # the barrier counter
                 launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, abi.fmt, values, stream, cfg.smem)

@@ -442,6 +442,13 @@ __device__ __forceinline__ void accumulate_vec(Acc (&a)[V], const Vec<T, V>& v) 
     for (int e = 0; e < V; ++e) accumulate(a[e], elem(v, e));
 }
 
+// Folds the ranges of the lanes that share a column vector (lanes tx, tx + TX, ... of a warp, for
+// TX < 32), so that one lane per column vector folds into shared memory.
+__device__ __forceinline__ M warp_fold(M v, int tx_width) {
+    for (int o = tx_width; o < 32; o <<= 1) v = vmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // One vector of V columns quantized, each with its own reciprocal and zero point, and stored.
 template <int V, int NZ>
 __device__ __forceinline__ void quant_store_cols(Q* p, const Vec<T, V>& b, const M (&inv)[V], const int (&zp)[NZ],
@@ -456,6 +463,7 @@ __device__ __forceinline__ void quant_store_cols(Q* p, const Vec<T, V>& b, const
 // x, q: rows x cols contiguous (x 16-byte aligned, cols a multiple of V, q aligned to V codes);
 // colmax: cols words (then cols more in asymmetric mode), zeroed, and count, a zeroed counter,
 // where row_parts > 1 (then launched cooperatively: col_tiles * row_parts blocks, all resident);
+// a thread's rows are first + k * step (step = row_parts x TY rows);
 // kept: keep_tiles x blockDim.x 16-byte vectors of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channel_asymmetric_f32_s8_sm80_simt_chan(
     const float* __restrict__ x, s8_t* __restrict__ q, u32_t* __restrict__ colmax,
@@ -465,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channe
 {
     using namespace sf_dynamic_quantize_channel_asymmetric_f32_s8_sm80_simt_impl;
     constexpr int V = 4;            // elements of a 16-byte vector
-    constexpr int U = 4;                       // streamed vectors in flight per thread
+    constexpr int U = 2;                       // streamed vectors in flight per thread
     constexpr int NZ = ASYM ? V : 1;           // zero points: one per column, or the implied one
     extern __shared__ uint4 kept[];
     __shared__ B fold_hi[V * MAX_TX];          // the block's range, element e of column vector t at e * MAX_TX + t
@@ -474,9 +482,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channe
     const i64_t ct = blockIdx.x % col_tiles, rp = blockIdx.x / col_tiles;
     const i64_t cv = ct * tx_width + tx;       // this thread's column vector
     const bool on = cv < cols / V;
-    const i64_t r0 = rows * rp / row_parts, r1 = rows * (rp + 1) / row_parts;
-    // this thread's rows: first + k * TY < r1; the first keep_tiles of them stay in shared memory
-    const i64_t first = r0 + ty, streamed = first + (i64_t)keep_tiles * TY;
+    // this thread's rows: first + k * step < rows; the first keep_tiles of them stay in shared memory
+    const i64_t step = (i64_t)row_parts * TY, first = rp * TY + ty, streamed = first + (i64_t)keep_tiles * step;
     const T* __restrict__ xc = x + cv * V;
     Q* __restrict__ qc = q + cv * V;
     for (int i = threadIdx.x; i < V * MAX_TX; i += NT) {
@@ -485,30 +492,35 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channe
     }
     // 1. reduce: the kept rows in flight to shared memory, the others streamed, then the kept ones
     if (on) {
-        for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
-            cp_async16(&kept[t * NT + threadIdx.x], xc + (first + (i64_t)t * TY) * cols);
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
+            cp_async16(&kept[t * NT + threadIdx.x], xc + (first + (i64_t)t * step) * cols);
     }
     Acc a[V];
 #pragma unroll
     for (int e = 0; e < V; ++e) a[e] = Acc{(M)0, (M)0};
     if (on) {
         i64_t r = streamed;
-        for (; r + (U - 1) * TY < r1; r += U * TY) {
+        for (; r + (U - 1) * step < rows; r += U * step) {
             Vec<T, V> v[U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r + u * TY) * cols);
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r + u * step) * cols);
 #pragma unroll
             for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
         }
-        for (; r < r1; r += TY) accumulate_vec<V>(a, load_vec<T, V>(xc + r * cols));
+        for (; r < rows; r += step) accumulate_vec<V>(a, load_vec<T, V>(xc + r * cols));
     }
     cp_async_wait_all();                       // a thread reads back only the vectors it copied
     if (on) {
-        for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
             accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]));
     }
+#pragma unroll
+    for (int e = 0; e < V; ++e) {              // (every lane: the shuffles take the whole warp)
+        a[e].hi = warp_fold(a[e].hi, tx_width);
+        if (ASYM) a[e].lo = (M)0 - warp_fold((M)0 - a[e].lo, tx_width);
+    }
     __syncthreads();                           // the fold words are zero
-    if (on) {
+    if (on && (threadIdx.x & 31) < tx_width) {
 #pragma unroll
         for (int e = 0; e < V; ++e) {          // (+ 0 and 0 - turn a -0 into +0: its bits would be the largest)
             atomicMax(&fold_hi[e * MAX_TX + tx], bits(a[e].hi + (M)0));
@@ -555,19 +567,19 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channe
     }
     if (!on) return;
     // 4. quantize: the streamed rows from the last one back, then the kept rows
-    if (streamed < r1) {
-        i64_t r = streamed + (r1 - 1 - streamed) / TY * TY;
-        for (; r - (U - 1) * TY >= streamed; r -= U * TY) {
+    if (streamed < rows) {
+        i64_t r = streamed + (rows - 1 - streamed) / step * step;
+        for (; r - (U - 1) * step >= streamed; r -= U * step) {
             Vec<T, V> v[U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r - u * TY) * cols);
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r - u * step) * cols);
 #pragma unroll
-            for (int u = 0; u < U; ++u) quant_store_cols<V, NZ>(qc + (r - u * TY) * cols, v[u], inv, zp, qmin, qmax);
+            for (int u = 0; u < U; ++u) quant_store_cols<V, NZ>(qc + (r - u * step) * cols, v[u], inv, zp, qmin, qmax);
         }
-        for (; r >= streamed; r -= TY) quant_store_cols<V, NZ>(qc + r * cols, load_vec<T, V>(xc + r * cols), inv, zp, qmin, qmax);
+        for (; r >= streamed; r -= step) quant_store_cols<V, NZ>(qc + r * cols, load_vec<T, V>(xc + r * cols), inv, zp, qmin, qmax);
     }
-    for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
-        quant_store_cols<V, NZ>(qc + (first + (i64_t)t * TY) * cols,
+    for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
+        quant_store_cols<V, NZ>(qc + (first + (i64_t)t * step) * cols,
                                 *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]), inv, zp, qmin, qmax);
 }
 
@@ -813,6 +825,13 @@ __device__ __forceinline__ void accumulate_vec(Acc (&a)[V], const Vec<T, V>& v) 
     for (int e = 0; e < V; ++e) accumulate(a[e], elem(v, e));
 }
 
+// Folds the ranges of the lanes that share a column vector (lanes tx, tx + TX, ... of a warp, for
+// TX < 32), so that one lane per column vector folds into shared memory.
+__device__ __forceinline__ M warp_fold(M v, int tx_width) {
+    for (int o = tx_width; o < 32; o <<= 1) v = vmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // One vector of V columns quantized, each with its own reciprocal and zero point, and stored.
 template <int V, int NZ>
 __device__ __forceinline__ void quant_store_cols(Q* p, const Vec<T, V>& b, const M (&inv)[V], const int (&zp)[NZ],
@@ -827,6 +846,7 @@ __device__ __forceinline__ void quant_store_cols(Q* p, const Vec<T, V>& b, const
 // x, q: rows x cols contiguous (x 16-byte aligned, cols a multiple of V, q aligned to V codes);
 // colmax: cols words (then cols more in asymmetric mode), zeroed, and count, a zeroed counter,
 // where row_parts > 1 (then launched cooperatively: col_tiles * row_parts blocks, all resident);
+// a thread's rows are first + k * step (step = row_parts x TY rows);
 // kept: keep_tiles x blockDim.x 16-byte vectors of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channel_symmetric_f32_s8_sm80_simt_chan(
     const float* __restrict__ x, s8_t* __restrict__ q, u32_t* __restrict__ colmax,
@@ -845,9 +865,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channe
     const i64_t ct = blockIdx.x % col_tiles, rp = blockIdx.x / col_tiles;
     const i64_t cv = ct * tx_width + tx;       // this thread's column vector
     const bool on = cv < cols / V;
-    const i64_t r0 = rows * rp / row_parts, r1 = rows * (rp + 1) / row_parts;
-    // this thread's rows: first + k * TY < r1; the first keep_tiles of them stay in shared memory
-    const i64_t first = r0 + ty, streamed = first + (i64_t)keep_tiles * TY;
+    // this thread's rows: first + k * step < rows; the first keep_tiles of them stay in shared memory
+    const i64_t step = (i64_t)row_parts * TY, first = rp * TY + ty, streamed = first + (i64_t)keep_tiles * step;
     const T* __restrict__ xc = x + cv * V;
     Q* __restrict__ qc = q + cv * V;
     for (int i = threadIdx.x; i < V * MAX_TX; i += NT) {
@@ -856,30 +875,35 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channe
     }
     // 1. reduce: the kept rows in flight to shared memory, the others streamed, then the kept ones
     if (on) {
-        for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
-            cp_async16(&kept[t * NT + threadIdx.x], xc + (first + (i64_t)t * TY) * cols);
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
+            cp_async16(&kept[t * NT + threadIdx.x], xc + (first + (i64_t)t * step) * cols);
     }
     Acc a[V];
 #pragma unroll
     for (int e = 0; e < V; ++e) a[e] = Acc{(M)0, (M)0};
     if (on) {
         i64_t r = streamed;
-        for (; r + (U - 1) * TY < r1; r += U * TY) {
+        for (; r + (U - 1) * step < rows; r += U * step) {
             Vec<T, V> v[U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r + u * TY) * cols);
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r + u * step) * cols);
 #pragma unroll
             for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
         }
-        for (; r < r1; r += TY) accumulate_vec<V>(a, load_vec<T, V>(xc + r * cols));
+        for (; r < rows; r += step) accumulate_vec<V>(a, load_vec<T, V>(xc + r * cols));
     }
     cp_async_wait_all();                       // a thread reads back only the vectors it copied
     if (on) {
-        for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
             accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]));
     }
+#pragma unroll
+    for (int e = 0; e < V; ++e) {              // (every lane: the shuffles take the whole warp)
+        a[e].hi = warp_fold(a[e].hi, tx_width);
+        if (ASYM) a[e].lo = (M)0 - warp_fold((M)0 - a[e].lo, tx_width);
+    }
     __syncthreads();                           // the fold words are zero
-    if (on) {
+    if (on && (threadIdx.x & 31) < tx_width) {
 #pragma unroll
         for (int e = 0; e < V; ++e) {          // (+ 0 and 0 - turn a -0 into +0: its bits would be the largest)
             atomicMax(&fold_hi[e * MAX_TX + tx], bits(a[e].hi + (M)0));
@@ -926,19 +950,19 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channe
     }
     if (!on) return;
     // 4. quantize: the streamed rows from the last one back, then the kept rows
-    if (streamed < r1) {
-        i64_t r = streamed + (r1 - 1 - streamed) / TY * TY;
-        for (; r - (U - 1) * TY >= streamed; r -= U * TY) {
+    if (streamed < rows) {
+        i64_t r = streamed + (rows - 1 - streamed) / step * step;
+        for (; r - (U - 1) * step >= streamed; r -= U * step) {
             Vec<T, V> v[U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r - u * TY) * cols);
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r - u * step) * cols);
 #pragma unroll
-            for (int u = 0; u < U; ++u) quant_store_cols<V, NZ>(qc + (r - u * TY) * cols, v[u], inv, zp, qmin, qmax);
+            for (int u = 0; u < U; ++u) quant_store_cols<V, NZ>(qc + (r - u * step) * cols, v[u], inv, zp, qmin, qmax);
         }
-        for (; r >= streamed; r -= TY) quant_store_cols<V, NZ>(qc + r * cols, load_vec<T, V>(xc + r * cols), inv, zp, qmin, qmax);
+        for (; r >= streamed; r -= step) quant_store_cols<V, NZ>(qc + r * cols, load_vec<T, V>(xc + r * cols), inv, zp, qmin, qmax);
     }
-    for (int t = 0; t < keep_tiles && first + (i64_t)t * TY < r1; ++t)
-        quant_store_cols<V, NZ>(qc + (first + (i64_t)t * TY) * cols,
+    for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
+        quant_store_cols<V, NZ>(qc + (first + (i64_t)t * step) * cols,
                                 *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]), inv, zp, qmin, qmax);
 }
 
@@ -2215,7 +2239,8 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 
 // x, q: n contiguous elements (x 16-byte aligned, q aligned to 4 bytes); partial: 2 x
 // gridDim.x slots (hi, then lo); count: a zeroed counter; kept: keep_tiles x blockDim.x 16-byte
-// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks.
+// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks (a
+// single block: any launch, and count is not used).
 // The grid sweeps x as a grid-stride loop of tiles (a tile: one vector per thread of a block;
 // block b takes tiles b, b + G, ...), so all blocks read one contiguous window at a time (a
 // contiguous share per block measured 10-20 % slower: 132 separate streams). A tile is `width`
@@ -2253,8 +2278,9 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
         partial[b] = a.hi;
         if (ASYM) partial[G + b] = a.lo;
     }
-    // 2. all partial results are written
-    grid_barrier(count);
+    // 2. all partial results are written (one block: its own)
+    if (G > 1) grid_barrier(count);
+    else __syncthreads();
     // 3. the tensor's range, combined the same way in every block
     Acc t = {(M)0, (M)0};
     for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
@@ -2561,7 +2587,8 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 
 // x, q: n contiguous elements (x 16-byte aligned, q aligned to 4 bytes); partial: 2 x
 // gridDim.x slots (hi, then lo); count: a zeroed counter; kept: keep_tiles x blockDim.x 16-byte
-// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks.
+// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks (a
+// single block: any launch, and count is not used).
 // The grid sweeps x as a grid-stride loop of tiles (a tile: one vector per thread of a block;
 // block b takes tiles b, b + G, ...), so all blocks read one contiguous window at a time (a
 // contiguous share per block measured 10-20 % slower: 132 separate streams). A tile is `width`
@@ -2599,8 +2626,9 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
         partial[b] = a.hi;
         if (ASYM) partial[G + b] = a.lo;
     }
-    // 2. all partial results are written
-    grid_barrier(count);
+    // 2. all partial results are written (one block: its own)
+    if (G > 1) grid_barrier(count);
+    else __syncthreads();
     // 3. the tensor's range, combined the same way in every block
     Acc t = {(M)0, (M)0};
     for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
