@@ -388,29 +388,6 @@ def test_coop_on_chip_share_8192_bf16(monkeypatch):
     assert 0.2 < 264 * cfg.smem / (8192 * 8192 * 2) < 0.25
 
 
-@pytest.mark.parametrize("case", ["two_pass", "no_kernel", "strided_x", "strided_q", "misaligned", "no_coop_device"])
-def test_coop_falls_back_to_two_passes(monkeypatch, override_settings, case):
-    _coop_patch(monkeypatch, coop=case != "no_coop_device")
-    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 8)
-    plan = _coop_plan()
-    shape = (64, 512)
-    args = _args(shape, "tensor", strides=(1024, 1) if case == "strided_x" else None)
-    if case == "two_pass":
-        plan.launch.update(launch_schedules("dynamic_reduce", {"coop": True}))
-        override_settings(schedule="two-pass")
-    if case == "no_kernel":
-        plan.launch["coop"] = False
-    if case == "strided_q":
-        from runtime.arrays import as_array
-        from runtime.scopes import rows_view
-        args.q = as_array(D(shape, "int8", strides=(1024, 1)), "q")
-        args.qv = rows_view(args.q, "q")
-    if case == "misaligned":
-        args.x.ptr += 8
-    cfg = dyn.DynamicReduceLauncher().config(plan, args)
-    assert not cfg.coop
-
-
 # -- the one-launch per-channel kernel (<symbol>_chan, dynamic_channel.cu.j2) ---------------------
 def _chan_plan(element="bf16", mode="symmetric"):
     plan = _Plan("channel", mode=mode, element=element)
@@ -484,19 +461,27 @@ def test_chan_partition_covers_every_element_once(monkeypatch, shape, element, w
     assert launcher.workspace_size(asym, args) == (16 + 2 * cols * item if cfg.barrier else 0)   # hi and lo words
 
 
-@pytest.mark.parametrize("case", ["two_pass", "no_kernel", "strided_x", "strided_q", "misaligned", "partial_vector",
-                                  "no_coop_device", "too_wide", "leading_axis"])
-def test_chan_falls_back_to_two_passes(monkeypatch, override_settings, case):
-    _chan_patch(monkeypatch, coop=case != "no_coop_device")
-    plan = _chan_plan()
+ONE_LAUNCH_FALLBACKS = [(k, c) for k in ("coop", "chan") for c in ("two_pass", "no_kernel", "strided_x", "strided_q",
+                                                                     "misaligned", "no_coop_device")]
+ONE_LAUNCH_FALLBACKS += [("chan", c) for c in ("partial_vector", "too_wide", "leading_axis")]
+
+
+@pytest.mark.parametrize("kernel,case", ONE_LAUNCH_FALLBACKS)
+def test_one_launch_falls_back_to_two_passes(monkeypatch, override_settings, kernel, case):
+    """Per tensor (coop) and per channel (chan): the two passes where the schedule, the SKU, the
+    layout or the device rule the one launch out."""
+    (_coop_patch if kernel == "coop" else _chan_patch)(monkeypatch, coop=case != "no_coop_device")
+    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 8)
+    plan = _coop_plan() if kernel == "coop" else _chan_plan()
     shape = {"partial_vector": (512, 1001), "too_wide": (512, 8 * 128 * 133)}.get(case, (512, 512))
-    args = _args(shape, "channel", axis=0 if case == "leading_axis" else -1,
-                 strides=(1024, 1) if case == "strided_x" else None)
+    scope = "tensor" if kernel == "coop" else "channel"
+    axis = None if kernel == "coop" else 0 if case == "leading_axis" else -1
+    args = _args(shape, scope, axis=axis, strides=(1024, 1) if case == "strided_x" else None)
     if case == "two_pass":
-        plan.launch.update(launch_schedules("dynamic_reduce", {"chan": True}))
+        plan.launch.update(launch_schedules("dynamic_reduce", {kernel: True}))
         override_settings(schedule="two-pass")
     if case == "no_kernel":
-        plan.launch["chan"] = False
+        plan.launch[kernel] = False
     if case == "strided_q":
         from runtime.arrays import as_array
         from runtime.scopes import rows_view
