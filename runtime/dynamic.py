@@ -348,7 +348,7 @@ class ReduceConfig:
     @property
     def barrier(self) -> bool:
         """One launch with a grid barrier: a 16-byte counter (and, per channel, the column words)."""
-        return (self.coop and self.grid0 > 1) or (self.chan and self.row_parts > 1)
+        return self.coop or (self.chan and self.row_parts > 1)
 
 
 @launcher("dynamic_reduce", DynamicArgs)
@@ -360,7 +360,6 @@ class DynamicReduceLauncher(Launcher):
     MIN_ELEMS = 1 << 14    # elements per work item, at least (amortises the block reduction)
     COOP_THREADS = 1024    # <symbol>_coop: threads per block
     COOP_BLOCKS = 2        # resident per SM (__launch_bounds__(1024, 2)); f64: 1
-    COOP_ONE_BLOCK = 128 << 10   # bytes of x up to which one block takes all of it (no barrier, no memset)
     CHAN_THREADS = 1024    # <symbol>_chan: threads per block of the cooperative launch (one per SM)
     CHAN_TX = (128, 64, 32, 16, 8)   # column vectors of a tile, widest first (the kernel's MAX_TX: 128)
     CHAN_ONE_PART = 256    # rows up to which a block takes its column tile's every row (no barrier)
@@ -431,8 +430,7 @@ class DynamicReduceLauncher(Launcher):
     def coop_config(self, plan, args: DynamicArgs) -> Optional[ReduceConfig]:
         """The cooperative per-tensor launch, or None: a two-pass configuration, a SKU without the
         kernel (low-bit outputs), x or q not contiguous, x not 16-byte aligned, q not aligned to one
-        vector of codes, or a device without cooperative launches. Up to COOP_ONE_BLOCK bytes of x,
-        one block (a plain launch: no grid barrier, no counter to clear)."""
+        vector of codes, or a device without cooperative launches."""
         if not plan.launch.get("coop"):
             return None
         rows, cols, v = args.xv.rows, args.xv.cols, plan.launch["rvec"]
@@ -448,8 +446,6 @@ class DynamicReduceLauncher(Launcher):
         if blocks == 0:
             return None
         nvec = rows * cols // v
-        if nvec * 16 <= self.COOP_ONE_BLOCK:
-            blocks = 1
         per_block = -(-nvec // blocks)
         width = min(self.COOP_THREADS, max(32, -(-per_block // 32) * 32))   # small x: every block gets some
         keep = min(smem // (16 * width), -(-nvec // (blocks * width)))     # whole tiles, no more than x has
@@ -545,9 +541,6 @@ class DynamicReduceLauncher(Launcher):
             values = abi.values(x=args.x.ptr, q=args.q.ptr, partial=ws + 16, count=ws, scale=args.scale.ptr,
                                 zero_point=ptr(args.zero_point), n=rows * cols, keep_tiles=cfg.keep_tiles,
                                 width=cfg.width, eps=eps, qmin=args.qmin, qmax=args.qmax, zp_value=args.zp_value)
-            if not cfg.barrier:                   # one block
-                launch(fn, (1,), (self.COOP_THREADS,), abi.fmt, values, stream, cfg.smem)
-                return
             with on_context_of(fn):               # the stream's device, for the memset too
                 memset_u32(ws, 0, 1, stream)      # the barrier counter
                 launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, abi.fmt, values, stream, cfg.smem)

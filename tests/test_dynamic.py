@@ -355,9 +355,7 @@ def test_coop_partition_covers_every_element_once(monkeypatch, shape, element):
     n = int(np.prod(shape))
     v = plan.launch["rvec"]
     g = 132 if element == "f64" else 264                # f64: one block per SM
-    if n // v * 16 <= launcher.COOP_ONE_BLOCK:
-        g = 1                                           # small x: one block, no barrier
-    assert cfg.coop and cfg.grid0 == g and cfg.parts == cfg.partials == g and cfg.barrier == (g > 1)
+    assert cfg.coop and cfg.grid0 == g and cfg.parts == cfg.partials == g and cfg.barrier
     assert cfg.smem == 16 * cfg.width * cfg.keep_tiles and cfg.width % 32 == 0 and 32 <= cfg.width <= 1024
     assert cfg.keep_tiles <= max(1, -(-(n // v) // (g * cfg.width)))   # no more tiles than x has (small x: loops end early)
     assert cfg.width == 1024 or cfg.width * g <= n // v + 32 * g      # small x: narrow tiles, every block busy

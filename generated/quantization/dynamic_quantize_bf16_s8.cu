@@ -2284,8 +2284,7 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 
 // x, q: n contiguous elements (x 16-byte aligned, q aligned to 8 bytes); partial: 2 x
 // gridDim.x slots (hi, then lo); count: a zeroed counter; kept: keep_tiles x blockDim.x 16-byte
-// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks (a
-// single block: any launch, and count is not used).
+// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks.
 // The grid sweeps x as a grid-stride loop of tiles (a tile: one vector per thread of a block;
 // block b takes tiles b, b + G, ...), so all blocks read one contiguous window at a time (a
 // contiguous share per block measured 10-20 % slower: 132 separate streams). A tile is `width`
@@ -2323,9 +2322,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
         partial[b] = a.hi;
         if (ASYM) partial[G + b] = a.lo;
     }
-    // 2. all partial results are written (one block: its own)
-    if (G > 1) grid_barrier(count);
-    else __syncthreads();
+    // 2. all partial results are written
+    grid_barrier(count);
     // 3. the tensor's range, combined the same way in every block
     Acc t = {(M)0, (M)0};
     for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
@@ -2637,8 +2635,7 @@ __device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __
 
 // x, q: n contiguous elements (x 16-byte aligned, q aligned to 8 bytes); partial: 2 x
 // gridDim.x slots (hi, then lo); count: a zeroed counter; kept: keep_tiles x blockDim.x 16-byte
-// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks (a
-// single block: any launch, and count is not used).
+// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks.
 // The grid sweeps x as a grid-stride loop of tiles (a tile: one vector per thread of a block;
 // block b takes tiles b, b + G, ...), so all blocks read one contiguous window at a time (a
 // contiguous share per block measured 10-20 % slower: 132 separate streams). A tile is `width`
@@ -2676,9 +2673,8 @@ extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor
         partial[b] = a.hi;
         if (ASYM) partial[G + b] = a.lo;
     }
-    // 2. all partial results are written (one block: its own)
-    if (G > 1) grid_barrier(count);
-    else __syncthreads();
+    // 2. all partial results are written
+    grid_barrier(count);
     // 3. the tensor's range, combined the same way in every block
     Acc t = {(M)0, (M)0};
     for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
