@@ -428,8 +428,7 @@ class DynamicReduceLauncher(Launcher):
         return max(1, min(-(-slots * 32 // self.BLOCK), props["sms"] * 8))
 
     def coop_config(self, plan, args: DynamicArgs) -> Optional[ReduceConfig]:
-        """The cooperative per-tensor launch, or None: a two-pass configuration, a SKU without the
-        kernel (low-bit outputs), x or q not contiguous, x not 16-byte aligned, q not aligned to one
+        """The cooperative per-tensor launch, or None: a SKU without the kernel (low-bit outputs), x or q not contiguous, x not 16-byte aligned, q not aligned to one
         vector of codes, or a device without cooperative launches."""
         if not plan.launch.get("coop"):
             return None
@@ -503,11 +502,17 @@ class DynamicReduceLauncher(Launcher):
         if args.xv.rows == 0 or args.xv.cols == 0:
             return 0
         cfg = self.config(plan, args)
-        item = 8 if plan.sku.precision.math == "f64" else 4
-        words = 2 if plan.sku.mode == "asymmetric" else 1
         if cfg.chan:
-            return 16 + args.xv.cols * item * words if cfg.barrier else 0
-        return (16 if cfg.coop else 0) + cfg.partials * item * words
+            return self._column_words(plan, args.xv.cols) if cfg.barrier else 0
+        item = 8 if plan.sku.precision.math == "f64" else 4
+        return (16 if cfg.coop else 0) + cfg.partials * item * (2 if plan.sku.mode == "asymmetric" else 1)
+
+    @staticmethod
+    def _column_words(plan, cols: int) -> int:
+        """Bytes of the per-channel kernel's workspace: the 16-byte counter, then one word per column
+        (the math precision's size), two in asymmetric mode (max(x, 0), then 0 - min(x, 0))."""
+        item = 8 if plan.sku.precision.math == "f64" else 4
+        return 16 + cols * item * (2 if plan.sku.mode == "asymmetric" else 1)
 
     def run(self, plan, args: DynamicArgs, stream=None):
         rows, cols = args.xv.rows, args.xv.cols
@@ -529,9 +534,7 @@ class DynamicReduceLauncher(Launcher):
                 launch(fn, (cfg.grid0,), (cfg.threads,), abi.fmt, values, stream, cfg.smem)
                 return
             with on_context_of(fn):               # the stream's device, for the memset too
-                words = 2 if plan.sku.mode == "asymmetric" else 1
-                item = 8 if plan.sku.precision.math == "f64" else 4
-                memset_u32(ws, 0, (16 + cols * item * words) // 4, stream)   # the counter, the column words
+                memset_u32(ws, 0, self._column_words(plan, cols) // 4, stream)   # the counter, the column words
                 launch_cooperative(fn, cfg.grid0, cfg.threads, abi.fmt, values, stream, cfg.smem)
             return
         if cfg.coop:                          # one launch: reduce, grid barrier, quantize
