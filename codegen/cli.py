@@ -308,7 +308,7 @@ def _print_resources(reg, reports, pattern) -> None:
         table.add_column(col)
     for unit, arch, report in sorted(reports):
         for sym, r in sorted(report.items()):
-            if sym in symbols or sym.rpartition("_")[0] in symbols or sym.split("_t")[0] in symbols:
+            if any(sym == s or sym.startswith(s + "_") for s in symbols):    # the SKU's symbol or a suffixed entry point
                 spill = f"{r['spill_stores']}/{r['spill_loads']}"
                 stack = Text(str(r["stack"]), "red" if r["stack"] else "")
                 table.add_row(sym, f"sm_{arch}", str(r["registers"]), stack,

@@ -504,15 +504,14 @@ class DynamicReduceLauncher(Launcher):
         cfg = self.config(plan, args)
         if cfg.chan:
             return self._column_words(plan, args.xv.cols) if cfg.barrier else 0
-        item = 8 if plan.sku.precision.math == "f64" else 4
+        item = kinds.SIZE[plan.sku.precision.math]
         return (16 if cfg.coop else 0) + cfg.partials * item * (2 if plan.sku.mode == "asymmetric" else 1)
 
     @staticmethod
     def _column_words(plan, cols: int) -> int:
         """Bytes of the per-channel kernel's workspace: the 16-byte counter, then one word per column
         (the math precision's size), two in asymmetric mode (max(x, 0), then 0 - min(x, 0))."""
-        item = 8 if plan.sku.precision.math == "f64" else 4
-        return 16 + cols * item * (2 if plan.sku.mode == "asymmetric" else 1)
+        return 16 + cols * kinds.SIZE[plan.sku.precision.math] * (2 if plan.sku.mode == "asymmetric" else 1)
 
     def run(self, plan, args: DynamicArgs, stream=None):
         rows, cols = args.xv.rows, args.xv.cols
