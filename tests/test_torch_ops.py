@@ -371,6 +371,14 @@ def test_autograd_reaches_the_backward_ops_on_meta_tensors():
     grads = torch.autograd.grad(yl, (xf, s, zf), torch.empty_like(yl))
     assert [tuple(g.shape) for g in grads] == [(4, 64), (4,), (4,)]
 
+    yq = sft.fake_quantize(xf, s.detach(), scope="token")                  # the forward writes the bits
+    (gf,) = torch.autograd.grad(yq, xf, torch.empty_like(yq))
+    assert gf.shape == xf.shape and gf.dtype == xf.dtype
+    y2, bits = sk.fake_quantize_with_mask(xf, s.detach(), None, "token")   # the schema's default mask: bits
+    assert bits.shape == (4, 8) and bits.dtype == torch.uint8 and not bits.requires_grad
+    (g2,) = torch.autograd.grad(y2, xf, torch.empty_like(y2))
+    assert g2.shape == xf.shape
+
     q8 = sft.quantize(xf, s.detach(), scope="token", out_dtype="fp8_e4m3")
     assert not q8.requires_grad and q8.dtype == torch.float8_e4m3fn       # codes carry no gradient
     y8 = sft.dequantize(q8, s.detach(), scope="token", out_dtype="bfloat16")
