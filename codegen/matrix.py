@@ -581,7 +581,8 @@ LOCAL_MEMORY = (
     LocalMemory("sf_fake_quantize_learnable_backward_*", 16, "LSQ element pass: " + _CALL_SAVES),
     # register pressure (spills of a few values), measured with ptxas; correct, slower than it could be
     LocalMemory("sf_dynamic_quantize_*_asymmetric_f64_*", 8, "f64 asymmetric range reduction: 4 B of spills"),
-    LocalMemory("sf_fake_quantize_*_f64_f64_*", 16, "f64 fake_quantize: up to 96 B of spills with the value check"),
+    LocalMemory("sf_fake_quantize_*_f64_f64_*", 16, "f64 fake_quantize: 8 B of spills in the per-channel (last axis) "
+                "kernel, which holds 8 columns' parameters beside its vector"),
     LocalMemory("sf_quantize_backward_group_*", 8, "straight-through group pass on sm_80: 4 B of spills"),
     LocalMemory("sf_fake_quantize_backward_group_*", 8, "straight-through group pass on sm_80: 4 B of spills"),
     LocalMemory("sf_dequantize_group_symmetric_fp8_*", 8, "fp8 dequantize, group scope: 8-16 B of spills with the "
