@@ -87,12 +87,18 @@ def _streams(k) -> list:
 
 def elementwise(k) -> dict:
     """Static quantize / dequantize and the straight-through / fake-quant ops
-    (templates/quantization/_elementwise.cu.j2): both entry points (channel ``_rows``) share it."""
+    (templates/quantization/_elementwise.cu.j2): both entry points (channel ``_rows``) share it.
+    ``<stream>_bits``: the int parameter of each output the kernel may write bit-packed (context
+    ``bits``). An op without a scope (fake_quantize_backward_from_mask) takes no quantization
+    parameters: its streams, the shape and ``vec_ok``."""
+    if k["scope"] is None:
+        return {"main": _streams(k) + [*_i64("rows", "cols"), *_int("vec_ok")]}
     M = k["M"]
+    bits = [p for p in k.get("bits", {}).values() if p]
     return {"main": _streams(k) + [
         _ptr("scale", M, const=True), Param("scale_value", M), _ptr("zero_point", "i32_t", const=True),
         Param("zp_value", "int"), *_i64("rows", "cols", "group_size", "chan_inner", "chan_count"),
-        *_int("chan_last", "qmin", "qmax", "vec_ok"), STATUS]}
+        *_int("chan_last", "qmin", "qmax", "vec_ok", *bits), STATUS]}
 
 
 def lowbit_elementwise(k) -> dict:

@@ -405,6 +405,15 @@ TRAINING_DEQUANTIZE_BACKWARD = Family(
     outs=(Stream("dq", "aux"),),
 )
 
+def _eight_wide(ctx) -> dict:
+    """Vectors of 8 elements, whatever the element size (a mask byte holds the bits of one vector:
+    f32 moves two 16-byte words a vector, f64 four), with the unroll cut to keep the bytes a thread
+    has in flight (16-bit: 4 vectors, f32: 2, f64: 1)."""
+    return {"vec": 8, "unroll": max(1, ctx["unroll"] * ctx["vec"] // 8)}
+
+
+# The mask is optional (a null pointer skips its stores) and written either one byte an element or
+# bit-packed (``bits``: the stream and the int parameter that selects it; docs/numerics.md "Mask bits").
 TRAINING_FAKE_QUANTIZE = Family(
     name="training-fake-quantize",
     category="quantization",
@@ -415,8 +424,21 @@ TRAINING_FAKE_QUANTIZE = Family(
     modes=QUANT_MODES,
     ins=(Stream("x", "element"),),
     outs=(Stream("y", "aux"), Stream("mask", "u8")),
-    # the mask is optional: a null pointer skips its stores
-    extra_context=lambda cell, ctx: {"nullable": ("mask",), "launch": {"nullable": ["mask"]}},
+    extra_context=lambda cell, ctx: {"nullable": ("mask",), "bits": {"mask": "mask_bits"}, **_eight_wide(ctx),
+                                     "launch": {"nullable": ["mask"], "bits": {"mask": "mask_bits"}}},
+)
+
+# dx = dy * bit, the bits of fake_quantize(..., return_mask="bits"): no scale, no scope, no mode. The
+# mask is always bit-packed (``bits``: no parameter selects it).
+TRAINING_MASK_BACKWARD = Family(
+    name="training-mask-backward",
+    category="quantization",
+    ops=("fake_quantize_backward_from_mask",),
+    template="quantization/{op}.cu.j2",
+    pairs=TRAINING_PAIRS,
+    ins=(Stream("dy", "element"), Stream("mask", "u8")),
+    outs=(Stream("dx", "aux"),),
+    extra_context=lambda cell, ctx: {**_eight_wide(ctx), "launch": {"bits": {"mask": None}}},
 )
 
 TRAINING_LSQ = Family(
@@ -559,7 +581,8 @@ LOCAL_MEMORY = (
     LocalMemory("sf_fake_quantize_learnable_backward_*", 16, "LSQ element pass: " + _CALL_SAVES),
     # register pressure (spills of a few values), measured with ptxas; correct, slower than it could be
     LocalMemory("sf_dynamic_quantize_*_asymmetric_f64_*", 8, "f64 asymmetric range reduction: 4 B of spills"),
-    LocalMemory("sf_fake_quantize_*_f64_f64_*", 16, "f64 fake_quantize: up to 96 B of spills with the value check"),
+    LocalMemory("sf_fake_quantize_*_f64_f64_*", 16, "f64 fake_quantize: 8 B of spills in the per-channel (last axis) "
+                "kernel, which holds 8 columns' parameters beside its vector"),
     LocalMemory("sf_quantize_backward_group_*", 8, "straight-through group pass on sm_80: 4 B of spills"),
     LocalMemory("sf_fake_quantize_backward_group_*", 8, "straight-through group pass on sm_80: 4 B of spills"),
     LocalMemory("sf_dequantize_group_symmetric_fp8_*", 8, "fp8 dequantize, group scope: 8-16 B of spills with the "
@@ -584,7 +607,8 @@ def local_memory_allowed(symbol: str, stack_bytes: int) -> Optional[LocalMemory]
 
 FAMILIES: tuple = (STATIC_QUANTIZE, STATIC_DEQUANTIZE, DYNAMIC_QUANTIZE, MOE_GEMM, MOE_WGRAD, MOE_GEMM_WGMMA,
                   MOE_WGRAD_WGMMA,
-                  TRAINING_STE, TRAINING_DEQUANTIZE_BACKWARD, TRAINING_FAKE_QUANTIZE, TRAINING_LSQ,
+                  TRAINING_STE, TRAINING_DEQUANTIZE_BACKWARD, TRAINING_FAKE_QUANTIZE, TRAINING_MASK_BACKWARD,
+                  TRAINING_LSQ,
                   LOWBIT_QUANTIZE, LOWBIT_DEQUANTIZE, LOWBIT_DYNAMIC_QUANTIZE)
 
 

@@ -27,12 +27,12 @@ from .quantization import dequantize, quantize
 from .registry import Registry, default_registry
 from .sku import KernelSku, Precision
 from .training import (dequantize_backward, fake_quantize, fake_quantize_backward,
-                       fake_quantize_learnable_backward, quantize_backward)
+                       fake_quantize_backward_from_mask, fake_quantize_learnable_backward, quantize_backward)
 
 __all__ = [
     "quantize", "dequantize", "dynamic_quantize",
     "quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
-    "fake_quantize_learnable_backward",
+    "fake_quantize_backward_from_mask", "fake_quantize_learnable_backward",
     "grouped_matmul", "grouped_matmul_backward",
     "KernelSku", "Precision", "Registry", "default_registry", "Plan", "Descriptor", "Preference",
     "UnsupportedError", "InvalidProblemError", "SkuforgeError", "DeviceRequiredError", "DeviceValueError",

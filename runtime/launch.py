@@ -68,6 +68,9 @@ class ElementwiseArgs:
     qmax: int = 0
     status: int = 0             # the device's status word (runtime/status.py), or 0: no value checks
     scale_e8m0: Union[ArrayRef, None] = None   # MX block scales (low-bit kernels; ``scale`` is then unused)
+    # the streams passed bit-packed (one bit an element, 8 to a byte: launch metadata ``bits``), e.g.
+    # ("mask",) for fake_quantize(..., return_mask="bits") and fake_quantize_backward_from_mask
+    bits: tuple = ()
 
 
 def stream_params(plan, args: ElementwiseArgs) -> dict:
@@ -90,6 +93,13 @@ class ElementwiseLauncher(Launcher):
         got_out = [a.kind for a, _ in args.outs]
         if got_in != want_in or got_out != want_out:
             raise InvalidProblemError(f"{plan.sku} takes {want_in} -> {want_out}, got {got_in} -> {got_out}")
+        # launch metadata ``bits``: stream -> the int parameter that selects its bit-packed form, or
+        # None where the stream is always bit-packed
+        bits = plan.launch.get("bits") or {}
+        if set(args.bits) - set(bits) or {name for name, p in bits.items() if p is None} - set(args.bits):
+            raise InvalidProblemError(f"{plan.sku} takes bit-packed {sorted(bits) or 'none'} "
+                                      f"(always: {sorted(n for n, p in bits.items() if p is None)}), got "
+                                      f"{sorted(args.bits)}")
 
     @staticmethod
     def vec_ok(plan, args: ElementwiseArgs) -> bool:
@@ -98,7 +108,10 @@ class ElementwiseLauncher(Launcher):
             return False
         if plan.sku.scope == "group" and args.group_size % vec:
             return False            # the columns layout needs whole vectors inside one group
-        if not all(fits(a, view.row_stride, stream_word(a.kind, vec)) for a, view in args.ins + args.outs):
+        # a bit-packed stream moves one byte a vector: any address and row stride will do
+        streams = [(a, view) for (a, view), spec in zip(args.ins + args.outs, plan.launch["ins"] + plan.launch["outs"])
+                   if spec["name"] not in args.bits]
+        if not all(fits(a, view.row_stride, stream_word(a.kind, vec)) for a, view in streams):
             return False
         # the columns layout reads per-column scales and zero points as vectors too
         return not args.chan_last or all(fits(p, 0, word(p.itemsize, vec)) for p in (args.scale, args.zero_point)
@@ -134,21 +147,26 @@ class ElementwiseLauncher(Launcher):
                 row_blocks = min(row_blocks, resident // col_blocks)
             grid = (max(1, min(row_blocks, MAX_GRID_X)), col_blocks)
         else:
-            # columns per thread-iteration: U vectors (vector path) or one element (scalar path)
-            units = -(-args.cols // (vec * unroll)) if vec_ok else args.cols
+            # columns per thread-iteration: U vectors (vector path) or one element (scalar path; 8,
+            # one byte of bits, with a bit-packed stream)
+            units = -(-args.cols // (vec * unroll)) if vec_ok else -(-args.cols // (8 if args.bits else 1))
             tx = min(threads, next_pow2(units))
             ty = threads // tx
             grid = (row_grid(args.rows, ty),)
         if GRID_CAP[0]:
             grid = tuple(min(g, GRID_CAP[0]) for g in grid)
-        streams = stream_params(plan, args)
+        named = {**stream_params(plan, args), "rows": args.rows, "cols": args.cols, "vec_ok": int(vec_ok)}
+        if plan.sku.scope is not None:      # the quantization parameters (codegen/abi.py: none without a scope)
+            named.update(
+                scale=ptr(args.scale), scale_value=0.0 if isinstance(args.scale, ArrayRef) else args.scale,
+                zero_point=ptr(args.zero_point), zp_value=args.zp_value, group_size=args.group_size,
+                chan_inner=args.chan_inner, chan_count=args.chan_count, chan_last=int(args.chan_last),
+                qmin=args.qmin, qmax=args.qmax, status=args.status)
+        for name, param in (plan.launch.get("bits") or {}).items():
+            if param is not None:
+                named[param] = int(name in args.bits)
         abi = plan.abi()
-        values = abi.values(
-            **streams, scale=ptr(args.scale), scale_value=0.0 if isinstance(args.scale, ArrayRef) else args.scale,
-            zero_point=ptr(args.zero_point), zp_value=args.zp_value, rows=args.rows, cols=args.cols,
-            group_size=args.group_size, chan_inner=args.chan_inner, chan_count=args.chan_count,
-            chan_last=int(args.chan_last), qmin=args.qmin, qmax=args.qmax, vec_ok=int(vec_ok), status=args.status)
-        return PreparedLaunch(fn, grid, (tx, ty), abi, values)
+        return PreparedLaunch(fn, grid, (tx, ty), abi, abi.values(**named))
 
     def run(self, plan, args: ElementwiseArgs, stream=None):
         if args.rows == 0 or args.cols == 0:

@@ -20,12 +20,13 @@ from .scopes import check_range, check_scope, implied_zero_point, rows_view
 
 
 def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_value, shape, scope, axis,
-                       group_size, qmin, qmax, fast=None, scale_e8m0=None, cols=None):
+                       group_size, qmin, qmax, fast=None, scale_e8m0=None, cols=None, bits=()):
     """Plan and launch one static elementwise kernel (templates/quantization/_elementwise.cu.j2, or
     the low-bit lowbit_*.cu.j2 for fp8 / packed int4 / e8m0 scales: the plan's launch kind decides).
 
     ``ins`` / ``outs``: ``(ArrayRef, RowsView)`` in the kernel's stream order; every argument check
-    has passed. ``cols``: elements per row when the first stream is packed (int4). An empty shape
+    has passed. ``cols``: elements per row when the first stream is packed (int4). ``bits``: the
+    streams passed bit-packed (``ElementwiseArgs.bits``). An empty shape
     launches nothing. The launch runs on the current stream of the first input's framework;
     ``fast`` (a :class:`runtime.replay.FastCall`) records it for replay. The kernel checks the scale
     and zero-point values it reads and reports to the device's status word."""
@@ -38,7 +39,7 @@ def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_va
     args = ElementwiseArgs(ins=ins, outs=outs, scale=scale, zero_point=zp_array, zp_value=zp_value, rows=rows,
                            cols=cols or ins[0][1].cols, group_size=group_size or 1, chan_inner=inner,
                            chan_count=count, chan_last=last, qmin=qmin, qmax=qmax, status=status.pointer(dev),
-                           scale_e8m0=scale_e8m0)
+                           scale_e8m0=scale_e8m0, bits=bits)
     plan = cached_plan(Descriptor(op, scope, mode, element, aux), lowbit.preference(dev))
     plan.launcher.check(plan, args)
     prep = plan.launcher.prepare(plan, args)

@@ -223,6 +223,24 @@ def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, g
     return _masked(dy, _in_range(v, qmin, qmax), math_dtype(x.dtype))
 
 
+def pack_mask_bits(mask) -> np.ndarray:
+    """A bool mask (rank >= 1) bit-packed along its last axis: uint8 ``mask.shape[:-1] + (ceil(D / 8),)``,
+    bit j of byte b of a row = element ``8 * b + j`` of that row, padding bits 0
+    (``fake_quantize(..., return_mask="bits")``, docs/numerics.md "Mask bits")."""
+    return np.packbits(np.asarray(mask, dtype=bool), axis=-1, bitorder="little")
+
+
+def unpack_mask_bits(bits, cols: int) -> np.ndarray:
+    """The bool mask of ``cols`` elements a row that :func:`pack_mask_bits` packed into ``bits``."""
+    return np.unpackbits(np.asarray(bits, dtype=np.uint8), axis=-1, count=cols, bitorder="little").astype(bool)
+
+
+def fake_quantize_backward_from_mask(dy, bits):
+    """``dx = dy * bit`` (a product, as ``dy * mask``: -0 and NaN propagate) in dy's dtype."""
+    dy = np.asarray(dy)
+    return _masked(dy, unpack_mask_bits(bits, dy.shape[-1]), math_dtype(dy.dtype))
+
+
 def lsq_terms(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None, qmin=-128, qmax=127,
               grad_factor=1.0):
     """Per-element LSQ terms ``(dx, ds, dz)`` (PyTorch's formulas, docs/numerics.md), ds/dz in the math precision."""

@@ -21,7 +21,7 @@ OPS = {
     "quantization": (
         "quantize", "dequantize", "dynamic_quantize", "quantize_backward",
         "dequantize_backward", "fake_quantize", "fake_quantize_backward",
-        "fake_quantize_learnable_backward",
+        "fake_quantize_backward_from_mask", "fake_quantize_learnable_backward",
     ),
     "moe": ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight"),
 }

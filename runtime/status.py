@@ -20,7 +20,8 @@ from .errors import InvalidProblemError, UnsupportedError
 
 OPS = ("quantize", "dequantize", "quantize_backward", "dequantize_backward", "fake_quantize",
        "fake_quantize_backward", "fake_quantize_learnable_backward", "dynamic_quantize",
-       "grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
+       "grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight",
+       "fake_quantize_backward_from_mask")     # new ops at the end: the codes of the others stay
 ARGS = ("scale", "zero_point", "offsets")
 WHAT = {
     "scale": "a scale that is not positive and finite (an e8m0 code of 255 is NaN)",

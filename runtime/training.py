@@ -3,8 +3,10 @@
     dx         = quantize_backward(dy, x, scale, zero_point=None, *, scope, ...)
     dq         = dequantize_backward(dy, scale, *, scope, ...)
     y          = fake_quantize(x, scale, zero_point=None, *, scope, ..., qmin=-128, qmax=127)
-    y, mask    = fake_quantize(..., return_mask=True)
+    y, mask    = fake_quantize(..., return_mask=True)         # bool, one byte an element
+    y, bits    = fake_quantize(..., return_mask="bits")       # uint8 (..., ceil(D / 8)), one bit an element
     dx         = fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, ...)
+    dx         = fake_quantize_backward_from_mask(dy, bits)
     dx, ds, dz = fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ...,
                                                   grad_factor=1.0)
 
@@ -126,11 +128,12 @@ def _null_stream(like: ArrayRef, kind: str):
     return ArrayRef(None, 0, tuple(like.shape), (), kind, like.device, like.framework), RowsView(rows, cols, max(cols, 1))
 
 
-def _elementwise(fast, op, p: _Params, ins, outs, shape, scope, group_size, element, qmin, qmax):
-    """ins / outs: (ArrayRef, RowsView) in the kernel's stream order; every check has passed."""
+def _elementwise(fast, op, p: _Params, ins, outs, shape, scope, group_size, element, qmin, qmax, bits=()):
+    """ins / outs: (ArrayRef, RowsView) in the kernel's stream order; every check has passed;
+    ``bits``: the streams passed bit-packed."""
     mode = None if op == "dequantize_backward" else p.mode
     launch_elementwise(op, mode, element, element, ins, outs, p.scale, p.zp_array, p.zp_value, shape, scope, p.axis,
-                       group_size, qmin, qmax, fast)
+                       group_size, qmin, qmax, fast, bits=bits)
 
 
 def _straight_through(fast, op, dyr, xr, p, out, scope, group_size, qmin, qmax):
@@ -204,35 +207,76 @@ def _bool_mask(like: ArrayRef, shape):
     return m, as_array(m.view(cp.uint8), "mask")
 
 
+def mask_format(return_mask) -> str:
+    """``return_mask`` (False, True or ``"bits"``) as ``"none"``, ``"bool"`` or ``"bits"``; anything
+    else an InvalidProblemError naming it and the choices."""
+    if return_mask is False or return_mask is True:
+        return "bool" if return_mask else "none"
+    if isinstance(return_mask, str) and return_mask == "bits":
+        return "bits"
+    raise InvalidProblemError(f"return_mask={return_mask!r:.60}; supported: False (no mask), True (a bool mask, "
+                              "one byte an element) or 'bits' (bit-packed uint8, x.shape[:-1] + (ceil(D / 8),))")
+
+
+def mask_bits_shape(shape) -> tuple:
+    """The shape of a bit-packed mask of an array of ``shape`` (rank >= 1): ``shape[:-1] + (ceil(D / 8),)``,
+    bit j of byte b of a row holding element ``8 * b + j`` of that row (docs/numerics.md "Mask bits")."""
+    return tuple(shape[:-1]) + (-(-shape[-1] // 8),)
+
+
+def check_mask_bits(mr: ArrayRef, shape) -> RowsView:
+    """The rows view of ``mr`` as the bits of an array of ``shape`` (what fake_quantize_backward_from_mask
+    reads): uint8 of :func:`mask_bits_shape`; else an InvalidProblemError naming ``mask``."""
+    if mr.kind != "u8":
+        raise InvalidProblemError(f"mask has dtype {mr.kind}; fake_quantize_backward_from_mask reads uint8 bits "
+                                  "(fake_quantize(..., return_mask='bits'))")
+    want = mask_bits_shape(shape)
+    if tuple(mr.shape) != want:
+        raise InvalidProblemError(f"mask has shape {tuple(mr.shape)}; dy of shape {tuple(shape)} needs bits of shape "
+                                  f"{want} (dy.shape[:-1] + (ceil(D / 8),))")
+    return rows_view(mr, "mask")
+
+
 def fake_quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
                   qmax=DEFAULT_QMAX, return_mask=False, out=None):
     """``y = (clamp(rne(x / scale) + zp, qmin, qmax) - zp) * scale`` in x's dtype (PyTorch's
     ``fake_quantize_per_*_affine``). With ``return_mask=True`` returns ``(y, mask)``, mask a bool
-    array ``qmin <= rne(x / scale) + zp <= qmax``, written by the same kernel."""
+    array ``qmin <= rne(x / scale) + zp <= qmax``; with ``return_mask="bits"`` the same mask
+    bit-packed (a uint8 array ``x.shape[:-1] + (ceil(D / 8),)``, what
+    :func:`fake_quantize_backward_from_mask` reads); either is written by the same kernel."""
     return replay.call("fake_quantize", (scope, axis, group_size, qmin, qmax, return_mask), (x, scale, zero_point, out),
                        _fake_quantize, 1)
 
 
+def _mask_stream(xr: ArrayRef, fmt: str):
+    """(the mask returned, its stream for the kernel): a bool array (its uint8 view), the bits, or
+    None and a null stream."""
+    if fmt == "bool":
+        mask, mref = _bool_mask(xr, tuple(xr.shape))
+    elif fmt == "bits":
+        mask = empty(xr, mask_bits_shape(xr.shape), "u8")
+        mref = as_array(mask, "mask")
+    else:
+        return None, _null_stream(xr, "u8")
+    return mask, (mref, rows_view(mref, "mask"))
+
+
 def _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, return_mask):
     xr = _float_array(x, "x", "fake_quantize")
+    fmt = mask_format(return_mask)
     qmin, qmax = fake_quant_range(qmin, qmax)
     p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
     ins = [(xr, rows_view(xr, "x"))]
     same_device(("x", xr), ("scale", p.scale), ("zero_point", p.zp))
     outr = out_arg(out, xr, xr.shape, xr.kind)
     same_device(("x", xr), ("out", outr))
-    mask = None
-    if return_mask:
-        mask, mref = _bool_mask(xr, tuple(xr.shape))
-        mstream = (mref, rows_view(mref, "mask"))
-    else:
-        mstream = _null_stream(xr, "u8")
     if out is not None:
         check_apart(fast, "fake_quantize", [("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr)],
                     (3,), in_place=(0,))
+    mask, mstream = _mask_stream(xr, fmt)
     _elementwise(fast, "fake_quantize", p, ins, [(outr, rows_view(outr, "out")), mstream], xr.shape, scope,
-                 group_size, xr.kind, qmin, qmax)
-    result = (outr.obj, mask) if return_mask else outr.obj
+                 group_size, xr.kind, qmin, qmax, bits=("mask",) if fmt == "bits" else ())
+    result = outr.obj if fmt == "none" else (outr.obj, mask)
     fast.remember(result, (qmin, qmax))
     return result
 
@@ -250,6 +294,31 @@ def _fake_quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, gr
     qmin, qmax = fake_quant_range(qmin, qmax)
     p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
     return _straight_through(fast, "fake_quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
+
+
+def fake_quantize_backward_from_mask(dy, mask, *, out=None):
+    """``dx = dy * bit`` with the bit-packed mask of ``fake_quantize(..., return_mask="bits")``: a
+    product, as PyTorch's ``dY * mask`` (a negative dy where the bit is 0 gives -0, a non-finite dy
+    NaN), in dy's dtype. ``mask``: uint8 of shape ``dy.shape[:-1] + (ceil(D / 8),)``, bit j of byte
+    b of a row holding element ``8 * b + j`` of that row."""
+    return replay.call("fake_quantize_backward_from_mask", (), (dy, mask, out), _from_mask)
+
+
+def _from_mask(fast, dy, mask, out):
+    op = "fake_quantize_backward_from_mask"
+    dyr = _float_array(dy, "dy", op)
+    dyv = rows_view(dyr, "dy")
+    mr = as_array(mask, "mask")
+    mv = check_mask_bits(mr, dyr.shape)
+    same_device(("dy", dyr), ("mask", mr))
+    outr = out_arg(out, dyr, dyr.shape, dyr.kind)
+    same_device(("dy", dyr), ("out", outr))
+    if out is not None:
+        check_apart(fast, op, [("dy", dyr), ("mask", mr), ("out", outr)], (2,), in_place=(0,))
+    launch_elementwise(op, None, dyr.kind, dyr.kind, [(dyr, dyv), (mr, mv)], [(outr, rows_view(outr, "out"))],
+                       0.0, None, 0, dyr.shape, None, None, None, 0, 0, fast, bits=("mask",))
+    fast.remember(outr.obj)
+    return outr.obj
 
 
 # -- LSQ -----------------------------------------------------------------------------------------

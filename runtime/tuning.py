@@ -38,9 +38,9 @@ def keys(plan) -> tuple:
     """The table keys of a plan's SKU, most specific first: ``op/scope/element/aux``, then the launch
     kind with the op, scope and element sizes (``elementwise:quantize/group/2B/1B``)."""
     sku = plan.sku
-    aux = sku.aux_element or "-"
+    aux, scope = sku.aux_element or "-", sku.scope or "-"
     sized = f"{SIZE.get(sku.element, 0)}B/{SIZE.get(sku.aux_element, 0) if sku.aux_element else 0}B"
-    return f"{sku.op}/{sku.scope}/{sku.element}/{aux}", f"{plan.launch['kind']}:{sku.op}/{sku.scope}/{sized}"
+    return f"{sku.op}/{scope}/{sku.element}/{aux}", f"{plan.launch['kind']}:{sku.op}/{scope}/{sized}"
 
 
 def arch_name(cc: int) -> str:

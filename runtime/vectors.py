@@ -36,7 +36,8 @@ class Access:
     """One pointer parameter moved in ``nbytes``-byte words: its address, and each of its row
     strides (parameters ``strides``, in elements of ``item`` bytes), must be multiples of
     ``nbytes``. ``when``: int parameters that must all be nonzero for the kernel to make this
-    access (``vec_ok``: the vector path); empty: always. A null pointer is never accessed."""
+    access (``vec_ok``: the vector path); empty: always. ``unless``: int parameters any of which,
+    nonzero, stops it (``mask_bits``: the mask written bit-packed). A null pointer is never accessed."""
 
     param: str
     nbytes: int
@@ -44,6 +45,7 @@ class Access:
     how: str
     strides: tuple = ()
     when: tuple = ()
+    unless: tuple = ()
 
 
 def word(item: int, n: int) -> int:
@@ -94,7 +96,7 @@ def problems(access, values: dict, names: Optional[dict] = None) -> list:
     out = []
     for a in access:
         ptr = values.get(a.param)
-        if not ptr or not all(values.get(f) for f in a.when):
+        if not ptr or not all(values.get(f) for f in a.when) or any(values.get(f) for f in a.unless):
             continue
         arg = names.get(a.param, a.param)
         why = misaligned(arg, ptr, a.nbytes, a.how)
@@ -111,10 +113,14 @@ def problems(access, values: dict, names: Optional[dict] = None) -> list:
 # -- the accesses of each launch kind -------------------------------------------------------------
 def _streams(launch, vec: int, when=("vec_ok",)) -> list:
     """The data streams (``ins`` / ``outs`` of the launch), one vector of ``vec`` elements per
-    access, rows strided by ``<name>_rs``."""
+    access, rows strided by ``<name>_rs``. A bit-packed stream (launch ``bits``) moves one byte a
+    vector, which any address takes: none where it is always bit-packed, none while its parameter
+    selects the bits."""
+    bits = launch.get("bits") or {}
     return [Access(s["name"], stream_word(s["kind"], vec), kinds.kind(s["kind"]).size,
-                   f"{vec}-element vector accesses", (s["name"] + "_rs",), when)
-            for s in launch["ins"] + launch["outs"]]
+                   f"{vec}-element vector accesses", (s["name"] + "_rs",), when,
+                   (bits[s["name"]],) if s["name"] in bits else ())
+            for s in launch["ins"] + launch["outs"] if not (s["name"] in bits and bits[s["name"]] is None)]
 
 
 def _elementwise(sku, launch) -> dict:

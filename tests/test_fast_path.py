@@ -209,6 +209,16 @@ CALLS = {
                                                                        qmin=0, qmax=255, return_mask=True), False),
     "fake_quantize_backward group": (lambda d: sf.fake_quantize_backward(d.a((8, 64)), d.a((8, 64)), d.a((8, 4)),
                                                                          scope="group", group_size=16), True),
+    "fake_quantize token, bits": (lambda d: sf.fake_quantize(d.a((8, 61), "float16"), d.a((8,)), scope="token",
+                                                             return_mask="bits"), True),
+    "fake_quantize group, bits, out=": (lambda d: sf.fake_quantize(d.a((8, 64)), d.a((8, 4)), d.a((8, 4), Z),
+                                                                   scope="group", group_size=16, return_mask="bits",
+                                                                   out=d.a((8, 64))), True),
+    "fake_quantize_backward_from_mask": (lambda d: sf.fake_quantize_backward_from_mask(
+        d.a((8, 64), "float16"), d.a((8, 8), "uint8")), False),
+    "fake_quantize_backward_from_mask ragged, strided rows, out=": (lambda d: sf.fake_quantize_backward_from_mask(
+        d.a((8, 61), "float64", strides=(72, 1)), d.a((8, 8), "uint8", strides=(16, 1)), out=d.a((8, 61), "float64")),
+        False),
     "lsq tensor, scalars": (lambda d: sf.fake_quantize_learnable_backward(d.a((70, 33)), d.a((70, 33)), 0.1, 3,
                                                                           scope="tensor"), False),
     "lsq channel": (lambda d: sf.fake_quantize_learnable_backward(d.a((9, 48)), d.a((9, 48)), d.a((48,)),

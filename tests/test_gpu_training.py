@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 REG = sf.default_registry()
 OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
-       "fake_quantize_learnable_backward")
+       "fake_quantize_backward_from_mask", "fake_quantize_learnable_backward")
 SKUS = [s for s in REG.skus() if s.op in OPS]
 
 

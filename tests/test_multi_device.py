@@ -405,6 +405,10 @@ MIXED = {
                                                                out=A((8, 64), on=1)), ("dy", "out")),
     "fake_quantize scale": (lambda: sf.fake_quantize(A((8, 64), on=1), A((64,)), scope="channel", axis=1),
                             ("x", "scale")),
+    "fake_quantize_backward_from_mask mask": (lambda: sf.fake_quantize_backward_from_mask(
+        A((8, 64)), A((8, 8), "uint8", on=1)), ("dy", "mask")),
+    "fake_quantize_backward_from_mask out": (lambda: sf.fake_quantize_backward_from_mask(
+        A((8, 64)), A((8, 8), "uint8"), out=A((8, 64), on=1)), ("dy", "out")),
     "fake_quantize_backward dy": (lambda: sf.fake_quantize_backward(A((8, 64), on=1), A((8, 64)), 0.5, 0,
                                                                     scope="tensor"), ("dy", "x")),
     "lsq scale": (lambda: sf.fake_quantize_learnable_backward(A((8, 64)), A((8, 64)), A((8,), on=1),

@@ -64,9 +64,11 @@ def test_every_op_is_registered_with_its_out_overload():
     for name in sft.OUT_OPS:
         op = getattr(sk, name).out
         assert op._schema.is_mutable, name
-        # nothing returned aliases an input (LSQ's .out returns its new dscale, dzero_point)
+        # nothing returned aliases an input (LSQ's .out returns its new dscale, dzero_point; fake_quantize_with_mask's
+        # its mask)
         assert all(r.alias_info is None for r in op._schema.returns), name
-        assert len(op._schema.returns) == (2 if name == "fake_quantize_learnable_backward" else 0), name
+        assert len(op._schema.returns) == {"fake_quantize_learnable_backward": 2, "fake_quantize_with_mask": 1}.get(
+            name, 0), name
         mutated = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
         assert mutated and all(a.kwarg_only for a in op._schema.arguments if a.name in mutated), (name, mutated)
 
@@ -155,6 +157,25 @@ def test_training_op_fakes(fake, scope, axis, gs, xdt):
                        ("fake_quantize", (x, s, z, scope, axis, gs)),
                        ("fake_quantize_backward", (dy, x, s, z, scope, axis, gs))]:
         getattr(sk, name).out(*args, out=torch.empty_like(x))
+    # the mask: bool of x's shape, or its bits (2, 6, ceil(96 / 8)) uint8, which the from-mask backward reads
+    y, m = sk.fake_quantize_with_mask(x, s, z, scope, axis, gs, -128, 127, "bool")
+    assert_dense(y, shape, xdt)
+    assert_dense(m, shape, torch.bool)
+    y, bits = sk.fake_quantize_with_mask(x, s, None, scope, axis, gs)
+    assert_dense(y, shape, xdt)
+    assert_dense(bits, (2, 6, 12), torch.uint8)
+    assert_dense(sk.fake_quantize_with_mask.out(x, s, z, scope, axis, gs, out=torch.empty_like(x)), (2, 6, 12),
+                 torch.uint8)
+    assert_dense(sk.fake_quantize_backward_from_mask(dy, bits), shape, xdt)
+    sk.fake_quantize_backward_from_mask.out(dy, bits, out=torch.empty_like(dy))
+
+
+@pytest.mark.parametrize("cols,nbytes", [(1, 1), (7, 1), (8, 1), (9, 2), (100, 13)])
+def test_mask_bits_shape_is_ceil_d_over_8(fake, cols, nbytes):
+    x = cuda((3, cols))
+    _, bits = sk.fake_quantize_with_mask(x, cuda(()), None, "tensor")
+    assert_dense(bits, (3, nbytes), torch.uint8)
+    assert_dense(sft.fake_quantize_backward_from_mask(x, bits), (3, cols), torch.float32)
 
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.float16, torch.bfloat16])
@@ -220,6 +241,19 @@ ERRORS = [
      lambda: sk.dequantize(cuda((4, 64), torch.int8), cuda((4,)), None, "token", None, None, "int8")),
     ("in_dtype", InvalidProblemError, "in_dtype",
      lambda: sk.dequantize(cuda((4, 64), torch.int8), cuda((4,)), None, "token", None, None, "float32", "int4")),
+    ("mask format", InvalidProblemError, "mask='bytes'; supported: 'bool'",
+     lambda: sk.fake_quantize_with_mask(cuda((4, 64)), cuda((4,)), None, "token", None, None, -128, 127, "bytes")),
+    ("mask dtype", InvalidProblemError, "mask has dtype s8; fake_quantize_backward_from_mask reads uint8 bits",
+     lambda: sk.fake_quantize_backward_from_mask(cuda((4, 64)), cuda((4, 8), torch.int8))),
+    ("bool mask", InvalidProblemError, "mask=torch.bool",
+     lambda: sk.fake_quantize_backward_from_mask(cuda((4, 64)), cuda((4, 64), torch.bool))),
+    ("mask shape", InvalidProblemError, "needs bits of shape \\(4, 8\\)",
+     lambda: sk.fake_quantize_backward_from_mask(cuda((4, 63)), cuda((4, 7), torch.uint8))),
+    ("mask dy dtype", UnsupportedError, "dy has dtype i32",
+     lambda: sk.fake_quantize_backward_from_mask(cuda((4, 64), torch.int32), cuda((4, 8), torch.uint8))),
+    ("mask out", InvalidProblemError, "out has shape",
+     lambda: sk.fake_quantize_backward_from_mask.out(cuda((4, 64)), cuda((4, 8), torch.uint8),
+                                                     out=cuda((4, 64), torch.float16))),
     ("dy shape", InvalidProblemError, "dy has shape",
      lambda: sk.fake_quantize_backward(cuda((4, 32)), cuda((4, 64)), cuda((4,)), None, "token")),
     ("dy dtype", InvalidProblemError, "dy has dtype",
@@ -297,6 +331,11 @@ def _opcheck_cases():
         (sk.dequantize_backward.default, (cuda((8, 64)), s, "token"), {}),
         (sk.fake_quantize.default, (x, s, z, "token"), {}),
         (sk.fake_quantize_backward.default, (cuda((8, 64)), x, s, z, "token"), {}),
+        (sk.fake_quantize_with_mask.default, (x, s, z, "token"), {}),
+        (sk.fake_quantize_with_mask.default, (x, s, None, "token", None, None, -8, 7, "bool"), {}),
+        (sk.fake_quantize_with_mask.out, (x, s, z, "token"), {"out": cuda((8, 64))}),
+        (sk.fake_quantize_backward_from_mask.default, (cuda((8, 64)), cuda((8, 8), torch.uint8)), {}),
+        (sk.fake_quantize_backward_from_mask.out, (cuda((8, 64)), cuda((8, 8), torch.uint8)), {"out": cuda((8, 64))}),
         (sk.fake_quantize_learnable.default, (x, s, z.float(), "token", None, None, -128, 127, 0.1), {}),
         (sk.fake_quantize_learnable_backward.default, (cuda((8, 64)), x, s, z, "token"), {}),
         (sk.grouped_matmul.default, (x, w, None, off), {}),
@@ -331,6 +370,14 @@ def test_autograd_reaches_the_backward_ops_on_meta_tensors():
     yl = sft.fake_quantize_learnable(xf, s, zf, scope="token")
     grads = torch.autograd.grad(yl, (xf, s, zf), torch.empty_like(yl))
     assert [tuple(g.shape) for g in grads] == [(4, 64), (4,), (4,)]
+
+    yq = sft.fake_quantize(xf, s.detach(), scope="token")                  # the forward writes the bits
+    (gf,) = torch.autograd.grad(yq, xf, torch.empty_like(yq))
+    assert gf.shape == xf.shape and gf.dtype == xf.dtype
+    y2, bits = sk.fake_quantize_with_mask(xf, s.detach(), None, "token")   # the schema's default mask: bits
+    assert bits.shape == (4, 8) and bits.dtype == torch.uint8 and not bits.requires_grad
+    (g2,) = torch.autograd.grad(y2, xf, torch.empty_like(y2))
+    assert g2.shape == xf.shape
 
     q8 = sft.quantize(xf, s.detach(), scope="token", out_dtype="fp8_e4m3")
     assert not q8.requires_grad and q8.dtype == torch.float8_e4m3fn       # codes carry no gradient
@@ -427,10 +474,19 @@ def _functional_cases(t):
         ("dequantize_backward", lambda: sf.dequantize_backward(dy, sg, scope="group", group_size=32), [(xs, f32)]),
         ("dequantize_backward out=", lambda: sf.dequantize_backward(dy, s, scope="token", out=t(xs)), [(xs, f32)]),
         ("fake_quantize", lambda: sf.fake_quantize(x, s, z, scope="token"), [(xs, f32)]),
-        ("fake_quantize mask", lambda: sf.fake_quantize(x, s, scope="token", return_mask=True),
+        ("fake_quantize out=", lambda: sf.fake_quantize(x, t((64,)), scope="channel", axis=1, out=t(xs)), [(xs, f32)]),
+        ("fake_quantize_with_mask bool", lambda: sf.fake_quantize(x, s, scope="token", return_mask=True),
          [(xs, f32), (xs, torch.bool)]),
-        ("fake_quantize out=", lambda: sf.fake_quantize(x, t((64,)), scope="channel", axis=1, out=t(xs),
-                                                              return_mask=True), [(xs, f32), (xs, torch.bool)]),
+        ("fake_quantize_with_mask bits", lambda: sf.fake_quantize(x, s, z, scope="token", return_mask="bits"),
+         [(xs, f32), ((8, 8), u8)]),
+        ("fake_quantize_with_mask out=", lambda: sf.fake_quantize(x, t((64,)), scope="channel", axis=1, out=t(xs),
+                                                                  return_mask="bits"), [(xs, f32), ((8, 8), u8)]),
+        ("fake_quantize_with_mask bool out=", lambda: sf.fake_quantize(x, s, scope="token", out=t(xs), return_mask=True),
+         [(xs, f32), (xs, torch.bool)]),
+        ("fake_quantize_backward_from_mask", lambda: sf.fake_quantize_backward_from_mask(dy, t((8, 8), u8)),
+         [(xs, f32)]),
+        ("fake_quantize_backward_from_mask out=", lambda: sf.fake_quantize_backward_from_mask(
+            dy, t((8, 8), u8), out=t(xs)), [(xs, f32)]),
         ("fake_quantize_backward", lambda: sf.fake_quantize_backward(dy, x, s, z, scope="token"), [(xs, f32)]),
         ("fake_quantize_backward out=", lambda: sf.fake_quantize_backward(dy, x, s, scope="token", out=t(xs)),
          [(xs, f32)]),
@@ -453,8 +509,8 @@ def _functional_cases(t):
 
 
 FUNCTIONAL_OPS = ("quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequantize_backward",
-                  "fake_quantize", "fake_quantize_backward", "fake_quantize_learnable_backward", "grouped_matmul",
-                  "grouped_matmul_backward")
+                  "fake_quantize", "fake_quantize_backward", "fake_quantize_backward_from_mask",
+                  "fake_quantize_learnable_backward", "grouped_matmul", "grouped_matmul_backward")
 
 
 def _check_results(result, expected, device):
@@ -606,6 +662,33 @@ def _ref_quantize_backward(dy, x, scale, zero_point, scope, axis=None, group_siz
         out_dtype=kind_of(out_dtype), qmin=qmin, qmax=qmax)), spec)
 
 
+def _ref_fake_quantize(x, scale, zero_point, scope, axis=None, group_size=None, qmin=-128, qmax=127):
+    spec = sft.meta.fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax)
+    y, _ = reference.fake_quantize(_np(x), _np(scale), _np_zp(zero_point), scope=scope, axis=axis,
+                                   group_size=group_size, qmin=qmin, qmax=qmax)
+    CPU_CALLS.append("fake_quantize")
+    return _as_specified(torch.from_numpy(y), spec)
+
+
+def _ref_fake_quantize_with_mask(x, scale, zero_point, scope, axis=None, group_size=None, qmin=-128, qmax=127,
+                                 mask="bits"):
+    ys, ms = sft.meta.fake_quantize_with_mask_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, mask)
+    y, m = reference.fake_quantize(_np(x), _np(scale), _np_zp(zero_point), scope=scope, axis=axis,
+                                   group_size=group_size, qmin=qmin, qmax=qmax)
+    CPU_CALLS.append("fake_quantize_with_mask " + mask)
+    m = reference.pack_mask_bits(m) if mask == "bits" else m
+    return _as_specified(torch.from_numpy(y), ys), _as_specified(torch.from_numpy(m), ms)
+
+
+def _ref_from_mask(dy, mask):
+    spec = sft.meta.fake_quantize_backward_from_mask_spec(dy, mask)
+    CPU_CALLS.append("fake_quantize_backward_from_mask")
+    return _as_specified(torch.from_numpy(reference.fake_quantize_backward_from_mask(_np(dy), _np(mask))), spec)
+
+
+CPU_CALLS: list = []        # the fake-quant CPU kernels called, in order
+
+
 def _ref_quantize_out(*args, out):
     out.copy_(_ref_quantize(*args))
     torch._C._increment_version(out)            # as the CUDA implementation of every .out overload does
@@ -613,13 +696,17 @@ def _ref_quantize_out(*args, out):
 
 @pytest.fixture
 def cpu_kernels():
-    """CPU kernels of quantize (and quantize.out), dequantize and quantize_backward from runtime.reference,
-    so that autograd (and torch.compile: the fake impls take CPU tensors too) run end to end on the CPU;
-    removed again after the test."""
+    """CPU kernels of quantize (and quantize.out), dequantize, quantize_backward and the fake-quant forward
+    (with and without its mask) and from-mask backward from runtime.reference, so that autograd (and
+    torch.compile: the fake impls take CPU tensors too) run end to end on the CPU; removed again after the
+    test."""
     mp = pytest.MonkeyPatch()
     mp.setattr(sft.meta, "DEVICES", ("cuda", "meta", "cpu"))
+    CPU_CALLS.clear()
     ops = {sft.ops._quantize: _ref_quantize, sft.ops._dequantize: _ref_dequantize,
-           sft.ops._quantize_backward: _ref_quantize_backward}
+           sft.ops._quantize_backward: _ref_quantize_backward, sft.ops._fake_quantize: _ref_fake_quantize,
+           sft.ops._fake_quantize_with_mask: _ref_fake_quantize_with_mask,
+           sft.ops._fake_quantize_backward_from_mask: _ref_from_mask}
     for op, fn in ops.items():
         op.register_kernel("cpu", fn)
         op.set_kernel_enabled("cpu", True)
@@ -806,3 +893,79 @@ def test_a_plain_tensor_subclass_is_launched_on_not_traced():
         pass
     with pytest.raises(InvalidProblemError, match="torch tensor on cpu"):
         sf.quantize(torch.zeros(8, 64).as_subclass(Sub), torch.ones(8), scope="token")
+
+
+# -- fake_quantize's autograd: the forward writes the mask's bits, the backward reads them ---------------------
+def _fq_inputs(rng, shape, scope, axis, gs, xdt, asym):
+    """x across [qmin, qmax] (some clipped, .5 ties, NaN and ±inf), its scale and zero point, and dy
+    (negative values, NaN and ±inf: the product's -0 and NaN where the mask is 0)."""
+    m = np.float64 if xdt == torch.float64 else np.float32
+    pshape = param_shape(shape, scope, None if axis is None else axis % len(shape), gs)
+    scale = rng.choice([0.25, 0.5, 1.0], size=pshape).astype(m)
+    zp = rng.integers(-20, 21, size=pshape).astype(np.int32) if asym else None
+    t = np.rint(rng.standard_normal(shape) * 120) + rng.choice([0.0, 0.5], size=shape)
+    x = t * reference.broadcast_param(scale, shape, scope, axis, gs)
+    dy = rng.standard_normal(shape)
+    x.reshape(-1)[:3] = [np.nan, np.inf, -np.inf]
+    dy.reshape(-1)[3:6] = [np.nan, np.inf, -np.inf]
+    to = (lambda a: torch.from_numpy(a).to(xdt))
+    return (to(x).requires_grad_(True), torch.from_numpy(scale), None if zp is None else torch.from_numpy(zp),
+            to(dy))
+
+
+@pytest.mark.parametrize("scope,axis,gs", [("tensor", None, None), ("channel", 0, None), ("channel", 2, None),
+                                           ("token", None, None), ("group", None, 12)], ids=lambda v: str(v))
+@pytest.mark.parametrize("asym", [False, True], ids=["sym", "zp"])
+@pytest.mark.parametrize("xdt", [torch.float32, torch.float16, torch.float64], ids=["f32", "f16", "f64"])
+def test_fake_quantize_autograd_saves_only_the_bits(cpu_kernels, rng, scope, axis, gs, asym, xdt):
+    """x.grad is fake_quantize_backward's dy * mask (the mask recomputed from x), bit for bit; what autograd
+    keeps is the bits alone, (..., ceil(D / 8)) uint8 -- not x -- written by the forward (one kernel with y)."""
+    shape = (2, 3, 60)                                  # D = 60: ragged (60 % 8 == 4)
+    x, scale, zp, dy = _fq_inputs(rng, shape, scope, axis, gs, xdt, asym)
+    kw = dict(scope=scope, axis=axis, group_size=gs)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = sft.fake_quantize(x, scale, zp, **kw)
+    assert [(tuple(t.shape), t.dtype) for t in saved] == [((2, 3, 8), torch.uint8)]
+    assert CPU_CALLS == ["fake_quantize_with_mask bits"]
+    y.backward(dy)
+    assert CPU_CALLS[1:] == ["fake_quantize_backward_from_mask"]
+    want = reference.fake_quantize_backward(_np(dy), _np(x), _np(scale), _np_zp(zp), **kw)
+    got = _np(x.grad)
+    assert x.grad.dtype == xdt
+    nan = np.isnan(got)
+    assert np.array_equal(nan, np.isnan(want))          # NaN equal to NaN whatever its payload; the rest bit for bit
+    u = f"u{got.itemsize}"
+    assert np.array_equal(np.where(nan, 0, got).view(u), np.where(nan, 0, want).view(u))
+    assert np.isnan(want).any() and (np.signbit(want) & (want == 0)).any()      # NaN and -0 were exercised
+    torch.testing.assert_close(y, _ref_fake_quantize(x, scale, zp, **kw), rtol=0, atol=0, equal_nan=True)
+
+
+def test_fake_quantize_without_a_gradient_writes_no_mask(cpu_kernels, rng):
+    x, scale, zp, _ = _fq_inputs(rng, (4, 64), "token", None, None, torch.float32, True)
+    with torch.no_grad():
+        sft.fake_quantize(x, scale, zp, scope="token")
+    sft.fake_quantize(x.detach(), scale, zp, scope="token")
+    assert CPU_CALLS == ["fake_quantize", "fake_quantize"]
+
+
+def test_fake_quantize_autograd_under_torch_compile(cpu_kernels, rng):
+    """torch.compile(fullgraph=True) of a QAT forward: the same gradient as eager, through the bits."""
+    x, scale, zp, dy = _fq_inputs(rng, (4, 2, 40), "channel", 1, None, torch.float32, True)
+    xe = x.detach().clone().requires_grad_(True)
+    sft.fake_quantize(xe, scale, zp, scope="channel", axis=1).backward(dy)
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: sft.fake_quantize(x, scale, zp, scope="channel", axis=1) * 2.0,
+                         backend="aot_eager", fullgraph=True)
+    step(x).backward(dy)
+    torch.testing.assert_close(x.grad, 2.0 * xe.grad, rtol=0, atol=0, equal_nan=True)
+    assert "fake_quantize_backward_from_mask" in CPU_CALLS
+
+
+def test_fake_quantize_with_a_bool_mask_differentiates_too(cpu_kernels, rng):
+    """The op's bool variant (what the traced functional API returns for return_mask=True): dy * mask."""
+    x, scale, zp, dy = _fq_inputs(rng, (4, 64), "token", None, None, torch.float32, False)
+    y, m = sk.fake_quantize_with_mask(x, scale, None, "token", None, None, -128, 127, "bool")
+    assert m.dtype == torch.bool and not m.requires_grad
+    y.backward(dy)
+    torch.testing.assert_close(x.grad, dy * m, rtol=0, atol=0, equal_nan=True)

@@ -83,6 +83,34 @@ def test_fake_quantize_backward_nan_gradient():
     assert np.isnan(dx[0]) and np.isnan(dx[1]) and dx[2] == 0   # a product, not a select
 
 
+def test_mask_bits_are_numpy_packbits_little_endian():
+    """Bit j of byte b of a row is element 8b + j of that row; the last byte of a ragged row is padded with 0."""
+    m = np.array([[1, 0, 1, 1, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0, 0, 1, 0]], bool)
+    packed = ref.pack_mask_bits(m)
+    assert packed.dtype == np.uint8 and packed.tolist() == [[0b00001101, 1], [0b10000000, 0]]
+    assert np.array_equal(ref.unpack_mask_bits(packed, 9), m)
+    assert ref.pack_mask_bits(np.ones((3, 2, 16), bool)).tolist() == [[[255, 255]] * 2] * 3
+    assert ref.pack_mask_bits(np.zeros((4, 0), bool)).shape == (4, 0)
+    assert sf.training.mask_bits_shape((2, 3, 9)) == (2, 3, 2) and sf.training.mask_bits_shape((8,)) == (1,)
+
+
+def test_backward_from_mask_is_the_product_with_the_bit():
+    """dx = dy * bit: -0 for a negative dy where the bit is 0, NaN for a non-finite dy there, dy where it is 1;
+    the same as fake_quantize_backward with the mask recomputed from x."""
+    dy = np.array([[-2.0, 3.0, np.inf, -np.inf, np.nan, -0.0, 1.5, -1.0, 7.0]], F32)
+    packed = np.array([[0b01000010, 0]], np.uint8)            # elements 1 and 6 pass
+    dx = ref.fake_quantize_backward_from_mask(dy, packed)
+    assert dx.dtype == np.float32
+    assert bits(dx[0, [0, 5, 7]]).tolist() == [0x80000000] * 3 and dx[0, 8] == 0 and not np.signbit(dx[0, 8])
+    assert np.isnan(dx[0, [2, 3, 4]]).all() and dx[0, 1] == 3.0 and dx[0, 6] == 1.5
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((6, 21)) * 300).astype(np.float16)
+    g = rng.standard_normal((6, 21)).astype(np.float16)
+    _, mask = ref.fake_quantize(x, F32(0.5), None, scope="tensor")
+    want = ref.fake_quantize_backward(g, x, F32(0.5), None, scope="tensor")
+    assert np.array_equal(bits(ref.fake_quantize_backward_from_mask(g, ref.pack_mask_bits(mask))), bits(want))
+
+
 def test_dequantize_backward_bf16():
     dy = np.array([[1.0, -3.0], [0.5, 7.0]], ml_dtypes.bfloat16)
     dq = ref.dequantize_backward(dy, np.array([0.1, 3.0], F32), scope="channel", axis=1)
@@ -278,6 +306,30 @@ def test_fake_quant_ranges_and_zero_points():
     err(lambda: sf.quantize_backward(X, X, 0.1, scope="tensor", qmin=-200), InvalidProblemError, "qmin=-200")
 
 
+def test_return_mask_takes_false_true_or_bits():
+    for bad in ("bool", "BITS", 1, 0, None, np.bool_(True), b"bits"):
+        err(lambda: sf.fake_quantize(X, 0.1, scope="tensor", return_mask=bad), InvalidProblemError,
+            f"return_mask={bad!r}", "False", "True", "'bits'")
+
+
+def test_backward_from_mask_arguments():
+    fm = sf.fake_quantize_backward_from_mask
+    bits8 = D((8, 8), "uint8")
+    err(lambda: fm(D((8, 64), "int8"), bits8), UnsupportedError, "dy", "s8")
+    err(lambda: fm(X, D((8, 8), "int8")), InvalidProblemError, "mask has dtype s8", "uint8")
+    err(lambda: fm(X, D((8, 64), "uint8")), InvalidProblemError, "mask has shape (8, 64)", "(8, 8)")
+    err(lambda: fm(D((8, 61)), D((8, 7), "uint8")), InvalidProblemError, "mask has shape (8, 7)", "(8, 8)")
+    err(lambda: fm(D((2, 4, 9)), D((8, 2), "uint8")), InvalidProblemError, "mask has shape (8, 2)", "(2, 4, 2)")
+    err(lambda: fm(X, D((8, 8), "uint8", strides=(1, 8))), InvalidProblemError, "mask", "contiguous")
+    err(lambda: fm(D((8, 64), strides=(1, 8)), bits8), InvalidProblemError, "dy", "contiguous")
+    err(lambda: fm(D(()), D((1,), "uint8")), InvalidProblemError, "dy is 0-d")
+    err(lambda: fm(X, bits8, out=D((8, 64), "float16")), InvalidProblemError, "out")
+    err(lambda: fm(np.zeros((8, 64), F32), bits8), InvalidProblemError, "dy", "host array")
+    err(lambda: fm(X, np.zeros((8, 8), np.uint8)), InvalidProblemError, "mask", "host array")
+    err(lambda: fm(X, bits8, out=D((8, 64), ptr=X.__cuda_array_interface__["data"][0] + 4)), InvalidProblemError,
+        "out overlaps dy")
+
+
 def test_output_arguments():
     err(lambda: sf.fake_quantize(X, 0.1, scope="tensor", out=D((8, 64), "float16")), InvalidProblemError, "out")
     err(lambda: sf.dequantize_backward(X, 0.1, scope="tensor", out=D((8, 32))), InvalidProblemError, "out")
@@ -427,6 +479,76 @@ def test_elementwise_launches_match_the_kernels(fake_gpu, op, scope):
     if op == "fake_quantize":
         mask_ptr = fake_gpu.calls[0][4][4]
         assert mask_ptr == 0 and fake_gpu.calls[1][4][4] != 0     # no mask: a null pointer
+
+
+@pytest.mark.parametrize("scope", ["tensor", "channel", "token", "group"])
+@pytest.mark.parametrize("kind", ["float32", "float64", "float16"])
+def test_fake_quantize_bits_launch_the_same_kernel(fake_gpu, scope, kind):
+    """return_mask="bits": the fake_quantize kernel with mask_bits = 1; the mask's row stride (ceil(D / 8)
+    bytes, not a multiple of a vector's 8) never keeps the data streams off the vector path."""
+    shape, gs = (8, 24), (8 if scope == "group" else None)
+    axis = 1 if scope == "channel" else None
+    from runtime.scopes import param_shape
+    ps = param_shape(shape, scope, axis, gs)
+    x, s = D(shape, kind), D(ps, "float64" if kind == "float64" else "float32")
+    for return_mask in (False, True, "bits"):
+        sf.fake_quantize(x, s, scope=scope, axis=axis, group_size=gs, return_mask=return_mask, out=D(shape, kind))
+    sku = sf.default_registry().select(category="quantization", op="fake_quantize", scope=scope, mode="symmetric",
+                                       element=sf.arrays.kind_of(kind), aux_element=sf.arrays.kind_of(kind))
+    abi = sf.Plan(sku).abi()
+    got = [dict(zip(abi.names, values)) for fn, grid, block, fmt, values in fake_gpu.calls]
+    assert [fn for fn, *_ in fake_gpu.calls] == [sku.symbol] * 3
+    assert [v["mask_bits"] for v in got] == [0, 0, 1] and got[0]["mask"] == 0 and got[2]["mask"] != 0
+    assert got[2]["mask_rs"] == 3 and [v["vec_ok"] for v in got] == [1, 1, 1]
+    assert fake_gpu.calls[2][3] == _kernel_params(sku)
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("shape,strides,vec_ok", [((8, 64), None, 1), ((3, 5, 40), None, 1), ((8, 61), None, 0),
+                                                  ((8, 64), (72, 1), 1), ((8, 64), (65, 1), 0), ((7,), None, 0),
+                                                  ((4, 8), None, 1)])
+def test_backward_from_mask_launches_match_the_kernel(fake_gpu, kind, shape, strides, vec_ok):
+    """One kernel a dtype (no scope, no mode), its parameters as generated; the vector path (8 elements a
+    thread, one mask byte) needs D % 8 == 0 and 16-byte aligned dy / dx rows, whatever the mask's rows;
+    the scalar path takes 8 elements a thread."""
+    dy = D(shape, kind, strides)
+    nbytes = sf.training.mask_bits_shape(shape)
+    mask = D(nbytes, "uint8", ptr=0x7D0000000003)           # any address: one byte a vector
+    dx = sf.fake_quantize_backward_from_mask(dy, mask, out=D(shape, kind))
+    k = sf.arrays.kind_of(kind)
+    sku = sf.default_registry().select(category="quantization", op="fake_quantize_backward_from_mask", element=k,
+                                       aux_element=k)
+    assert str(sku).startswith(f"quantization/fake_quantize_backward_from_mask/-/-/{k}/{k}/")
+    (fn, grid, block, fmt, values), = fake_gpu.calls
+    assert fn == sku.symbol and fmt == _kernel_params(sku)
+    v = dict(zip(sf.Plan(sku).abi().names, values))
+    rows = int(np.prod(shape[:-1]))
+    assert (v["rows"], v["cols"], v["vec_ok"], v["mask"], v["mask_rs"]) == (rows, shape[-1], vec_ok, 0x7D0000000003,
+                                                                           nbytes[-1])
+    assert v["dy_rs"] == (strides[0] if strides else shape[-1]) and v["dx"] == dx.__cuda_array_interface__["data"][0]
+    per = 8 * sf.Plan(sku).launch["unroll"] if vec_ok else 8     # columns a thread covers in one step
+    assert block[0] == min(256, 1 << max(0, (-(-shape[-1] // per) - 1).bit_length()))
+
+
+def test_backward_from_mask_in_place(fake_gpu):
+    """dx may be dy itself (each element is read before it is written, by the same thread); no other overlap."""
+    dy = D((8, 64))
+    assert sf.fake_quantize_backward_from_mask(dy, D((8, 8), "uint8"), out=dy) is dy
+    (fn, grid, block, fmt, values), = fake_gpu.calls
+    sku, = sf.default_registry().query(op="fake_quantize_backward_from_mask", element="f32")
+    v = dict(zip(sf.Plan(sku).abi().names, values))
+    assert v["dy"] == v["dx"]
+    mask = D((8, 8), "uint8")
+    at_mask = D((8, 64), ptr=mask.__cuda_array_interface__["data"][0])
+    err(lambda: sf.fake_quantize_backward_from_mask(dy, mask, out=at_mask), InvalidProblemError, "out overlaps mask")
+
+
+def test_backward_from_mask_of_an_empty_tensor_launches_nothing(fake_gpu):
+    out = D((0, 16))
+    assert sf.fake_quantize_backward_from_mask(D((0, 16)), D((0, 2), "uint8"), out=out) is out
+    out = D((4, 0), "float16")
+    assert sf.fake_quantize_backward_from_mask(D((4, 0), "float16"), D((4, 0), "uint8"), out=out) is out
+    assert fake_gpu.calls == []
 
 
 # -- device-side value checks (runtime/status.py) ---------------------------------------------------------

@@ -208,12 +208,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -275,7 +275,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                            }
+                        }
                     }
 
                 } else {
@@ -300,7 +308,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                            }
+                        }
                     }
 
                 }
@@ -314,7 +330,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = chan_last ? c : srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -329,7 +350,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -339,12 +370,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -399,7 +430,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
             any_bad |= param_invalid<true>(s, zp, qmin, qmax);
@@ -445,7 +484,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                            }
+                        }
                     }
                 }
                 }
@@ -459,7 +506,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = chan_last ? c : srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -474,7 +526,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -488,12 +550,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -554,7 +616,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                            }
+                        }
                     }
 
                 } else {
@@ -579,7 +649,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                            }
+                        }
                     }
 
                 }
@@ -593,7 +671,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = chan_last ? c : srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -608,7 +691,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -618,12 +711,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -678,7 +771,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
             any_bad |= param_invalid<false>(s, zp, qmin, qmax);
@@ -724,7 +825,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                            }
+                        }
                     }
                 }
                 }
@@ -738,7 +847,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = chan_last ? c : srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -753,7 +867,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -765,12 +889,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -834,7 +958,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                            }
+                        }
                     }
 
                 } else {
@@ -861,7 +993,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                            }
+                        }
                     }
 
                 }
@@ -875,7 +1015,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row * (cols / group_size);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow + c / group_size;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -890,7 +1035,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -902,12 +1057,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -970,7 +1125,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                            }
+                        }
                     }
 
                 } else {
@@ -997,7 +1160,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y + row * y_rs + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                            }
+                        }
                     }
 
                 }
@@ -1011,7 +1182,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row * (cols / group_size);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow + c / group_size;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -1026,7 +1202,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -1038,12 +1224,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -1098,7 +1284,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
             any_bad |= param_invalid<true>(s, zp, qmin, qmax);
@@ -1144,7 +1338,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                            }
+                        }
                     }
                 }
                 }
@@ -1158,7 +1360,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = 0;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -1173,7 +1380,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -1185,12 +1402,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -1245,7 +1462,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
             any_bad |= param_invalid<false>(s, zp, qmin, qmax);
@@ -1291,7 +1516,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                            }
+                        }
                     }
                 }
                 }
@@ -1305,7 +1538,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = 0;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -1320,7 +1558,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -1332,12 +1580,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -1392,7 +1640,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
             any_bad |= param_invalid<true>(s, zp, qmin, qmax);
@@ -1438,7 +1694,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                            }
+                        }
                     }
                 }
                 }
@@ -1452,7 +1716,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -1467,7 +1736,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -1479,12 +1758,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
     u8_t* __restrict__ mask, i64_t mask_rs, const float* __restrict__ scale, float scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 4;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 2;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -1539,7 +1818,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<float, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
             any_bad |= param_invalid<false>(s, zp, qmin, qmax);
@@ -1585,7 +1872,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                             mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                         }
                         store_vec<float, VEC>(y_row + c, y_o);
-                        if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        if (mask) {
+                            static_assert(VEC == 8, "one byte of bits a vector");
+                            if (mask_bits) {
+                                const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                                (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                            } else {
+                                store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                            }
+                        }
                     }
                 }
                 }
@@ -1599,7 +1894,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             float* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow;
                 const float s = scale ? scale[sidx] : scale_value;
                 const float inv = recip(s);
@@ -1614,7 +1914,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                 y_e = from_f32<float>(bad ? poison_nan<float>() : (clamp_q(v, qlo, qhi) - (float)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }

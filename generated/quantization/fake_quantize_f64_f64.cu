@@ -208,12 +208,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -274,7 +274,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        }
+                    }
                 }
 
 
@@ -287,7 +295,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = chan_last ? c : srow;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -302,7 +315,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -312,12 +335,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -365,7 +388,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
         }
@@ -377,7 +408,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = chan_last ? c : srow;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -392,7 +428,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_asymm
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -406,12 +452,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -471,7 +517,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        }
+                    }
                 }
 
 
@@ -484,7 +538,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = chan_last ? c : srow;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -499,7 +558,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -509,12 +578,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -562,7 +631,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
         }
@@ -574,7 +651,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = chan_last ? c : srow;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -589,7 +671,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_channel_symme
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -601,12 +693,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -669,7 +761,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        }
+                    }
                 }
 
 
@@ -682,7 +782,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row * (cols / group_size);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow + c / group_size;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -697,7 +802,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_asymmet
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -709,12 +824,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -776,7 +891,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y + row * y_rs + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask + row * mask_rs)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask + row * mask_rs + c, mask_o);
+                        }
+                    }
                 }
 
 
@@ -789,7 +912,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row * (cols / group_size);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow + c / group_size;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -804,7 +932,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_group_symmetr
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -816,12 +954,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -869,7 +1007,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
         }
@@ -881,7 +1027,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = 0;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -896,7 +1047,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_asymme
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -908,12 +1069,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -961,7 +1122,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
         }
@@ -973,7 +1142,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = 0;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -988,7 +1162,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_tensor_symmet
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -1000,12 +1184,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -1053,7 +1237,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
         }
@@ -1065,7 +1257,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -1080,7 +1277,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_asymmet
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }
@@ -1092,12 +1299,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
     u8_t* __restrict__ mask, i64_t mask_rs, const double* __restrict__ scale, double scale_value,
     const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols, i64_t group_size,
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
-    u32_t* __restrict__ status)
+    int mask_bits, u32_t* __restrict__ status)
 {
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 65, BAD_ZP = 66;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
+    constexpr int VEC = 8;
+    constexpr int U = 1;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -1145,7 +1352,15 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                         mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                     }
                     store_vec<double, VEC>(y_row + c, y_o);
-                    if (mask) store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                    if (mask) {
+                        static_assert(VEC == 8, "one byte of bits a vector");
+                        if (mask_bits) {
+                            const u32_t* w = reinterpret_cast<const u32_t*>(&mask_o);
+                            (mask_row)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                        } else {
+                            store_vec<u8_t, VEC>(mask_row + c, mask_o);
+                        }
+                    }
                 }
             }
         }
@@ -1157,7 +1372,12 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
             double* y_row = y + row * y_rs;
             u8_t* mask_row = mask + row * mask_rs;
             const i64_t srow = row;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
+            // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+            const i64_t STEP = mask_bits ? 8 : 1;
+            u32_t mask_acc = 0;
+            for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+            for (i64_t c = c0; c < c0 + STEP && c < cols; ++c) {
                 const i64_t sidx = srow;
                 const double s = scale ? scale[sidx] : scale_value;
                 const double inv = recip(s);
@@ -1172,7 +1392,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_token_symmetr
                 y_e = from_f64<double>(bad ? poison_nan<double>() : (clamp_q(v, qlo, qhi) - (double)zp) * s);
                 mask_e = (u8_t)((!bad && v >= qlo && v <= qhi) ? 1 : 0);
                 y_row[c] = y_e;
-                if (mask) mask_row[c] = mask_e;
+                if (mask) {
+                    if (mask_bits) {
+                        mask_acc |= (u32_t)mask_e << (c & 7);
+                        if ((c & 7) == 7 || c + 1 == cols) {
+                            mask_row[c >> 3] = (u8_t)mask_acc;
+                            mask_acc = 0;
+                        }
+                    } else {
+                        mask_row[c] = mask_e;
+                    }
+                }
             }
         }
     }

@@ -8,7 +8,8 @@
 
 Importing it registers ``torch.ops.skuforge.<op>`` for every functional op (``quantize``,
 ``dequantize``, ``dynamic_quantize``, ``quantize_backward``, ``dequantize_backward``,
-``fake_quantize(_backward)``, ``fake_quantize_learnable(_backward)``, ``grouped_matmul(_backward)``),
+``fake_quantize(_backward)``, ``fake_quantize_with_mask``, ``fake_quantize_backward_from_mask``,
+``fake_quantize_learnable(_backward)``, ``grouped_matmul(_backward)``),
 each a ``torch.library`` custom op with a fake implementation (exact shapes, dtypes, strides and the
 functional API's typed errors), ``.out`` overloads where the functional API takes ``out=``, and
 autograd where a user differentiates (fake-quant, quantize / dequantize straight-through, grouped
@@ -26,10 +27,11 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from .ops import (OPS, OUT_OPS, FakeQuantize, LearnableFakeQuantize, dequantize,  # noqa: E402
                   dequantize_backward, dynamic_quantize, fake_quantize, fake_quantize_backward,
-                  fake_quantize_learnable, fake_quantize_learnable_backward, grouped_matmul,
-                  grouped_matmul_backward, lsq_grad_factor, quantize, quantize_backward)
+                  fake_quantize_backward_from_mask, fake_quantize_learnable, fake_quantize_learnable_backward,
+                  grouped_matmul, grouped_matmul_backward, lsq_grad_factor, quantize, quantize_backward)
 
 __all__ = ["quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequantize_backward",
-           "fake_quantize", "fake_quantize_backward", "fake_quantize_learnable", "fake_quantize_learnable_backward",
+           "fake_quantize", "fake_quantize_backward", "fake_quantize_backward_from_mask", "fake_quantize_learnable",
+           "fake_quantize_learnable_backward",
            "grouped_matmul", "grouped_matmul_backward", "FakeQuantize", "LearnableFakeQuantize", "lsq_grad_factor",
            "OPS", "OUT_OPS"]

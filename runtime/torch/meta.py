@@ -20,7 +20,7 @@ from runtime.errors import DeviceMismatchError, InvalidProblemError, Unsupported
 from runtime.moe import STRATEGIES, _out_kind, check_problem
 from runtime.params import check_param_shape, check_scale_dtype, positive_scalar, real_scalar
 from runtime.scopes import check_range, check_scope, param_shape, rows_view
-from runtime.training import fake_quant_range
+from runtime.training import check_mask_bits, fake_quant_range, mask_bits_shape
 
 E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", torch.uint8)   # e8m0 scales: torch >= 2.7 has the dtype
 
@@ -293,6 +293,35 @@ def fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax
     _zero_point(zero_point, xr.shape, scope, axis, group_size)
     rows_view(xr, "x")
     return _dense(xr.shape, xr.kind)
+
+
+MASKS = {"bool": True, "bits": "bits"}     # fake_quantize_with_mask's ``mask`` -> the functional return_mask
+
+
+def return_mask_of(mask):
+    """fake_quantize_with_mask's ``mask`` (``"bool"`` or ``"bits"``) as the functional API's
+    ``return_mask``; anything else an InvalidProblemError naming it and the choices."""
+    if not isinstance(mask, str) or mask not in MASKS:
+        raise InvalidProblemError(f"mask={mask!r:.60}; supported: 'bool' (a bool mask, one byte an element) or "
+                                  "'bits' (bit-packed uint8, x.shape[:-1] + (ceil(D / 8),))")
+    return MASKS[mask]
+
+
+@concrete_scalars
+def fake_quantize_with_mask_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, mask):
+    """``(y, mask)``: the bool mask has x's shape, the bits ``x.shape[:-1] + (ceil(D / 8),)`` uint8."""
+    bits = return_mask_of(mask) == "bits"
+    y = fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax)
+    return y, (_dense(mask_bits_shape(y[0]), "u8") if bits else (y[0], torch.bool))
+
+
+@concrete_scalars
+def fake_quantize_backward_from_mask_spec(dy, mask):
+    dr = _float_input(dy, "dy", "fake_quantize_backward_from_mask")
+    rows_view(dr, "dy")
+    check_mask_bits(describe(mask, "mask"), dr.shape)
+    same_device(dy=dy, mask=mask)
+    return _dense(dr.shape, dr.kind)
 
 
 @concrete_scalars

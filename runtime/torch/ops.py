@@ -13,7 +13,8 @@ nothing else: plain CUDA tensors, no gradient to record, nothing tracing (``_pla
 |---|---|
 | ``quantize`` | none: the codes are non-differentiable; :func:`quantize` -> :func:`dequantize` is the straight-through estimator to x |
 | ``dequantize`` | scale: ``sum(dy * (q - zp))`` per scale element; q: an fp8 leaf only (``dequantize_backward``) |
-| ``fake_quantize`` | x: ``fake_quantize_backward`` (mask recomputed from x) |
+| ``fake_quantize`` | x: ``fake_quantize_backward`` (mask recomputed from x: the op saves x) |
+| ``fake_quantize_with_mask`` | x: ``fake_quantize_backward_from_mask`` of the bits it returns (``dy * mask`` for a bool mask): the op saves only its mask; :func:`fake_quantize` takes this op when x needs a gradient |
 | ``fake_quantize_learnable`` | x, scale, zero point: ``fake_quantize_learnable_backward`` (LSQ) |
 | ``grouped_matmul`` | x, w: ``grouped_matmul_backward`` (dw float32, cast to w's dtype) |
 
@@ -626,6 +627,86 @@ def _fq_backward(ctx, grad):
 _fake_quantize.register_autograd(_fq_backward, setup_context=_fq_setup)
 
 
+# -- fake_quantize with its mask: the training forward --------------------------------------------
+def _fqm_direct(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX,
+                mask="bits", out=None):
+    """``(y, mask)``: the bool mask or its bits (``mask``), written with y by one kernel."""
+    return sf.fake_quantize(x, scale, zero_point, scope=scope, axis=axis, group_size=group_size, qmin=qmin,
+                            qmax=qmax, return_mask=meta.return_mask_of(mask), out=out)
+
+
+@_op("fake_quantize_with_mask", direct=_fqm_direct)
+def _fake_quantize_with_mask(x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
+                             axis: Optional[int] = None, group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN,
+                             qmax: int = DEFAULT_QMAX, mask: str = "bits") -> Tuple[Tensor, Tensor]:
+    """``(y, mask)``: mask ``"bits"`` (uint8 ``x.shape[:-1] + (ceil(D / 8),)``) or ``"bool"`` (x's shape)."""
+    return _fqm_direct(x, scale, zero_point, scope, axis, group_size, qmin, qmax, mask)
+
+
+@_fake_quantize_with_mask.register_fake
+def _(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX, mask="bits"):
+    ys, ms = meta.fake_quantize_with_mask_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, mask)
+    return _new(ys, x.device), _new(ms, x.device)
+
+
+def _fqm_out(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX,
+             mask="bits", *, out):
+    """y into ``out``; returns the mask (a new tensor)."""
+    return _fqm_direct(x, scale, zero_point, scope, axis, group_size, qmin, qmax, mask, out)[1]
+
+
+def _fqm_out_fake(x, scale, zero_point, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX,
+                  mask="bits", *, out):
+    ys, ms = meta.fake_quantize_with_mask_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, mask)
+    meta.same_device(x=x, out=out)
+    meta.check_out(out, ys, "out")
+    return _new(ms, x.device)
+
+
+_define_out("fake_quantize_with_mask", "Tensor(a!) out", _fqm_out, _fqm_out_fake, returns="Tensor")
+
+
+def _fqm_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1])            # the mask only: 1/8 byte an element as bits, not x
+    ctx.bits = inputs[8] == "bits"
+
+
+def _fqm_backward(ctx, grad, _grad_mask):
+    mask, = ctx.saved_tensors
+    if ctx.bits:
+        dx = _call(_fake_quantize_backward_from_mask, grad.contiguous(), mask)
+    else:
+        dx = grad * mask                        # a product, as the kernel's: -0 and NaN where masked
+    return dx, None, None, None, None, None, None, None, None
+
+
+_fake_quantize_with_mask.register_autograd(_fqm_backward, setup_context=_fqm_setup)
+
+
+@_op("fake_quantize_backward_from_mask")
+def _fake_quantize_backward_from_mask(dy: Tensor, mask: Tensor) -> Tensor:
+    return sf.fake_quantize_backward_from_mask(dy, mask)
+
+
+@_fake_quantize_backward_from_mask.register_fake
+def _(dy, mask):
+    return _new(meta.fake_quantize_backward_from_mask_spec(dy, mask), dy.device)
+
+
+def _from_mask_out(dy, mask, *, out):
+    sf.fake_quantize_backward_from_mask(dy, mask, out=out)
+
+
+def _from_mask_out_fake(dy, mask, *, out):
+    spec = meta.fake_quantize_backward_from_mask_spec(dy, mask)
+    meta.same_device(dy=dy, out=out)
+    meta.check_out(out, spec, "out")
+
+
+_define_out("fake_quantize_backward_from_mask", "Tensor(a!) out", _from_mask_out, _from_mask_out_fake)
+
+
 # -- fake_quantize_learnable (LSQ) ----------------------------------------------------------------
 @_op("fake_quantize_learnable")
 def _fake_quantize_learnable(x: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
@@ -944,12 +1025,26 @@ def dequantize_backward(dy: Tensor, scale, *, scope: str, axis: Optional[int] = 
 def fake_quantize(x: Tensor, scale, zero_point=None, *, scope: str, axis: Optional[int] = None,
                   group_size: Optional[int] = None, qmin: int = DEFAULT_QMIN, qmax: int = DEFAULT_QMAX,
                   out: Optional[Tensor] = None) -> Tensor:
-    """Fake quantization with a fixed scale / zero point (int32); gradient to x only (STE with mask)."""
+    """Fake quantization with a fixed scale / zero point (int32); gradient to x only (STE with mask).
+    When x needs a gradient the forward also writes the mask's bits (``fake_quantize_with_mask``),
+    the one thing autograd keeps for the backward (``fake_quantize_backward_from_mask``); ``out=``
+    (the ``.out`` overload) records no gradient."""
     args = (x, _scale_for(x, _scale_tensor(scale, x)), _zp_tensor(zero_point, x), scope, axis,
             group_size, qmin, qmax)
+    if out is not None:
+        _call_out("fake_quantize", args, out=out)
+        return out
+    if _grad_on() and x.requires_grad:
+        return _call(_fake_quantize_with_mask, *args, "bits")[0]
+    return _call(_fake_quantize, *args)
+
+
+def fake_quantize_backward_from_mask(dy: Tensor, mask: Tensor, *, out: Optional[Tensor] = None) -> Tensor:
+    """``dx = dy * bit`` with the bits of ``runtime.fake_quantize(..., return_mask="bits")``
+    (runtime.fake_quantize_backward_from_mask)."""
     if out is None:
-        return _call(_fake_quantize, *args)
-    _call_out("fake_quantize", args, out=out)
+        return _call(_fake_quantize_backward_from_mask, dy, mask)
+    _call_out("fake_quantize_backward_from_mask", (dy, mask), out=out)
     return out
 
 
@@ -1051,7 +1146,8 @@ class LearnableFakeQuantize(torch.nn.Module):
 
 
 OPS = ("quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequantize_backward", "fake_quantize",
-       "fake_quantize_backward", "fake_quantize_learnable", "fake_quantize_learnable_backward", "grouped_matmul",
-       "grouped_matmul_backward")
+       "fake_quantize_with_mask", "fake_quantize_backward", "fake_quantize_backward_from_mask",
+       "fake_quantize_learnable", "fake_quantize_learnable_backward", "grouped_matmul", "grouped_matmul_backward")
 OUT_OPS = ("quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequantize_backward", "fake_quantize",
-           "fake_quantize_backward", "fake_quantize_learnable_backward", "grouped_matmul", "grouped_matmul_backward")
+           "fake_quantize_with_mask", "fake_quantize_backward", "fake_quantize_backward_from_mask",
+           "fake_quantize_learnable_backward", "grouped_matmul", "grouped_matmul_backward")

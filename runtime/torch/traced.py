@@ -14,6 +14,8 @@ scratch memory; the traced op takes its own from PyTorch's allocator.
 """
 import torch
 
+from runtime.training import mask_format
+
 from . import ops
 
 
@@ -60,21 +62,25 @@ def _fake_quantize(static, x, scale, zero_point, out):
     scope, axis, group_size, qmin, qmax, return_mask = static
     # the ops themselves: runtime.torch.fake_quantize casts the scale, the functional API checks it
     params = (x, ops._scale_tensor(scale, x), ops._zp_tensor(zero_point, x), scope, axis, group_size, qmin, qmax)
-    if out is None:
-        y = ops._call(ops._fake_quantize, *params)
-    else:
+    fmt = mask_format(return_mask)
+    if fmt == "none":
+        if out is None:
+            return ops._call(ops._fake_quantize, *params)
         ops._call_out("fake_quantize", params, out=out)
-        y = out
-    if not return_mask:
-        return y
-    # the mask is fake_quantize_backward's with dy = 1: 1 * mask, exactly 0 or 1
-    return y, ops._call(ops._fake_quantize_backward, torch.ones_like(x), *params) != 0
+        return out
+    if out is None:
+        return ops._call(ops._fake_quantize_with_mask, *params, fmt)
+    return out, ops._call_out("fake_quantize_with_mask", (*params, fmt), out=out)
 
 
 def _fake_quantize_backward(static, dy, x, scale, zero_point, out):
     scope, axis, group_size, qmin, qmax = static
     return ops.fake_quantize_backward(dy, x, scale, zero_point, scope=scope, axis=axis, group_size=group_size,
                                       qmin=qmin, qmax=qmax, out=out)
+
+
+def _from_mask(static, dy, mask, out):
+    return ops.fake_quantize_backward_from_mask(dy, mask, out=out)
 
 
 def _lsq_backward(static, dy, x, scale, zero_point, out):
@@ -100,5 +106,6 @@ def _grouped_matmul_backward(static, x, w, dy, row_experts, offsets, dx_out, dw_
 _CALLS = {"quantize": _quantize, "dequantize": _dequantize, "dynamic_quantize": _dynamic_quantize,
           "quantize_backward": _quantize_backward, "dequantize_backward": _dequantize_backward,
           "fake_quantize": _fake_quantize, "fake_quantize_backward": _fake_quantize_backward,
+          "fake_quantize_backward_from_mask": _from_mask,
           "fake_quantize_learnable_backward": _lsq_backward, "grouped_matmul": _grouped_matmul,
           "grouped_matmul_backward": _grouped_matmul_backward}

@@ -100,7 +100,7 @@ def _param(p, fw, pshape, rng, as_scalar_ok=True):
 def check_training_elementwise(sku, rng, preferred_fw="cupy") -> CheckResult:
     res = CheckResult(str(sku), False)
     kind, mk, fw = sku.element, _math(sku.element), preferred_fw
-    for label, shape, axis, gs, strided in _cases(sku, rng):
+    for i, (label, shape, axis, gs, strided) in enumerate(_cases(sku, rng)):
         # strided cases also run on a 2-block grid: every row loop of the kernel strides
         with grid_cap(2) if strided else contextlib.nullcontext():
             ax = None if axis is None else axis % len(shape)
@@ -129,15 +129,18 @@ def check_training_elementwise(sku, rng, preferred_fw="cupy") -> CheckResult:
             xd = _dev(x, fw, strided, rng)
             s_arg = _param(scale, fw, pshape, rng)
             z_arg = _param(zp, fw, pshape, rng)
-            if sku.op == "fake_quantize":
+            if sku.op == "fake_quantize":       # in turn: no mask, the bool mask, its bits
                 want_y, want_m = ((x.copy(), np.zeros(shape, bool)) if empty
                                   else ref.fake_quantize(x, scale, zp, **kw, **rkw))
-                if rng.random() < 0.5:
-                    got_y, got_m = sf.fake_quantize(xd, s_arg, z_arg, **kw, **rkw, return_mask=True)
-                    record(res, label + " mask", to_host(got_m), want_m)
+                return_mask = (False, True, "bits")[i % 3]
+                got = sf.fake_quantize(xd, s_arg, z_arg, **kw, **rkw, return_mask=return_mask)
+                if return_mask is False:
+                    got = (got,)
+                elif return_mask is True:
+                    record(res, label + " mask", to_host(got[1]), want_m)
                 else:
-                    got_y = sf.fake_quantize(xd, s_arg, z_arg, **kw, **rkw)
-                record(res, label, to_host(got_y), want_y)
+                    record(res, label + " mask bits", to_host(got[1]), ref.pack_mask_bits(want_m))
+                record(res, label, to_host(got[0]), want_y)
                 continue
             dy = _gradient(shape, rng, kind, specials=rng.random() < 0.5)
             dyd = _dev(dy, fw, strided and rng.random() < 0.5, rng)
@@ -149,6 +152,69 @@ def check_training_elementwise(sku, rng, preferred_fw="cupy") -> CheckResult:
     if sku.element == "f32" and sku.scope in ("tensor", "channel") and sku.op in ("fake_quantize",
                                                                                   "fake_quantize_backward"):
         torch_fake_quantize_cases(res, sku, rng)
+    res.passed = res.mismatches == 0 and res.cases > 0
+    res.detail = f"{res.cases} cases, {res.mismatches} mismatching elements"
+    return res
+
+
+# -- the backward from the mask's bits ---------------------------------------------------------------
+FROM_MASK_SHAPES = ((64, 512), (70, 256), (3, 8), (4, 9, 33), (3, 5, 77), (7,), (1,), (5, 1),
+                    (2, 1, 3, 1, 2, 1, 2, 24), (21, 8192), (5, 40000), (0, 16), (4, 0))
+
+
+def _offset_columns(a_dev, fw: str):
+    """The same values as ``a_dev`` one element past the start of each row of a wider buffer: every
+    row start misaligned for 16-byte accesses (the scalar path)."""
+    if fw == "torch":
+        import torch
+        big = torch.empty(*a_dev.shape[:-1], a_dev.shape[-1] + 1, dtype=a_dev.dtype, device=a_dev.device)
+    else:
+        import cupy as cp
+        big = cp.empty(a_dev.shape[:-1] + (a_dev.shape[-1] + 1,), dtype=a_dev.dtype)
+    big[..., 1:] = a_dev
+    return big[..., 1:]
+
+
+def mask_gradient(shape, rng, kind):
+    """dy for the from-mask backward: normal values (half negative: -0 where masked), NaN, ±inf and ±0."""
+    g = rng.standard_normal(shape) * 3.0
+    flat = g.reshape(-1)
+    if flat.size >= 16:
+        idx = rng.choice(flat.size, size=5, replace=False)
+        flat[idx] = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+    return g.astype(numpy_dtype(kind))
+
+
+def random_mask(shape, rng):
+    """A bool mask, mostly true, with whole bytes of 0 and of 1 bits among the rows."""
+    m = rng.random(shape) < 0.7
+    if len(shape) and shape[-1] >= 16 and math.prod(shape):
+        m.reshape(-1, shape[-1])[0, :8] = False
+        m.reshape(-1, shape[-1])[-1, 8:16] = True
+    return m
+
+
+@checker("fake_quantize_backward_from_mask")
+def check_from_mask(sku, rng, preferred_fw="cupy") -> CheckResult:
+    """dx = dy * bit against the reference, bit for bit: D a multiple of 8 (the vector path) and ragged,
+    rank 1 to 8, strided rows of dy, dx and the mask (on a 2-block grid), misaligned rows (the scalar
+    path), in place (out=dy), NaN / ±inf / ±0 gradients, empty tensors."""
+    res = CheckResult(str(sku), False)
+    kind, fw = sku.element, preferred_fw
+    for shape in FROM_MASK_SHAPES:
+        for layout in ("contiguous", "strided", "offset", "in place"):
+            if layout in ("strided", "offset") and len(shape) < 2:
+                continue
+            with grid_cap(2) if layout == "strided" else contextlib.nullcontext():
+                dy = mask_gradient(shape, rng, kind)
+                packed = ref.pack_mask_bits(random_mask(shape, rng))
+                want = ref.fake_quantize_backward_from_mask(dy, packed)
+                dyd, md = _dev(dy, fw, layout == "strided", rng), _dev(packed, fw, layout == "strided", rng)
+                if layout == "offset" and math.prod(shape):
+                    dyd = _offset_columns(dyd, fw)
+                out = dyd if layout == "in place" else None
+                got = sf.fake_quantize_backward_from_mask(dyd, md, out=out)
+                record(res, f"{shape} {layout}", to_host(got), want)
     res.passed = res.mismatches == 0 and res.cases > 0
     res.detail = f"{res.cases} cases, {res.mismatches} mismatching elements"
     return res
@@ -316,7 +382,7 @@ def _compile_unit(job):
 
 
 def precompile(ops=("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
-                    "fake_quantize_learnable_backward"), workers: int = 16) -> int:
+                    "fake_quantize_backward_from_mask", "fake_quantize_learnable_backward"), workers: int = 16) -> int:
     """Fill the NVRTC disk cache for the units holding ``ops`` (this device's arch), in parallel."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor

@@ -6,11 +6,13 @@ a few percent of x saturates, zero points in [-20, 20]. Channel scope is per row
 PyTorch's QAT weight layout); group size 128. Every skuforge call is a default one (its kernels
 check the scale and zero-point values as they load them).
 
-PyTorch baselines (same data, same run): ``fake_quantize`` (forward + mask) against
-``aten.fake_quantize_per_{tensor,channel}_affine_cachemask`` (what PyTorch's autograd runs) or,
-for token / group scopes, the composite of docs/numerics.md; ``fake_quantize_backward`` against PyTorch's
-backward ``dy * mask`` (it reads the cached 1-byte mask where skuforge recomputes it from x);
-the other ops against their composites. Bytes = inputs read once + outputs written once.
+PyTorch baselines (same data, same run): ``fake_quantize`` (forward + the mask's bits, what
+runtime.torch's autograd writes) against ``aten.fake_quantize_per_{tensor,channel}_affine_cachemask``
+(what PyTorch's autograd runs: a one-byte mask) or, for token / group scopes, the composite of
+docs/numerics.md; ``fake_quantize_backward`` (the mask recomputed from x) against the composite of the
+same math (the mask recomputed from x, then ``dy * mask``); ``fake_quantize_backward_from_mask``
+(the bits) against PyTorch's backward ``dy * mask`` with its cached bool mask; the other ops against
+their composites. Bytes = inputs read once + outputs written once; the bits count ceil(D / 8) bytes a row.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ..registry import bench_section
 from .base import kept_results, nbytes
 
 OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
-       "fake_quantize_learnable_backward")
+       "fake_quantize_backward_from_mask", "fake_quantize_learnable_backward")
 def TARGET_PCT(sku):
     """% of device copy: 95 for the single-pass kernels (fake-quant forward + mask, the backward
     passes), 75 for LSQ's tensor / channel scale reductions (two passes)."""
@@ -33,9 +35,19 @@ QMIN, QMAX = -128, 127
 
 
 def default(sku) -> bool:
-    """The targets: fake-quant forward+mask and backward, tensor / channel, f32 / bf16."""
+    """The targets: fake-quant forward+mask and backward, tensor / channel, and the backward from the
+    mask's bits; f32 / bf16."""
+    if sku.element not in ("f32", "bf16"):
+        return False
+    if sku.op == "fake_quantize_backward_from_mask":
+        return True
     return (sku.op in ("fake_quantize", "fake_quantize_backward") and sku.scope in ("tensor", "channel")
-            and sku.element in ("f32", "bf16") and sku.mode == "asymmetric")
+            and sku.mode == "asymmetric")
+
+
+def bits_bytes(shape) -> int:
+    """Bytes of the bit-packed mask of an array of ``shape``: ceil(D / 8) a row."""
+    return math.prod(shape[:-1]) * -(-shape[-1] // 8)
 
 
 def _torch():
@@ -100,11 +112,43 @@ def mask_backward(dy, mask):
     return dy * mask
 
 
+def _from_mask(sku, shape):
+    """fake_quantize_backward_from_mask on the bits of fake_quantize(x, 0.03) (a few percent of x clipped),
+    against ``dy * mask`` with the bool mask of the same x (PyTorch's backward)."""
+    import runtime as sf
+    from runtime import kinds
+
+    torch = _torch()
+    kind = sku.element
+    if torch is not None:
+        from runtime.arrays import torch_dtype
+        mdt = torch.float64 if kind == "f64" else torch.float32
+        x = (torch.randn(shape, device="cuda", dtype=mdt) * 3).to(torch_dtype(kind))
+        dy = torch.randn(shape, device="cuda", dtype=mdt).to(torch_dtype(kind))
+    else:
+        import cupy as cp
+        from runtime.arrays import numpy_dtype
+        mdt = cp.float64 if kind == "f64" else cp.float32
+        x = (cp.random.standard_normal(shape, dtype=mdt) * 3).astype(numpy_dtype(kind))
+        dy = cp.random.standard_normal(shape, dtype=mdt).astype(numpy_dtype(kind))
+    _, bits = sf.fake_quantize(x, 0.03, scope="tensor", return_mask="bits")
+
+    def call():
+        return sf.fake_quantize_backward_from_mask(dy, bits)
+    w = {"call": call, "bytes": 2 * math.prod(shape) * kinds.SIZE[kind] + bits_bytes(shape), "label": f"{kind} bits"}
+    if torch is not None:
+        _, mask = sf.fake_quantize(x, 0.03, scope="tensor", return_mask=True)
+        w.update(torch_fn=mask_backward, torch_args=(dy, mask), label=w["label"] + " vs dy*mask (bool)")
+    return w
+
+
 @bench_section("training")
 def make(sku, shape):
     """A workload dict for ``codegen.harness.bench`` (None for SKUs of other families)."""
     if sku.op not in OPS:
         return None
+    if sku.op == "fake_quantize_backward_from_mask":
+        return _from_mask(sku, shape)
     import runtime as sf
     from runtime import kinds
 
@@ -137,8 +181,8 @@ def make(sku, shape):
     w = {}
     if sku.op == "fake_quantize":
         def call():
-            return sf.fake_quantize(x, scale, zp, **kw, **fq, return_mask=True)
-        w = {"call": call, "bytes": n * (2 * item + 1) + params, "label": label + " +mask"}
+            return sf.fake_quantize(x, scale, zp, **kw, **fq, return_mask="bits")
+        w = {"call": call, "bytes": 2 * n * item + bits_bytes(shape) + params, "label": label + " +mask bits"}
     elif sku.op in ("fake_quantize_backward", "quantize_backward"):
         fn = sf.fake_quantize_backward if sku.op == "fake_quantize_backward" else sf.quantize_backward
 
@@ -171,14 +215,12 @@ def make(sku, shape):
         else:
             w["torch_fn"] = fake_quant_composite
             w["torch_args"] = (x, sb, zb, zc, QMIN, QMAX, gs or 0)
-    elif sku.op == "fake_quantize_backward":
-        _, mask = fake_quant_composite(x, sb, zb, zc, QMIN, QMAX, gs or 0)
-        w["torch_fn"] = mask_backward
-        w["torch_args"] = (dy, mask)
-        w["label"] += " vs dy*mask"
-    elif sku.op == "quantize_backward":
+    elif sku.op in ("fake_quantize_backward", "quantize_backward"):
+        # the same math: the mask recomputed from x, then dy * mask
         w["torch_fn"] = ste_composite
         w["torch_args"] = (dy, x, sb, zb, zc, QMIN, QMAX, gs or 0)
+        if sku.op == "fake_quantize_backward":
+            w["label"] += " vs recomputed mask"
     elif sku.op == "dequantize_backward":
         w["torch_fn"] = dequantize_backward_composite
         w["torch_args"] = (dy, sb, gs or 0)
@@ -243,9 +285,10 @@ def host_profile(n=2000):
 
 
 def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=("f32", "bf16")) -> list:
-    """Copy bandwidth, skuforge fake_quantize(+mask) / fake_quantize_backward per channel (axis 0)
-    and per tensor, PyTorch's cachemask forward, ``dy * mask`` backward and the public
-    ``torch.fake_quantize_per_channel_affine``; one table."""
+    """Copy bandwidth, skuforge fake_quantize(+mask bits) / fake_quantize_backward per channel (axis 0)
+    and per tensor and fake_quantize_backward_from_mask, against PyTorch's cachemask forward, the
+    recomputed-mask composite, ``dy * mask`` and the public ``torch.fake_quantize_per_channel_affine``;
+    one table."""
     import torch
 
     from runtime.arrays import torch_dtype
@@ -258,42 +301,42 @@ def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=
     copy = 2 * big.numel() / (ms * 1e-3) / 1e9
     big = dst = None       # 2 GiB given back before the runs
     print(f"device copy: {copy:.0f} GB/s")
-    for kind in kinds:
-        for scope in ("channel", "tensor"):
-            for shape in shapes:
-                for op in ("fake_quantize", "fake_quantize_backward"):
-                    sku = reg.select(category="quantization", op=op, scope=scope, mode="asymmetric", element=kind,
-                                     aux_element=kind)
-                    sets = [make(sku, shape) for _ in range(1 if math.prod(shape) > 1 << 22 else 8)]
-                    k = [0]
+    cells = [(kind, scope, shape, op) for kind in kinds for scope in ("channel", "tensor") for shape in shapes
+             for op in ("fake_quantize", "fake_quantize_backward")]
+    cells += [(kind, None, shape, "fake_quantize_backward_from_mask") for kind in kinds for shape in shapes]
+    for kind, scope, shape, op in cells:
+        sku = reg.select(category="quantization", op=op, scope=scope, mode=None if scope is None else "asymmetric",
+                         element=kind, aux_element=kind)
+        sets = [make(sku, shape) for _ in range(1 if math.prod(shape) > 1 << 22 else 8)]
+        k = [0]
 
-                    def ours():
-                        sets[k[0] % len(sets)]["call"]()
-                        k[0] += 1
+        def ours():
+            sets[k[0] % len(sets)]["call"]()
+            k[0] += 1
 
-                    def theirs():
-                        w = sets[k[0] % len(sets)]
-                        w["torch_fn"](*w["torch_args"])
-                        k[0] += 1
-                    t_ours, t_torch = _time(ours), _time(theirs)
-                    w = sets[0]
-                    r = {"op": op, "kind": kind, "scope": scope, "shape": shape, "us": t_ours * 1e3,
-                         "gbps": w["bytes"] / (t_ours * 1e-3) / 1e9, "torch_us": t_torch * 1e3}
-                    r["pct_copy"] = 100 * r["gbps"] / copy
-                    r["x_torch"] = t_torch / t_ours
-                    if op == "fake_quantize" and scope == "channel":
-                        x, s, z = w["torch_args"][0], w["torch_args"][1], w["torch_args"][2]
-                        with torch.no_grad():
-                            r["public_us"] = _time(lambda: torch.fake_quantize_per_channel_affine(
-                                x, s, z, CHANNEL_AXIS, QMIN, QMAX)) * 1e3
-                        r["x_public"] = r["public_us"] / r["us"]
-                    rows.append(r)
-                    print(f"{op:24s} {kind:4s} {scope:7s} {str(shape):14s} {r['us']:9.1f} us {r['gbps']:6.0f} GB/s "
-                          f"{r['pct_copy']:5.1f}% copy | torch {r['torch_us']:9.1f} us x{r['x_torch']:.2f}"
-                          + (f" | torch.fake_quantize_per_channel_affine {r['public_us']:.1f} us x{r['x_public']:.2f}"
-                             if "public_us" in r else ""), flush=True)
-                    sets = None
-                    torch.cuda.empty_cache()
+        def theirs():
+            w = sets[k[0] % len(sets)]
+            w["torch_fn"](*w["torch_args"])
+            k[0] += 1
+        t_ours, t_torch = _time(ours), _time(theirs)
+        w = sets[0]
+        r = {"op": op, "kind": kind, "scope": scope, "shape": shape, "us": t_ours * 1e3,
+             "gbps": w["bytes"] / (t_ours * 1e-3) / 1e9, "torch_us": t_torch * 1e3}
+        r["pct_copy"] = 100 * r["gbps"] / copy
+        r["x_torch"] = t_torch / t_ours
+        if op == "fake_quantize" and scope == "channel":
+            x, s, z = w["torch_args"][0], w["torch_args"][1], w["torch_args"][2]
+            with torch.no_grad():
+                r["public_us"] = _time(lambda: torch.fake_quantize_per_channel_affine(
+                    x, s, z, CHANNEL_AXIS, QMIN, QMAX)) * 1e3
+            r["x_public"] = r["public_us"] / r["us"]
+        rows.append(r)
+        print(f"{op:24s} {kind:4s} {scope or '-':7s} {str(shape):14s} {r['us']:9.1f} us {r['gbps']:6.0f} GB/s "
+              f"{r['pct_copy']:5.1f}% copy | torch {r['torch_us']:9.1f} us x{r['x_torch']:.2f}"
+              + (f" | torch.fake_quantize_per_channel_affine {r['public_us']:.1f} us x{r['x_public']:.2f}"
+                 if "public_us" in r else ""), flush=True)
+        sets = None
+        torch.cuda.empty_cache()
     for kind in kinds:               # LSQ backward (information: no target)
         for scope in ("channel", "tensor"):
             shape = (8192, 8192)
@@ -345,7 +388,9 @@ if __name__ == "__main__":
 
 def host_calls():
     """Repeated fake_quantize_learnable_backward on (16, 4096) bf16, per channel (axis 0, two
-    launches: the segment pass and the finish pass), default settings, CuPy and torch inputs."""
+    launches: the segment pass and the finish pass), and the two one-launch backward passes of
+    fake_quantize (the mask recomputed from x, and from its bits), default settings, CuPy and torch
+    inputs."""
     import cupy as cp
     import ml_dtypes
 
@@ -361,10 +406,24 @@ def host_calls():
                              dy=torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16),
                              s=torch.rand(rows, device="cuda") * 0.03 + 0.02,
                              z=torch.randint(-20, 21, (rows,), device="cuda", dtype=torch.int32))
+    for d in data.values():
+        d["bits"] = sf.fake_quantize(d["x"], 0.03, scope="tensor", return_mask="bits")[1]
+
     def call(d):
         return sf.fake_quantize_learnable_backward(d["dy"], d["x"], d["s"], d["z"], scope="channel", axis=0)
+
+    def recompute(d):
+        return sf.fake_quantize_backward(d["dy"], d["x"], d["s"], d["z"], scope="channel", axis=0)
+
+    def from_mask(d):
+        return sf.fake_quantize_backward_from_mask(d["dy"], d["bits"])
     label = f"fake_quantize_learnable_backward channel bf16 ({rows}, {cols})"
+    # the backward from the mask's bits costs no more host time than the one that recomputes the mask
+    one = [(f"fake_quantize_backward channel bf16 ({rows}, {cols})", recompute),
+           (f"fake_quantize_backward_from_mask bf16 ({rows}, {cols})", from_mask)]
     return ([{"label": f"{label}, {fw}, default settings", "framework": fw, "launches": 2, "call": lambda d=d: call(d)}
              for fw, d in data.items()]
             + [{"label": f"{label}, {fw}, default settings, results kept", "framework": fw, "launches": 2,
-                "call": kept_results(call, d)} for fw, d in data.items()])
+                "call": kept_results(call, d)} for fw, d in data.items()]
+            + [{"label": f"{name}, {fw}, default settings", "framework": fw, "launches": 1,
+                "call": lambda d=d, fn=fn: fn(d)} for name, fn in one for fw, d in data.items()])
