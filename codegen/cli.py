@@ -299,9 +299,10 @@ def _store(reg, built, out, to_cache: bool) -> None:
 
 
 def _print_resources(reg, reports, pattern) -> None:
-    """ptxas's report for the selected kernels (every entry point): registers per thread, spill
-    bytes, static smem."""
-    symbols = {e.symbol for s, e in reg.entries.items() if fnmatch.fnmatchcase(str(s), pattern)}
+    """ptxas's report for the selected kernels (every entry point they launch, shared ones
+    included): registers per thread, spill bytes, static smem."""
+    symbols = {sym for s, e in reg.entries.items() if fnmatch.fnmatchcase(str(s), pattern)
+               for sym in (e.symbol, *e.shared.values())}
     table = Table(title="ptxas resources (per thread / per block)")
     table.add_column("kernel", overflow="fold")
     for col in ("arch", "registers", "stack (B)", "spill st/ld (B)", "smem (B)"):

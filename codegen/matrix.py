@@ -8,6 +8,7 @@ kind vocabulary: C type, size, ranges, groups) and one entry here; plus, at most
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
@@ -64,6 +65,10 @@ class Family:
     extra_context: Optional[Callable] = None
     precision: Optional[Callable] = None   # sku fields -> Precision; default: the exact math of docs/numerics.md
     headers: tuple = ()                 # extra shared headers (templates/...) after the prelude in its units
+    # Optional hook: SKU -> {ABI group: host SKU}: the entry points of those groups that the SKU
+    # launches from another SKU of its unit, which compiles the same device code (NVRTC compiles it
+    # once); the SKU's template then renders only the rest (codegen/render.py, docs/dynamic.md).
+    shares: Optional[Callable] = None
 
     def cells(self) -> Iterator[KernelSku]:
         for op, scope, mode, (el, aux), arch, backend in itertools.product(
@@ -118,8 +123,8 @@ STATIC_DEQUANTIZE = Family(
 # Team kernels of the fused per-token / per-group pass (dynamic_common.cu.j2 `team`): one entry point
 # `<symbol>_t<P>` per chunk budget P (16-byte chunks of x per thread, held in registers), each capped
 # at the register count (__maxnreg__) ptxas meets without spills on sm_80 and sm_90; the heavier
-# element code of asymmetric and of software fp8 (sm80 SKUs) needs more. Not for f64 inputs (math
-# in double does not fit these caps): they take the block kernel.
+# element code of asymmetric and of software fp8 (sm80 SKUs) needs more. Not for f64 inputs
+# (_has_team).
 TEAM_CHUNKS = (16, 8, 4, 2)
 TEAM_REGISTERS = {"light": (96, 56, 40, 40), "heavy": (96, 64, 48, 48)}
 # Fixed-TX team entry points `<symbol>_t<P>_tx<TX>` (s8 / u8), per scope: (P, CH, TX) triples, each
@@ -143,12 +148,46 @@ COOP_BATCH = {"symmetric": (4, 4), "asymmetric": (4, 2)}
 CHAN_BATCH = {"symmetric": 4, "asymmetric": 2}
 
 
+def _dynamic_shares(sku) -> dict:
+    """{ABI group: host SKU} of a dynamic_quantize SKU (Family.shares): token launches its group
+    SKU's fused kernels (block and team: a token is the row group of group_size = cols, and the two
+    render the same device code but for names), tensor its channel SKU's two-phase reduction
+    (tensor is one channel; its one-launch kernel ``_coop`` stays its own). fp8 token SKUs keep
+    their own fused kernels: the group ones also write MX e8m0 scales."""
+    if sku.scope == "token" and sku.aux_element not in kinds.FP8:
+        group = dataclasses.replace(sku, scope="group")
+        return {"main": group, **({"team": group} if _has_team(sku) else {})}
+    if sku.scope == "tensor":
+        return {"main": dataclasses.replace(sku, scope="channel")}
+    return {}
+
+
+def _guests(sku, group: str) -> list:
+    """The SKUs of ``sku``'s unit that launch its entry points of ABI group ``group``."""
+    return [g for g in (dataclasses.replace(sku, scope=s) for s in QUANT_SCOPES if s != sku.scope)
+            if _dynamic_shares(g).get(group) == sku]
+
+
+def _has_team(sku) -> bool:
+    """Whether a fused SKU has team kernels: not for f64 inputs (math in double does not fit their
+    register caps), which take the block kernel."""
+    return sku.element != "f64"
+
+
 def _team_context(sku, fixed: bool = False) -> dict:
-    if sku.element == "f64":
-        return {"team_chunks": [], "team_registers": [], "team_fixed": []}
+    """``team_fixed``: the fixed-TX entry points the SKU's launcher picks (its scope's TEAM_FIXED);
+    ``team_compiled``: those its template compiles, its own and those of the SKUs that launch its
+    team kernels (a group SKU compiles the token's ``t2_tx256`` too)."""
+    if not _has_team(sku):
+        return {"team_chunks": [], "team_registers": [], "team_fixed": [], "team_compiled": []}
     heavy = sku.mode == "asymmetric" or (sku.aux_element in kinds.FP8 and sku.arch == "sm80")
+
+    def fixed_of(s) -> list:
+        return [list(f) for f in TEAM_FIXED.get(s.scope, ())] if fixed else []
+    own = fixed_of(sku)
+    compiled = own + [f for g in _guests(sku, "team") for f in fixed_of(g) if f not in own]
     return {"team_chunks": list(TEAM_CHUNKS), "team_registers": list(TEAM_REGISTERS["heavy" if heavy else "light"]),
-            "team_fixed": [list(f) for f in TEAM_FIXED.get(sku.scope, ())] if fixed else []}
+            "team_fixed": own, "team_compiled": compiled}
 
 
 def _dynamic_context(cell, ctx):
@@ -187,6 +226,7 @@ DYNAMIC_QUANTIZE = Family(
     ins=(Stream("x", "element"),),
     outs=(Stream("q", "aux"),),
     extra_context=_dynamic_context,
+    shares=_dynamic_shares,
     # the reductions (min/max) run in the math precision too
     precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)),
 )
@@ -555,7 +595,7 @@ def lowbit_families() -> tuple:
         scopes=QUANT_SCOPES, modes=QUANT_MODES, arches=LOWBIT_ARCHES,
         launch=lambda sku: "lowbit_dynamic_fused" if sku.scope in ("token", "group") else "dynamic_reduce",
         ins=(Stream("x", "element"),), outs=(Stream("q", "aux"),), exclusions=ex,
-        extra_context=_lowbit_dynamic_context,
+        extra_context=_lowbit_dynamic_context, shares=_dynamic_shares,
         precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)))
     return quantize, dequantize, dynamic
 

@@ -2,7 +2,9 @@
 
 Each kernel is rendered on its own (so its text, and the sha256 of prelude + text, is a
 property of that SKU), then kernels that share an op and dtypes are concatenated into one
-translation unit, which NVRTC compiles once.
+translation unit, which NVRTC compiles once. A SKU that launches entry points of another SKU of
+its unit (``Family.shares``: a host that compiles the same device code) renders only the rest,
+and its sha256 covers its host's text too: what it runs.
 """
 from __future__ import annotations
 
@@ -144,6 +146,9 @@ def kernel_context(cell: Cell) -> dict:
         ctx["launch_extra"] = extra.pop("launch", {})
         ctx.update(extra)
     ctx["launch_kind"] = fam.launch_kind(sku)
+    # {ABI group: {"sku", "symbol"}} of the entry points it launches from a host SKU of its unit
+    ctx["shares"] = {group: {"sku": str(host), "symbol": host.symbol}
+                     for group, host in (fam.shares(sku) if fam.shares else {}).items()}
     # the parameter lists of the kernel's entry points: {{ k.abi.<group> }} in its template
     ctx["abi"] = signatures(ctx["launch_kind"], ctx)
     return ctx
@@ -162,6 +167,8 @@ def launch_metadata(cell: Cell, ctx: dict) -> dict:
     }
     meta.update(launch_schedules(ctx["launch_kind"], ctx))
     meta.update(ctx["launch_extra"])
+    if ctx["shares"]:
+        meta["shares"] = {group: host["sku"] for group, host in ctx["shares"].items()}
     return meta
 
 
@@ -179,7 +186,8 @@ def sha256(text: str) -> str:
 class RenderedKernel:
     cell: Cell
     text: str
-    sha256: str       # of prelude (+ family headers) + this kernel: changes when anything it compiles from changes
+    sha256: str       # of prelude (+ family headers) + this kernel (+ its hosts' texts, Family.shares): changes
+                      # when anything it compiles from changes
     launch: dict
     abi: dict         # {abi id: [[name, packing], ...]} of its entry points' parameter lists
 
@@ -215,4 +223,28 @@ def render(cells) -> list:
         kernel = RenderedKernel(cell, text, sha256(pre + headers(cell.family) + text), meta, abi)
         path = cell.family.unit(cell.sku)
         units.setdefault(path, RenderedUnit(path, cell.family, [])).kernels.append(kernel)
+    for unit in units.values():
+        _link_shared(unit, pre)
     return [units[p] for p in sorted(units)]
+
+
+def _link_shared(unit: RenderedUnit, pre: str) -> None:
+    """The sha256 of a SKU that launches a host's entry points covers the host's text (what it
+    runs); a host outside the unit, one that shares in turn, or a different parameter list for a
+    shared group is a TemplateError."""
+    by_sku = {str(k.cell.sku): k for k in unit.kernels}
+    for k in unit.kernels:
+        shares = k.launch.get("shares") or {}
+        hosts = []
+        for group, host_sku in sorted(shares.items()):
+            host = by_sku.get(host_sku)
+            why = ("is not generated in its unit" if host is None else
+                   "launches shared entry points itself" if host.launch.get("shares") else
+                   "declares another parameter list" if host.launch["abi"].get(group) != k.launch["abi"][group]
+                   else None)
+            if why:
+                raise TemplateError(f"{k.cell.sku} launches the {group!r} entry points of {host_sku}, which {why}")
+            if host not in hosts:
+                hosts.append(host)
+        if hosts:
+            k.sha256 = sha256(pre + headers(unit.family) + k.text + "".join(h.text for h in hosts))

@@ -200,8 +200,9 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
 
 def team_symbol(plan, team: TeamLaunch, cfg: FusedConfig) -> str:
     """The entry point of a team launch: ``<symbol>_t<P>``, or the fixed-TX ``<symbol>_t<P>_tx<TX>``
-    where the SKU has one for (P, ch, TX) (codegen.matrix.TEAM_FIXED) and ``cfg.fixed``."""
-    name = f"{plan.entry.symbol}_t{team.chunks}"
+    where the SKU has one for (P, ch, TX) (codegen.matrix.TEAM_FIXED) and ``cfg.fixed``; ``symbol``:
+    the SKU's team entry points' (a token SKU's are its group SKU's, compiled once)."""
+    name = f"{plan.entry.symbol_for('team')}_t{team.chunks}"
     fixed = [team.chunks, team.ch, team.tx] in (plan.launch.get("team_fixed") or [])
     return f"{name}_tx{team.tx}" if cfg.fixed and fixed else name
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
@@ -29,6 +29,14 @@ class KernelEntry:
     family: str
     sha256: str
     launch: dict
+    # ABI group -> the symbol of the host SKU whose entry points of that group this one launches
+    # (launch metadata ``shares``: the same device code, compiled once in the unit)
+    shared: dict = field(default_factory=dict)
+
+    def symbol_for(self, group: str = "main") -> str:
+        """The symbol of the SKU's entry point of ABI group ``group`` (the prefix of its team
+        kernels ``<symbol>_t<P>``): its own, or its host's."""
+        return self.shared.get(group, self.symbol)
 
 
 class Registry:
@@ -38,7 +46,8 @@ class Registry:
         self.entries = {}
         for text, e in manifest["kernels"].items():
             sku = KernelSku.parse(text)
-            self.entries[sku] = KernelEntry(sku, e["unit"], e["symbol"], e["family"], e["sha256"], e["launch"])
+            shared = {g: KernelSku.parse(host).symbol for g, host in (e["launch"].get("shares") or {}).items()}
+            self.entries[sku] = KernelEntry(sku, e["unit"], e["symbol"], e["family"], e["sha256"], e["launch"], shared)
         self.excluded = {KernelSku.parse(t): e["reason"] for t, e in manifest["excluded"].items()}
         self._sorted = tuple(sorted(self.entries))
         self._abi = {}
@@ -145,22 +154,29 @@ class Registry:
         return (self.root / unit).read_text()
 
     def source(self, sku) -> str:
-        """The generated source of one kernel: its translation unit's prelude plus its own text."""
+        """The generated source of one kernel: its translation unit's prelude plus its own text, and
+        the text of each SKU whose entry points it launches (launch metadata ``shares``)."""
         entry = self.lookup(sku)
         text = self.unit_source(entry.unit)
-        marker = f"// SKU: {entry.sku}\n"
-        start = text.index(marker)
         # the shared helpers: the prelude and any family headers (each ends with "// ---- end of ...")
         prelude_end = text.rindex("// ---- end of ", 0, text.index("// SKU: "))
         prelude_end = text.index("\n", prelude_end) + 1
-        nxt = text.find("// SKU: ", start + len(marker))
-        return text[:prelude_end] + "\n" + text[start: nxt if nxt >= 0 else len(text)].rstrip("\n") + "\n"
+        hosts = dict.fromkeys((entry.launch.get("shares") or {}).values())
+        return text[:prelude_end] + "".join("\n" + _section(text, s) for s in (str(entry.sku), *hosts))
 
     def kernel(self, sku, device: int = None):
-        """The loaded ``cupy`` function of a SKU on a device (compiled via the disk cache)."""
+        """The loaded ``cupy`` function of a SKU's main entry point on a device (compiled via the disk
+        cache)."""
         from .device import check_device, load_function
         entry = self.lookup(sku)
-        return load_function(self, entry.unit, entry.symbol, None if device is None else check_device(device))
+        return load_function(self, entry.unit, entry.symbol_for("main"), None if device is None else check_device(device))
+
+
+def _section(text: str, sku: str) -> str:
+    """The text of one SKU in its unit's source: from its ``// SKU:`` line to the next one."""
+    start = text.index(f"// SKU: {sku}\n")
+    nxt = text.find("// SKU: ", start + 1)
+    return text[start: nxt if nxt >= 0 else len(text)].rstrip("\n") + "\n"
 
 
 @lru_cache(maxsize=1)

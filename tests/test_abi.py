@@ -38,9 +38,11 @@ def test_every_entry_point_matches_a_declared_list_of_its_kernel(unit):
     for name, params in entries.items():
         owner = max((s for s in symbols if name.startswith(s)), key=len)   # the SKU symbol is a prefix
         assert params in symbols[owner].values(), f"{name}: its signature is not one of {owner}'s declared lists"
-    for sym, lists in symbols.items():
-        main = lists.get("main") or lists.get("gemm")
-        assert entries[sym] == main, f"{sym}: the SKU's own entry point takes its main list"
+    for text in REG.units[unit]["skus"]:
+        e = REG.lookup(text)
+        main = symbols[e.symbol].get("main") or symbols[e.symbol].get("gemm")
+        sym = e.symbol_for("main")      # its own, or that of the host SKU whose main entry point it launches
+        assert entries[sym] == main, f"{sym}: the main entry point of {text} takes its main list"
 
 
 def test_values_are_filled_by_name_only():

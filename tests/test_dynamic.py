@@ -12,6 +12,7 @@ from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
 from codegen.matrix import TEAM_CHUNKS
 from codegen.schedules import launch_schedules
+from runtime.registry import KernelEntry
 
 f32 = np.float32
 
@@ -299,11 +300,16 @@ def test_reduce_partition_covers_every_element_once(monkeypatch, shape, scope, a
     assert 1 <= cfg.tx <= 256 and (cfg.tx & (cfg.tx - 1)) == 0
 
 
+def _entry(symbol, shared=None):
+    """A manifest entry of unit ``u.cu``; ``shared``: {ABI group: host symbol}."""
+    return KernelEntry(None, "u.cu", symbol, "fam", "", {}, shared or {})
+
+
 # -- the one-launch per-tensor kernel (<symbol>_coop, dynamic_tensor.cu.j2) ------------------------
 def _coop_plan(element="bf16", mode="symmetric"):
     plan = _Plan("tensor", mode=mode, element=element)
     plan.launch["coop"] = True
-    plan.entry = type("Entry", (), {"unit": "u.cu", "symbol": "sf_x"})()
+    plan.entry = _entry("sf_x")
     return plan
 
 
@@ -390,7 +396,7 @@ def test_coop_on_chip_share_8192_bf16(monkeypatch):
 def _chan_plan(element="bf16", mode="symmetric"):
     plan = _Plan("channel", mode=mode, element=element)
     plan.launch["chan"] = True
-    plan.entry = type("Entry", (), {"unit": "u.cu", "symbol": "sf_x"})()
+    plan.entry = _entry("sf_x")
     return plan
 
 
@@ -584,17 +590,21 @@ def test_team_symbol(monkeypatch, shape, scope, gs, element, text, want):
     monkeypatch.setattr(dyn, "properties", lambda device: H200)
     plan = _team_plan(scope, element)
     plan.launch["team_fixed"] = [list(f) for f in TEAM_FIXED.get(scope, ())]
-    plan.entry = type("Entry", (), {"symbol": "sf_k"})()
+    plan.entry = _entry("sf_k")
     cfg = dyn.FusedConfig.parse(text)
     t = dyn.team_launch(plan, _team_args(shape, scope, element, gs), cfg, vec_ok=True)
     assert dyn.team_symbol(plan, t, cfg) == "sf_k" + want
     if "_tx" in want:
         assert [t.chunks, t.ch, t.tx] in plan.launch["team_fixed"]
+    # a SKU that launches its host's team kernels (a token SKU, its group SKU's): the host's symbol
+    plan.entry = _entry("sf_k", {"team": "sf_host"})
+    assert dyn.team_symbol(plan, t, cfg) == "sf_host" + want
 
 
 def test_every_fixed_team_entry_point_is_generated():
-    """Each s8 / u8 fused SKU (not f64) carries the fixed-TX entry points of TEAM_FIXED for its scope,
-    listed in its launch metadata, with the run-time-TX entry point of the same P."""
+    """Each s8 / u8 fused SKU (not f64) lists the fixed-TX entry points of TEAM_FIXED for its scope in
+    its launch metadata, and its unit compiles them (a token SKU's under its group SKU's symbol), with
+    the run-time-TX entry point of the same P."""
     from codegen.matrix import TEAM_FIXED
     from runtime.registry import default_registry
     reg = default_registry()
@@ -605,10 +615,10 @@ def test_every_fixed_team_entry_point_is_generated():
         e = reg.lookup(sku)
         want = [] if sku.element == "f64" else [list(f) for f in TEAM_FIXED.get(sku.scope, ())]
         assert e.launch.get("team_fixed", []) == want, sku
-        src = reg.unit_source(e.unit)
+        src, team = reg.unit_source(e.unit), e.symbol_for("team")   # a token SKU's: its group SKU's
         for p, ch, tx in want:
-            assert f" {e.symbol}_t{p}_tx{tx}(" in src, (sku, p, tx)
-            assert f" {e.symbol}_t{p}(" in src
+            assert f" {team}_t{p}_tx{tx}(" in src, (sku, p, tx)
+            assert f" {team}_t{p}(" in src
             assert f"team_row_groups<{e.launch['vec']}, {ch}, {p // ch}, {tx}>" in src
             seen += 1
     assert seen > 0
@@ -685,7 +695,7 @@ def test_fused_launch_follows_the_config_text(monkeypatch, override_settings):
     monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
     monkeypatch.setattr(dyn, "load_function", lambda reg, unit, symbol, device: symbol)
     plan = _team_plan("token")
-    plan.entry = type("Entry", (), {"unit": "u", "symbol": "k"})()
+    plan.entry = _entry("k")
     plan.registry.kernel = lambda sku, device: "k"
     args = _team_args((65536, 4096), "token")
     got = {}

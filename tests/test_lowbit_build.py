@@ -24,6 +24,13 @@ def _is_low(sku) -> bool:
     return bool({sku.element, sku.aux_element} & LOW)
 
 
+def _section(text: str, sku: str) -> str:
+    """One SKU's text in its unit: from its ``// SKU:`` line to the next."""
+    start = text.index(f"// SKU: {sku}\n")
+    nxt = text.find("// SKU: ", start + 1)
+    return text[start: nxt if nxt >= 0 else len(text)].rstrip("\n") + "\n"
+
+
 @pytest.fixture(scope="module")
 def shipped_files():
     return manifest.expected_files()
@@ -67,11 +74,11 @@ def test_lowbit_units(shipped_files):
         if not _is_low(KernelSku.parse(sku)):
             continue
         text = shipped_files[e["unit"]]
-        start = text.index(f"// SKU: {sku}\n")
-        nxt = text.find("// SKU: ", start + 1)
-        kernel = text[start: nxt if nxt >= 0 else len(text)].rstrip("\n") + "\n"
-        assert render.sha256(pre + header + "\n" + kernel) == e["sha256"]
-        assert f" {e['symbol']}(" in kernel
+        shares = e["launch"].get("shares") or {}              # the host SKUs whose entry points it launches
+        own, *hosts = (_section(text, s) for s in (sku, *dict.fromkeys(shares.values())))
+        assert render.sha256(pre + header + "\n" + own + "".join(hosts)) == e["sha256"]   # what it runs
+        main = KernelSku.parse(shares["main"]).symbol if "main" in shares else e["symbol"]
+        assert f" {main}(" in (hosts[0] if "main" in shares else own)
         kind = e["launch"]["kind"]
         s = KernelSku.parse(sku)
         if s.op == "dynamic_quantize":

@@ -130,7 +130,7 @@ def multi(dev, monkeypatch):  # noqa: F811
     for mod in (training, dyn, launch_mod, moe):
         monkeypatch.setattr(mod, "load_function", loaded)
     monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: loaded(self, None,
-                                                                                     self.lookup(sku).symbol, device))
+                                                                                     self.lookup(sku).symbol_for("main"), device))
     # the moe launcher's device queries (as tests/test_moe_replay.py's ``mdev``)
     monkeypatch.setattr(moe, "properties", lambda device: H200)
     monkeypatch.setattr(moe, "_blocks_per_sm", lambda fn, threads, smem: 2)

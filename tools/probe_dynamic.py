@@ -190,7 +190,7 @@ def describe(plan, args, launcher, pack: int) -> dict:
     team = team_launch(plan, args, cfg, vec_ok, pack)
     work = args.xv.rows * (args.xv.cols // (args.group_size or args.xv.cols))
     if team is not None:
-        sym = f"{plan.entry.symbol}_t{team.chunks}"
+        sym = f"{plan.entry.symbol_for('team')}_t{team.chunks}"
         fn = load_function(plan.registry, plan.entry.unit, sym, args.x.device)
         threads = team.threads
         out = {"kernel": f"t{team.chunks}", "tx": team.tx, "ch": team.ch, "rg": team.rg, "threads": threads,
