@@ -92,17 +92,7 @@ def _stream_kind(stream, sku) -> str:
     return {"element": sku.element, "aux": sku.aux_element}.get(stream.element, stream.element)
 
 
-UNROLL = 4          # vectors a thread of the elementwise skeleton loads before it computes, at least
-IN_FLIGHT = 64      # bytes of input it should have in flight (as the dynamic kernels' chunks)
-MAX_UNROLL = 8
-
-
-def elementwise_unroll(ins, vec: int) -> int:
-    """Vectors a thread of the elementwise skeleton loads before it computes: enough for IN_FLIGHT
-    bytes of input, so that kernels with narrow inputs (1-byte codes: 8 bytes a vector of 8) keep
-    as many bytes in flight as those with 16-byte input vectors; UNROLL to MAX_UNROLL."""
-    per_vector = vec * sum(SIZE[s["kind"]] for s in ins)
-    return min(MAX_UNROLL, max(UNROLL, IN_FLIGHT // max(1, per_vector)))
+UNROLL = 4  # vectors each thread has in flight in the elementwise skeleton
 
 
 def vector_width(kinds) -> int:
@@ -134,13 +124,13 @@ def kernel_context(cell: Cell) -> dict:
         "ins": ins,
         "outs": outs,
         "vec": vector_width([s["kind"] for s in ins + outs]) if ins + outs else 1,
+        "unroll": UNROLL,
         "arch": sku.arch,
         "backend": sku.backend,
         "launch_extra": {},
         # the codes this kernel writes to the status word for an invalid value it reads
         "status": {arg: status_code(sku.op, arg) for arg in ARGS},
     }
-    ctx["unroll"] = elementwise_unroll(ins, ctx["vec"]) if fam.launch_kind(sku) == "elementwise" else UNROLL
     if fam.extra_context is not None:
         extra = dict(fam.extra_context(cell, ctx))
         ctx["launch_extra"] = extra.pop("launch", {})

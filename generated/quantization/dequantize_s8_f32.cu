@@ -212,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -327,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -409,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -523,7 +523,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -603,7 +603,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -724,7 +724,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -844,7 +844,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -924,7 +924,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -1004,7 +1004,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -1084,7 +1084,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 4;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;

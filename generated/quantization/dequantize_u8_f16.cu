@@ -212,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -327,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -458,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -572,7 +572,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -701,7 +701,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -822,7 +822,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -942,7 +942,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -1071,7 +1071,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -1200,7 +1200,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;
@@ -1329,7 +1329,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 8;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const float qlo = (float)qmin, qhi = (float)qmax;

@@ -212,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -305,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -387,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -479,7 +479,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -559,7 +559,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -656,7 +656,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -752,7 +752,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_asymmetri
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -832,7 +832,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_tensor_symmetric
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -912,7 +912,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_asymmetric
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
@@ -992,7 +992,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_token_symmetric_
     // status: this device's status word (runtime/status.py), or null (no value checks)
     constexpr u32_t BAD_SCALE = 17, BAD_ZP = 18;
     constexpr int VEC = 2;
-    constexpr int U = 8;   // vectors in flight per thread
+    constexpr int U = 4;   // vectors in flight per thread
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const double qlo = (double)qmin, qhi = (double)qmax;
