@@ -631,6 +631,9 @@ LOCAL_MEMORY = (
                 "spills"),
     LocalMemory("sf_dequantize_*_fp8_e?m?_f32_sm80_simt", 24, "fp8 -> f32 dequantize (software conversion) with a "
                 "step's scale elements held beside its data: 24-44 B of spills"),
+    LocalMemory("sf_dynamic_quantize_channel_*_bf16_fp8_e?m?_sm89_simt", 24, "bf16 -> fp8 range reduction (the "
+                "per-channel and per-tensor two-pass kernel) built for sm_89: ptxas spills 20 B in its slice loop "
+                "there (none on sm_90; a 2-step unroll instead of 4 would avoid it)"),
     LocalMemory("sf_dequantize_*_[su]4_*_sm80_simt", 8, "int4 dequantize with a step's scale elements (and zero "
                 "points) held beside its data: 4-16 B of spills on some scopes"),
 )
