@@ -495,7 +495,7 @@ def _training(g, env, op):
         zp = _zero_point(g, shape, scope, axis, gs, lo, hi)
         args = [x, scale, zp] if op == "fake_quantize" else [dy, x, scale, zp]
         if op == "fake_quantize" and g.chance(30):
-            kw["return_mask"] = True
+            kw["return_mask"] = g.pick((True, "bits"))
         if op == "fake_quantize_learnable_backward" and g.chance(30):
             kw["grad_factor"] = g.pick((0.5, 1.0, 2.0, -1.0, 0.0, 3))
     if g.chance(40):
@@ -1003,6 +1003,8 @@ def expected(p: Problem, host: dict):
         rk = dict(qmin=m["qmin"], qmax=m["qmax"])
         if op == "fake_quantize":
             y, mask = ref.fake_quantize(x, s, z, **sk, **rk)
+            if kw.get("return_mask") == "bits":
+                return y, ref.pack_mask_bits(mask)
             return (y, mask) if kw.get("return_mask") else y
         if op == "fake_quantize_backward":
             return ref.fake_quantize_backward(dy, x, s, z, **sk, **rk)
