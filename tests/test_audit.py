@@ -471,6 +471,20 @@ def test_bench_targets_skip_results_without_target():
     assert (value, want, ok) == (95.0, 85.0, True) and "fast" in note
 
 
+def test_bench_targets_leave_out_skus_the_card_replaces():
+    """On a 9.0 card the registry runs the sm89 fp8 kernel: the sm80 one (software fp8 conversion) is
+    recorded and named under the table, but held to no target; on an 8.0 card it is the one that runs."""
+    sku = "quantization/dynamic_quantize/group/symmetric/bf16/fp8_e4m3/{}/simt/f32.acc-f32.det.stable"
+    base = dict(op="dynamic_quantize", scope="group", element="bf16", aux_element="fp8_e4m3", shape=[8192, 8192])
+    results = [dict(base, sku=sku.format("sm89"), label="sm89", pct_copy=96.0, speedup_compile=1.2),
+               dict(base, sku=sku.format("sm80"), label="sm80", pct_copy=30.0, speedup_compile=0.4)]
+    rows = {what: value for what, value, *_ in bench.targets({"gpu": {"cc": "9.0"}, "results": results})}
+    assert rows["dynamic_quantize: min speed-up vs torch.compile (every cell)"] == 1.2
+    assert "Not held to the targets" in bench.to_markdown({"gpu": {"cc": "9.0"}, "results": results})
+    rows = {what: value for what, value, *_ in bench.targets({"gpu": {"cc": "8.0"}, "results": results[1:]})}
+    assert rows["dynamic_quantize: min speed-up vs torch.compile (every cell)"] == 0.4
+
+
 def test_bench_target_shapes_split_the_rows():
     """A result's target shapes (a module's TARGET_SHAPES, here 65536x4096 only) make their own row;
     other shapes of those results count for no target."""
