@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from runtime.axes import LAUNCH_KINDS
+
 TENSOR_MAP = "const __grid_constant__ CUtensorMap"   # a TMA descriptor passed by value (runtime/tma.py)
 PACKING = {"i64_t": "i64", "int": "i32", "i32_t": "i32", "u32_t": "u32", "float": "f32", "double": "f64",
            TENSOR_MAP: "tmap"}
@@ -220,6 +222,8 @@ DECLARATIONS = {
     "lsq": lsq,
     "moe_gemm": moe_gemm,
 }
+if set(DECLARATIONS) != set(LAUNCH_KINDS):
+    raise ImportError(f"codegen/abi.py declares {tuple(DECLARATIONS)}; runtime/axes.py's launch kinds are {LAUNCH_KINDS}")
 
 
 def signatures(kind: str, ctx) -> dict:

@@ -18,7 +18,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from rich.table import Table
 from rich.text import Text
 
-from . import GENERATOR_VERSION, harness
+from runtime.axes import GENERATOR_VERSION
+
+from . import harness
 from .manifest import GENERATED, build, stale
 from .terminal import console as new_console
 

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from runtime.config import installed
 from runtime.errors import InstalledTreeError
 
-from . import GENERATOR_VERSION
+from runtime.axes import GENERATOR_VERSION
 from .matrix import FAMILIES, cells
 from .render import ROOT, prelude, render, sha256
 

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
 from runtime import kinds
+from runtime.axes import MODES, PASSES, SCOPES
 from runtime.sku import KernelSku, Precision
 
 # -- element kinds: the groups of runtime/kinds.py (C types, sizes, ranges: kinds.CTYPE, .SIZE, .QRANGE)
 FLOATS = kinds.FLOAT
 INTS = kinds.INT8
 LOW_BIT = kinds.LOW_BIT          # docs/lowbit.md
-QUANT_SCOPES = ("tensor", "channel", "token", "group")
-QUANT_MODES = ("symmetric", "asymmetric")
 
 @dataclass(frozen=True)
 class Exclusion:
@@ -101,8 +100,8 @@ STATIC_QUANTIZE = Family(
     ops=("quantize",),
     template="quantization/{op}.cu.j2",
     pairs=tuple(itertools.product(FLOATS, INTS)),          # low-bit kinds: LOWBIT_* below
-    scopes=QUANT_SCOPES,
-    modes=QUANT_MODES,
+    scopes=SCOPES,
+    modes=MODES,
     ins=(Stream("x", "element"),),
     outs=(Stream("q", "aux"),),
 )
@@ -113,8 +112,8 @@ STATIC_DEQUANTIZE = Family(
     ops=("dequantize",),
     template="quantization/{op}.cu.j2",
     pairs=tuple(itertools.product(INTS, FLOATS)),          # low-bit kinds: LOWBIT_* below
-    scopes=QUANT_SCOPES,
-    modes=QUANT_MODES,
+    scopes=SCOPES,
+    modes=MODES,
     ins=(Stream("q", "element"),),
     outs=(Stream("y", "aux"),),
 )
@@ -164,7 +163,7 @@ def _dynamic_shares(sku) -> dict:
 
 def _guests(sku, group: str) -> list:
     """The SKUs of ``sku``'s unit that launch its entry points of ABI group ``group``."""
-    return [g for g in (dataclasses.replace(sku, scope=s) for s in QUANT_SCOPES if s != sku.scope)
+    return [g for g in (dataclasses.replace(sku, scope=s) for s in SCOPES if s != sku.scope)
             if _dynamic_shares(g).get(group) == sku]
 
 
@@ -220,8 +219,8 @@ DYNAMIC_QUANTIZE = Family(
     ops=("dynamic_quantize",),
     template="quantization/{op}.cu.j2",
     pairs=tuple(itertools.product(FLOATS, INTS)),          # low-bit kinds: LOWBIT_* below
-    scopes=QUANT_SCOPES,
-    modes=QUANT_MODES,
+    scopes=SCOPES,
+    modes=MODES,
     launch=lambda sku: "dynamic_fused" if sku.scope in ("token", "group") else "dynamic_reduce",
     ins=(Stream("x", "element"),),
     outs=(Stream("q", "aux"),),
@@ -238,8 +237,7 @@ MOE_TILES = {
     "simt": {"BM": 64, "BN": 64, "BK": 16, "STAGES": 1, "THREADS": 256, "MIN_BLOCKS": 0},
     "mma": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 5, "THREADS": 128, "MIN_BLOCKS": 0},
 }
-MOE_OPKIND = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad",
-              "grouped_matmul_backward_weight": "wgrad"}
+
 # wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES, EPI); BK = 64 (one
 # 128-byte swizzle row of 16-bit elements). One producer warpgroup (TMA) and two consumer warpgroups:
 # with BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows
@@ -306,7 +304,7 @@ def _moe_context(cell, ctx):
     # (docs/moe.md): fwd and dgrad 128x256x64s3p (57.8% / 55.0% of torch._grouped_mm),
     # wgrad 128x128x32s5 (51.0%).
     mma_default = {"fwd": "128x256x64s3p", "dgrad": "128x256x64s3p", "wgrad": "128x128x32s5"}
-    opkind = MOE_OPKIND[sku.op]
+    opkind = PASSES[sku.op]
     out_kind = sku.aux_element or sku.element
     size = kinds.SIZE[sku.element]
     rules = {}
@@ -428,8 +426,8 @@ TRAINING_STE = Family(
     ops=("quantize_backward", "fake_quantize_backward"),
     template="quantization/{op}.cu.j2",
     pairs=TRAINING_PAIRS,
-    scopes=QUANT_SCOPES,
-    modes=QUANT_MODES,
+    scopes=SCOPES,
+    modes=MODES,
     ins=(Stream("dy", "aux"), Stream("x", "element")),
     outs=(Stream("dx", "aux"),),
 )
@@ -440,7 +438,7 @@ TRAINING_DEQUANTIZE_BACKWARD = Family(
     ops=("dequantize_backward",),
     template="quantization/{op}.cu.j2",
     pairs=TRAINING_PAIRS,
-    scopes=QUANT_SCOPES,
+    scopes=SCOPES,
     ins=(Stream("dy", "element"),),
     outs=(Stream("dq", "aux"),),
 )
@@ -460,8 +458,8 @@ TRAINING_FAKE_QUANTIZE = Family(
     ops=("fake_quantize",),
     template="quantization/{op}.cu.j2",
     pairs=TRAINING_PAIRS,
-    scopes=QUANT_SCOPES,
-    modes=QUANT_MODES,
+    scopes=SCOPES,
+    modes=MODES,
     ins=(Stream("x", "element"),),
     outs=(Stream("y", "aux"), Stream("mask", "u8")),
     extra_context=lambda cell, ctx: {"nullable": ("mask",), "bits": {"mask": "mask_bits"}, **_eight_wide(ctx),
@@ -487,8 +485,8 @@ TRAINING_LSQ = Family(
     ops=("fake_quantize_learnable_backward",),
     template="quantization/{op}.cu.j2",
     pairs=TRAINING_PAIRS,
-    scopes=QUANT_SCOPES,
-    modes=QUANT_MODES,
+    scopes=SCOPES,
+    modes=MODES,
     launch="lsq",
     ins=(Stream("dy", "aux"), Stream("x", "element")),
     outs=(Stream("dx", "aux"),),
@@ -580,19 +578,19 @@ def lowbit_families() -> tuple:
     quantize = LowBitFamily(
         name="lowbit-quantize", category="quantization", ops=("quantize",),
         template="quantization/lowbit_{op}.cu.j2", pairs=tuple(itertools.product(FLOATS, LOW_BIT)),
-        scopes=QUANT_SCOPES, modes=QUANT_MODES, arches=LOWBIT_ARCHES, launch="lowbit_elementwise",
+        scopes=SCOPES, modes=MODES, arches=LOWBIT_ARCHES, launch="lowbit_elementwise",
         ins=(Stream("x", "element"),), outs=(Stream("q", "aux"),), exclusions=ex,
         extra_context=_lowbit_static_context)
     dequantize = LowBitFamily(
         name="lowbit-dequantize", category="quantization", ops=("dequantize",),
         template="quantization/lowbit_{op}.cu.j2", pairs=tuple(itertools.product(LOW_BIT, FLOATS)),
-        scopes=QUANT_SCOPES, modes=QUANT_MODES, arches=LOWBIT_ARCHES, launch="lowbit_elementwise",
+        scopes=SCOPES, modes=MODES, arches=LOWBIT_ARCHES, launch="lowbit_elementwise",
         ins=(Stream("q", "element"),), outs=(Stream("y", "aux"),), exclusions=ex,
         extra_context=_lowbit_static_context)
     dynamic = LowBitFamily(
         name="lowbit-dynamic-quantize", category="quantization", ops=("dynamic_quantize",),
         template="quantization/lowbit_{op}.cu.j2", pairs=tuple(itertools.product(FLOATS, LOW_BIT)),
-        scopes=QUANT_SCOPES, modes=QUANT_MODES, arches=LOWBIT_ARCHES,
+        scopes=SCOPES, modes=MODES, arches=LOWBIT_ARCHES,
         launch=lambda sku: "lowbit_dynamic_fused" if sku.scope in ("token", "group") else "dynamic_reduce",
         ins=(Stream("x", "element"),), outs=(Stream("q", "aux"),), exclusions=ex,
         extra_context=_lowbit_dynamic_context, shares=_dynamic_shares,

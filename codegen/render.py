@@ -20,7 +20,7 @@ from runtime.errors import TemplateError
 from runtime.kinds import CTYPE, SIZE
 from runtime.status import ARGS, code as status_code
 
-from . import GENERATOR_VERSION
+from runtime.axes import GENERATOR_VERSION
 from .abi import signatures
 from .matrix import Cell, Family
 from .schedules import launch_schedules

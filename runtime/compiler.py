@@ -46,11 +46,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from .axes import GENERATOR_VERSION
 from .config import settings
 from .errors import (CacheWarning, InvalidProblemError, KernelNotPrebuiltError, SkuforgeError,
                      ToolchainUnavailableError)
 
-GENERATOR_VERSION = "0.1.0"  # kept equal to codegen.GENERATOR_VERSION (a test checks)
 _MAGIC = b"SKUFORGE-CUBIN2\n"
 BASE_OPTIONS = ("-std=c++17",)
 CACHE_LAYOUT = "cubin-v2"      # <cache_dir>/cubin-v2/sm_<arch>/<unit>-<key>.cubin

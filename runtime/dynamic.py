@@ -30,6 +30,7 @@ from typing import Optional
 import numpy as np
 
 from . import kinds, lowbit, replay, status
+from .axes import MODES
 from .arrays import ArrayRef, as_array, device_of, empty, kind_of, numpy_dtype, stream_handle
 from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, cupy, current_device,
                      device_attribute, launch, launch_cooperative, load_function, memset_u32, on_context_of,
@@ -45,7 +46,6 @@ from .scopes import check_range, check_scope, implied_zero_point, param_shape, r
 from .tuning import schedule
 from .vectors import CP_ASYNC, fits, require_aligned, stream_word
 
-MODES = ("symmetric", "asymmetric")
 
 
 @dataclass

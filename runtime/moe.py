@@ -53,6 +53,7 @@ from typing import Optional
 import numpy as np
 
 from . import config, kinds, replay, status, vectors
+from .axes import BACKENDS, OPS, PASSES
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
 from .device import load_function, on_context_of, properties
 from .errors import InvalidProblemError, UnsupportedError
@@ -62,13 +63,11 @@ from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 from .tma import MapSpec, map_encoder
 
 MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (docs/numerics.md)
-STRATEGIES = ("auto", "simt", "mma", "wgmma")
+STRATEGIES = ("auto",) + BACKENDS
 MAX_EXPERTS = 1024          # routing keeps one counter per expert per warp in shared memory
 MAX_ROWS = 2**31            # row indices are stored as int32 in the routing permutation
 ROUTE_WARPS = 8             # warps per block of the count / scatter kernels (one chunk each)
 HIST_BUDGET = 65536         # (E + 1) x chunks histogram entries, at most (about)
-OPS = ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
-PASS_OF = {"grouped_matmul": "fwd", "grouped_matmul_backward_input": "dgrad", "grouped_matmul_backward_weight": "wgrad"}
 CONFIG_ENV = "SKUFORGE_MOE_CONFIG"
 CONFIG: dict = {}           # pass ("fwd" / "dgrad" / "wgrad" / "*") -> variant name; wins over CONFIG_ENV
 MAX_MMA_EXTENT = 2**31 - 256   # the mma kernels index the reduction / columns with 32-bit integers
@@ -390,7 +389,7 @@ def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optio
         return "default", {"symbol": plan.entry.symbol, "tile": plan.launch["tile"],
                            "dynamic_smem": plan.launch["dynamic_smem"], "static_smem": plan.launch["static_smem"]}
     default = default_variant(plan, rows_per_expert, cols)
-    key = PASS_OF[op]
+    key = PASSES[op]
     want = None
     for src in (CONFIG, parse_config(config.settings().moe_config)):
         want = src.get(key) or src.get("*")
@@ -595,8 +594,8 @@ def plan_for(args: MoeArgs, strategy: str = "auto", arch: Optional[int] = None):
 
 def _prepare_op(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy):
     """``_prepare`` for one op, plus the shape of its output."""
-    if op not in OPS:
-        raise InvalidProblemError(f"op={op!r}; supported: {', '.join(OPS)}")
+    if op not in OPS["moe"]:
+        raise InvalidProblemError(f"op={op!r}; supported: {', '.join(OPS['moe'])}")
     xr, wr, dyr, routing, dims = _prepare(op, x, w, dy, row_experts, offsets, trusted_offsets, strategy)
     M, N, K, E = dims
     shape = {"grouped_matmul": (M, N), "grouped_matmul_backward_input": (M, K),

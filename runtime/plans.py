@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
+from .axes import LAUNCH_KINDS
 from .errors import InvalidProblemError
 from .registry import Registry, default_registry
 from .sku import KernelSku
@@ -82,6 +83,9 @@ LAUNCHERS: dict = {}
 def launcher(kind: str, args_type: type = object, main: str = "main"):
     """Class decorator: register a Launcher for a manifest launch kind, whose plans take arguments
     of ``args_type`` and whose main entry-point group is ``main``."""
+    if kind not in LAUNCH_KINDS:
+        raise ValueError(f"launcher({kind!r}): not a launch kind of runtime/axes.py ({', '.join(LAUNCH_KINDS)})")
+
     def deco(cls):
         cls.args_type, cls.main = args_type, main
         LAUNCHERS[kind] = cls()

@@ -16,6 +16,7 @@ from typing import Optional
 
 from .config import settings
 from .errors import InvalidProblemError, UnsupportedError
+from .axes import BACKENDS
 from .sku import KernelSku
 
 SKU_FIELDS = ("category", "op", "scope", "mode", "element", "aux_element", "arch", "backend", "precision")
@@ -133,7 +134,7 @@ class Registry:
                 raise UnsupportedError(f"{op} {element}->{aux_element} has no {backend!r} kernel; available: "
                                        + ", ".join(sorted({s.backend for s in matches})))
             matches = fit
-        return max(matches, key=lambda s: (s.arch_number, ("simt", "mma", "wgmma").index(s.backend)))
+        return max(matches, key=lambda s: (s.arch_number, BACKENDS.index(s.backend)))
 
     def abi(self, abi_id: str):
         """The parameter list ``abi_id`` of the manifest (codegen/abi.py declares it) as a

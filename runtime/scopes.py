@@ -11,9 +11,8 @@ import math as _math
 from dataclasses import dataclass
 
 from . import kinds
+from .axes import SCOPES
 from .errors import InvalidProblemError, UnsupportedError
-
-SCOPES = ("tensor", "channel", "token", "group")
 
 
 def implied_zero_point(kind: str) -> int:

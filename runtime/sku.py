@@ -14,27 +14,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from . import kinds
+from .axes import ARCH_SPECIFIC, ARCHES, BACKENDS, CATEGORIES, MODES, NONE, OPS, SCOPES
 from .errors import InvalidProblemError
 
-CATEGORIES = ("quantization", "moe")
-OPS = {
-    "quantization": (
-        "quantize", "dequantize", "dynamic_quantize", "quantize_backward",
-        "dequantize_backward", "fake_quantize", "fake_quantize_backward",
-        "fake_quantize_backward_from_mask", "fake_quantize_learnable_backward",
-    ),
-    "moe": ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight"),
-}
-SCOPES = ("tensor", "channel", "token", "group")
-MODES = ("symmetric", "asymmetric")
-ARCHES = ("sm80", "sm89", "sm90")
-BACKENDS = ("simt", "mma", "wgmma")
-# Backends built for an arch-specific target (NVRTC ``sm_90a``): their machine code runs on devices of
-# exactly that compute capability (sm_90a instructions such as wgmma and setmaxnreg are not carried
-# forward to later architectures).
-ARCH_SPECIFIC = {"wgmma": "sm_90a"}
-
-NONE = "-"
 
 
 @dataclass(frozen=True, order=True)

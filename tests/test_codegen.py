@@ -5,13 +5,8 @@ import sys
 
 import pytest
 
-from codegen import GENERATOR_VERSION, manifest, matrix, render
-from runtime import compiler
+from codegen import manifest, matrix, render
 from runtime.sku import KernelSku
-
-
-def test_generator_versions_agree():
-    assert compiler.GENERATOR_VERSION == GENERATOR_VERSION
 
 
 def test_matrix_covers_static_family_and_names_exclusions():
@@ -125,3 +120,18 @@ def test_cli_status_reports_cache_and_nvrtc(tmp_path, monkeypatch, override_sett
                              text=True)
     assert cleared.returncode == 0 and "cleared" in cleared.stdout
     assert not list((tmp_path / "c").rglob("*.cubin"))
+
+
+def test_every_axis_value_in_use_is_declared_once():
+    """The matrix, the manifest and the runtime's launch table use exactly runtime/axes.py's vocabulary."""
+    import runtime  # noqa: F401 - imports the launchers
+    from runtime import axes
+    from runtime.plans import LAUNCHERS
+    cells = matrix.cells()
+    assert {c.sku.scope for c in cells} - {None} <= set(axes.SCOPES)
+    assert {c.sku.mode for c in cells} - {None} <= set(axes.MODES)
+    assert {c.sku.op for c in cells} == {op for ops in axes.OPS.values() for op in ops}
+    assert set(LAUNCHERS) == set(axes.LAUNCH_KINDS)
+    m = json.loads((manifest.GENERATED / "manifest.json").read_text())
+    assert {e["launch"]["kind"] for e in m["kernels"].values()} == set(axes.LAUNCH_KINDS)
+    assert m["generator"].endswith(axes.GENERATOR_VERSION)

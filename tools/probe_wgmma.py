@@ -28,7 +28,8 @@ import traceback
 
 import numpy as np
 
-PASSES = {"fwd": "grouped_matmul", "dgrad": "grouped_matmul_backward_input", "wgrad": "grouped_matmul_backward_weight"}
+from runtime.axes import PASSES
+
 LIMITS = {"compile": 120, "check": 120, "time": 220}
 TOL = 1e-2
 T0 = time.time()
@@ -149,7 +150,7 @@ def stage_check(args):
                 outs, bad = [], []
                 t = time.time()
                 try:
-                    with sf.moe.use_config(**{sf.moe.PASS_OF[op]: name}):
+                    with sf.moe.use_config(**{PASSES[op]: name}):
                         for _ in range(2):
                             o = torch.full(shape, float("nan"), device="cuda", dtype=out_dt)
                             run_pass(op, o, x, w, dy, offsets=offs, strategy="wgmma", trusted_offsets=bool(trusted))
@@ -180,7 +181,7 @@ def stage_check(args):
                 log(f"{'ok ' if ok else 'BAD'} {op:32s} {sku.element}->{sku.aux_element or sku.element} {name:12s} "
                     f"{label:32s} err {err:.2e} {'; '.join(bad)}")
                 if label == "one tile" and sku.element == "bf16" and name == e.launch["default_variant"] and outs:
-                    np.savez(f"{args.out[:-5]}_{sf.moe.PASS_OF[op]}{'_f32' if sku.aux_element else ''}.npz",
+                    np.savez(f"{args.out[:-5]}_{PASSES[op]}{'_f32' if sku.aux_element else ''}.npz",
                              x=x.float().cpu().numpy(), w=w.float().cpu().numpy(), dy=dy.float().cpu().numpy(),
                              out=outs[0].float().cpu().numpy(), want=want.cpu().numpy())
     return {"results": results, "failed": sum(not r["ok"] for r in results)}
@@ -207,7 +208,7 @@ def stage_time(args):
         data = wl.inputs(shape, "bf16")
         E, M, N, K, routing = shape
         flops = 2.0 * M * N * K
-        for pass_, op in PASSES.items():
+        for op, pass_ in PASSES.items():
             if args.passes and pass_ not in args.passes.split(","):
                 continue
             ours_fn, ref_fn = wl.calls(op, data, "wgmma", "float32")

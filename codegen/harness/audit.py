@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from runtime import kinds
+from runtime.axes import ARCHES, BACKENDS, MODES, NONE
 
 from .records import ROOT, add_records_argument, audit_dir, now, read_json, write_json
 
@@ -294,7 +295,7 @@ def op_table(audit: Audit, category: str, op: str):
     return varying, scopes, rows
 
 
-_VOCAB = kinds.ELEMENTS + ("symmetric", "asymmetric", "sm80", "sm89", "sm90", "simt", "mma", "-")
+_VOCAB = kinds.ELEMENTS + MODES + ARCHES + BACKENDS + (NONE,)
 
 
 def row_order(key) -> tuple:

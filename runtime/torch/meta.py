@@ -15,7 +15,8 @@ import torch
 
 from runtime import kinds, lowbit
 from runtime.arrays import ArrayRef, kind_of
-from runtime.dynamic import MODES, _resolve_range
+from runtime.axes import MODES
+from runtime.dynamic import _resolve_range
 from runtime.errors import DeviceMismatchError, InvalidProblemError, UnsupportedError
 from runtime.moe import STRATEGIES, _out_kind, check_problem
 from runtime.params import check_param_shape, check_scale_dtype, positive_scalar, real_scalar

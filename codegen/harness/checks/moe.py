@@ -16,6 +16,7 @@ import numpy as np
 import runtime as sf
 from runtime import kinds
 from runtime import reference_moe as ref
+from runtime.axes import PASSES
 from runtime.arrays import numpy_dtype
 
 from ..registry import checker
@@ -168,7 +169,7 @@ def check_moe(sku, rng, preferred_fw="cupy", variants=None) -> CheckResult:
     res = CheckResult(str(sku), False)
     tol = ref.TOLERANCE[sku.element]
     cases = CASES + {"simt": ODD_CASES, "wgmma": WGMMA_CASES}.get(sku.backend, [])
-    pass_ = sf.moe.PASS_OF[sku.op]
+    pass_ = PASSES[sku.op]
     names = variants_of(sku) if variants is None else list(variants)
     for name in names:
         with sf.moe.use_config(**({pass_: name} if sku.backend != "simt" else {})):
