@@ -94,7 +94,7 @@ def cmd_show(args) -> int:
 def _compile_one(job):
     # Runs in a worker process: compile one translation unit for one arch, no cache, with ptxas's
     # per-kernel report (registers, stack frame, spills, shared memory). A kernel that uses local
-    # memory (a stack frame or spills) fails the unit unless codegen.matrix.LOCAL_MEMORY allows it
+    # memory (a stack frame or spills) fails the unit unless a family's local_memory (codegen/families/) allows it
     # (a few bytes of saved registers, with the reason): local memory is where out-of-bounds reads
     # of a thread's arrays hide. With a 5th element ``keep`` set, the cubin comes back too, to be
     # stored (the compile cache, a prebuilt folder). For --out a kernel that spills (another NVRTC

@@ -17,7 +17,9 @@ from runtime.config import installed
 from runtime.errors import InstalledTreeError
 
 from runtime.axes import GENERATOR_VERSION
-from .matrix import FAMILIES, cells
+
+from .families import FAMILIES
+from .matrix import cells
 from .render import ROOT, prelude, render, sha256
 
 GENERATED = ROOT / "generated"
@@ -48,9 +50,10 @@ def expected_files(families=FAMILIES) -> dict:
         text = unit.text(pre)
         files[unit.path] = text
         unit_meta[unit.path] = {
-            "family": unit.family.name,
+            "family": unit.kernels[0].cell.family.name,
+            "block": unit.block.name,
             "sha256": sha256(text),
-            "nvrtc_options": list(unit.family.nvrtc_options),
+            "nvrtc_options": list(unit.block.nvrtc_options),
             "min_arch": min(k.cell.sku.arch for k in unit.kernels),
             "skus": [str(k.cell.sku) for k in unit.kernels],
         }
@@ -58,12 +61,13 @@ def expected_files(families=FAMILIES) -> dict:
             kernels[str(k.cell.sku)] = {
                 "unit": unit.path,
                 "symbol": k.cell.sku.symbol,
-                "family": unit.family.name,
+                "family": k.cell.family.name,
+                "block": unit.block.name,
                 "sha256": k.sha256,
                 "launch": k.launch,
             }
             abi.update(k.abi)
-    excluded = {str(c.sku): {"family": c.family.name, "reason": c.reason}
+    excluded = {str(c.sku): {"family": c.family.name, "block": c.block.name, "reason": c.reason}
                 for c in all_cells if not c.generated}
     manifest = {
         "schema": SCHEMA,

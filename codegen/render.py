@@ -3,7 +3,7 @@
 Each kernel is rendered on its own (so its text, and the sha256 of prelude + text, is a
 property of that SKU), then kernels that share an op and dtypes are concatenated into one
 translation unit, which NVRTC compiles once. A SKU that launches entry points of another SKU of
-its unit (``Family.shares``: a host that compiles the same device code) renders only the rest,
+its unit (``Block.shares``: a host that compiles the same device code) renders only the rest,
 and its sha256 covers its host's text too: what it runs.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ from runtime.kinds import CTYPE, SIZE
 from runtime.status import ARGS, code as status_code
 
 from runtime.axes import GENERATOR_VERSION
-from .abi import signatures
-from .matrix import Cell, Family
-from .schedules import launch_schedules
+
+from .matrix import Cell
+from .spec import Block
 
 ROOT = data_root()               # the repository root, or runtime/_data in an installed wheel
 TEMPLATES = ROOT / "templates"
@@ -82,10 +82,10 @@ def prelude() -> str:
     return _render(PRELUDE)
 
 
-def headers(family: Family) -> str:
-    """The family's extra shared headers (``Family.headers``), each followed by a blank line;
-    empty for families without any, whose units are then exactly prelude + kernels."""
-    return "".join(_render(h) + "\n" for h in family.headers)
+def headers(block: Block) -> str:
+    """The block's extra shared headers (``Block.headers``), each followed by a blank line;
+    empty for blocks without any, whose units are then exactly prelude + kernels."""
+    return "".join(_render(h) + "\n" for h in block.headers)
 
 
 def _stream_kind(stream, sku) -> str:
@@ -103,10 +103,10 @@ def vector_width(kinds) -> int:
 
 def kernel_context(cell: Cell) -> dict:
     """Everything a template needs to spell one kernel."""
-    sku, fam = cell.sku, cell.family
+    sku, block = cell.sku, cell.block
     math = sku.precision.math
-    ins = [{"name": s.name, "kind": _stream_kind(s, sku)} for s in fam.ins]
-    outs = [{"name": s.name, "kind": _stream_kind(s, sku)} for s in fam.outs]
+    ins = [{"name": s.name, "kind": _stream_kind(s, sku)} for s in block.ins]
+    outs = [{"name": s.name, "kind": _stream_kind(s, sku)} for s in block.outs]
     for s in ins + outs:
         s["ctype"] = CTYPE[s["kind"]]
     ctx = {
@@ -131,16 +131,17 @@ def kernel_context(cell: Cell) -> dict:
         # the codes this kernel writes to the status word for an invalid value it reads
         "status": {arg: status_code(sku.op, arg) for arg in ARGS},
     }
-    if fam.extra_context is not None:
-        extra = dict(fam.extra_context(cell, ctx))
+    if block.extra_context is not None:
+        extra = dict(block.extra_context(cell, ctx))
         ctx["launch_extra"] = extra.pop("launch", {})
         ctx.update(extra)
-    ctx["launch_kind"] = fam.launch_kind(sku)
+    kind = block.launch_kind(sku)
+    ctx["launch_kind"] = kind.name
     # {ABI group: {"sku", "symbol"}} of the entry points it launches from a host SKU of its unit
     ctx["shares"] = {group: {"sku": str(host), "symbol": host.symbol}
-                     for group, host in (fam.shares(sku) if fam.shares else {}).items()}
+                     for group, host in (block.shares(sku) if block.shares else {}).items()}
     # the parameter lists of the kernel's entry points: {{ k.abi.<group> }} in its template
-    ctx["abi"] = signatures(ctx["launch_kind"], ctx)
+    ctx["abi"] = kind.signatures(ctx)
     return ctx
 
 
@@ -155,7 +156,7 @@ def launch_metadata(cell: Cell, ctx: dict) -> dict:
         "ins": [{"name": s["name"], "kind": s["kind"]} for s in ctx["ins"]],
         "outs": [{"name": s["name"], "kind": s["kind"]} for s in ctx["outs"]],
     }
-    meta.update(launch_schedules(ctx["launch_kind"], ctx))
+    meta.update(cell.block.launch_kind(cell.sku).launch_schedules(ctx))
     meta.update(ctx["launch_extra"])
     if ctx["shares"]:
         meta["shares"] = {group: host["sku"] for group, host in ctx["shares"].items()}
@@ -164,7 +165,7 @@ def launch_metadata(cell: Cell, ctx: dict) -> dict:
 
 def render_kernel(cell: Cell, ctx: dict = None) -> str:
     ctx = kernel_context(cell) if ctx is None else ctx
-    text = _render(cell.family.template_for(cell.sku), f" (rendering {cell.sku})", k=ctx)
+    text = _render(cell.block.template_for(cell.sku), f" (rendering {cell.sku})", k=ctx)
     return text.strip("\n") + "\n"
 
 
@@ -176,7 +177,7 @@ def sha256(text: str) -> str:
 class RenderedKernel:
     cell: Cell
     text: str
-    sha256: str       # of prelude (+ family headers) + this kernel (+ its hosts' texts, Family.shares): changes
+    sha256: str       # of prelude (+ block headers) + this kernel (+ its hosts' texts, Block.shares): changes
                       # when anything it compiles from changes
     launch: dict
     abi: dict         # {abi id: [[name, packing], ...]} of its entry points' parameter lists
@@ -185,18 +186,18 @@ class RenderedKernel:
 @dataclass
 class RenderedUnit:
     path: str         # relative to generated/
-    family: Family
+    block: Block
     kernels: list
 
     def text(self, prelude_text: str) -> str:
-        fam = self.family
+        block = self.block
         head = (
             f"// Generated by skuforge codegen {GENERATOR_VERSION} -- do not edit; run `python -m codegen`.\n"
-            f"// Family: {fam.name}; template: templates/{fam.template}\n"
+            f"// Family: {block.name}; template: templates/{block.template}\n"
             f"// Translation unit {self.path}: {len(self.kernels)} kernels\n"
         )
         body = "\n".join(k.text for k in self.kernels)
-        return head + "\n" + prelude_text + "\n" + headers(fam) + body
+        return head + "\n" + prelude_text + "\n" + headers(block) + body
 
 
 def render(cells) -> list:
@@ -210,9 +211,9 @@ def render(cells) -> list:
         text = render_kernel(cell, ctx)
         meta = launch_metadata(cell, ctx)
         abi = {meta["abi"][group]: sig.record() for group, sig in ctx["abi"].items()}
-        kernel = RenderedKernel(cell, text, sha256(pre + headers(cell.family) + text), meta, abi)
-        path = cell.family.unit(cell.sku)
-        units.setdefault(path, RenderedUnit(path, cell.family, [])).kernels.append(kernel)
+        kernel = RenderedKernel(cell, text, sha256(pre + headers(cell.block) + text), meta, abi)
+        path = cell.block.unit(cell.sku)
+        units.setdefault(path, RenderedUnit(path, cell.block, [])).kernels.append(kernel)
     for unit in units.values():
         _link_shared(unit, pre)
     return [units[p] for p in sorted(units)]
@@ -237,4 +238,4 @@ def _link_shared(unit: RenderedUnit, pre: str) -> None:
             if host not in hosts:
                 hosts.append(host)
         if hosts:
-            k.sha256 = sha256(pre + headers(unit.family) + k.text + "".join(h.text for h in hosts))
+            k.sha256 = sha256(pre + headers(unit.block) + k.text + "".join(h.text for h in hosts))

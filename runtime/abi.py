@@ -1,6 +1,6 @@
 """Kernel parameters by name: an entry point's parameter list as the manifest records it.
 
-The generator declares every entry point's parameters once (codegen/abi.py) and writes the C
+The generator declares every entry point's parameters once (its family's launch kind, codegen/families/<family>/launch.py) and writes the C
 signatures from that declaration; the manifest keeps each list (``manifest["abi"]``) and each
 kernel names the lists of its entry-point groups (``launch["abi"]``). A launcher asks its plan for
 a group's :class:`Abi` and fills the parameters by name; the packing format and every slot follow

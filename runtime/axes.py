@@ -36,6 +36,6 @@ BACKENDS = ("simt", "mma", "wgmma")
 ARCH_SPECIFIC = {"wgmma": "sm_90a"}
 
 # How a compiled kernel is launched: the manifest's ``launch.kind``; each names one parameter list
-# (codegen/abi.py) and one launcher (runtime launch table).
+# (declared by a family, codegen/families/) and one launcher (runtime launch table).
 LAUNCH_KINDS = ("elementwise", "lowbit_elementwise", "dynamic_fused", "dynamic_reduce", "lowbit_dynamic_fused",
                 "lsq", "moe_gemm")

@@ -200,7 +200,7 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
 
 def team_symbol(plan, team: TeamLaunch, cfg: FusedConfig) -> str:
     """The entry point of a team launch: ``<symbol>_t<P>``, or the fixed-TX ``<symbol>_t<P>_tx<TX>``
-    where the SKU has one for (P, ch, TX) (codegen.matrix.TEAM_FIXED) and ``cfg.fixed``; ``symbol``:
+    where the SKU has one for (P, ch, TX) (codegen.families.quantization.blocks.TEAM_FIXED) and ``cfg.fixed``; ``symbol``:
     the SKU's team entry points' (a token SKU's are its group SKU's, compiled once)."""
     name = f"{plan.entry.symbol_for('team')}_t{team.chunks}"
     fixed = [team.chunks, team.ch, team.tx] in (plan.launch.get("team_fixed") or [])
@@ -365,7 +365,7 @@ class DynamicReduceLauncher(Launcher):
     CHAN_TX = (128, 64, 32, 16, 8)   # column vectors of a tile, widest first (the kernel's MAX_TX: 128)
     CHAN_ONE_PART = 256    # rows up to which a block takes its column tile's every row (no barrier)
     CHAN_ONE_PART_THREADS = 256   # ... in blocks of at most this many threads
-    # The schedule's path (codegen/schedules.py): "one" takes the one-launch kernel where the SKU,
+    # The schedule's path (the dynamic_reduce launch kind, codegen/families/quantization/launch.py): "one" takes the one-launch kernel where the SKU,
     # the layout and the device allow; "two": the reduce + quantize launches.
 
     def check(self, plan, args: DynamicArgs):

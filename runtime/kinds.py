@@ -4,7 +4,7 @@ One frozen :class:`Kind` per element kind (the SKU element kinds of docs/api.md:
 fp8_e5m2 e8m0 i32 u32``, plus ``i64``, which arrays may carry but no SKU names). Every other table
 of the project (the generator's C types and sizes, the runtime's dtype spellings, quantization
 ranges, fp8 formats, the groups the ops accept) is derived from :data:`ALL`. Adding a dtype is one
-entry here, one in the matrix (``codegen/matrix.py``) and the tests that list the matrix
+entry here, one in a block of the matrix (``codegen/families/<family>/blocks.py``) and the tests that list the matrix
 (docs/decisions.md, "The kind vocabulary").
 
 Dependency-light on purpose: the generator imports it too, and importing it imports neither

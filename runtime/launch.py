@@ -156,7 +156,7 @@ class ElementwiseLauncher(Launcher):
         if GRID_CAP[0]:
             grid = tuple(min(g, GRID_CAP[0]) for g in grid)
         named = {**stream_params(plan, args), "rows": args.rows, "cols": args.cols, "vec_ok": int(vec_ok)}
-        if plan.sku.scope is not None:      # the quantization parameters (codegen/abi.py: none without a scope)
+        if plan.sku.scope is not None:      # the quantization parameters (the elementwise launch kind's ABI: none without a scope)
             named.update(
                 scale=ptr(args.scale), scale_value=0.0 if isinstance(args.scale, ArrayRef) else args.scale,
                 zero_point=ptr(args.zero_point), zp_value=args.zp_value, group_size=args.group_size,

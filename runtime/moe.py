@@ -353,7 +353,7 @@ def default_variant(plan, rows_per_expert: Optional[float] = None, cols: Optiona
     """The SKU's configuration for a problem when none is asked for: its ``short_variant`` when the
     experts average fewer than ``short_rows`` rows, else its ``narrow_variant`` when the output tile
     axis (``cols``: N for the forward, K for the gradients) is at most ``narrow_cols`` wide, else its
-    ``default_variant`` (codegen/matrix.py declares the rule per SKU; docs/moe.md)."""
+    ``default_variant`` (codegen/families/moe/blocks.py declares the rule per SKU; docs/moe.md)."""
     launch, variants = plan.launch, plan.launch["variants"]
     short, narrow = launch.get("short_variant"), launch.get("narrow_variant")
     if short in variants and rows_per_expert is not None and rows_per_expert < launch["short_rows"]:

@@ -137,7 +137,7 @@ class Registry:
         return max(matches, key=lambda s: (s.arch_number, BACKENDS.index(s.backend)))
 
     def abi(self, abi_id: str):
-        """The parameter list ``abi_id`` of the manifest (codegen/abi.py declares it) as a
+        """The parameter list ``abi_id`` of the manifest (its launch kind declares it) as a
         runtime.abi.Abi: names, packing format, slots."""
         a = self._abi.get(abi_id) if isinstance(abi_id, str) else None
         if a is None:

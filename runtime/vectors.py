@@ -14,7 +14,7 @@ make such accesses in four ways:
 * tensor maps (wgmma): 16-byte aligned addresses and row strides (runtime/tma.py checks the maps).
 
 :func:`accesses` lists them per launch kind and entry-point group, by the parameter names of the
-kernel ABI (codegen/abi.py), with the widths derived from the kernel's launch metadata (``vec``,
+kernel ABI (its family's launch kind, codegen/families/<family>/launch.py), with the widths derived from the kernel's launch metadata (``vec``,
 ``rvec``, ``pack``, stream kinds, backend, output kind). The MoE launcher names what a tensor-core
 backend cannot take from it (:func:`problems`); the CPU tests' fake launcher checks every launch
 against it.
@@ -184,6 +184,6 @@ BUILDERS = {"elementwise": _elementwise, "lowbit_elementwise": _data_streams, "d
 
 
 def accesses(sku, launch: dict, group: str) -> tuple:
-    """The vector accesses of entry-point group ``group`` (codegen/abi.py's names) of the kernel
+    """The vector accesses of entry-point group ``group`` (its launch kind's names) of the kernel
     ``sku``, from its manifest ``launch`` metadata."""
     return BUILDERS[launch["kind"]](sku, launch).get(group, ())

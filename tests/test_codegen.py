@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from codegen import manifest, matrix, render
+from codegen import manifest, matrix, render, spec
+from codegen.families import KINDS
 from runtime.sku import KernelSku
 
 
@@ -24,11 +25,11 @@ def test_matrix_covers_static_family_and_names_exclusions():
 
 
 def test_excluding_by_predicate_and_adding_a_dtype_is_declarative():
-    fam = matrix.Family(name="t", category="quantization", ops=("quantize",), template="quantization/{op}.cu.j2",
-                        pairs=(("f32", "s8"), ("f16", "s8")), scopes=("token",), modes=("symmetric",),
-                        ins=(matrix.Stream("x", "element"),), outs=(matrix.Stream("q", "aux"),),
-                        exclusions=(matrix.Exclusion("f16 left out for the test", lambda s: s.element == "f16"),))
-    cells = matrix.cells((fam,))
+    block = spec.Block(name="t", category="quantization", ops=("quantize",), template="quantization/{op}.cu.j2",
+                       pairs=(("f32", "s8"), ("f16", "s8")), launch=KINDS["elementwise"], scopes=("token",),
+                       modes=("symmetric",), ins=(spec.Stream("x", "element"),), outs=(spec.Stream("q", "aux"),),
+                       exclusions=(spec.Exclusion("f16 left out for the test", lambda s: s.element == "f16"),))
+    cells = matrix.cells((spec.Family("t", (block,), ()),))
     assert [c.generated for c in cells] == [False, True]
     assert cells[0].reason == "f16 left out for the test"
 

@@ -10,8 +10,8 @@ from runtime import dynamic as dyn
 from runtime.reference import dynamic_quantize_ref, quantize
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
-from codegen.matrix import TEAM_CHUNKS
-from codegen.schedules import launch_schedules
+from codegen.families import KINDS
+from codegen.families.quantization.blocks import TEAM_CHUNKS
 from runtime.registry import KernelEntry
 
 f32 = np.float32
@@ -482,7 +482,7 @@ def test_one_launch_falls_back_to_two_passes(monkeypatch, override_settings, ker
     axis = None if kernel == "coop" else 0 if case == "leading_axis" else -1
     args = _args(shape, scope, axis=axis, strides=(1024, 1) if case == "strided_x" else None)
     if case == "two_pass":
-        plan.launch.update(launch_schedules("dynamic_reduce", {kernel: True}))
+        plan.launch.update(KINDS["dynamic_reduce"].launch_schedules({kernel: True}))
         override_settings(schedule="two-pass")
     if case == "no_kernel":
         plan.launch[kernel] = False
@@ -586,7 +586,7 @@ def test_team_launch_choice(monkeypatch, shape, scope, gs, element, text, want):
 ])
 def test_team_symbol(monkeypatch, shape, scope, gs, element, text, want):
     """The launcher takes a fixed-TX entry point exactly where the SKU has one for (P, ch, TX)."""
-    from codegen.matrix import TEAM_FIXED
+    from codegen.families.quantization.blocks import TEAM_FIXED
     monkeypatch.setattr(dyn, "properties", lambda device: H200)
     plan = _team_plan(scope, element)
     plan.launch["team_fixed"] = [list(f) for f in TEAM_FIXED.get(scope, ())]
@@ -605,7 +605,7 @@ def test_every_fixed_team_entry_point_is_generated():
     """Each s8 / u8 fused SKU (not f64) lists the fixed-TX entry points of TEAM_FIXED for its scope in
     its launch metadata, and its unit compiles them (a token SKU's under its group SKU's symbol), with
     the run-time-TX entry point of the same P."""
-    from codegen.matrix import TEAM_FIXED
+    from codegen.families.quantization.blocks import TEAM_FIXED
     from runtime.registry import default_registry
     reg = default_registry()
     seen = 0

@@ -405,11 +405,12 @@ def test_fused_config(monkeypatch, shape, gs, kind, vec_want):
 
 # -- bench workloads ---------------------------------------------------------------------------------
 def test_bench_module_selection_and_bytes():
-    from codegen import matrix
+    from codegen import matrix, spec
+    from codegen.families.quantization.blocks import lowbit_blocks
     from codegen.harness import bench
     from codegen.harness.workloads import lowbit as bench_lowbit
     mods = bench.workload_modules(lambda m: None)
-    lowbit_skus = [c.sku for c in matrix.cells(matrix.lowbit_families()) if c.generated]
+    lowbit_skus = [c.sku for c in matrix.cells((spec.Family("lowbit", lowbit_blocks(), ()),)) if c.generated]
     for s in lowbit_skus:
         assert bench.module_for(s, mods) is bench_lowbit
     s8 = [s for s in sf.default_registry().skus() if s.op in ("quantize", "dynamic_quantize")

@@ -11,13 +11,14 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from codegen import manifest, matrix, render
+from codegen import manifest, matrix, render, spec
+from codegen.families.quantization.blocks import LOW_BIT, lowbit_blocks
 from runtime.registry import Registry
 from runtime.sku import KernelSku
 from tests import knobs
 
-LOW = set(matrix.LOW_BIT)
-LOWBIT_FAMILIES = matrix.lowbit_families()
+LOW = set(LOW_BIT)
+LOWBIT_FAMILIES = (spec.Family("lowbit", lowbit_blocks(), ()),)
 
 
 def _is_low(sku) -> bool:
@@ -59,7 +60,7 @@ def test_lowbit_units(shipped_files):
     man = json.loads(shipped_files[manifest.MANIFEST])
     pre = render.prelude()
     header = render.environment().get_template("common/lowbit.cuh").render()
-    low_units = {u: m for u, m in man["units"].items() if m["family"].startswith("lowbit-")}
+    low_units = {u: m for u, m in man["units"].items() if m["block"].startswith("lowbit-")}
     assert len(low_units) == 68
     for unit, meta in low_units.items():
         text = shipped_files[unit]
@@ -112,7 +113,7 @@ def shipped_registry():
 
 def _units():
     pre = render.prelude()
-    return [(u.path, u.text(pre), min(int(k.cell.sku.arch[2:]) for k in u.kernels), u.family.nvrtc_options)
+    return [(u.path, u.text(pre), min(int(k.cell.sku.arch[2:]) for k in u.kernels), u.block.nvrtc_options)
             for u in render.render(matrix.cells(LOWBIT_FAMILIES))]
 
 
@@ -145,7 +146,7 @@ def test_nvrtc_compiles_the_lowbit_kernels(shipped_registry):
     from codegen.cli import compile_jobs
     full = knobs.full_compile()
     reg = shipped_registry
-    low = {u for u, m in reg.units.items() if m["family"].startswith("lowbit-")}
+    low = {u for u, m in reg.units.items() if m["block"].startswith("lowbit-")}
     assert set(SUBSET) <= low
     jobs = [j for j in compile_jobs(reg, [80, 89, 90]) if j[0] in low]
     assert len(jobs) == 184

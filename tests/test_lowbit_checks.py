@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen import matrix
+from codegen import matrix, spec
+from codegen.families.quantization.blocks import lowbit_blocks
 from codegen.harness import registry, verify
 from codegen.harness.checks import lowbit as checks_lowbit
 from runtime import kinds
 from runtime import reference as ref
 from runtime.arrays import kind_of
 
-LOWBIT = [c.sku for c in matrix.cells(matrix.lowbit_families()) if c.generated]
+LOWBIT = [c.sku for c in matrix.cells((spec.Family("lowbit", lowbit_blocks(), ()),)) if c.generated]
 
 
 def _sample():

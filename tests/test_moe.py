@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import runtime as sf
-from codegen.matrix import (FAMILIES, MOE_GEMM, MOE_GEMM_WGMMA, MOE_WGRAD, MOE_WGRAD_WGMMA, WGMMA_VARIANTS,
-                            wgmma_smem)
+from codegen.families import FAMILIES
+from codegen.families.moe.blocks import (MOE_GEMM, MOE_GEMM_WGMMA, MOE_WGRAD, MOE_WGRAD_WGMMA, WGMMA_VARIANTS,
+                                         wgmma_smem)
 from runtime import InvalidProblemError, KernelSku, UnsupportedError
 from runtime import reference_moe as ref
 from runtime.arrays import ArrayRef
@@ -24,7 +25,8 @@ MOE = [s for s in REG.skus() if s.category == "moe"]
 
 # -- matrix, manifest, sources ------------------------------------------------------------------
 def test_matrix_cells_and_exclusions():
-    assert all(f in FAMILIES for f in (MOE_GEMM, MOE_WGRAD, MOE_GEMM_WGMMA, MOE_WGRAD_WGMMA))
+    moe, = [f for f in FAMILIES if f.name == "moe"]
+    assert all(b in moe.blocks for b in (MOE_GEMM, MOE_WGRAD, MOE_GEMM_WGMMA, MOE_WGRAD_WGMMA))
     gen = {str(s) for s in MOE}
     assert len(MOE) == 27
     for op in ("grouped_matmul", "grouped_matmul_backward_input"):

@@ -12,8 +12,8 @@ from runtime.registry import default_registry
 
 ENTRY = re.compile(r'extern "C" __global__ void (?:__\w+__\([^)]*\) )*(\w+)\(')
 CELLS = {c.sku: c for c in cells() if c.generated}
-SHARED = sorted((c.sku, group, host) for c in CELLS.values() if c.family.shares
-                for group, host in c.family.shares(c.sku).items())
+SHARED = sorted((c.sku, group, host) for c in CELLS.values() if c.block.shares
+                for group, host in c.block.shares(c.sku).items())
 
 
 def _split(text: str) -> tuple:
@@ -83,7 +83,7 @@ def test_a_shared_entry_point_is_the_one_the_sku_would_compile(sku, group, host)
 
 @pytest.mark.parametrize("sku", sorted({s for s, _, _ in SHARED}), ids=str)
 def test_a_sharing_sku_compiles_none_of_the_shared_entry_points(sku):
-    shares = CELLS[sku].family.shares(sku)
+    shares = CELLS[sku].block.shares(sku)
     _, entries = _split(render.render_kernel(CELLS[sku]))
     assert not [n for n in entries if _group(n, sku.symbol) in shares]
     assert not [n for n in entries if any(n.startswith(h.symbol) for h in shares.values())]
@@ -113,7 +113,7 @@ def test_the_sha256_of_a_sharing_sku_covers_its_host():
     unit = next(u for u in render.render([CELLS[s] for s in CELLS if s.op == "dynamic_quantize"
                                          and s.element == "f16" and s.aux_element == "s8"]))
     by = {str(k.cell.sku): k for k in unit.kernels}
-    pre, head = render.prelude(), render.headers(unit.family)
+    pre, head = render.prelude(), render.headers(unit.block)
     for k in unit.kernels:
         hosts = dict.fromkeys((k.launch.get("shares") or {}).values())
         assert k.sha256 == render.sha256(pre + head + k.text + "".join(by[h].text for h in hosts))

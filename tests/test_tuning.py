@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from codegen import manifest, schedules
+from codegen import manifest
+from codegen.families import KINDS
 from codegen.harness import tune
 from runtime import tuning
 from runtime.errors import InvalidProblemError
@@ -25,9 +26,9 @@ class FakePlan:
 
 
 def fake_plan(sku, choices, arch="sm90"):
-    launch = {"kind": "elementwise", **schedules.launch_schedules("elementwise")}
+    launch = {"kind": "elementwise", **KINDS["elementwise"].launch_schedules({})}
     entry = SimpleNamespace(launch=launch)
-    other = SimpleNamespace(launch=schedules.launch_schedules("dynamic_fused"))     # a kernel of another kind
+    other = SimpleNamespace(launch=KINDS["dynamic_fused"].launch_schedules({}))     # a kernel of another kind
     reg = SimpleNamespace(tuning={arch: {"choices": choices}}, entries={sku: entry, "other": other})
     return FakePlan(sku, launch, reg)
 
@@ -81,7 +82,7 @@ def test_every_sku_of_a_scheduled_kind_carries_its_schedules_default_first():
     seen = set()
     for sku in reg.skus():
         launch = reg.lookup(sku).launch
-        want = schedules.schedules_of(launch["kind"])
+        want = KINDS[launch["kind"]].schedules
         if launch["kind"] == "dynamic_reduce" and not (launch.get("coop") or launch.get("chan")):
             want = ()                          # no one-launch kernel: one way to launch
         if not want:
@@ -90,11 +91,11 @@ def test_every_sku_of_a_scheduled_kind_carries_its_schedules_default_first():
         seen.add(launch["kind"])
         assert sorted(launch["schedules"]) == sorted(s.name for s in want)      # (the manifest sorts keys)
         assert launch["default_schedule"] == want[0].name
-    assert seen == set(schedules.SCHEDULES)
+    assert seen == {name for name, kind in KINDS.items() if kind.schedules}
 
 
 def test_schedule_names_are_unique_per_kind_and_threads_fit_the_launch_bounds():
-    for kind, sched in schedules.SCHEDULES.items():
+    for kind, sched in ((name, k.schedules) for name, k in KINDS.items() if k.schedules):
         assert len({s.name for s in sched}) == len(sched), kind
         for s in sched:
             assert s.as_dict().get("threads", 256) in (64, 128, 256), s

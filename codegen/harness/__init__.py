@@ -1,6 +1,6 @@
 """The verification / benchmark / audit harness (``python -m codegen verify | bench | tune | audit``).
 
-Kept apart from the generator (``codegen.matrix`` -> ``render`` -> ``manifest``, the build
+Kept apart from the generator (``codegen.families`` -> ``matrix`` -> ``render`` -> ``manifest``, the build
 commands in ``codegen.cli``): it may use the generator and the runtime, nothing in the
 generator uses it (import-linter contracts in pyproject.toml).
 

@@ -26,7 +26,7 @@ MAX_RUNS_KEPT = 50
 
 def check(sku, rng=None, preferred_fw="cupy"):
     """Run the registered checker of ``sku`` -> ``CheckResult`` (checks/base.py), once under each of
-    its schedule variants (codegen/schedules.py) when it has several; a crash is a failed result,
+    its schedule variants (its launch kind's, codegen/families/) when it has several; a crash is a failed result,
     with its message."""
     import numpy as np
 
