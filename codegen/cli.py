@@ -304,14 +304,15 @@ def _print_resources(reg, reports, pattern) -> None:
     """ptxas's report for the selected kernels (every entry point they launch, shared ones
     included): registers per thread, spill bytes, static smem."""
     symbols = {sym for s, e in reg.entries.items() if fnmatch.fnmatchcase(str(s), pattern)
-               for sym in (e.symbol, *e.shared.values())}
+               for sym in (*(p["symbol"] for p in e.launch["entries"].values()),
+                           *(v["symbol"] for v in (e.launch.get("variants") or {}).values()))}
     table = Table(title="ptxas resources (per thread / per block)")
     table.add_column("kernel", overflow="fold")
     for col in ("arch", "registers", "stack (B)", "spill st/ld (B)", "smem (B)"):
         table.add_column(col)
     for unit, arch, report in sorted(reports):
         for sym, r in sorted(report.items()):
-            if any(sym == s or sym.startswith(s + "_") for s in symbols):    # the SKU's symbol or a suffixed entry point
+            if sym in symbols:     # an entry point the manifest records for a selected SKU
                 spill = f"{r['spill_stores']}/{r['spill_loads']}"
                 stack = Text(str(r["stack"]), "red" if r["stack"] else "")
                 table.add_row(sym, f"sm_{arch}", str(r["registers"]), stack,

@@ -142,6 +142,10 @@ def kernel_context(cell: Cell) -> dict:
                      for group, host in (block.shares(sku) if block.shares else {}).items()}
     # the parameter lists of the kernel's entry points: {{ k.abi.<group> }} in its template
     ctx["abi"] = kind.signatures(ctx)
+    # {entry point: {"symbol", "group"}} (the manifest's record), and {entry point: symbol}, the names
+    # templates define their entry points by ({{ k.entries.main }})
+    ctx["entry_points"] = kind.symbols(ctx)
+    ctx["entries"] = {name: point["symbol"] for name, point in ctx["entry_points"].items()}
     return ctx
 
 
@@ -150,6 +154,7 @@ def launch_metadata(cell: Cell, ctx: dict) -> dict:
     meta = {
         "kind": ctx["launch_kind"],
         "abi": {group: sig.key(ctx["launch_kind"], group) for group, sig in ctx["abi"].items()},
+        "entries": ctx["entry_points"],
         "vec": ctx["vec"],
         "unroll": ctx["unroll"],
         "block_threads": 256,

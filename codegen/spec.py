@@ -56,12 +56,17 @@ class LaunchKind:
     """How the kernels of one launch kind are launched (``runtime.axes.LAUNCH_KINDS``).
 
     ``abi``: the kernel's rendering context -> {entry-point group: [Param, ...]}, the parameter lists
-    (codegen/abi.py); ``schedules``: the named ways to launch one, default first (empty: one way),
-    carried by the SKUs for which ``scheduled(ctx)`` holds. The runtime launcher of the same name
-    fills the parameters by name and reads the schedule parameters (docs/tuning.md)."""
+    (codegen/abi.py); ``entries``: the context -> {entry point: (its group, the suffix of its symbol
+    after the SKU's)}, the names under which the manifest records each entry point's symbol (a group
+    the SKU launches from a host SKU, ``Block.shares``, has the host's symbols); ``schedules``: the
+    named ways to launch one, default first (empty: one way), carried by the SKUs for which
+    ``scheduled(ctx)`` holds. The runtime launcher of the same name fills the parameters by name,
+    loads the entry points by their recorded symbols and reads the schedule parameters
+    (docs/tuning.md)."""
 
     name: str
     abi: Callable[[dict], dict]
+    entries: Callable[[dict], dict] = lambda ctx: {"main": ("main", "")}
     schedules: tuple = ()
     scheduled: Callable[[dict], bool] = lambda ctx: True
 
@@ -72,6 +77,14 @@ class LaunchKind:
     def signatures(self, ctx: dict) -> dict:
         """{group: Signature} of a kernel of this kind (its rendering context ``ctx``)."""
         return {group: Signature(params) for group, params in self.abi(ctx).items()}
+
+    def symbols(self, ctx: dict) -> dict:
+        """{entry point: {"symbol", "group"}} of a kernel of this kind: its own symbol, or for a group it
+        launches from a host SKU (``ctx["shares"]``) the host's, followed by the entry point's suffix; and
+        the ABI group whose parameter list it takes."""
+        return {name: {"symbol": (ctx["shares"][group]["symbol"] if group in ctx["shares"] else ctx["symbol"]) + suffix,
+                       "group": group}
+                for name, (group, suffix) in self.entries(ctx).items()}
 
     def launch_schedules(self, ctx: dict) -> dict:
         """The manifest launch-metadata entries of a kernel's schedules (nothing for a kind without,

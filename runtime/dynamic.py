@@ -202,9 +202,8 @@ def team_symbol(plan, team: TeamLaunch, cfg: FusedConfig) -> str:
     """The entry point of a team launch: ``<symbol>_t<P>``, or the fixed-TX ``<symbol>_t<P>_tx<TX>``
     where the SKU has one for (P, ch, TX) (codegen.families.quantization.blocks.TEAM_FIXED) and ``cfg.fixed``; ``symbol``:
     the SKU's team entry points' (a token SKU's are its group SKU's, compiled once)."""
-    name = f"{plan.entry.symbol_for('team')}_t{team.chunks}"
     fixed = [team.chunks, team.ch, team.tx] in (plan.launch.get("team_fixed") or [])
-    return f"{name}_tx{team.tx}" if cfg.fixed and fixed else name
+    return plan.entry.entry_point(f"t{team.chunks}_tx{team.tx}" if cfg.fixed and fixed else f"t{team.chunks}")
 
 
 def _team(p, ch, threads, u, vrows, dense, chunks) -> Optional[TeamLaunch]:
@@ -438,7 +437,7 @@ class DynamicReduceLauncher(Launcher):
         if not (contiguous and fits(args.x, 0, CP_ASYNC) and fits(args.q, 0, stream_word(args.q.kind, v))):
             return None
         dev = args.x.device
-        fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", dev)
+        fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("coop"), dev)
         per_sm = 1 if plan.sku.element == "f64" else self.COOP_BLOCKS
         # each resident block's share of the SM's shared memory, less the driver's 1 KB per block
         want = device_attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) // per_sm - 2048
@@ -478,7 +477,7 @@ class DynamicReduceLauncher(Launcher):
             keep = -(-rows // ty)
             return ReduceConfig(True, False, tx, 1, cols, cols, 0, tiles, 0, chan=True, col_tiles=tiles,
                                 threads=tx * ty, keep_tiles=keep, smem=keep * 16 * tx * ty)
-        fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_chan", dev)
+        fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("chan"), dev)
         want = device_attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) - 2048
         blocks, smem = cooperative_shape(fn, self.CHAN_THREADS, dev, want)
         shapes = []
@@ -522,7 +521,7 @@ class DynamicReduceLauncher(Launcher):
         cfg = self.config(plan, args)
         eps = float(_scalar(plan.sku.precision.math, args.eps))
         if cfg.chan:                          # one launch: reduce, (grid barrier,) quantize
-            fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_chan", args.x.device)
+            fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("chan"), args.x.device)
             ws = args.workspace.ptr if cfg.barrier else 0
             abi = plan.abi("chan")
             values = abi.values(x=args.x.ptr, q=args.q.ptr, colmax=ws + 16 if ws else 0, count=ws,
@@ -538,7 +537,7 @@ class DynamicReduceLauncher(Launcher):
                 launch_cooperative(fn, cfg.grid0, cfg.threads, abi.fmt, values, stream, cfg.smem)
             return
         if cfg.coop:                          # one launch: reduce, grid barrier, quantize
-            fn = load_function(plan.registry, plan.entry.unit, f"{plan.entry.symbol}_coop", args.x.device)
+            fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("coop"), args.x.device)
             ws = args.workspace.ptr
             abi = plan.abi("coop")
             values = abi.values(x=args.x.ptr, q=args.q.ptr, partial=ws + 16, count=ws, scale=args.scale.ptr,

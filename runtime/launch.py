@@ -125,7 +125,7 @@ class ElementwiseLauncher(Launcher):
         vec_ok = self.vec_ok(plan, args)
         if plan.sku.scope == "channel" and vec_ok and not args.chan_last:
             # per-row parameters: the SKU's second entry point, the rows layout (like token)
-            fn = load_function(plan.registry, plan.entry.unit, plan.entry.symbol + "_rows", first.device)
+            fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("rows"), first.device)
         else:
             fn = plan.registry.kernel(plan.sku, first.device)
         # the schedule variant (runtime/tuning.py): threads per block, grid shape

@@ -66,7 +66,6 @@ MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (doc
 STRATEGIES = ("auto",) + BACKENDS
 MAX_EXPERTS = 1024          # routing keeps one counter per expert per warp in shared memory
 MAX_ROWS = 2**31            # row indices are stored as int32 in the routing permutation
-ROUTE_WARPS = 8             # warps per block of the count / scatter kernels (one chunk each)
 HIST_BUDGET = 65536         # (E + 1) x chunks histogram entries, at most (about)
 CONFIG_ENV = "SKUFORGE_MOE_CONFIG"
 CONFIG: dict = {}           # pass ("fwd" / "dgrad" / "wgrad" / "*") -> variant name; wins over CONFIG_ENV
@@ -490,13 +489,12 @@ class MoeLauncher(Launcher):
         r, dev = args.routing, args.out.device
         lay = workspace_layout(args.M, args.E, r.mode)
         at = {k: (ws, v) for k, v in lay.items() if k != "total"}
-        names = plan.launch["route"]
         bm = bm or plan.launch["tile"]["BM"]
-        threads = plan.launch["route_threads"]
+        threads, warps = plan.launch["route_threads"], plan.launch["route_warps"]
         E, M = args.E, args.M
 
         def go(name, grid, block, smem=0, ptrs=None, **scalars):
-            fn = load_function(plan.registry, plan.entry.unit, names[name], dev)
+            fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("route_" + name), dev)
             return _step(plan, "route_" + name, fn, grid, block, smem, ptrs, **scalars)
         if r.mode == "offsets":
             name = "offsets_i64" if r.offsets.kind == "i64" else "offsets_i32"
@@ -505,16 +503,16 @@ class MoeLauncher(Launcher):
                                                           counters=at["counters"]),
                        E=E, M=M, bm=bm, trusted=int(r.trusted), status=args.status)]
         chunks, rows = route_chunks(M, E)
-        grid = (-(-chunks // ROUTE_WARPS),)
-        smem = ROUTE_WARPS * (E + 1) * 4
+        grid = (-(-chunks // warps),)
+        smem = warps * (E + 1) * 4
         ids = (r.row_experts, 0)
         return [
-            go("count", grid, (32 * ROUTE_WARPS,), smem, dict(ids=ids, hist=at["hist"]), M=M, E=E, chunk_rows=rows,
+            go("count", grid, (32 * warps,), smem, dict(ids=ids, hist=at["hist"]), M=M, E=E, chunk_rows=rows,
                chunks=chunks),
             go("scan", (1,), (threads,), 0, dict(hist=at["hist"], base=at["base"], row_start=at["row_start"],
                                                  tile_start=at["tile_start"], ws_status=at["status"],
                                                  counters=at["counters"]), E=E, M=M, chunks=chunks, bm=bm),
-            go("scatter", grid, (32 * ROUTE_WARPS,), smem, dict(ids=ids, base=at["base"], perm=at["perm"]), M=M, E=E,
+            go("scatter", grid, (32 * warps,), smem, dict(ids=ids, base=at["base"], perm=at["perm"]), M=M, E=E,
                chunk_rows=rows, chunks=chunks)]
 
     def steps(self, plan, args: MoeArgs, ws: ArrayRef) -> list:

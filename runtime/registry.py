@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
@@ -30,14 +30,16 @@ class KernelEntry:
     family: str
     sha256: str
     launch: dict
-    # ABI group -> the symbol of the host SKU whose entry points of that group this one launches
-    # (launch metadata ``shares``: the same device code, compiled once in the unit)
-    shared: dict = field(default_factory=dict)
 
-    def symbol_for(self, group: str = "main") -> str:
-        """The symbol of the SKU's entry point of ABI group ``group`` (the prefix of its team
-        kernels ``<symbol>_t<P>``): its own, or its host's."""
-        return self.shared.get(group, self.symbol)
+    def entry_point(self, name: str = "main") -> str:
+        """The symbol of the SKU's entry point ``name`` as the manifest records it (``launch["entries"]``:
+        ``main``, ``rows``, ``t8_tx4``, ``coop``, ``finish``, ``route_count``, ...; a group the SKU
+        launches from a host SKU of its unit, launch metadata ``shares``, has the host's symbols)."""
+        try:
+            return self.launch["entries"][name]["symbol"]
+        except KeyError:
+            raise UnsupportedError(f"{self.sku} has no entry point {name!r}; it has "
+                                   f"{', '.join(sorted(self.launch['entries']))}") from None
 
 
 class Registry:
@@ -47,8 +49,7 @@ class Registry:
         self.entries = {}
         for text, e in manifest["kernels"].items():
             sku = KernelSku.parse(text)
-            shared = {g: KernelSku.parse(host).symbol for g, host in (e["launch"].get("shares") or {}).items()}
-            self.entries[sku] = KernelEntry(sku, e["unit"], e["symbol"], e["family"], e["sha256"], e["launch"], shared)
+            self.entries[sku] = KernelEntry(sku, e["unit"], e["symbol"], e["family"], e["sha256"], e["launch"])
         self.excluded = {KernelSku.parse(t): e["reason"] for t, e in manifest["excluded"].items()}
         self._sorted = tuple(sorted(self.entries))
         self._abi = {}
@@ -170,7 +171,7 @@ class Registry:
         cache)."""
         from .device import check_device, load_function
         entry = self.lookup(sku)
-        return load_function(self, entry.unit, entry.symbol_for("main"), None if device is None else check_device(device))
+        return load_function(self, entry.unit, entry.entry_point(), None if device is None else check_device(device))
 
 
 def _section(text: str, sku: str) -> str:

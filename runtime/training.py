@@ -436,7 +436,7 @@ class LsqLauncher(Launcher):
             count, inner, n_items = args.chan_count, args.chan_inner, args.rows // args.chan_count
         team2 = lsq_team(n_items)
         grid2 = min(-(-count // (threads // team2)), cap)
-        fin = load_function(plan.registry, plan.entry.unit, plan.entry.symbol + "_finish", dev)
+        fin = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("finish"), dev)
         finish = plan.abi("finish")
         out.append(PreparedLaunch(fin, (max(1, grid2),), (threads,), finish,
                                   finish.values(ds_part=_ptr(args.ds_part), dz_part=_ptr(args.dz_part),

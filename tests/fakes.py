@@ -68,29 +68,15 @@ _ENTRY_POINTS: dict = {}
 
 def entry_points(reg) -> dict:
     """Every entry-point symbol of the manifest -> (a KernelEntry that launches it, its ABI group): the
-    SKU's symbol (``main``, or ``gemm`` with the moe tile variants), ``_rows`` (the channel rows
-    layout), ``_t<P>[_tx<TX>]`` (team kernels), ``_coop``, ``_chan``, ``_finish`` and the moe routing
-    kernels; a shared entry point (``KernelEntry.symbol_for``) under its host's symbol."""
+    entry points each kernel records (``launch["entries"]``; a shared one under its host's symbol) and
+    the moe tile variants."""
     got = _ENTRY_POINTS.get(id(reg))
     if got is not None:
         return got
     out = {}
     for entry in reg.entries.values():
-        sym, launch = entry.symbol, entry.launch
-        if launch["kind"] == "moe_gemm":
-            out[sym] = (entry, "gemm")
-            out.update({v["symbol"]: (entry, "gemm") for v in (launch.get("variants") or {}).values()})
-            out.update({s: (entry, "route_" + name) for name, s in launch["route"].items()})
-            continue
-        main, team = entry.symbol_for("main"), entry.symbol_for("team")   # a host's where it shares them
-        out[main] = out[main + "_rows"] = (entry, "main")
-        for group in ("coop", "chan", "finish"):
-            if group in launch["abi"]:
-                out[f"{sym}_{group}"] = (entry, group)
-        for p in launch.get("team_chunks") or ():
-            out[f"{team}_t{p}"] = (entry, "team")
-        for p, _, tx in launch.get("team_fixed") or ():
-            out[f"{team}_t{p}_tx{tx}"] = (entry, "team")
+        out.update({p["symbol"]: (entry, p["group"]) for p in entry.launch["entries"].values()})
+        out.update({v["symbol"]: (entry, "gemm") for v in (entry.launch.get("variants") or {}).values()})
     _ENTRY_POINTS[id(reg)] = out
     return out
 

@@ -41,7 +41,7 @@ def test_every_entry_point_matches_a_declared_list_of_its_kernel(unit):
     for text in REG.units[unit]["skus"]:
         e = REG.lookup(text)
         main = symbols[e.symbol].get("main") or symbols[e.symbol].get("gemm")
-        sym = e.symbol_for("main")      # its own, or that of the host SKU whose main entry point it launches
+        sym = e.entry_point()      # its own, or that of the host SKU whose main entry point it launches
         assert entries[sym] == main, f"{sym}: the main entry point of {text} takes its main list"
 
 

@@ -11,7 +11,7 @@ from runtime.reference import dynamic_quantize_ref, quantize
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
 from codegen.families import KINDS
-from codegen.families.quantization.blocks import TEAM_CHUNKS
+from codegen.families.quantization.blocks import TEAM_CHUNKS, TEAM_FIXED
 from runtime.registry import KernelEntry
 
 f32 = np.float32
@@ -301,8 +301,15 @@ def test_reduce_partition_covers_every_element_once(monkeypatch, shape, scope, a
 
 
 def _entry(symbol, shared=None):
-    """A manifest entry of unit ``u.cu``; ``shared``: {ABI group: host symbol}."""
-    return KernelEntry(None, "u.cu", symbol, "fam", "", {}, shared or {})
+    """A manifest entry of unit ``u.cu`` with the entry points of a fused or reduce kernel as the manifest
+    records them (``launch["entries"]``); ``shared``: {ABI group: host symbol}."""
+    shared = shared or {}
+    points = {"main": ("main", ""), "coop": ("coop", "_coop"), "chan": ("chan", "_chan")}
+    points.update({f"t{p}": ("team", f"_t{p}") for p in TEAM_CHUNKS})
+    points.update({f"t{p}_tx{tx}": ("team", f"_t{p}_tx{tx}") for fixed in TEAM_FIXED.values() for p, _, tx in fixed})
+    entries = {name: {"symbol": shared.get(group, symbol) + suffix, "group": group}
+               for name, (group, suffix) in points.items()}
+    return KernelEntry(None, "u.cu", symbol, "fam", "", {"entries": entries})
 
 
 # -- the one-launch per-tensor kernel (<symbol>_coop, dynamic_tensor.cu.j2) ------------------------
@@ -586,7 +593,6 @@ def test_team_launch_choice(monkeypatch, shape, scope, gs, element, text, want):
 ])
 def test_team_symbol(monkeypatch, shape, scope, gs, element, text, want):
     """The launcher takes a fixed-TX entry point exactly where the SKU has one for (P, ch, TX)."""
-    from codegen.families.quantization.blocks import TEAM_FIXED
     monkeypatch.setattr(dyn, "properties", lambda device: H200)
     plan = _team_plan(scope, element)
     plan.launch["team_fixed"] = [list(f) for f in TEAM_FIXED.get(scope, ())]
@@ -605,7 +611,6 @@ def test_every_fixed_team_entry_point_is_generated():
     """Each s8 / u8 fused SKU (not f64) lists the fixed-TX entry points of TEAM_FIXED for its scope in
     its launch metadata, and its unit compiles them (a token SKU's under its group SKU's symbol), with
     the run-time-TX entry point of the same P."""
-    from codegen.families.quantization.blocks import TEAM_FIXED
     from runtime.registry import default_registry
     reg = default_registry()
     seen = 0
@@ -615,10 +620,10 @@ def test_every_fixed_team_entry_point_is_generated():
         e = reg.lookup(sku)
         want = [] if sku.element == "f64" else [list(f) for f in TEAM_FIXED.get(sku.scope, ())]
         assert e.launch.get("team_fixed", []) == want, sku
-        src, team = reg.unit_source(e.unit), e.symbol_for("team")   # a token SKU's: its group SKU's
+        src = reg.unit_source(e.unit)                  # a token SKU's team kernels: its group SKU's
         for p, ch, tx in want:
-            assert f" {team}_t{p}_tx{tx}(" in src, (sku, p, tx)
-            assert f" {team}_t{p}(" in src
+            assert f" {e.entry_point(f't{p}_tx{tx}')}(" in src, (sku, p, tx)
+            assert f" {e.entry_point(f't{p}')}(" in src
             assert f"team_row_groups<{e.launch['vec']}, {ch}, {p // ch}, {tx}>" in src
             seen += 1
     assert seen > 0

@@ -141,7 +141,7 @@ def dev(monkeypatch):
     monkeypatch.setattr(dyn, "memset_u32", d.memset_u32)
     for mod in (training, dyn, launch_mod):
         monkeypatch.setattr(mod, "load_function", lambda reg, unit, symbol, device=None: symbol, raising=False)
-    monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).symbol_for("main"))
+    monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).entry_point())
     count_replays(monkeypatch, lambda hit: setattr(d, "hits", d.hits + hit))
     replay.CACHE.clear()
     yield d

@@ -64,8 +64,8 @@ def test_manifest_launch_metadata_and_sources():
         assert e.launch["kind"] == "moe_gemm"
         src = REG.source(s)
         assert f"// SKU: {s}" in src
-        for name in e.launch["route"].values():
-            assert f" {name}(" in src
+        for point in e.launch["entries"].values():
+            assert f" {point['symbol']}(" in src
         assert f" {e.symbol}(" in src
         if s.backend == "mma":
             for ins in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned.m8n8.x4", "cp.async.cg.shared.global"):

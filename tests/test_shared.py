@@ -7,7 +7,7 @@ import pytest
 
 from codegen import render
 from codegen.matrix import cells
-from runtime.errors import TemplateError
+from runtime.errors import TemplateError, UnsupportedError
 from runtime.registry import default_registry
 
 ENTRY = re.compile(r'extern "C" __global__ void (?:__\w+__\([^)]*\) )*(\w+)\(')
@@ -94,9 +94,12 @@ def test_the_registry_resolves_shared_entry_points():
     token = reg.query("quantization/dynamic_quantize/token/symmetric/bf16/s8/*")[0]
     group = reg.query("quantization/dynamic_quantize/group/symmetric/bf16/s8/*")[0]
     e, g = reg.lookup(token), reg.lookup(group)
-    assert e.symbol == token.symbol and e.symbol_for("main") == e.symbol_for("team") == group.symbol
-    assert e.symbol_for("coop") == token.symbol                   # a group it does not share: its own
-    assert g.symbol_for("main") == group.symbol and g.shared == {}
+    assert e.symbol == token.symbol and e.entry_point("main") == group.symbol
+    assert e.entry_point("t8") == g.entry_point("t8") == group.symbol + "_t8"
+    assert e.entry_point("t2_tx256") == group.symbol + "_t2_tx256"  # its own fixed-TX kernel, compiled by its host
+    assert [2, 2, 256] not in g.launch["team_fixed"] and g.entry_point("main") == group.symbol
+    with pytest.raises(UnsupportedError, match="no entry point 'coop'"):
+        e.entry_point("coop")
     assert e.launch["shares"] == {"main": str(group), "team": str(group)}
     assert e.launch["abi"] == g.launch["abi"]
     src = reg.source(token)                                        # `codegen show`: what it runs
@@ -104,8 +107,9 @@ def test_the_registry_resolves_shared_entry_points():
     assert f" {group.symbol}_t8(" in src and f" {token.symbol}" not in src.replace(f"// SKU: {token}", "")
     tensor = reg.query("quantization/dynamic_quantize/tensor/asymmetric/f32/u8/*")[0]
     t = reg.lookup(tensor)
-    assert t.symbol_for("main") == tensor.symbol.replace("_tensor_", "_channel_") and t.symbol_for("coop") == t.symbol
-    assert f" {t.symbol}_coop(" in reg.source(tensor)
+    assert t.entry_point("main") == tensor.symbol.replace("_tensor_", "_channel_")
+    assert t.entry_point("coop") == t.symbol + "_coop"                # a group it does not share: its own
+    assert f" {t.entry_point('coop')}(" in reg.source(tensor)
 
 
 def test_the_sha256_of_a_sharing_sku_covers_its_host():

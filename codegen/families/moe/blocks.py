@@ -10,6 +10,7 @@ from runtime.sku import KernelSku, Precision
 
 from ...spec import Block, Exclusion
 from .launch import MOE_GEMM as MOE_GEMM_LAUNCH
+from .launch import ROUTE_THREADS, ROUTE_WARPS
 
 # -- MoE grouped matmul (docs/moe.md) --------------------------------------------------------
 MOE_FLOATS = ("f32", "f16", "bf16", "f64")
@@ -58,7 +59,6 @@ WGMMA_RULE = {
     "dgrad": {"short_variant": "wg64x256s5", "short_rows": 160, "narrow_variant": "wg128x128s6", "narrow_cols": 128},
     "wgrad": {"narrow_variant": "wg128x128s6", "narrow_cols": 128},
 }
-MOE_ROUTE = ("offsets_i32", "offsets_i64", "count", "scan", "scatter")
 
 
 def _moe_context(cell, ctx):
@@ -116,8 +116,7 @@ def _moe_context(cell, ctx):
     tile, smem = variants[0]["tile"], variants[0]["dynamic_smem"]
     launch = {"block_threads": tile["THREADS"], "tile": tile, "dynamic_smem": smem,
               "static_smem": variants[0]["static_smem"],
-              "out": out_kind, "route_threads": 1024,
-              "route": {r: f"{sku.symbol}_route_{r}" for r in MOE_ROUTE}}
+              "out": out_kind, "route_threads": ROUTE_THREADS, "route_warps": ROUTE_WARPS}
     if sku.backend in ("mma", "wgmma"):
         launch["default_variant"] = variants[0]["name"]
         launch["variants"] = {v["name"]: {k: v[k] for k in ("symbol", "tile", "dynamic_smem", "static_smem")}
@@ -125,7 +124,8 @@ def _moe_context(cell, ctx):
         launch.update(rules)
     return {
         "ns": sku.symbol + "_ns", "T": kinds.CTYPE[sku.element], "OUT": kinds.CTYPE[out_kind], "out_kind": out_kind,
-        "opkind": opkind, "tile": tile, "variants": variants, "route_threads": 1024, "launch": launch,
+        "opkind": opkind, "tile": tile, "variants": variants, "route_threads": ROUTE_THREADS,
+        "route_warps": ROUTE_WARPS, "launch": launch,
         "wgmma_n": sorted({v["tile"]["WN"] for v in variants}) if sku.backend == "wgmma" else [],
     }
 

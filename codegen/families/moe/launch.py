@@ -36,5 +36,19 @@ def _moe_gemm_abi(k) -> dict:
     }
 
 
-MOE_GEMM = LaunchKind("moe_gemm", _moe_gemm_abi)
+# The routing prologue: one block of ROUTE_THREADS for the offsets and scan kernels, blocks of
+# ROUTE_WARPS warps (one chunk of rows each) for the count and scatter kernels.
+MOE_ROUTE = ("offsets_i32", "offsets_i64", "count", "scan", "scatter")
+ROUTE_THREADS = 1024
+ROUTE_WARPS = 8
+
+
+def _moe_entries(k) -> dict:
+    """The default tile variant's persistent kernel (``main``, of ABI group ``gemm``; the other variants'
+    symbols are recorded with their tiles, ``launch["variants"]``) and the routing prologue's kernels
+    (``route_*``)."""
+    return {"main": ("gemm", ""), **{f"route_{r}": (f"route_{r}", f"_route_{r}") for r in MOE_ROUTE}}
+
+
+MOE_GEMM = LaunchKind("moe_gemm", _moe_gemm_abi, _moe_entries)
 LAUNCH_KINDS = (MOE_GEMM,)

@@ -158,12 +158,39 @@ _REDUCE = (
     schedule("two-pass", path="two"),
 )
 
-ELEMENTWISE = LaunchKind("elementwise", _elementwise_abi, _ELEMENTWISE)
-LOWBIT_ELEMENTWISE = LaunchKind("lowbit_elementwise", _lowbit_elementwise_abi, _ROWS)
-DYNAMIC_FUSED = LaunchKind("dynamic_fused", _dynamic_fused_abi, _FUSED)
-LOWBIT_DYNAMIC_FUSED = LaunchKind("lowbit_dynamic_fused", _lowbit_dynamic_fused_abi, _FUSED)
+# -- entry points: {name: (ABI group, symbol suffix)} -------------------------------------------------
+def _elementwise_entries(k) -> dict:
+    """Per channel, two entry points of one parameter list: ``main`` (axis = last: the columns layout)
+    and ``rows`` (another axis: the rows layout), each with the registers its own layout needs."""
+    return {"main": ("main", ""), **({"rows": ("main", "_rows")} if k["scope"] == "channel" else {})}
+
+
+def _fused_entries(k) -> dict:
+    """The block kernel (``main``) and the team kernels: ``t<P>`` per chunk budget P (run-time threads
+    per row group) and ``t<P>_tx<TX>`` for the fixed-TX ones its unit compiles (``team_compiled``: those
+    of its scope, and of the SKUs that launch its team kernels)."""
+    team = {f"t{p}": ("team", f"_t{p}") for p in k["team_chunks"]}
+    team.update({f"t{p}_tx{tx}": ("team", f"_t{p}_tx{tx}") for p, _, tx in k["team_compiled"]})
+    return {"main": ("main", ""), **team}
+
+
+def _reduce_entries(k) -> dict:
+    """The two-phase reduction (``main``), and where the SKU has them the one-launch per-tensor
+    (``coop``) and per-channel (``chan``) kernels."""
+    return {"main": ("main", ""), **{g: (g, f"_{g}") for g in ("coop", "chan") if k.get(g)}}
+
+
+def _lsq_entries(k) -> dict:
+    """The element pass (``main``) and, for the scopes whose partial sums need one, the finish pass."""
+    return {"main": ("main", ""), **({"finish": ("finish", "_finish")} if k["scope"] in ("tensor", "channel") else {})}
+
+
+ELEMENTWISE = LaunchKind("elementwise", _elementwise_abi, _elementwise_entries, _ELEMENTWISE)
+LOWBIT_ELEMENTWISE = LaunchKind("lowbit_elementwise", _lowbit_elementwise_abi, schedules=_ROWS)
+DYNAMIC_FUSED = LaunchKind("dynamic_fused", _dynamic_fused_abi, _fused_entries, _FUSED)
+LOWBIT_DYNAMIC_FUSED = LaunchKind("lowbit_dynamic_fused", _lowbit_dynamic_fused_abi, _fused_entries, _FUSED)
 # only the SKUs that have a one-launch kernel choose between one launch and two passes
-DYNAMIC_REDUCE = LaunchKind("dynamic_reduce", _dynamic_reduce_abi, _REDUCE,
+DYNAMIC_REDUCE = LaunchKind("dynamic_reduce", _dynamic_reduce_abi, _reduce_entries, _REDUCE,
                             scheduled=lambda ctx: bool(ctx.get("coop") or ctx.get("chan")))
-LSQ = LaunchKind("lsq", _lsq_abi)
+LSQ = LaunchKind("lsq", _lsq_abi, _lsq_entries)
 LAUNCH_KINDS = (ELEMENTWISE, LOWBIT_ELEMENTWISE, DYNAMIC_FUSED, LOWBIT_DYNAMIC_FUSED, DYNAMIC_REDUCE, LSQ)
