@@ -1,5 +1,6 @@
 """The harness's family table (codegen/harness/families.py): every family's modules, the look-ups
 verify, bench and tune make in it, and a family module that fails to import (CPU)."""
+import fnmatch
 import sys
 
 import pytest
@@ -79,3 +80,6 @@ def test_checkers_of_a_family_with_handles_come_first(plugins):
 def test_tune_measures_the_skus_the_families_name():
     assert tune.DEFAULT_FILTERS == families.tune_filters()
     assert len(set(tune.DEFAULT_FILTERS)) == len(tune.DEFAULT_FILTERS) == 13
+    skus = [str(s) for s in sf.default_registry().skus()]
+    for glob in tune.DEFAULT_FILTERS:
+        assert any(fnmatch.fnmatchcase(s, glob) for s in skus), glob

@@ -27,8 +27,8 @@ class Family:
     tune: tuple = ()    # SKU globs `tune` measures by default (one code kind per kernel template)
 
 
-def _tune(op: str, *pairs: str) -> tuple:
-    return tuple(f"quantization/{op}/*/symmetric/{pair}/*" for pair in pairs)
+def _tune(op: str, *pairs: str, mode: str = "symmetric") -> tuple:
+    return tuple(f"quantization/{op}/*/{mode}/{pair}/*" for pair in pairs)
 
 
 # The order is the order of the look-ups (modules with ``handles`` first, then by op) and of the
@@ -43,8 +43,8 @@ FAMILIES = (
     Family("static", "codegen.harness.checks.static", "codegen.harness.workloads.static",
            tune=_tune("quantize", "bf16/s8") + _tune("dequantize", "s8/bf16")),
     Family("training", "codegen.harness.checks.training", "codegen.harness.workloads.training",
-           tune=tuple(g for op in ("fake_quantize", "fake_quantize_backward", "quantize_backward",
-                                   "dequantize_backward") for g in _tune(op, "bf16/bf16"))),
+           tune=tuple(g for op in ("fake_quantize", "fake_quantize_backward", "quantize_backward")
+                      for g in _tune(op, "bf16/bf16")) + _tune("dequantize_backward", "bf16/bf16", mode="-")),
 )
 
 
