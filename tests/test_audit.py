@@ -9,7 +9,14 @@ import types
 import numpy as np
 import pytest
 
-from codegen.harness import audit, bench, records, verify
+from codegen.harness import audit, families, records, verify
+from codegen.harness.bench import baselines as bench_baselines
+from codegen.harness.bench import cli as bench_cli
+from codegen.harness.bench import plan as bench_plan
+from codegen.harness.bench import record as bench_record
+from codegen.harness.bench import report as bench_report
+from codegen.harness.bench import run as bench_run
+from codegen.harness.bench import timing as bench_timing
 from codegen.harness.records import read_json, write_json
 from codegen.harness.workloads import base as workloads_base
 from codegen.harness.workloads import static as bench_static
@@ -340,11 +347,11 @@ def test_gpu_slug():
 # -- bench arithmetic ------------------------------------------------------------------------------------------
 def test_bench_bytes_gbps_pct_geomean():
     assert workloads_base.nbytes(np.zeros((4, 8), np.float32), None, np.zeros(3, np.int8), 2.0) == 4 * 8 * 4 + 3
-    assert bench.gbps(4e9, 1.0) == pytest.approx(4000.0)
-    assert bench.tflops(2e12, 1000.0) == pytest.approx(2.0)
-    assert bench.pct(4000.0, 5000.0) == pytest.approx(80.0)
-    assert bench.geomean([1.0, 4.0]) == pytest.approx(2.0)
-    assert bench.geomean([None, 2.0]) == pytest.approx(2.0) and bench.geomean([]) is None
+    assert bench_timing.gbps(4e9, 1.0) == pytest.approx(4000.0)
+    assert bench_timing.tflops(2e12, 1000.0) == pytest.approx(2.0)
+    assert bench_timing.pct(4000.0, 5000.0) == pytest.approx(80.0)
+    assert bench_timing.geomean([1.0, 4.0]) == pytest.approx(2.0)
+    assert bench_timing.geomean([None, 2.0]) == pytest.approx(2.0) and bench_timing.geomean([]) is None
 
 
 def test_static_workload_bytes_count_each_stream_once():
@@ -359,32 +366,32 @@ def test_static_workload_bytes_count_each_stream_once():
 
 
 def test_bench_finish_ratios():
-    r = bench.finish({"bytes": 10**9, "skuforge": {"ms": 0.25}, "torch_eager": {"ms": 1.0},
-                      "torch_compile": {"ms": 0.5}}, copy_gbps=5000.0)
+    r = bench_record.finish({"bytes": 10**9, "skuforge": {"ms": 0.25}, "torch_eager": {"ms": 1.0},
+                             "torch_compile": {"ms": 0.5}}, copy_gbps=5000.0)
     assert r["gbps"] == pytest.approx(4000.0) and r["pct_copy"] == pytest.approx(80.0)
     assert r["torch_compile"]["pct_copy"] == pytest.approx(40.0)
     assert r["speedup_eager"] == pytest.approx(4.0) and r["speedup_compile"] == pytest.approx(2.0)
-    f = bench.finish({"flops": 4e12, "skuforge": {"ms": 2.0}, "torch_ref": {"ms": 3.0},
-                      "torch_eager": {"error": "x"}}, copy_gbps=5000.0)
+    f = bench_record.finish({"flops": 4e12, "skuforge": {"ms": 2.0}, "torch_ref": {"ms": 3.0},
+                             "torch_eager": {"error": "x"}}, copy_gbps=5000.0)
     assert f["tflops"] == pytest.approx(2000.0) and f["speedup_ref"] == pytest.approx(1.5)
     assert "pct_copy" not in f and "speedup_eager" not in f
 
 
 def test_rotation_sets_exceed_l2():
     l2 = 60 << 20
-    assert bench.rotation_sets(16 * 4096 * 3, l2) == bench.MAX_SETS     # tiny: capped
-    assert bench.rotation_sets(8192 * 8192 * 3, l2) == 2                # 192 MiB < 4 x 60 MiB
-    assert bench.rotation_sets(65536 * 4096 * 5, l2) == 1
-    n = bench.rotation_sets(10 << 20, l2)
+    assert bench_timing.rotation_sets(16 * 4096 * 3, l2) == bench_timing.MAX_SETS     # tiny: capped
+    assert bench_timing.rotation_sets(8192 * 8192 * 3, l2) == 2                # 192 MiB < 4 x 60 MiB
+    assert bench_timing.rotation_sets(65536 * 4096 * 5, l2) == 1
+    n = bench_timing.rotation_sets(10 << 20, l2)
     assert n * (10 << 20) >= 4 * l2
 
 
 def test_bench_stats_median_and_shapes():
-    s = bench.stats([5.0, 1.0, 3.0, 2.0, 4.0])
+    s = bench_timing.stats([5.0, 1.0, 3.0, 2.0, 4.0])
     assert s["ms"] == 3.0 and s["samples"] == 5 and s["p10_ms"] == 1.0 and s["p90_ms"] == 5.0
-    assert bench.parse_shapes("8192x8192, 16x4096") == [(8192, 8192), (16, 4096)]
+    assert bench_plan.parse_shapes("8192x8192, 16x4096") == [(8192, 8192), (16, 4096)]
     with pytest.raises(SystemExit):
-        bench.parse_shapes("8192*8192")
+        bench_plan.parse_shapes("8192*8192")
 
 
 def test_bench_merge_keyed_by_sku_and_shape():
@@ -392,9 +399,9 @@ def test_bench_merge_keyed_by_sku_and_shape():
     run = {"date": "d1", "commit": "c", "dirty": False}
     a = {"sku": S_TOK, "shape": [8192, 8192], "pct_copy": 80.0}
     b = {"sku": S_TOK, "shape": [16, 4096], "pct_copy": 10.0}
-    r1 = bench.merge(None, env, run, [a, b], [{"label": "h", "us": 9.0}], {"gbps": 4000.0})
+    r1 = bench_record.merge(None, env, run, [a, b], [{"label": "h", "us": 9.0}], {"gbps": 4000.0})
     a2 = dict(a, pct_copy=90.0)
-    r2 = bench.merge(r1, env, dict(run, date="d2"), [a2], [], {"gbps": 4100.0})
+    r2 = bench_record.merge(r1, env, dict(run, date="d2"), [a2], [], {"gbps": 4100.0})
     assert len(r2["results"]) == 2 and {r["pct_copy"] for r in r2["results"]} == {90.0, 10.0}
     assert r2["host_overhead"] == [{"label": "h", "us": 9.0}] and r2["copy"]["gbps"] == 4100.0
 
@@ -404,9 +411,9 @@ GMM = "moe/grouped_matmul/-/-/bf16/-/sm80/{}/bf16.acc-f32.det"
 
 def test_bench_targets_and_markdown():
     def res(sku, op, label, shape, ms, scope="token", **kw):
-        return bench.finish({"sku": sku, "op": op, "label": label, "shape": list(shape), "scope": scope,
-                             "element": "bf16", "aux_element": "s8", "bytes": 10**9, "skuforge": {"ms": ms}, **kw},
-                            5000.0)
+        return bench_record.finish({"sku": sku, "op": op, "label": label, "shape": list(shape), "scope": scope,
+                                    "element": "bf16", "aux_element": "s8", "bytes": 10**9, "skuforge": {"ms": ms}, **kw},
+                                   5000.0)
     rs = [res(S_TOK, "quantize", "bf16->s8 token", (8192, 8192), 0.22, torch_compile={"ms": 0.33},
               torch_eager={"ms": 1.0}, mismatches_vs_eager=0),
           res(S_GRP, "quantize", "bf16->s8 group", (65536, 4096), 0.25, scope="group", torch_compile={"ms": 0.30}),
@@ -425,7 +432,7 @@ def test_bench_targets_and_markdown():
            "speedup_ref": 0.92, "target_ref": 0.9}]
     rec = {"gpu": {"name": "G"}, "copy": {"gbps": 5000.0, "bytes": 2**30}, "results": rs,
            "host_overhead": [{"label": "quantize cupy", "us": 12.0, "min_us": 11.0, "target_us": 15.0}]}
-    t = {what: (val, want, ok) for what, val, want, ok, _ in bench.targets(rec)}
+    t = {what: (val, want, ok) for what, val, want, ok, _ in bench_record.targets(rec)}
     assert t["quantize (group/token): min % of copy on 131072x4096/4096x14336/4096x7168/65536x4096/8192x8192"] == (pytest.approx(80.0), 95.0, False)
     g = t["quantize: geomean speed-up vs torch.compile"]
     assert g[0] == pytest.approx(math.sqrt(1.5 * 1.2)) and g[2] is True
@@ -435,11 +442,11 @@ def test_bench_targets_and_markdown():
     assert t["dynamic_quantize: µs at 16x4096, dyn group"] == (pytest.approx(4.5), 4.77, True)
     assert t["grouped_matmul [mma]: min ratio to the PyTorch reference"] == (0.6, 0.5, True)
     assert t["grouped_matmul [wgmma]: min ratio to the PyTorch reference"] in ((1.0, 0.95, True), (1.05, 1.1, False))
-    levels = [(v, w, ok) for what, v, w, ok, _ in bench.targets(rec) if what.startswith("grouped_matmul [wgmma]")]
+    levels = [(v, w, ok) for what, v, w, ok, _ in bench_record.targets(rec) if what.startswith("grouped_matmul [wgmma]")]
     assert sorted(levels) == [(1.0, 0.95, True), (1.05, 1.1, False)]          # one line per target level
     assert t["grouped_matmul_backward (dx + dw) [wgmma]: min ratio to the PyTorch reference"] == (0.92, 0.9, True)
     assert t["host overhead: quantize cupy"][2] is True
-    md = bench.to_markdown(rec)
+    md = bench_report.to_markdown(rec)
     assert "| quantize | bf16->s8 token | 8192x8192 |  | 220.0 | 4545 | 90.9 | 20.0 | 60.6 | 4.55 | 1.50 | ✓ |" in md
     assert "❌" in md and "✅" in md and "| grouped_matmul | gmm |" in md
     assert "| grouped_matmul | gmm E8 | 8x1 |  |  | 90.0 |  | 1.00 | ≥ 0.95 |" in md
@@ -447,27 +454,27 @@ def test_bench_targets_and_markdown():
 
 def test_bench_targets_declared_by_modules():
     sku = KernelSku.parse(S_TOK)
-    assert bench.target_for(types.SimpleNamespace(TARGETS_BY_SCOPE={"token": 85.0}), sku) == {"target_pct": 85.0}
-    assert bench.target_for(types.SimpleNamespace(TARGET_PCT=70), sku) == {"target_pct": 70.0}
-    assert bench.target_for(types.SimpleNamespace(TARGET_PCT={"quantize": 95}), sku) == {"target_pct": 95.0}
-    assert bench.target_for(types.SimpleNamespace(TARGET_PCT_OF_TORCH=50.0), sku) == {"target_ref": 0.5}
+    assert bench_record.target_for(types.SimpleNamespace(TARGETS_BY_SCOPE={"token": 85.0}), sku) == {"target_pct": 85.0}
+    assert bench_record.target_for(types.SimpleNamespace(TARGET_PCT=70), sku) == {"target_pct": 70.0}
+    assert bench_record.target_for(types.SimpleNamespace(TARGET_PCT={"quantize": 95}), sku) == {"target_pct": 95.0}
+    assert bench_record.target_for(types.SimpleNamespace(TARGET_PCT_OF_TORCH=50.0), sku) == {"target_ref": 0.5}
     by_shape = types.SimpleNamespace(TARGET_PCT_OF_TORCH=lambda s, shape: 110.0 if shape[0] >= 128 else None)
-    assert bench.target_for(by_shape, sku, [128, 4096]) == {"target_ref": 1.1}
-    assert bench.target_for(by_shape, sku, (8, 4096)) == {} == bench.target_for(by_shape, sku)
-    assert bench.target_for(types.SimpleNamespace(), sku) == {}
+    assert bench_record.target_for(by_shape, sku, [128, 4096]) == {"target_ref": 1.1}
+    assert bench_record.target_for(by_shape, sku, (8, 4096)) == {} == bench_record.target_for(by_shape, sku)
+    assert bench_record.target_for(types.SimpleNamespace(), sku) == {}
     latency = types.SimpleNamespace(TARGET_US=lambda s, shape: (4.5, "peer") if shape == (16, 4096) else None)
-    assert bench.target_for(latency, sku, [16, 4096]) == {"target_us": 4.5, "target_us_note": "peer"}
-    assert bench.target_for(latency, sku, [8192, 8192]) == {}
+    assert bench_record.target_for(latency, sku, [16, 4096]) == {"target_us": 4.5, "target_us_note": "peer"}
+    assert bench_record.target_for(latency, sku, [8192, 8192]) == {}
     per_sku = types.SimpleNamespace(TARGET_PCT=lambda s: None if s.scope == "token" else 80.0)
-    assert bench.target_for(per_sku, sku) == {"no_target": True}
-    assert bench.target_for(per_sku, KernelSku.parse(S_GRP)) == {"target_pct": 80.0}
+    assert bench_record.target_for(per_sku, sku) == {"no_target": True}
+    assert bench_record.target_for(per_sku, KernelSku.parse(S_GRP)) == {"target_pct": 80.0}
 
 
 def test_bench_targets_skip_results_without_target():
     base = dict(op="dynamic_quantize", scope="group", element="bf16", aux_element="s8", shape=[8192, 8192])
     rec = {"results": [dict(base, label="fast", pct_copy=95.0, target_pct=85.0),
                        dict(base, label="fallback", pct_copy=20.0, no_target=True)]}
-    (what, value, want, ok, note), = [t for t in bench.targets(rec) if "min % of copy" in t[0]]
+    (what, value, want, ok, note), = [t for t in bench_record.targets(rec) if "min % of copy" in t[0]]
     assert (value, want, ok) == (95.0, 85.0, True) and "fast" in note
 
 
@@ -478,10 +485,10 @@ def test_bench_targets_leave_out_skus_the_card_replaces():
     base = dict(op="dynamic_quantize", scope="group", element="bf16", aux_element="fp8_e4m3", shape=[8192, 8192])
     results = [dict(base, sku=sku.format("sm89"), label="sm89", pct_copy=96.0, speedup_compile=1.2),
                dict(base, sku=sku.format("sm80"), label="sm80", pct_copy=30.0, speedup_compile=0.4)]
-    rows = {what: value for what, value, *_ in bench.targets({"gpu": {"cc": "9.0"}, "results": results})}
+    rows = {what: value for what, value, *_ in bench_record.targets({"gpu": {"cc": "9.0"}, "results": results})}
     assert rows["dynamic_quantize: min speed-up vs torch.compile (every cell)"] == 1.2
-    assert "Not held to the targets" in bench.to_markdown({"gpu": {"cc": "9.0"}, "results": results})
-    rows = {what: value for what, value, *_ in bench.targets({"gpu": {"cc": "8.0"}, "results": results[1:]})}
+    assert "Not held to the targets" in bench_report.to_markdown({"gpu": {"cc": "9.0"}, "results": results})
+    rows = {what: value for what, value, *_ in bench_record.targets({"gpu": {"cc": "8.0"}, "results": results[1:]})}
     assert rows["dynamic_quantize: min speed-up vs torch.compile (every cell)"] == 0.4
 
 
@@ -493,31 +500,31 @@ def test_bench_target_shapes_split_the_rows():
     rec = {"results": [dict(base, aux_element="s8", label="s8", shape=[8192, 8192], pct_copy=86.0, target_pct=85.0),
                        dict(lowbit, label="s4", shape=[65536, 4096], pct_copy=86.1),
                        dict(lowbit, label="s4", shape=[8192, 8192], pct_copy=76.0)]}
-    rows = {what: (value, want, ok) for what, value, want, ok, _ in bench.targets(rec)}
+    rows = {what: (value, want, ok) for what, value, want, ok, _ in bench_record.targets(rec)}
     assert rows["dynamic_quantize (group): min % of copy on 131072x4096/4096x14336/4096x7168/65536x4096/8192x8192"] \
         == (86.0, 85.0, True)
     assert rows["dynamic_quantize (group): min % of copy on 65536x4096"] == (86.1, 85.0, True)
     mod = types.SimpleNamespace(TARGET_PCT=85.0, TARGET_SHAPES=((65536, 4096),))
-    assert bench.target_for(mod, KernelSku.parse(S_GRP)) == {"target_pct": 85.0, "target_shapes": [[65536, 4096]]}
+    assert bench_record.target_for(mod, KernelSku.parse(S_GRP)) == {"target_pct": 85.0, "target_shapes": [[65536, 4096]]}
 
 
 def test_bench_render_refreshes_targets_without_a_gpu(tmp_path, monkeypatch):
     """``bench --render``: targets re-derived from the modules, Markdown rewritten, data untouched."""
     folder = tmp_path / "bench"
     folder.mkdir()
-    r = bench.finish({"sku": S_TOK, "op": "quantize", "label": "bf16->s8 token", "shape": [8192, 8192],
-                      "scope": "token", "element": "bf16", "aux_element": "s8", "bytes": 10**9,
-                      "skuforge": {"ms": 0.22}, "target_pct": 50.0}, 5000.0)
+    r = bench_record.finish({"sku": S_TOK, "op": "quantize", "label": "bf16->s8 token", "shape": [8192, 8192],
+                             "scope": "token", "element": "bf16", "aux_element": "s8", "bytes": 10**9,
+                             "skuforge": {"ms": 0.22}, "target_pct": 50.0}, 5000.0)
     write_json(folder / "g.json", {"gpu": {"name": "G"}, "copy": {"gbps": 5000.0, "bytes": 2**30}, "results": [r]})
     mod = types.SimpleNamespace(__name__="m", OPS=("quantize",), TARGET_PCT={"quantize": 95.0},
                                 make=lambda s, sh: None)
-    monkeypatch.setattr(bench, "workload_modules", lambda warn=print: [mod])
-    assert bench.cmd_render(types.SimpleNamespace(records=str(tmp_path))) == 0
+    monkeypatch.setattr(families, "workload_modules", lambda warn=print: [mod])
+    assert bench_cli.cmd_render(types.SimpleNamespace(records=str(tmp_path))) == 0
     rec = read_json(folder / "g.json")
     assert rec["results"][0]["target_pct"] == 95.0 and rec["results"][0]["ms"] == r["ms"]
     md = (folder / "g.md").read_text()
     assert "| 95 | ❌ |" in md                                          # 90.9 % against the refreshed 95
-    assert bench.cmd_render(types.SimpleNamespace(records=str(tmp_path / "none"))) == 2
+    assert bench_cli.cmd_render(types.SimpleNamespace(records=str(tmp_path / "none"))) == 2
 
 
 def test_bench_plan_discovers_modules_and_default_subset():
@@ -528,32 +535,32 @@ def test_bench_plan_discovers_modules_and_default_subset():
                                         f"quantization/quantize/token/asymmetric/bf16/s8/sm80/simt/{P}",
                                         "quantization/quantize/token/symmetric/f64/s8/sm80/simt/f64.acc-f64.det.stable",
                                         f"quantization/dynamic_quantize/token/symmetric/bf16/s8/sm80/simt/{P}")]
-    todo = bench.plan(skus, [mod_a, mod_b], shapes=[(16, 4096)])
+    todo = bench_plan.plan(skus, [mod_a, mod_b], shapes=[(16, 4096)])
     assert [(str(s), m.__name__, sh) for s, m, sh in todo] == [
         (S_TOK, "a", (16, 4096)), (S_GRP, "a", (16, 4096)), (S_DEQ, "b", ("E8",))]
-    assert len(bench.plan(skus, [mod_a, mod_b], all_skus=True)) == 4 * len(bench.STANDARD_SHAPES) + 1
-    default = [(str(s).split("/")[2], sh) for s, m, sh in bench.plan(skus[:2], [mod_a])]
-    assert default == [("token", sh) for sh in bench.STANDARD_SHAPES] + [("group", sh) for sh in bench.STANDARD_SHAPES]
+    assert len(bench_plan.plan(skus, [mod_a, mod_b], all_skus=True)) == 4 * len(bench_plan.STANDARD_SHAPES) + 1
+    default = [(str(s).split("/")[2], sh) for s, m, sh in bench_plan.plan(skus[:2], [mod_a])]
+    assert default == [("token", sh) for sh in bench_plan.STANDARD_SHAPES] + [("group", sh) for sh in bench_plan.STANDARD_SHAPES]
     f32 = KernelSku.parse(f"quantization/quantize/token/symmetric/f32/s8/sm80/simt/{P}")
-    assert [sh for s, m, sh in bench.plan([f32], [mod_a])] == list(bench.LARGE_SHAPES)     # bf16 only on all four
-    assert [sh for s, m, sh in bench.plan(skus, [mod_b], quick=True)] == [("E1",)]
+    assert [sh for s, m, sh in bench_plan.plan([f32], [mod_a])] == list(bench_plan.LARGE_SHAPES)     # bf16 only on all four
+    assert [sh for s, m, sh in bench_plan.plan(skus, [mod_b], quick=True)] == [("E1",)]
 
 
 def test_bench_modules_are_discovered():
-    mods = bench.workload_modules()
+    mods = families.workload_modules()
     assert "codegen.harness.workloads.static" in [m.__name__ for m in mods]
     sku = KernelSku.parse(S_TOK)
-    assert bench.module_for(sku, mods) is bench_static
+    assert families.module_for(sku, mods) is bench_static
 
 
 def test_bench_chart_png(tmp_path):
     pytest.importorskip("matplotlib")
-    big = [bench.finish({"sku": s, "op": "quantize", "label": s.split("/")[2], "shape": list(sh), "bytes": b,
-                         "skuforge": {"ms": 0.1}, "torch_compile": {"ms": 0.2}, "torch_eager": {"error": "x"}}, 4000.0)
+    big = [bench_record.finish({"sku": s, "op": "quantize", "label": s.split("/")[2], "shape": list(sh), "bytes": b,
+                                "skuforge": {"ms": 0.1}, "torch_compile": {"ms": 0.2}, "torch_eager": {"error": "x"}}, 4000.0)
            for s in (S_TOK, S_GRP) for sh, b in (((8192, 8192), 3 << 26), ((16, 4096), 3 << 16))]
-    path = bench.chart({"gpu": {"name": "G"}, "copy": {"gbps": 4000.0}, "results": big}, tmp_path / "c.png")
+    path = bench_report.chart({"gpu": {"name": "G"}, "copy": {"gbps": 4000.0}, "results": big}, tmp_path / "c.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert bench.chart({"results": big[1::2]}, tmp_path / "none.png") is None    # latency shapes only: no chart
+    assert bench_report.chart({"results": big[1::2]}, tmp_path / "none.png") is None    # latency shapes only: no chart
 
 
 def test_bench_run_one_plumbing_with_a_fake_timer():
@@ -568,13 +575,13 @@ def test_bench_run_one_plumbing_with_a_fake_timer():
     class FakeTimer:
         def measure(self, calls):
             return {"ms": 0.001, "samples": len(calls)}
-    r = bench.run_one(FakeTimer(), None, KernelSku.parse(S_TOK), mod, (16, 4096), 60 << 20, 4000.0, "sha")
+    r = bench_run.run_one(FakeTimer(), None, KernelSku.parse(S_TOK), mod, (16, 4096), 60 << 20, 4000.0, "sha")
     assert len(made) == r["sets"] == 80 and r["skuforge"]["samples"] == 80      # 4 x 60 MiB / 3 MiB
     assert r["target_pct"] == 85.0 and r["sha256"] == "sha" and r["shape"] == [16, 4096]
     assert r["gbps"] == pytest.approx((3 << 20) / 1e-6 / 1e9) and r["pct_copy"] == pytest.approx(r["gbps"] / 40.0)
     assert "torch_eager" not in r and "speedup_compile" not in r
-    assert bench.run_one(FakeTimer(), None, KernelSku.parse(S_TOK), types.SimpleNamespace(make=lambda s, sh: None),
-                         (16, 4096), 60 << 20, 4000.0, "sha") is None
+    assert bench_run.run_one(FakeTimer(), None, KernelSku.parse(S_TOK), types.SimpleNamespace(make=lambda s, sh: None),
+                             (16, 4096), 60 << 20, 4000.0, "sha") is None
 
 
 class _FakeClock:
@@ -607,7 +614,7 @@ def test_bench_times_contenders_in_turns():
     """measure_turns: each contender its own median from its own calls, the timed calls of the two
     alternating in batches (ours, the reference, ours, ...) rather than one block after the other."""
     clock = _FakeClock()
-    timer = bench.Timer.__new__(bench.Timer)
+    timer = bench_timing.Timer.__new__(bench_timing.Timer)
     timer.cp, timer.samples, timer.max_seconds = clock.cp, 40, 60.0
     timer.stream = types.SimpleNamespace(synchronize=lambda: None)
     timer.spin_ns = lambda ns: None
@@ -637,23 +644,23 @@ def test_bench_run_one_times_a_reference_in_turns_and_survives_its_failure():
         def measure_turns(self, contenders):
             seen.append(len(contenders))
             return [{"ms": 1.0, "samples": 10}, {"ms": 1.25, "samples": 10}]
-    r = bench.run_one(TurnTimer(), no_composite, KernelSku.parse(S_TOK), mod, (16, 4096), 60 << 20,
-                      4000.0, "sha")
+    r = bench_run.run_one(TurnTimer(), no_composite, KernelSku.parse(S_TOK), mod, (16, 4096), 60 << 20,
+                          4000.0, "sha")
     assert seen == [2] and r["speedup_ref"] == pytest.approx(1.25)
 
     class FailingRef(TurnTimer):
         def measure_turns(self, contenders):
             raise RuntimeError("torch._grouped_mm refused the layout")
     seen.clear()
-    r = bench.run_one(FailingRef(), no_composite, KernelSku.parse(S_TOK), mod, (16, 4096), 60 << 20,
-                      4000.0, "sha")
+    r = bench_run.run_one(FailingRef(), no_composite, KernelSku.parse(S_TOK), mod, (16, 4096), 60 << 20,
+                          4000.0, "sha")
     assert seen == ["alone"] and r["skuforge"]["ms"] == 1.0 and "refused the layout" in r["torch_ref"]["error"]
 
 
 def test_bench_error_text_keeps_the_cause():
     e = RuntimeError("backend='inductor' raised:\n" + "\n".join(f"frame {i}" for i in range(20))
                      + "\nCalledProcessError: gcc not found")
-    t = bench.error_text(e)
+    t = bench_baselines.error_text(e)
     assert t.startswith("RuntimeError: backend='inductor' raised:") and "gcc not found" in t and len(t) <= 600
 
 

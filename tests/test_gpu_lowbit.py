@@ -22,7 +22,7 @@ from runtime.arrays import kind_of
 pytestmark = pytest.mark.gpu
 
 REG = sf.default_registry()
-LOWBIT = [s for s in REG.skus() if checks_lowbit.is_lowbit(s)]
+LOWBIT = [s for s in REG.skus() if checks_lowbit.handles(s)]
 FP8 = kinds.FP8
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-from codegen.harness.steps import example_module as _example  # noqa: E402  (the examples as modules)
+from codegen.harness.bench.steps import example_module as _example  # noqa: E402  (the examples as modules)
 
 
 @pytest.fixture(autouse=True)

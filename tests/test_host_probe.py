@@ -1,22 +1,22 @@
-"""CPU: the host-overhead timing of codegen/harness/bench.py and tools/probe_host.py (the GPU runs them)."""
+"""CPU: the host-overhead timing of codegen/harness/bench/host.py and tools/probe_host.py (the GPU runs them)."""
 import importlib.util
 import types
 from pathlib import Path
 
-from codegen.harness import bench
+from codegen.harness.bench import host
 
 
 def test_time_host_calls_schema():
     calls, syncs = [], []
-    out = bench.time_host_calls([{"label": "a call", "framework": "cupy", "call": lambda: calls.append(1)},
-                                 {"label": "x (floor)", "call": lambda: None},
-                                 {"label": "part", "call": lambda: None, "target": False},
-                                 {"label": "broken", "call": lambda: 1 / 0}],
-                                lambda: syncs.append(1), n_calls=10, repeats=3)
+    out = host.time_host_calls([{"label": "a call", "framework": "cupy", "call": lambda: calls.append(1)},
+                                {"label": "x (floor)", "call": lambda: None},
+                                {"label": "part", "call": lambda: None, "target": False},
+                                {"label": "broken", "call": lambda: 1 / 0}],
+                               lambda: syncs.append(1), n_calls=10, repeats=3)
     assert len(calls) == 200 + 3 * 10 and len(syncs) >= 4
     a, floor, part, broken = out
     assert set(a) == {"label", "framework", "us", "min_us", "calls", "repeats", "target_us", "throughput_us", "measure"}
-    assert a["target_us"] == bench.TARGET_HOST_US and a["min_us"] <= a["us"] and a["measure"] == "throughput"
+    assert a["target_us"] == host.TARGET_HOST_US and a["min_us"] <= a["us"] and a["measure"] == "throughput"
     assert "target_us" not in floor and "target_us" not in part
     assert broken["us"] is None and "ZeroDivisionError" in broken["error"]
 
@@ -25,15 +25,15 @@ def test_time_host_calls_behind_a_busy_gpu():
     """With ``busy``, ``us`` is the host's time alone: each timed batch follows one spin kernel, few
     enough launches that the queue cannot fill (fewer calls for items of several launches)."""
     calls, spins = [], []
-    out = bench.time_host_calls([{"label": "one", "call": lambda: calls.append(1)},
-                                 {"label": "four", "call": lambda: calls.append(4), "launches": 4}],
-                                lambda: None, n_calls=10, repeats=3, busy=spins.append)
+    out = host.time_host_calls([{"label": "one", "call": lambda: calls.append(1)},
+                                {"label": "four", "call": lambda: calls.append(4), "launches": 4}],
+                               lambda: None, n_calls=10, repeats=3, busy=spins.append)
     one, four = out
     assert one["measure"] == four["measure"] == "host" and len(spins) == 2 * 7
-    assert set(spins) == {bench.HOST_BUSY_NS}
-    assert one["host_calls"] == bench.HOST_QUEUE and four["host_calls"] == bench.HOST_QUEUE // 4
-    assert calls.count(1) == 200 + 3 * 10 + 7 * bench.HOST_QUEUE
-    assert four["target_us"] == bench.TARGET_HOST_US + 3 * bench.EXTRA_LAUNCH_US
+    assert set(spins) == {host.HOST_BUSY_NS}
+    assert one["host_calls"] == host.HOST_QUEUE and four["host_calls"] == host.HOST_QUEUE // 4
+    assert calls.count(1) == 200 + 3 * 10 + 7 * host.HOST_QUEUE
+    assert four["target_us"] == host.TARGET_HOST_US + 3 * host.EXTRA_LAUNCH_US
     assert one["min_us"] <= one["us"] and one["throughput_us"] > 0
 
 
@@ -45,18 +45,18 @@ def test_time_host_calls_takes_batches_in_rounds():
     def flaky():
         log.append("c")
         n_c[0] += 1
-        if n_c[0] > 200 + 3 * 10 + 2 * bench.HOST_QUEUE:     # its third timed batch fails
+        if n_c[0] > 200 + 3 * 10 + 2 * host.HOST_QUEUE:     # its third timed batch fails
             raise RuntimeError("gone")
 
-    out = bench.time_host_calls([{"label": "a", "call": lambda: log.append("a")},
-                                 {"label": "b", "call": lambda: log.append("b")},
-                                 {"label": "c", "call": flaky}],
-                                lambda: None, n_calls=10, repeats=3, busy=lambda ns: log.append("|"))
+    out = host.time_host_calls([{"label": "a", "call": lambda: log.append("a")},
+                                {"label": "b", "call": lambda: log.append("b")},
+                                {"label": "c", "call": flaky}],
+                               lambda: None, n_calls=10, repeats=3, busy=lambda ns: log.append("|"))
     timed = "".join(log[log.index("|"):]).split("|")[1:]
     assert [t[0] for t in timed] == ["a", "b", "c"] * 3 + ["a", "b"] * 4
-    assert timed[8] == "c" and all(len(t) == bench.HOST_QUEUE for t in timed if t != timed[8])
+    assert timed[8] == "c" and all(len(t) == host.HOST_QUEUE for t in timed if t != timed[8])
     a, b, c = out
-    assert a["measure"] == b["measure"] == "host" and a["us"] is not None and a["host_calls"] == bench.HOST_QUEUE
+    assert a["measure"] == b["measure"] == "host" and a["us"] is not None and a["host_calls"] == host.HOST_QUEUE
     assert c["us"] is None and "RuntimeError: gone" in c["error"] and "target_us" not in c
 
 
@@ -66,7 +66,7 @@ def test_host_items_dedupe_by_label_and_record_errors():
     m2 = types.SimpleNamespace(__name__="m2", host_calls=lambda: [{"label": "q", "call": lambda: 2},
                                                                   {"label": "r", "call": lambda: 3}])
     m3 = types.SimpleNamespace(__name__="m3", host_calls=lambda: 1 / 0)
-    items, errors = bench.host_items(timer, [m1, m2, m3], api=False)
+    items, errors = host.host_items(timer, [m1, m2, m3], api=False)
     assert [i["label"] for i in items] == ["cupy RawKernel launch (floor)", "q", "r"]
     assert items[1]["call"]() == 1
     m3_error = [e for e in errors if e["label"] == "m3.host_calls()"]

@@ -407,16 +407,18 @@ def test_fused_config(monkeypatch, shape, gs, kind, vec_want):
 def test_bench_module_selection_and_bytes():
     from codegen import matrix, spec
     from codegen.families.quantization.blocks import lowbit_blocks
-    from codegen.harness import bench
+    from codegen.harness import families
+    from codegen.harness.bench import plan as bench_plan
+    from codegen.harness.bench import record as bench_record
     from codegen.harness.workloads import lowbit as bench_lowbit
-    mods = bench.workload_modules(lambda m: None)
+    mods = families.workload_modules(lambda m: None)
     lowbit_skus = [c.sku for c in matrix.cells((spec.Family("lowbit", lowbit_blocks(), ()),)) if c.generated]
     for s in lowbit_skus:
-        assert bench.module_for(s, mods) is bench_lowbit
+        assert families.module_for(s, mods) is bench_lowbit
     s8 = [s for s in sf.default_registry().skus() if s.op in ("quantize", "dynamic_quantize")
           and s.aux_element in ("s8", "u8")]
-    assert all(bench.module_for(s, mods).__name__ != "codegen.harness.workloads.lowbit" for s in s8)
-    todo = bench.plan(lowbit_skus, mods)
+    assert all(families.module_for(s, mods).__name__ != "codegen.harness.workloads.lowbit" for s in s8)
+    todo = bench_plan.plan(lowbit_skus, mods)
     chosen = sorted({str(s) for s, _, _ in todo})
     assert len(chosen) == 3 and all("/group/symmetric/bf16/" in c and "dynamic_quantize" in c for c in chosen)
     assert {s.aux_element for s, _, _ in todo} == {"fp8_e4m3", "s4"} and (65536, 4096) in {sh for _, _, sh in todo}
@@ -426,9 +428,9 @@ def test_bench_module_selection_and_bytes():
     assert bench_lowbit.expected_bytes(fp8, (65536, 4096)) == n * 2 + n + n // 128 * 4
     assert bench_lowbit.expected_bytes(s4, (65536, 4096)) == n * 2 + n // 2 + n // 128 * 4
     fp8s = {s.arch: s for s, _, _ in todo if s.aux_element == "fp8_e4m3"}
-    assert bench.target_for(bench_lowbit, fp8s["sm89"])["target_pct"] == 95.0     # hardware cvt: the 95 % target
-    assert bench.target_for(bench_lowbit, fp8s["sm80"]) == {"no_target": True}     # the software fallback: none
-    assert bench.target_for(bench_lowbit, s4)["target_pct"] == 95.0
+    assert bench_record.target_for(bench_lowbit, fp8s["sm89"])["target_pct"] == 95.0     # hardware cvt: the 95 % target
+    assert bench_record.target_for(bench_lowbit, fp8s["sm80"]) == {"no_target": True}     # the software fallback: none
+    assert bench_record.target_for(bench_lowbit, s4)["target_pct"] == 95.0
 
 
 def test_prefer_arch_forgets_remembered_calls():

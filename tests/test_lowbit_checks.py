@@ -4,7 +4,7 @@ The checkers reach the device through ``put`` / ``get`` / ``strided`` and the fu
 those are replaced by a "device" that runs the NumPy reference, so every case the checkers
 run on the GPU is generated, executed and compared here: a correct implementation passes and
 a wrong one (a NaN code with its sign, swapped nibbles, double rounding from f64, a stale e8m0
-rule) fails. It also checks the dispatch in front of the s8/u8 checkers.
+rule) fails. It also checks that these checkers take the low-bit SKUs in front of the s8/u8 checkers.
 """
 import numpy as np
 import pytest
@@ -12,8 +12,10 @@ import pytest
 import runtime as sf
 from codegen import matrix, spec
 from codegen.families.quantization.blocks import lowbit_blocks
-from codegen.harness import registry, verify
+from codegen.harness import families, verify
+from codegen.harness.checks import dynamic as checks_dynamic
 from codegen.harness.checks import lowbit as checks_lowbit
+from codegen.harness.checks import static as checks_static
 from runtime import kinds
 from runtime import reference as ref
 from runtime.arrays import kind_of
@@ -100,14 +102,15 @@ def device(monkeypatch):
     return install
 
 
-def test_dispatch_keeps_the_s8_u8_checkers():
+def test_lowbit_checkers_keep_the_s8_u8_checkers():
     skus = sf.default_registry().skus()
-    for op in checks_lowbit.OPS:
+    plain = {**checks_static.CHECKERS, **checks_dynamic.CHECKERS}
+    for op in checks_lowbit.CHECKERS:
         s8 = next(s for s in skus if s.op == op and "s8" in (s.element, s.aux_element))
-        assert not checks_lowbit.is_lowbit(s8)
-        assert registry.checker_for(s8) is registry.checkers()[op] is not checks_lowbit.dispatch
-    assert all(checks_lowbit.is_lowbit(s) for s in LOWBIT)
-    assert all(registry.checker_for(s) is checks_lowbit.dispatch for s in LOWBIT)
+        assert not checks_lowbit.handles(s8)
+        assert families.checker_for(s8) is plain[op] is not checks_lowbit.CHECKERS[op]
+    assert all(checks_lowbit.handles(s) for s in LOWBIT)
+    assert all(families.checker_for(s) is checks_lowbit.CHECKERS[s.op] for s in LOWBIT)
 
 
 def test_sample_covers_the_matrix():

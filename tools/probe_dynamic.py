@@ -11,7 +11,7 @@ kernels compiled into the same SKUs. Per case the ``block`` variant (the previou
 reference: its q / scale / zero point are checked against the NumPy reference (runtime.reference)
 on the first and last 64 rows (the first rows hold NaN, +-inf, a zero row, a constant row and an
 outlier), and every other variant must equal it bit for bit on the whole tensor. Times: CUDA
-events, median of >= 50 launches after warm-up (codegen.harness.bench.Timer), two input sets rotated so
+events, median of >= 50 launches after warm-up (codegen.harness.bench.timing.Timer), two input sets rotated so
 that L2 is not what is measured; "% copy" is against a device-to-device copy of the same bytes
 (x read once + q written once + scales and zero points) measured in the same run.
 
@@ -224,7 +224,7 @@ def expected_bytes(case, shape) -> int:
 def run_case(case, shape, plan, timer, variants, torch):
     """Every variant on one case: the first (``block`` by default) checked against NumPy on the row
     bands, every one against the first bit for bit on the whole tensor, then timed."""
-    from codegen.harness.bench import gbps, same_size_copy
+    from codegen.harness.bench.timing import gbps, same_size_copy
     from runtime import config, kinds
     el, qk, scope, mode = case
     pack = kinds.kind(qk).pack
@@ -271,7 +271,7 @@ def main() -> int:
         return ptxas_report(a.arch)
     t_start = time.perf_counter()
 
-    from codegen.harness.bench import Timer, copy_bandwidth
+    from codegen.harness.bench.timing import Timer, copy_bandwidth
     from codegen.harness.verify import environment
     dev = 0
     env = environment(dev)

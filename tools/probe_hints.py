@@ -13,8 +13,8 @@ dynamic bf16 / f16 -> s8 units are those of DIR (a generated/ tree rendered from
 an A/B of a template change in the same run); ``--config NAME=TEXT`` runs variant NAME under a
 fused launch configuration (e.g. ``auto,fixed=0``: the run-time-TX team kernels); ``--variants``
 and ``--cases`` pick what runs. Every variant must give the shipped kernel's bits (checked on the
-whole output); times are CUDA events (codegen.harness.bench.Timer, two input sets rotated) and "% copy" is
-against the bench's device copy (codegen.harness.bench.copy_bandwidth), as ``codegen bench`` reports it.
+whole output); times are CUDA events (codegen.harness.bench.timing.Timer, two input sets rotated) and "% copy" is
+against the bench's device copy (codegen.harness.bench.timing.copy_bandwidth), as ``codegen bench`` reports it.
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def main() -> int:
         CASES[:] = [(c, s) for c, s in CASES
                     if any(k in "/".join(c) + " " + "x".join(map(str, s)) for k in a.cases.split(","))]
 
-    from codegen.harness.bench import Timer, copy_bandwidth, gbps
+    from codegen.harness.bench.timing import Timer, copy_bandwidth, gbps
     from codegen.harness.verify import environment
     from runtime import config
     from runtime.plans import Descriptor, Plan, Preference

@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 tools/probe_host.py --out probe_host.json
 
 Per call, in µs, the calling thread's own time: batches of the same call on the same (16, 4096)
-arrays queued behind a spin kernel, the median batch (codegen/harness/bench.py's host-overhead
+arrays queued behind a spin kernel, the median batch (codegen/harness/bench/host.py's host-overhead
 timing, whose ``api_host_calls`` lists the calls): quantize, dequantize, fake_quantize (channel),
 dynamic_quantize (token), with CuPy arrays and torch tensors, default settings; and the floor,
 a bare CuPy RawKernel launch.
@@ -48,7 +48,7 @@ def _host_only(call, synchronize, n_calls: int = 400, repeats: int = 5) -> dict:
     import numpy as np
     global _SPIN
     if _SPIN is None:
-        from codegen.harness.bench import SPIN_SRC
+        from codegen.harness.bench.timing import SPIN_SRC
         _SPIN = cp.RawKernel(SPIN_SRC, "sf_bench_spin")
     per = []
     for _ in range(repeats):
@@ -188,13 +188,13 @@ def graph_turns(items, synchronize, n_calls: int, repeats: int, busy) -> dict:
     """{label: {"off": [µs, µs], "on": [µs, µs]}}: the multi-launch calls and the first quantize call,
     timed on the host clock behind a spin kernel with ``graph_replay`` off, on, off, on (both turns
     of each setting)."""
-    from codegen.harness import bench
+    from codegen.harness.bench import host as bench_host
     from runtime import config
     multi = _graph_items(items)
     turns = {}
     for setting in ("off", "on", "off", "on"):
         with config.override(graph_replay=setting):        # forgets the remembered calls
-            for r in bench.time_host_calls(multi, synchronize, n_calls, repeats, busy=busy):
+            for r in bench_host.time_host_calls(multi, synchronize, n_calls, repeats, busy=busy):
                 turns.setdefault(r["label"], {}).setdefault(setting, []).append(r.get("us"))
     for label, by in turns.items():
         print(f"  graph replay off {by['off']} / on {by['on']} µs: {label}", flush=True)
@@ -281,7 +281,8 @@ def main(argv=None) -> int:
     except ImportError:
         torch = None
 
-    from codegen.harness import bench
+    from codegen.harness.bench import host as bench_host
+    from codegen.harness.bench.timing import Timer
     from codegen.harness.records import git_info, now
     from codegen.manifest import GENERATED
     from codegen.harness.verify import _precompile, environment
@@ -302,11 +303,11 @@ def main(argv=None) -> int:
     else:
         stream = cp.cuda.get_current_stream()
     with stream:
-        timer = bench.Timer(stream, 1, 0.1)
+        timer = Timer(stream, 1, 0.1)
         from codegen.harness.workloads import training
-        items, errors = bench.host_items(timer, [training], api=True, device=args.device)
+        items, errors = bench_host.host_items(timer, [training], api=True, device=args.device)
         # host clock, each batch queued behind a spin kernel (as the bench's host table)
-        host = errors + bench.time_host_calls(items, stream.synchronize, args.calls, args.repeats, busy=timer.spin_ns)
+        host = errors + bench_host.time_host_calls(items, stream.synchronize, args.calls, args.repeats, busy=timer.spin_ns)
         graph_ab = graph_turns(items, stream.synchronize, args.calls, args.repeats, timer.spin_ns) \
             if args.graph_ab else {}
         parts = graph_parts(items, stream.synchronize) if args.graph_parts else {}
@@ -315,7 +316,7 @@ def main(argv=None) -> int:
             if args.profile else {}
     rec = {"schema": 1, "what": "host overhead per repeated functional call", "date": now(), **git_info(),
            **env, "python": platform.python_version(), "calls": args.calls, "repeats": args.repeats,
-           "target_us": bench.TARGET_HOST_US, "compile_s": round(compile_s, 1),
+           "target_us": bench_host.TARGET_HOST_US, "compile_s": round(compile_s, 1),
            "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "graph_ab": graph_ab, "graph_parts": parts, "components": comps,
            "python_reference_us": python_reference_us()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from codegen.harness.bench import SPIN_SRC
+    from codegen.harness.bench.timing import SPIN_SRC
     from runtime.graphs import KernelNodeParams
     lib = ctypes.CDLL("libcuda.so.1")
     vp, u = ctypes.c_void_p, ctypes.c_uint

@@ -10,7 +10,7 @@ On the GPU machine:
 Cases: dynamic_quantize token / group(128) bf16 -> s8 under each fused launch configuration
 (runtime.dynamic.FusedConfig), per-tensor (one cooperative launch and the two-pass path), the static
 quantize token bf16 -> s8, and the torch.compile of each composite, timed the way ``codegen bench``
-times (codegen.harness.bench.Timer: CUDA events, GPU time per call, L2-rotated input sets). ``--ncu``: each
+times (codegen.harness.bench.timing.Timer: CUDA events, GPU time per call, L2-rotated input sets). ``--ncu``: each
 case a few times with no timing, for Nsight Compute's in-kernel durations (what the events add).
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     import torch
 
     import runtime as sf
-    from codegen.harness.bench import Timer
+    from codegen.harness.bench.timing import Timer
     from runtime import config
     results = []
     for label, ours, theirs, fields in cases(torch, sf):

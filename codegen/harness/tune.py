@@ -17,25 +17,19 @@ from pathlib import Path
 
 from runtime import tuning
 
-from .bench import Timer, _free, module_for, no_gpu, rotation_sets, workload_modules
+from .bench.timing import Timer, free_memory, no_gpu, rotation_sets
+from .families import module_for, tune_filters, workload_modules
 from .records import git_info, now
 
 # The shape each size bucket is measured at (runtime.tuning.BUCKETS): the benchmark's latency,
 # small-prefill, mid and large shapes.
 BUCKET_SHAPES = {"le128k": (16, 4096), "le2m": (128, 7168), "le32m": (4096, 7168), "gt32m": (8192, 8192)}
 MARGIN = 0.01           # another schedule replaces the default only when faster by more than this
-# The SKUs measured by default: symmetric, bf16 on the float side, one code kind per kernel template
-# (s8 for the 8-bit integer kernels, s4 for packed int4, fp8_e4m3 for fp8); the others of the same
-# launch kind and element sizes take their entries through the kind-and-sizes key.
-DEFAULT_FILTERS = tuple(
-    f"quantization/{op}/*/symmetric/{pair}/*" for op, pairs in (
-        ("quantize", ("bf16/s8", "bf16/s4", "bf16/fp8_e4m3")),
-        ("dequantize", ("s8/bf16", "s4/bf16", "fp8_e4m3/bf16")),
-        ("dynamic_quantize", ("bf16/s8", "bf16/s4", "bf16/fp8_e4m3")),
-        ("fake_quantize", ("bf16/bf16",)), ("fake_quantize_backward", ("bf16/bf16",)),
-        ("quantize_backward", ("bf16/bf16",)), ("dequantize_backward", ("bf16/bf16",)))
-    for pair in pairs)
-
+# The SKUs measured by default: each family's (codegen.harness.families): symmetric, bf16 on the float
+# side, one code kind per kernel template (s8 for the 8-bit integer kernels, s4 for packed int4, fp8_e4m3
+# for fp8); the others of the same launch kind and element sizes take their entries through the
+# kind-and-sizes key.
+DEFAULT_FILTERS = tune_filters()
 
 # the order SKUs are measured in: the ops users call most first (an interrupted run keeps those)
 OP_ORDER = ("dynamic_quantize", "quantize", "dequantize", "fake_quantize", "fake_quantize_backward",
@@ -134,7 +128,7 @@ def cmd_tune(args) -> int:
                     table["entries"].setdefault(key, {})[b] = entry
                 console.print(f"[{i + 1}/{len(todo)}] {sku} {b}: {pick} "
                               f"({times[pick]:.2f} µs; default {default} {times[default]:.2f} µs)")
-            _free()
+            free_memory()
             table["seconds"] = round(time.perf_counter() - t0, 1)
             _write(path, table)          # after every SKU: an interrupted run keeps what it measured
     console.print(f"wrote {path}: {len(todo)} SKUs x {len(buckets)} buckets in {table['seconds']} s; run "

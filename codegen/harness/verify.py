@@ -1,7 +1,7 @@
 """``python -m codegen verify``: run every selected SKU against the NumPy reference on a GPU.
 
-Each SKU goes through :func:`check` ``(sku, rng)``: the checker its family registered
-(``codegen.harness.registry``; random inputs plus the edge cases of docs/audit.md; bit-exact for
+Each SKU goes through :func:`check` ``(sku, rng)``: the checker of its family
+(``codegen.harness.families``; random inputs plus the edge cases of docs/audit.md; bit-exact for
 quantization ops). The results are merged into
 ``audit/verified/<gpu-slug>.json``: records of SKUs not selected this time are kept, a
 selected SKU's record is replaced. Every SKU gets its own generator seeded from
@@ -17,7 +17,7 @@ import time
 import zlib
 from pathlib import Path
 
-from . import registry
+from .families import checker_for
 from .records import add_records_argument, git_info, now, read_json, slug, write_json
 
 SCHEMA = 1
@@ -25,7 +25,7 @@ MAX_RUNS_KEPT = 50
 
 
 def check(sku, rng=None, preferred_fw="cupy"):
-    """Run the registered checker of ``sku`` -> ``CheckResult`` (checks/base.py), once under each of
+    """Run the checker of ``sku`` (its family's) -> ``CheckResult`` (checks/base.py), once under each of
     its schedule variants (its launch kind's, codegen/families/) when it has several; a crash is a failed result,
     with its message."""
     import numpy as np
@@ -35,7 +35,7 @@ def check(sku, rng=None, preferred_fw="cupy"):
 
     from .checks.base import CheckResult
     rng = rng or np.random.default_rng()
-    fn = registry.checker_for(sku)
+    fn = checker_for(sku)
     if fn is None:
         return CheckResult(str(sku), False, detail=f"no checker for op {sku.op}")
     def run():

@@ -1,7 +1,7 @@
 """What the family checkers share: the result, device transfers, case generation, comparison.
 
-A checker (one per op, in a family module beside this one, registered with
-``codegen.harness.registry.checker``) runs a list of cases for one SKU and returns a
+A checker (one per op, in a family module beside this one, listed in its ``CHECKERS``; the
+families: ``codegen.harness.families``) runs a list of cases for one SKU and returns a
 :class:`CheckResult`. Cases use fresh random inputs (never all zeros) and the edge cases of
 docs/audit.md: .5 ties, saturation, NaN/±inf, empty and odd shapes, strided rows.
 ``codegen.harness.verify.check(sku, rng)`` runs the registered checker of a SKU.

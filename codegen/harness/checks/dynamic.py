@@ -1,4 +1,4 @@
-"""GPU checker of op ``dynamic_quantize``, registered with :func:`codegen.harness.registry.checker`.
+"""GPU checker of op ``dynamic_quantize`` (the dynamic family of :mod:`codegen.harness.families`).
 
 Per SKU: random data over a spread of magnitudes plus the edge cases (all-zero
 rows, constant rows, one huge outlier, NaN and ±inf inside a row, all-NaN rows, rows of
@@ -19,7 +19,6 @@ from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.reference import dynamic_quantize_ref, dynamic_range
 
-from ..registry import checker
 from .base import CheckResult, _record, patterned, strided_rows, to_device, to_host
 
 # (shape, axis, group_size, specials): specials puts +-inf rows in (they make a whole tensor's
@@ -119,7 +118,6 @@ def run_case(res, sku, x, fw, rng, axis, gs, strided, label, qmin=None, qmax=Non
         res.failures.append(f"{label}: {bad} in-range values dequantize farther than scale/2")
 
 
-@checker("dynamic_quantize")
 def check_dynamic(sku, rng, preferred_fw="cupy") -> CheckResult:
     res = CheckResult(str(sku), False)
     fw = preferred_fw
@@ -136,3 +134,7 @@ def check_dynamic(sku, rng, preferred_fw="cupy") -> CheckResult:
     res.passed = res.mismatches == 0 and res.cases > 0
     res.detail = f"{res.cases} cases, {res.mismatches} mismatching elements"
     return res
+
+
+# the checkers of this family, by op (codegen.harness.families)
+CHECKERS = {"dynamic_quantize": check_dynamic}

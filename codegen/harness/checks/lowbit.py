@@ -1,7 +1,7 @@
 """GPU checkers of the low-bit SKUs: fp8 e4m3fn / e5m2, packed s4 / u4, e8m0 (MX) scales.
 
-Registered for ``quantize``, ``dequantize`` and ``dynamic_quantize`` in front of the s8/u8
-checkers (which still handle every other SKU). Each SKU runs *itself*: ``runtime.lowbit.prefer_arch``
+The checkers of ``quantize``, ``dequantize`` and ``dynamic_quantize`` for the SKUs :func:`handles`, in front
+of the s8/u8 checkers (which still handle every other SKU). Each SKU runs *itself*: ``runtime.lowbit.prefer_arch``
 selects the sm80 (software conversion) SKU on an sm_89+ GPU too. Everything is bit-exact against
 ``runtime.reference`` (fp8 and int4 codes, scales, e8m0 codes, zero points; float outputs bit for
 bit with NaN == NaN). Cases: fresh random data around the grid, exact ties (power-of-two scales keep
@@ -21,14 +21,13 @@ from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.scopes import param_shape
 
-from ..registry import checker
 from .base import CheckResult, patterned, record, strided_rows, to_device, to_host
 
 KINDS = set(kinds.LOW_BIT)
-OPS = ("quantize", "dequantize", "dynamic_quantize")
 
 
-def is_lowbit(sku) -> bool:
+def handles(sku) -> bool:
+    """The low-bit SKUs: these checkers take them, in front of the s8/u8 checkers of the same ops."""
     return bool({sku.element, sku.aux_element} & KINDS)
 
 
@@ -342,10 +341,5 @@ def _dynamic_case(res, sku, x, fw, rng, axis, gs, mx, strided_, label, qmin, qma
                                      out_dtype=mkind, scale_dtype=sdt))
 
 
-LOWBIT_CHECKERS = {"quantize": check_quantize, "dequantize": check_dequantize, "dynamic_quantize": check_dynamic}
-
-
-@checker(*OPS, when=is_lowbit)
-def dispatch(sku, rng, preferred_fw="cupy"):
-    """In front of the s8/u8 checkers of these ops: the low-bit SKUs (is_lowbit) come here."""
-    return LOWBIT_CHECKERS[sku.op](sku, rng, preferred_fw)
+# the checkers of this family, by op, for the SKUs it ``handles`` (codegen.harness.families)
+CHECKERS = {"quantize": check_quantize, "dequantize": check_dequantize, "dynamic_quantize": check_dynamic}

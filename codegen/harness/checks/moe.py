@@ -16,10 +16,9 @@ import numpy as np
 import runtime as sf
 from runtime import kinds
 from runtime import reference_moe as ref
-from runtime.axes import PASSES
+from runtime.axes import OPS, PASSES
 from runtime.arrays import numpy_dtype
 
-from ..registry import checker
 from .base import CheckResult, strided_rows, to_device, to_host
 
 # (label, E, M, N, K, routing, strided); routing in balanced / skewed / empty / padding /
@@ -163,7 +162,6 @@ def variants_of(sku) -> list:
     return [e.launch["default_variant"]] + sorted(n for n in v if n != e.launch["default_variant"])
 
 
-@checker("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
 def check_moe(sku, rng, preferred_fw="cupy", variants=None) -> CheckResult:
     """Every case on every tile configuration of the SKU (``variants``: a subset by name)."""
     res = CheckResult(str(sku), False)
@@ -186,3 +184,7 @@ def check_moe(sku, rng, preferred_fw="cupy", variants=None) -> CheckResult:
     res.detail = f"{res.cases} cases ({len(names)} tile configuration{'s' if len(names) > 1 else ''}), " \
                  f"max rel Frobenius error {res.max_error:.3g} (tol {tol:g}), {res.mismatches} failing"
     return res
+
+
+# the checkers of this family, by op (codegen.harness.families)
+CHECKERS = dict.fromkeys(OPS["moe"], check_moe)

@@ -13,14 +13,12 @@ from runtime.arrays import numpy_dtype
 from runtime.launch import grid_cap
 from runtime.scopes import param_shape
 
-from ..registry import checker
 from .base import CheckResult, _pow2_scales, _random_floats, _record, _shapes, framework_for, strided_rows, to_device, \
     to_host
 
 POISON_NAN16 = 0x7FFF      # a poisoned bfloat16 / float16 output: the canonical NaN of a conversion to 16 bits
 
 
-@checker("quantize", "dequantize")
 def check_static(sku, rng, preferred_fw="cupy") -> CheckResult:
     res = CheckResult(str(sku), False)
     float_kind = sku.element if sku.op == "quantize" else sku.aux_element
@@ -109,3 +107,7 @@ def _static_case(sku, res, label, shape, axis, gs, strided, scale, zp, qmin, qma
     else:
         res.mismatches += 1
         res.failures.append(f"{label}: no DeviceValueError at the check point")
+
+
+# the checkers of this family, by op (codegen.harness.families)
+CHECKERS = {"quantize": check_static, "dequantize": check_static}

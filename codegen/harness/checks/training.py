@@ -1,6 +1,6 @@
 """GPU checks of the training ops: every SKU bit-exact against the NumPy reference.
 
-Registered for ``python -m codegen verify`` through :mod:`codegen.harness.registry`. Each checker runs the
+The training family of :mod:`codegen.harness.families` (``python -m codegen verify``). Each checker runs the
 scope's shapes of :func:`codegen.harness.checks.base._shapes` (aligned, odd, rank up to 8), contiguous and
 strided rows, power-of-two scales (exact .5 ties) and arbitrary ones, several quantization ranges,
 NaN/±inf, an empty tensor, and, where PyTorch is installed, bit-exactness with PyTorch's own
@@ -21,7 +21,6 @@ from runtime.arrays import numpy_dtype
 from runtime.launch import grid_cap
 from runtime.scopes import param_shape
 
-from ..registry import checker
 from .base import (CheckResult, _pow2_scales, _random_floats, _shapes, record, record_close, same_bits, strided_rows,
                    to_device, to_host)
 
@@ -96,7 +95,6 @@ def _param(p, fw, pshape, rng, as_scalar_ok=True):
 
 
 # -- elementwise ops ---------------------------------------------------------------------------
-@checker("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward")
 def check_training_elementwise(sku, rng, preferred_fw="cupy") -> CheckResult:
     res = CheckResult(str(sku), False)
     kind, mk, fw = sku.element, _math(sku.element), preferred_fw
@@ -194,7 +192,6 @@ def random_mask(shape, rng):
     return m
 
 
-@checker("fake_quantize_backward_from_mask")
 def check_from_mask(sku, rng, preferred_fw="cupy") -> CheckResult:
     """dx = dy * bit against the reference, bit for bit: D a multiple of 8 (the vector path) and ragged,
     rank 1 to 8, strided rows of dy, dx and the mask (on a 2-block grid), misaligned rows (the scalar
@@ -237,7 +234,6 @@ def lsq_inputs(sku, shape, axis, gs, rng, specials=False):
     return x, dy, scale, zp, qmin, qmax, g
 
 
-@checker("fake_quantize_learnable_backward")
 def check_lsq(sku, rng, preferred_fw="cupy") -> CheckResult:
     res = CheckResult(str(sku), False)
     fw = preferred_fw
@@ -423,3 +419,10 @@ def torch_specials() -> dict:
     dx, _, _ = sf.fake_quantize_learnable_backward(torch.ones_like(x), x, 0.5, 2, scope="tensor", qmin=-8, qmax=7)
     out["skuforge learnable dx"] = dx.tolist()[0]
     return out
+
+
+# the checkers of this family, by op (codegen.harness.families)
+CHECKERS = {**dict.fromkeys(("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward"),
+                             check_training_elementwise),
+            "fake_quantize_backward_from_mask": check_from_mask,
+            "fake_quantize_learnable_backward": check_lsq}

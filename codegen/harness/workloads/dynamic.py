@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 
-from ..registry import bench_section
 from .base import random_input
 
 OPS = ("dynamic_quantize",)
@@ -83,7 +82,6 @@ def expected_bytes(sku, shape) -> int:
     return math.prod(shape) * (kinds.SIZE[sku.element] + kinds.SIZE[sku.aux_element]) + math.prod(pshape) * per_param
 
 
-@bench_section("dynamic")
 def make(sku, shape):
     """A workload dict for ``codegen.harness.bench`` (``None`` for other ops): call, bytes, label, the
     torch composite (``torch_fn`` + ``torch_args``) and ``torch_eager`` / ``torch_inputs``."""

@@ -20,7 +20,6 @@ import math
 
 from runtime import kinds
 
-from ..registry import bench_section
 from .base import random_input
 
 OPS = ("dynamic_quantize",)
@@ -106,7 +105,6 @@ def expected_bytes(sku, shape) -> int:
     return n * kinds.SIZE[fkind] + q_bytes + math.prod(pshape) * per_param
 
 
-@bench_section("lowbit")
 def make(sku, shape):
     """A workload dict for ``codegen.harness.bench`` (``None`` for SKUs this module does not handle)."""
     if not handles(sku):

@@ -17,7 +17,6 @@ import numpy as np
 
 from runtime import kinds
 
-from ..registry import bench_section
 
 OPS = ("grouped_matmul", "grouped_matmul_backward_input", "grouped_matmul_backward_weight")
 GEMM_SHAPES = ((8, 16384, 4096, 4096), (64, 32768, 2048, 7168), (128, 16384, 1536, 2048), (128, 4096, 1536, 2048))
@@ -118,7 +117,6 @@ def calls(op: str, data: dict, backend: str = "mma", dw_dtype: str = "float32"):
     return ours, ref
 
 
-@bench_section("moe")
 def make(sku, shape):
     """dict(call, flops, torch_ref, label, footprint) for one SKU on one shape, or None."""
     if sku.category != "moe":

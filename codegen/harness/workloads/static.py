@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-from ..registry import bench_section
 from .base import nbytes
 
 OPS = ("quantize", "dequantize")
@@ -84,7 +83,6 @@ def expected_bytes(sku, shape) -> int:
     return n * (kinds.SIZE[sku.element] + kinds.SIZE[sku.aux_element]) + math.prod(pshape) * per_param
 
 
-@bench_section("static")
 def make(sku, shape):
     """A workload dict for ``codegen.harness.bench`` (``None`` for SKUs that are not static quantize/dequantize)."""
     if sku.op not in OPS or sku.scope is None:

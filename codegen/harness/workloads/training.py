@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 
-from ..registry import bench_section
 from .base import kept_results, nbytes
 
 OPS = ("quantize_backward", "dequantize_backward", "fake_quantize", "fake_quantize_backward",
@@ -142,7 +141,6 @@ def _from_mask(sku, shape):
     return w
 
 
-@bench_section("training")
 def make(sku, shape):
     """A workload dict for ``codegen.harness.bench`` (None for SKUs of other families)."""
     if sku.op not in OPS:
@@ -157,21 +155,7 @@ def make(sku, shape):
     kind = sku.element
     n = math.prod(shape)
     asym = sku.mode == "asymmetric"
-    if torch is not None:
-        from runtime.arrays import torch_dtype
-        dt, mdt = torch_dtype(kind), (torch.float64 if kind == "f64" else torch.float32)
-        x = (torch.randn(shape, device="cuda", dtype=mdt) * 3).to(dt)
-        dy = torch.randn(shape, device="cuda", dtype=mdt).to(dt)
-        scale = torch.rand(pshape, device="cuda", dtype=mdt) * 0.03 + 0.02
-        zp = torch.randint(-20, 21, pshape, device="cuda", dtype=torch.int32) if asym else None
-    else:
-        import cupy as cp
-        from runtime.arrays import numpy_dtype
-        mdt = cp.float64 if kind == "f64" else cp.float32
-        x = (cp.random.standard_normal(shape, dtype=mdt) * 3).astype(numpy_dtype(kind))
-        dy = cp.random.standard_normal(shape, dtype=mdt).astype(numpy_dtype(kind))
-        scale = (cp.random.random(pshape, dtype=mdt) * 0.03 + 0.02).astype(mdt)
-        zp = cp.random.randint(-20, 21, pshape, dtype=cp.int32) if asym else None
+    x, dy, scale, zp = _inputs(torch, kind, shape, pshape, asym)
     kw = dict(scope=sku.scope, axis=axis, group_size=gs)
     fq = dict(qmin=QMIN, qmax=QMAX)
     item = kinds.SIZE[kind]
@@ -198,8 +182,37 @@ def make(sku, shape):
             return sf.fake_quantize_learnable_backward(dy, x, scale, zp, **kw, **fq, grad_factor=0.01)
         w = {"call": call, "bytes": 3 * n * item + params + math.prod(pshape) * (kinds.SIZE["f64" if kind == "f64" else "f32"] + (4 if asym else 0)),
              "label": label}
-    if torch is None:
-        return w
+    if torch is not None:
+        _torch_baseline(w, torch, sku, shape, (x, dy, scale, zp), (axis, gs, pshape))
+    return w
+
+
+def _inputs(torch, kind: str, shape, pshape, asym: bool) -> tuple:
+    """(x, dy, scale, zero point or None): torch tensors when torch is present, else CuPy arrays."""
+    if torch is not None:
+        from runtime.arrays import torch_dtype
+        dt, mdt = torch_dtype(kind), (torch.float64 if kind == "f64" else torch.float32)
+        x = (torch.randn(shape, device="cuda", dtype=mdt) * 3).to(dt)
+        dy = torch.randn(shape, device="cuda", dtype=mdt).to(dt)
+        scale = torch.rand(pshape, device="cuda", dtype=mdt) * 0.03 + 0.02
+        zp = torch.randint(-20, 21, pshape, device="cuda", dtype=torch.int32) if asym else None
+        return x, dy, scale, zp
+    import cupy as cp
+    from runtime.arrays import numpy_dtype
+    mdt = cp.float64 if kind == "f64" else cp.float32
+    x = (cp.random.standard_normal(shape, dtype=mdt) * 3).astype(numpy_dtype(kind))
+    dy = cp.random.standard_normal(shape, dtype=mdt).astype(numpy_dtype(kind))
+    scale = (cp.random.random(pshape, dtype=mdt) * 0.03 + 0.02).astype(mdt)
+    zp = cp.random.randint(-20, 21, pshape, dtype=cp.int32) if asym else None
+    return x, dy, scale, zp
+
+
+def _torch_baseline(w: dict, torch, sku, shape, inputs: tuple, params: tuple) -> None:
+    """The PyTorch baseline of the workload ``w`` (``torch_fn``, ``torch_args``; the label says which);
+    ``inputs``: (x, dy, scale, zp), ``params``: (axis, group size, parameter shape)."""
+    x, dy, scale, zp = inputs
+    axis, gs, pshape = params
+    kind = sku.element
     sb, zb = _bview(scale, sku.scope, shape, axis), _bview(zp, sku.scope, shape, axis)
     zc = 0
     if sku.op == "fake_quantize":
@@ -224,7 +237,6 @@ def make(sku, shape):
     elif sku.op == "dequantize_backward":
         w["torch_fn"] = dequantize_backward_composite
         w["torch_args"] = (dy, sb, gs or 0)
-    return w
 
 
 # -- standalone: the target numbers in one process ------------------------------------------------
@@ -284,6 +296,49 @@ def host_profile(n=2000):
     return us
 
 
+def _lsq_rows(reg, kinds, copy: float) -> list:
+    """fake_quantize_learnable_backward per channel and per tensor at 8192 x 8192 against PyTorch's
+    learnable fake-quant backward (information: no target); rows as :func:`main`'s."""
+    import torch
+
+    from runtime.arrays import torch_dtype
+    rows = []
+    for kind in kinds:
+        for scope in ("channel", "tensor"):
+            shape = (8192, 8192)
+            sku = reg.select(category="quantization", op="fake_quantize_learnable_backward", scope=scope,
+                             mode="asymmetric", element=kind, aux_element=kind)
+            w = make(sku, shape)
+            t_ours = _time(w["call"])
+            r = {"op": sku.op, "kind": kind, "scope": scope, "shape": shape, "us": t_ours * 1e3,
+                 "gbps": w["bytes"] / (t_ours * 1e-3) / 1e9}
+            r["pct_copy"] = 100 * r["gbps"] / copy
+            try:
+                x = torch.randn(shape, device="cuda").to(torch_dtype(kind))
+                dy = torch.randn_like(x)
+                n = shape[0] if scope == "channel" else 1
+                sc = torch.rand(n, device="cuda") * 0.03 + 0.02
+                zp = torch.randint(0, 20, (n,), device="cuda").float()
+                if scope == "channel":
+                    fn = lambda: torch.ops.aten._fake_quantize_learnable_per_channel_affine_backward(  # noqa: E731
+                        dy, x, sc, zp, 0, QMIN, QMAX, 0.01)
+                else:
+                    fn = lambda: torch.ops.aten._fake_quantize_learnable_per_tensor_affine_backward(  # noqa: E731
+                        dy, x, sc, zp, QMIN, QMAX, 0.01)
+                r["torch_us"] = _time(fn) * 1e3
+                r["x_torch"] = r["torch_us"] / r["us"]
+            except Exception as e:  # noqa: BLE001 - a baseline that does not run is reported
+                r["torch_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            rows.append(r)
+            print(f"{sku.op:24s} {kind:4s} {scope:7s} {str(shape):14s} {r['us']:9.1f} us {r['gbps']:6.0f} GB/s "
+                  f"{r['pct_copy']:5.1f}% copy | torch " + (f"{r['torch_us']:9.1f} us x{r['x_torch']:.2f}"
+                                                          if "torch_us" in r else r.get("torch_error", "")),
+                  flush=True)
+            del w
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=("f32", "bf16")) -> list:
     """Copy bandwidth, skuforge fake_quantize(+mask bits) / fake_quantize_backward per channel (axis 0)
     and per tensor and fake_quantize_backward_from_mask, against PyTorch's cachemask forward, the
@@ -291,7 +346,6 @@ def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=
     one table."""
     import torch
 
-    from runtime.arrays import torch_dtype
     from runtime.registry import default_registry
     reg = default_registry()
     rows = []
@@ -337,39 +391,7 @@ def main(shapes=((8192, 8192), (65536, 4096), (4096, 14336), (16, 4096)), kinds=
                  if "public_us" in r else ""), flush=True)
         sets = None
         torch.cuda.empty_cache()
-    for kind in kinds:               # LSQ backward (information: no target)
-        for scope in ("channel", "tensor"):
-            shape = (8192, 8192)
-            sku = reg.select(category="quantization", op="fake_quantize_learnable_backward", scope=scope,
-                             mode="asymmetric", element=kind, aux_element=kind)
-            w = make(sku, shape)
-            t_ours = _time(w["call"])
-            r = {"op": sku.op, "kind": kind, "scope": scope, "shape": shape, "us": t_ours * 1e3,
-                 "gbps": w["bytes"] / (t_ours * 1e-3) / 1e9}
-            r["pct_copy"] = 100 * r["gbps"] / copy
-            try:
-                x = torch.randn(shape, device="cuda").to(torch_dtype(kind))
-                dy = torch.randn_like(x)
-                n = shape[0] if scope == "channel" else 1
-                sc = torch.rand(n, device="cuda") * 0.03 + 0.02
-                zp = torch.randint(0, 20, (n,), device="cuda").float()
-                if scope == "channel":
-                    fn = lambda: torch.ops.aten._fake_quantize_learnable_per_channel_affine_backward(  # noqa: E731
-                        dy, x, sc, zp, 0, QMIN, QMAX, 0.01)
-                else:
-                    fn = lambda: torch.ops.aten._fake_quantize_learnable_per_tensor_affine_backward(  # noqa: E731
-                        dy, x, sc, zp, QMIN, QMAX, 0.01)
-                r["torch_us"] = _time(fn) * 1e3
-                r["x_torch"] = r["torch_us"] / r["us"]
-            except Exception as e:  # noqa: BLE001 - a baseline that does not run is reported
-                r["torch_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-            rows.append(r)
-            print(f"{sku.op:24s} {kind:4s} {scope:7s} {str(shape):14s} {r['us']:9.1f} us {r['gbps']:6.0f} GB/s "
-                  f"{r['pct_copy']:5.1f}% copy | torch " + (f"{r['torch_us']:9.1f} us x{r['x_torch']:.2f}"
-                                                          if "torch_us" in r else r.get("torch_error", "")),
-                  flush=True)
-            del w
-            torch.cuda.empty_cache()
+    rows += _lsq_rows(reg, kinds, copy)
     return rows
 
 

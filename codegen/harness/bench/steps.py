@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from .records import ROOT
+from ..records import ROOT
 
 EXAMPLES = ROOT / "examples"
 LINEAR_SHAPE = (4096, 4096, 4096)      # M, K, N
