@@ -31,7 +31,7 @@ import numpy as np
 
 from . import kinds, lowbit, replay, status
 from .axes import MODES
-from .arrays import ArrayRef, as_array, device_of, empty, kind_of, numpy_dtype, stream_handle
+from .arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handle
 from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, cupy, current_device,
                      device_attribute, launch, launch_cooperative, load_function, memset_u32, on_context_of,
                      properties, resident_blocks)
@@ -41,7 +41,7 @@ from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
 from .params import channel_params, check_apart, check_scale_dtype, out_arg, positive_scalar, same_device
 from .quantization import code_out
-from .reference import dynamic_qparams, dynamic_quantize_lowbit_ref, dynamic_range
+from .numerics import dynamic_range, empty_slice_params
 from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 from .tuning import schedule
 from .vectors import CP_ASYNC, fits, require_aligned, stream_word
@@ -744,14 +744,7 @@ def _dynamic_quantize(fast, x, q_out, s_out, z_out, scope, mode, axis, group_siz
                                                ("out[2] (zero_point)", zref)], (1, 2, 3))
     if xr.size == 0:
         # empty slices reduce to 0: the scale (and zero point) of an all-zero slice, no kernel
-        zeros = np.zeros((2,), numpy_dtype(xr.kind))
-        if qk in kinds.INT8:
-            s_val, z_val, _, _ = dynamic_qparams(zeros, scope="tensor", mode=mode, out_kind=qk, qmin=qmin, qmax=qmax,
-                                                 eps=eps)
-        else:
-            _, s_val, z_val = dynamic_quantize_lowbit_ref(zeros, scope="tensor", mode=mode, out_dtype=qk, qmin=qmin,
-                                                          qmax=qmax, eps=eps, scale_dtype=lowbit.E8M0 if mx else None)
-        s_val = int(s_val) if mx else float(s_val)
+        s_val, z_val = empty_slice_params(qk, mode, qmin, qmax, eps, kinds.math_kind(xr.kind), e8m0=mx)
         if outs:
             _fill_into(sref.obj, sref.framework, s_val)
             if zref is not None:

@@ -34,7 +34,7 @@ from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid, stream_params
 from .plans import Launcher, Preference, launcher
 from .params import check_param_shape, device_check
-from .reference import MX_GROUP
+from .numerics import MX_GROUP
 from .scopes import param_shape
 from .tuning import schedule
 from .vectors import fits, stream_word

@@ -9,6 +9,8 @@ import numpy as np
 
 from . import kinds
 from .arrays import numpy_dtype
+from .numerics import (LSQ_TILE_ROWS, MX_GROUP, dynamic_range,  # noqa: F401 - the shared rules, also
+                       fake_quant_zero_point, lsq_team)         # used through this module by the tests
 from .scopes import implied_zero_point, param_shape
 
 
@@ -81,18 +83,6 @@ def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, 
 
 
 # -- dynamic_quantize ---------------------------------------------------------------------------
-def dynamic_range(kind: str, mode: str, qmin=None, qmax=None):
-    """Effective (qmin, qmax, zp) of dynamic_quantize: symmetric defaults are the symmetric
-    range (s8 -127..127, u8 1..255) with the implied zero point; asymmetric the full range."""
-    lo, hi = kinds.QRANGE[kind]
-    if mode == "symmetric":
-        z = implied_zero_point(kind)
-        qmin = (2 * z - hi) if qmin is None else qmin
-        qmax = hi if qmax is None else qmax
-        return qmin, qmax, (qmin + qmax + 1) // 2
-    return (lo if qmin is None else qmin), (hi if qmax is None else qmax), None
-
-
 def _slice_axes(shape, scope, axis):
     ndim = len(shape)
     if scope == "tensor":
@@ -145,16 +135,7 @@ def dynamic_quantize_ref(x, *, scope, mode="symmetric", axis=None, group_size=No
 
 
 # -- training ops: straight-through backward, fake-quant, LSQ ---------------------------
-# Shared with runtime/training.py's launcher: the fixed reduction order of the LSQ sums.
-LSQ_MAX_TEAM = 256      # lanes of a team (a power of two)
-LSQ_TILE_ROWS = 32      # rows per tile of the channel-last tile pass
-
-
-def fake_quant_zero_point(qmin: int, qmax: int) -> int:
-    """Symmetric fake quantization's zero point: the middle of [qmin, qmax] (0 for -128..127)."""
-    return (qmin + qmax + 1) // 2
-
-
+# The fixed reduction order of the LSQ sums (team sizes, tile rows): runtime/numerics.py.
 def _fq_values(x, scale, zero_point, zp_default, scope, axis, group_size):
     """(xm, s, inv, zp, v): x and the broadcast parameters in the math precision and
     ``v = rne(x * inv) + zp`` (NaN stays NaN)."""
@@ -264,11 +245,6 @@ def lsq_terms(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=Non
     return dx, ds, dz
 
 
-def lsq_team(units: int) -> int:
-    """Lanes of a team that sums ``units`` vectors (segment pass) or partials (finish pass)."""
-    return min(LSQ_MAX_TEAM, 1 << max(0, (max(1, units) - 1).bit_length()))
-
-
 def _halve(a):
     """Halving tree over the last axis (a power of two): ``s[i] + s[i + o]``, o = n/2 .. 1."""
     while a.shape[-1] > 1:
@@ -356,7 +332,6 @@ def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, ax
 # -- low-bit formats: fp8 e4m3fn / e5m2, packed int4, e8m0 (MX) block scales ------------
 # fp8 formats (max, mantissa bits, emin, emax): runtime/kinds.py
 FP8_NAN = 0x7F                                    # the NaN code every conversion writes
-MX_GROUP = 32
 
 
 def _fp8_dtype(kind: str):

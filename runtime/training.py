@@ -37,7 +37,7 @@ from .launch import PreparedLaunch
 from .plans import Descriptor, Launcher, cached_plan, launcher
 from .params import channel_params, check_apart, out_arg, real_scalar, same_device, scale_arg, zero_point_arg
 from .quantization import launch_elementwise
-from .reference import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
+from .numerics import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
 from .scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
 from .vectors import fits, stream_word
 

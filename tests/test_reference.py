@@ -69,3 +69,33 @@ def test_f64_math_stays_f64():
     x = np.array([2.5000000000000004], np.float64)
     assert ref.quantize(x, np.float64(1.0), scope="tensor").tolist() == [3]
     assert ref.dequantize(np.array([3], np.int8), np.float64(0.1), scope="tensor", out_dtype="f64").dtype == np.float64
+
+
+def test_empty_slice_params_equal_the_reference_of_an_all_zero_slice():
+    """What dynamic_quantize gives an input with no elements (runtime/numerics.py, no kernel launched)
+    is the reference's scale and zero point of a slice of zeros, for every code kind, mode, range and
+    math precision."""
+    import itertools
+
+    from runtime import kinds
+    from runtime.numerics import empty_slice_params
+    for kind, mode, x_kind, eps, rng, e8m0 in itertools.product(
+            ("s8", "u8", "s4", "u4", "fp8_e4m3", "fp8_e5m2"), ("symmetric", "asymmetric"), ("bf16", "f32", "f64"),
+            (1e-8, 0.5, 3.0), ((None, None), (-100, 90), (3, 12)), (False, True)):
+        if (kind in kinds.FP8 and (mode == "asymmetric" or rng != (None, None))) or (e8m0 and kind not in kinds.FP8):
+            continue
+        if kind in kinds.INT4 and rng == (-100, 90):
+            continue
+        lo, hi = rng
+        if kind in ("u8", "u4") and lo is not None and lo < 0:
+            continue
+        zeros = np.zeros((2,), {"bf16": ml_dtypes.bfloat16, "f32": np.float32, "f64": np.float64}[x_kind])
+        if kind in kinds.INT8:
+            s, z, _, _ = ref.dynamic_qparams(zeros, scope="tensor", mode=mode, out_kind=kind, qmin=lo, qmax=hi, eps=eps)
+        else:
+            _, s, z = ref.dynamic_quantize_lowbit_ref(zeros, scope="tensor", mode=mode, out_dtype=kind, qmin=lo,
+                                                      qmax=hi, eps=eps, scale_dtype="e8m0" if e8m0 else None)
+        got_s, got_z = empty_slice_params(kind, mode, lo, hi, eps, kinds.math_kind(x_kind), e8m0=e8m0)
+        case = (kind, mode, x_kind, eps, rng, e8m0)
+        assert got_s == (int(s) if e8m0 else float(s)), case
+        assert got_z == (None if z is None else int(z)), case
