@@ -619,7 +619,7 @@ class CudaDriver(Driver):
         or through cuda-python's binding (about 9 µs: it converts every argument) where libcuda cannot be
         opened by name."""
         try:
-            raw = ctypes.CDLL("libcuda.so.1").cuLaunchKernel    # its own function object: no argtypes set
+            raw = self.libcuda()["cuLaunchKernel"]      # its own function object: no argtypes set
             raw.restype = ctypes.c_int
             return _CtypesLaunch(raw)
         except (OSError, AttributeError):
