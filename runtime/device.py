@@ -402,7 +402,6 @@ class CudaDriver(Driver):
         self._coop: dict = {}          # (function, threads, shared memory wanted, device) -> (blocks, shared memory)
         self._lib = None
         self._calls: dict = {}         # libcuda function name -> the ctypes function, or None
-        self._graph_fns: list = []
 
     # -- device queries ------------------------------------------------------------------------
     def current_device(self) -> int:
@@ -654,18 +653,20 @@ class CudaDriver(Driver):
         replay's two calls from CuPy's runtime bindings, which take handles as ints and raise on an
         error: ``streamIsCapturing(stream)`` (whether the stream is being captured) and
         ``graphLaunch(exec, stream)``."""
-        if not self._graph_fns:
-            try:
-                lib = self.libcuda()
-                fns = {n: getattr(lib, n) for n in self._GRAPH_CALLS}
-                for f in fns.values():
-                    f.restype = ctypes.c_int
-                from cupy_backends.cuda.api import runtime
-                fns.update(streamIsCapturing=runtime.streamIsCapturing, graphLaunch=runtime.graphLaunch)
-            except (OSError, AttributeError, ImportError):
-                fns = None
-            self._graph_fns.append(fns)
-        return self._graph_fns[0]
+        return self._graph_calls
+
+    @functools.cached_property
+    def _graph_calls(self):
+        try:
+            lib = self.libcuda()
+            fns = {n: getattr(lib, n) for n in self._GRAPH_CALLS}
+            for f in fns.values():
+                f.restype = ctypes.c_int
+            from cupy_backends.cuda.api import runtime
+            fns.update(streamIsCapturing=runtime.streamIsCapturing, graphLaunch=runtime.graphLaunch)
+        except (OSError, AttributeError, ImportError):
+            return None
+        return fns
 
     @functools.cached_property
     def _encode(self):

@@ -1,5 +1,4 @@
 import contextlib
-import ctypes
 
 import numpy as np
 import pytest
@@ -28,26 +27,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-class HostWordsDriver(device.CudaDriver):
-    """The real driver of a machine without a GPU, with the status words (runtime/status.py) in
-    ordinary memory instead of mapped pinned memory (which needs a GPU), so that CPU tests on fake
-    device arrays that reach a launch get as far as the driver's answer."""
-
-    def mapped_words(self, count):
-        words = (ctypes.c_uint32 * count)()
-        return words, ctypes.addressof(words)
-
-
-@pytest.fixture(autouse=True)
-def cpu_driver():
-    """Without a GPU, every test starts on a fresh :class:`HostWordsDriver`; with one, on the real driver."""
-    if HAS_GPU:
-        yield None
-        return
-    with device.use(HostWordsDriver()) as d:
-        yield d
 
 
 @pytest.fixture

@@ -348,7 +348,7 @@ def test_torch_fakes_name_the_arguments_on_different_devices():
             assert set(e.value.devices) == named and set(e.value.devices.values()) == {"cuda:0", "cuda:1"}
 
 
-def test_status_words_exist_for_64_devices():
+def test_status_words_exist_for_64_devices(fake_device):
     assert status.pointer(63) == status.words().base + 4 * 63
     err(lambda: status.pointer(64), sf.UnsupportedError, "cuda:64", "0 to 63")
     status.raise_pending(64)                    # nothing to report for a device without a word
