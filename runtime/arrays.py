@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kinds
+from . import device, kinds
+from .device import cupy_stream, raise_no_device  # noqa: F401  (cupy_stream: tools and the harness take it from here)
 from .errors import DeviceRequiredError, InvalidProblemError
 
 # Normalise a dtype spelling (``"int8"``, ``"s8"``, ``numpy.int8``, ``torch.int8``) to a kind.
@@ -174,7 +175,7 @@ def _from_cai(obj, cai: dict, arg: str) -> ArrayRef:
                                       f"of its item size {item}")
         strides = tuple(s // item for s in cai["strides"])
     ptr = int(data[0] or 0)
-    return ArrayRef(obj, ptr, shape, strides, kind, _device_of_pointer(ptr), "cai",
+    return ArrayRef(obj, ptr, shape, strides, kind, device.driver().device_of_pointer(ptr), "cai",
                     readonly=len(data) > 1 and bool(data[1]))
 
 
@@ -229,67 +230,19 @@ def byte_span(ref: ArrayRef) -> tuple:
     return lo * ref.itemsize, hi * ref.itemsize
 
 
-def _device_of_pointer(ptr: int) -> int:
-    try:
-        import cupy as cp
-        return int(cp.cuda.runtime.pointerGetAttributes(ptr).device)
-    except Exception:  # no driver (CPU-only validation) or a foreign pointer
-        return 0
-
-
-# -- CUDA errors that mean "no usable driver or device" ----------------------------------------------
-def no_device_error(e: BaseException) -> DeviceRequiredError:
-    """``e`` (an error of the CUDA runtime or driver) as the DeviceRequiredError that names it."""
-    return DeviceRequiredError(f"no usable CUDA device ({type(e).__name__}: {e}): skuforge's kernels need an "
-                               f"NVIDIA GPU and its driver; compiling (`python -m codegen compile`) does not")
-
-
-# CUDA status codes (the runtime and the driver API share them) that say there is no usable driver
-# or device: not initialized / deinitialized, a stub library, a driver older than the runtime, a
-# call that needs a newer driver, devices unavailable (exclusive mode), no device, an invalid
-# device ordinal, system not ready, a driver / kernel-module mismatch, no forward compatibility.
-NO_DEVICE_STATUS = frozenset((3, 4, 34, 35, 36, 46, 100, 101, 802, 803, 804))
-_NO_DEVICE_ERRORS = ("CUDARuntimeError", "CUDADriverError", "DynamicLibNotFoundError")
-_NO_DEVICE_TEXTS = ("Found no NVIDIA driver", "No CUDA GPUs are available", "CUDA driver version is insufficient",
-                    "Torch not compiled with CUDA enabled", "no CUDA-capable device", "libcuda.so")
-
-
-def no_device(e: BaseException):
-    """``e`` as a :class:`DeviceRequiredError` naming what happened where ``e`` says that this process
-    has no usable CUDA driver or device (CuPy's ``CUDARuntimeError: cudaErrorInsufficientDriver``,
-    ``cudaErrorNoDevice``, a driver API error of the same kind, a libcuda that cannot be loaded,
-    PyTorch's "Found no NVIDIA driver"); None for any other exception."""
-    if isinstance(e, DeviceRequiredError):
-        return None
-    name = type(e).__name__
-    if name in _NO_DEVICE_ERRORS and (name == "DynamicLibNotFoundError" or getattr(e, "status", None) in NO_DEVICE_STATUS):
-        return no_device_error(e)
-    if isinstance(e, (RuntimeError, AssertionError, OSError)) and any(t in str(e) for t in _NO_DEVICE_TEXTS):
-        return no_device_error(e)
-    return None
-
-
-def raise_no_device(e: BaseException) -> None:
-    """Inside an ``except`` block: raise :func:`no_device`'s error (from ``e``) where ``e`` says there
-    is no usable driver or device; return otherwise (the caller re-raises ``e``)."""
-    d = no_device(e)
-    if d is not None:
-        raise d from e
-
-
 def empty(like: ArrayRef, shape, kind: str):
     """A new array in the framework and on the device of ``like`` (``kind="bool"``: a bool mask).
 
     While a functional call records its allocations (:func:`recording_allocations`, the
     repeated-call fast path), each one is logged with what :func:`allocator` needs to repeat it."""
     try:
-        obj = _new(like, shape, kind)
+        obj, p = _new(like, shape, kind)
     except Exception as e:
         raise_no_device(e)
         raise
     log = getattr(_alloc_log, "log", None)
     if log is not None:
-        log.append((obj, _data_ptr(obj, like.framework), like, tuple(shape), kind))
+        log.append((obj, p, like, tuple(shape), kind))
     return obj
 
 
@@ -304,17 +257,13 @@ def contiguous_strides(shape) -> tuple:
 
 # torch.empty_strided with the C-order strides spelled out allocates the same tensor as torch.empty
 # in about 1.2 µs less on the GPU machine's CPU (tools/probe_host.py: 2.1 against 3.4 µs).
-def _new(like: ArrayRef, shape, kind: str):
+def _new(like: ArrayRef, shape, kind: str) -> tuple:
+    """(a new array, its data pointer): PyTorch's for a tensor, else CuPy's (the driver's)."""
     if like.framework == "torch":
         torch = _torch()
-        return torch.empty_strided(shape, contiguous_strides(shape), dtype=torch_dtype(kind), device=like.obj.device)
-    import cupy as cp
-    with cp.cuda.Device(like.device):
-        return cp.empty(shape, dtype=numpy_dtype(kind))
-
-
-def _data_ptr(obj, framework: str) -> int:
-    return obj.data_ptr() if framework == "torch" else obj.data.ptr
+        t = torch.empty_strided(shape, contiguous_strides(shape), dtype=torch_dtype(kind), device=like.obj.device)
+        return t, t.data_ptr()
+    return device.driver().new_array(like.device, shape, numpy_dtype(kind))
 
 
 _alloc_log = threading.local()
@@ -352,70 +301,20 @@ def allocator(like: ArrayRef, shape, kind: str):
                 raise
             return a, a.data_ptr()
         return alloc
-    import cupy as cp
-    nd, dt, dev, current = cp.ndarray, numpy_dtype(kind), like.device, cp.cuda.runtime.getDevice
-    device = cp.cuda.Device
-
-    def alloc():
-        try:
-            if current() == dev:
-                a = nd(shape, dt)
-            else:
-                with device(dev):
-                    a = nd(shape, dt)
-        except Exception as e:
-            raise_no_device(e)
-            raise
-        return a, a.data.ptr
-    return alloc
+    return device.driver().array_maker(like.device, shape, numpy_dtype(kind))
 
 
 def work_allocator(like: ArrayRef, shape, kind: str):
     """A callable ``alloc(stream)`` returning ``(obj, data pointer)`` of device memory the size of
     ``empty(like, shape, kind)``, for a work array a graph replay keeps as long as its executable
     graph (runtime/replay.py). It comes from CuPy's memory pool of the array's device, in the
-    arena of ``stream``, never from the framework's allocator: PyTorch may hand that allocator's
-    blocks to a private pool it checks (``torch.compile(mode="reduce-overhead")`` warms up a
-    CUDA graph with every allocation redirected to the graph's pool and then requires each live
-    block there to be one of the outputs), and a block kept past the call would fail that check.
-    Freed with the graph's state, the memory goes back to ``stream``'s arena, so its next use is
-    ordered behind the graph's last launch."""
-    import cupy as cp
-    nbytes = max(1, numpy_dtype(kind).itemsize * math.prod(shape))
-    dev, device, malloc = like.device, cp.cuda.Device, cp.cuda.alloc
-
-    def alloc(stream):
-        try:
-            with device(dev), cupy_stream(stream, dev):
-                m = malloc(nbytes)
-        except Exception as e:
-            raise_no_device(e)
-            raise
-        return m, m.ptr
-    return alloc
-
-
-class _StreamHandle:
-    """A raw ``cudaStream_t`` behind the CUDA stream protocol (what ``cupy.cuda.Stream.from_external`` takes)."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: int):
-        self.handle = handle
-
-    def __cuda_stream__(self):
-        return (0, self.handle)
-
-
-def cupy_stream(handle: int, device: int):
-    """CuPy's view of the raw stream ``handle`` of ``device`` (``with cupy_stream(h, d):`` makes it
-    CuPy's current stream): ``Stream.from_external`` where CuPy has it, else ``ExternalStream``
-    (what CuPy before 14 offers)."""
-    import cupy as cp
-    from_external = getattr(cp.cuda.Stream, "from_external", None)
-    if from_external is not None:
-        return from_external(_StreamHandle(handle))
-    return cp.cuda.ExternalStream(handle, device)
+    arena of ``stream`` (the driver's ``work_memory``), never from the framework's allocator: PyTorch
+    may hand that allocator's blocks to a private pool it checks (``torch.compile(mode="reduce-overhead")``
+    warms up a CUDA graph with every allocation redirected to the graph's pool and then requires
+    each live block there to be one of the outputs), and a block kept past the call would fail that
+    check. Freed with the graph's state, the memory goes back to ``stream``'s arena, so its next use
+    is ordered behind the graph's last launch."""
+    return device.driver().work_memory(like.device, max(1, numpy_dtype(kind).itemsize * math.prod(shape)))
 
 
 def device_of(obj):
@@ -435,9 +334,7 @@ def stream_getter(ref: ArrayRef):
     if ref.framework == "torch":
         get = _torch()._C._cuda_getCurrentRawStream
         return lambda: get(dev)
-    import cupy as cp
-    get = cp.cuda.get_current_stream
-    return lambda: get(dev).ptr
+    return device.driver().stream_getter(dev)
 
 
 def numpy_dtype(kind: str):
@@ -468,5 +365,4 @@ def stream_handle(ref: ArrayRef) -> int:
     """The caller's current stream (raw ``cudaStream_t``) for this array's framework."""
     if ref.framework == "torch":
         return _torch()._C._cuda_getCurrentRawStream(ref.device)
-    import cupy as cp
-    return cp.cuda.get_current_stream(ref.device).ptr
+    return device.driver().stream(ref.device)

@@ -11,8 +11,8 @@ variables with :func:`env_flag` / :func:`env_int`. :func:`override` replaces fie
     with runtime.config.override(dynamic_config="block", schedule="b128"):
         ...
 
-and forgets the remembered launches that depend on them (the functional fast path, the fused
-dynamic launches) on entry and on exit. :func:`reload` re-reads the environment.
+and forgets what was worked out from them (:data:`CACHES`: the functional fast path, the fused
+dynamic launches, ...) on entry and on exit. :func:`reload` re-reads the environment.
 
 ``sync_checks``: the synchronous debug mode of the value checks. By default the kernels check the
 values they read from device arrays (scales, zero points, e8m0 codes, MoE offsets) themselves and
@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import math
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,18 +245,32 @@ def reload(environ=None) -> Settings:
     return _SETTINGS
 
 
-# What is remembered from the settings: (module, attribute) of dicts to clear when they change.
-# Looked up in sys.modules, so that this module imports nothing of the runtime.
-DEPENDENT_CACHES = (("runtime.replay", "CACHE"), ("runtime.dynamic", "_LAUNCHES"), ("runtime.tuning", "_CHOICES"))
+class Caches:
+    """What the runtime works out once and remembers, from the settings or from a device (the
+    remembered calls, the fused dynamic launches, the schedule choices, the tensor maps): each one a
+    dict made by :meth:`new`, all forgotten together by :meth:`forget` when the settings change
+    (:func:`override`, :func:`reload`) or another driver is put in place (``runtime.device.use``)."""
+
+    def __init__(self):
+        self._dicts: list = []
+
+    def new(self) -> dict:
+        d: dict = {}
+        self._dicts.append(d)
+        return d
+
+    def forget(self) -> None:
+        for d in self._dicts:
+            d.clear()
+
+
+CACHES = Caches()
 
 
 def _forget() -> None:
     if _SETTINGS is not None and _SETTINGS.sync_checks:
         SYNC_EVER[0] = True
-    for module, attr in DEPENDENT_CACHES:
-        cache = getattr(sys.modules.get(module), attr, None)
-        if cache is not None:
-            cache.clear()
+    CACHES.forget()
 
 
 @contextlib.contextmanager

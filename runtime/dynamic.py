@@ -32,10 +32,8 @@ import numpy as np
 from . import kinds, lowbit, replay, status
 from .axes import MODES
 from .arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handle
-from .device import (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, cooperative_shape, cupy, current_device,
-                     device_attribute, launch, launch_cooperative, load_function, memset_u32, on_context_of,
-                     properties, resident_blocks)
-from .config import settings
+from .config import CACHES, settings
+from .device import CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, driver
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
 from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
@@ -189,7 +187,7 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
     # (tools/probe_small.py, (16, 4096) bf16: token t2 5.18 us against t4 5.41,
     # group 4.70 against 5.38; 32- or 64-thread blocks measured the same or slower).
     group_threads = 128 if plan.sku.aux_element in kinds.FP8 else 256
-    enough, best = 2 * properties(args.x.device)["sms"], None
+    enough, best = 2 * driver().properties(args.x.device)["sms"], None
     for p in (16, 8, 4, 2) if u >= 256 else (8, 4, 2):
         threads = cfg.threads or (None if u >= 256 or p == 2 else group_threads)
         best = _team(p, None, threads, u, vrows, dense, chunks) or best
@@ -227,7 +225,10 @@ def fused_grid(fn, work: int, per_block: int, threads: int, device: int, persist
     """One block per ``per_block`` units of ``work``, or (persistent) at most the resident blocks
     (the block kernel measured 2-5 % faster so on H200)."""
     grid = row_grid(work, per_block)
-    return min(grid, properties(device)["sms"] * resident_blocks(fn, threads)) if persistent else grid
+    if not persistent:
+        return grid
+    drv = driver()
+    return min(grid, drv.properties(device)["sms"] * drv.resident_blocks(fn, threads))
 
 
 def block_config(plan, args, vec_ok: bool, unit: int) -> tuple:
@@ -241,7 +242,7 @@ def block_config(plan, args, vec_ok: bool, unit: int) -> tuple:
     units = -(-gs // unit)
     tx = min(max_tx, next_pow2(-(-units // chs[-1])))
     vrows = args.xv.rows * (cols // gs)
-    props = properties(args.x.device)
+    props = driver().properties(args.x.device)
     while tx < max_tx and tx < next_pow2(units) and vrows * tx < props["sms"] * props["max_threads_per_sm"]:
         tx *= 2
     threads = max(256, tx)
@@ -249,7 +250,7 @@ def block_config(plan, args, vec_ok: bool, unit: int) -> tuple:
     return tx, ty, row_grid(vrows, ty)
 
 
-_LAUNCHES: dict = {}
+_LAUNCHES = CACHES.new()
 
 
 def fused_launch(launcher, plan, args, pack: int):
@@ -262,7 +263,7 @@ def fused_launch(launcher, plan, args, pack: int):
     if text == "auto" or s.schedule:
         # the schedule variant (runtime/tuning.py) names the configuration; a configuration set with
         # SKUFORGE_DYNAMIC_CONFIG (anything but auto) wins over the table, a forced schedule over both
-        text = schedule(plan, args.xv.rows * args.xv.cols, properties(args.x.device)).get("config", text)
+        text = schedule(plan, args.xv.rows * args.xv.cols, driver().properties(args.x.device)).get("config", text)
     key = (plan, text, args.xv.rows, args.xv.cols, args.group_size, args.xv.row_stride, args.qv.row_stride,
            args.x.ptr % 16, args.q.ptr % 16, args.x.device)
     hit = _LAUNCHES.get(key)
@@ -273,7 +274,7 @@ def fused_launch(launcher, plan, args, pack: int):
         work = args.xv.rows * ngroups
         team = team_launch(plan, args, cfg, vec_ok, pack)
         if team is not None:
-            fn = load_function(plan.registry, plan.entry.unit, team_symbol(plan, team, cfg), dev)
+            fn = driver().load_function(plan.registry, plan.entry.unit, team_symbol(plan, team, cfg), dev)
             persistent = cfg.persistent if cfg.persistent is not None else team.chunks != 16
             hit = (fn, fused_grid(fn, work, team.per_block, team.threads, dev, persistent), (team.threads,),
                    plan.abi("team"), dict(tx=team.tx, ch=team.ch, dense=int(team.dense), ngroups=ngroups))
@@ -384,7 +385,7 @@ class DynamicReduceLauncher(Launcher):
         rvec = plan.launch["rvec"]
         vec_ok = _vec_ok(rvec, [(args.x, args.xv)], cols)
         v = rvec if vec_ok else 1
-        props = properties(args.x.device)
+        props = driver().properties(args.x.device)
         one = schedule(plan, rows * cols, props).get("path", "one") == "one"
         per_sm = max(1, props["max_threads_per_sm"] // self.BLOCK)
         target = 4 * props["sms"] * per_sm               # work items: a few per resident block
@@ -406,7 +407,7 @@ class DynamicReduceLauncher(Launcher):
                 return coop
             if vec_ok and (rows == 1 or args.xv.row_stride == cols):
                 fn = plan.registry.kernel(plan.sku, args.x.device)     # one resident wave of blocks
-                blocks = max(1, min(props["sms"] * resident_blocks(fn, self.BLOCK),
+                blocks = max(1, min(props["sms"] * driver().resident_blocks(fn, self.BLOCK),
                                     -(-(rows * cols) // self.MIN_ELEMS)))
                 return ReduceConfig(True, True, self.BLOCK, blocks, cols, 1, blocks, blocks, self._grid1(1, props))
         sub = rows // count                               # rows of one slice
@@ -437,11 +438,12 @@ class DynamicReduceLauncher(Launcher):
         if not (contiguous and fits(args.x, 0, CP_ASYNC) and fits(args.q, 0, stream_word(args.q.kind, v))):
             return None
         dev = args.x.device
-        fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("coop"), dev)
+        drv = driver()
+        fn = drv.load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("coop"), dev)
         per_sm = 1 if plan.sku.element == "f64" else self.COOP_BLOCKS
         # each resident block's share of the SM's shared memory, less the driver's 1 KB per block
-        want = device_attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) // per_sm - 2048
-        blocks, smem = cooperative_shape(fn, self.COOP_THREADS, dev, want)
+        want = drv.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) // per_sm - 2048
+        blocks, smem = drv.cooperative_shape(fn, self.COOP_THREADS, dev, want)
         if blocks == 0:
             return None
         nvec = rows * cols // v
@@ -477,9 +479,10 @@ class DynamicReduceLauncher(Launcher):
             keep = -(-rows // ty)
             return ReduceConfig(True, False, tx, 1, cols, cols, 0, tiles, 0, chan=True, col_tiles=tiles,
                                 threads=tx * ty, keep_tiles=keep, smem=keep * 16 * tx * ty)
-        fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("chan"), dev)
-        want = device_attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) - 2048
-        blocks, smem = cooperative_shape(fn, self.CHAN_THREADS, dev, want)
+        drv = driver()
+        fn = drv.load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("chan"), dev)
+        want = drv.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) - 2048
+        blocks, smem = drv.cooperative_shape(fn, self.CHAN_THREADS, dev, want)
         shapes = []
         for tx in self.CHAN_TX:
             tiles = -(-cvecs // tx)
@@ -520,8 +523,9 @@ class DynamicReduceLauncher(Launcher):
         stream = stream if stream is not None else stream_handle(args.x)
         cfg = self.config(plan, args)
         eps = float(_scalar(plan.sku.precision.math, args.eps))
+        drv = driver()
         if cfg.chan:                          # one launch: reduce, (grid barrier,) quantize
-            fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("chan"), args.x.device)
+            fn = drv.load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("chan"), args.x.device)
             ws = args.workspace.ptr if cfg.barrier else 0
             abi = plan.abi("chan")
             values = abi.values(x=args.x.ptr, q=args.q.ptr, colmax=ws + 16 if ws else 0, count=ws,
@@ -530,22 +534,22 @@ class DynamicReduceLauncher(Launcher):
                                 keep_tiles=cfg.keep_tiles, eps=eps, qmin=args.qmin, qmax=args.qmax,
                                 zp_value=args.zp_value)
             if not cfg.barrier:
-                launch(fn, (cfg.grid0,), (cfg.threads,), abi.fmt, values, stream, cfg.smem)
+                drv.launch(fn, (cfg.grid0,), (cfg.threads,), abi.fmt, values, stream, cfg.smem)
                 return
-            with on_context_of(fn):               # the stream's device, for the memset too
-                memset_u32(ws, 0, self._column_words(plan, cols) // 4, stream)   # the counter, the column words
-                launch_cooperative(fn, cfg.grid0, cfg.threads, abi.fmt, values, stream, cfg.smem)
+            with drv.on_context_of(fn):           # the stream's device, for the memset too
+                drv.memset_u32(ws, 0, self._column_words(plan, cols) // 4, stream)   # the counter, the column words
+                drv.launch_cooperative(fn, cfg.grid0, cfg.threads, abi.fmt, values, stream, cfg.smem)
             return
         if cfg.coop:                          # one launch: reduce, grid barrier, quantize
-            fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("coop"), args.x.device)
+            fn = drv.load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("coop"), args.x.device)
             ws = args.workspace.ptr
             abi = plan.abi("coop")
             values = abi.values(x=args.x.ptr, q=args.q.ptr, partial=ws + 16, count=ws, scale=args.scale.ptr,
                                 zero_point=ptr(args.zero_point), n=rows * cols, keep_tiles=cfg.keep_tiles,
                                 width=cfg.width, eps=eps, qmin=args.qmin, qmax=args.qmax, zp_value=args.zp_value)
-            with on_context_of(fn):               # the stream's device, for the memset too
-                memset_u32(ws, 0, 1, stream)      # the barrier counter
-                launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, abi.fmt, values, stream, cfg.smem)
+            with drv.on_context_of(fn):           # the stream's device, for the memset too
+                drv.memset_u32(ws, 0, 1, stream)  # the barrier counter
+                drv.launch_cooperative(fn, cfg.grid0, self.COOP_THREADS, abi.fmt, values, stream, cfg.smem)
             return
         inner, count, last = channel_params(args.x.shape, args.scope, args.axis)
         if args.scope == "tensor":
@@ -557,8 +561,8 @@ class DynamicReduceLauncher(Launcher):
                      chan_last=int(last), row_parts=cfg.row_parts, col_chunk=cfg.col_chunk, tx_width=cfg.tx,
                      eps=eps, qmin=args.qmin, qmax=args.qmax, zp_value=args.zp_value, vec_ok=int(cfg.vec_ok),
                      flat=int(cfg.flat))
-        launch(fn, (cfg.grid0,), (self.BLOCK,), abi.fmt, abi.values(**named, phase=0), stream)
-        launch(fn, (cfg.grid1,), (self.BLOCK,), abi.fmt, abi.values(**named, phase=1), stream)
+        drv.launch(fn, (cfg.grid0,), (self.BLOCK,), abi.fmt, abi.values(**named, phase=0), stream)
+        drv.launch(fn, (cfg.grid1,), (self.BLOCK,), abi.fmt, abi.values(**named, phase=1), stream)
         # quantize with the scales just written: the static kernel, so q == quantize(x, scale, zp)
         qargs = ElementwiseArgs(ins=[(args.x, args.xv)], outs=[(args.q, args.qv)], scale=args.scale,
                                 zero_point=args.zero_point, zp_value=args.zp_value, rows=rows, cols=cols,
@@ -647,14 +651,7 @@ def _fill_into(obj, framework: str, value) -> None:
         with device_of(obj):
             obj.fill(value)
     else:
-        _fill_foreign(obj, value)
-
-
-def _fill_foreign(obj, value) -> None:
-    current_device()                     # DeviceRequiredError without a usable device
-    view = cupy().asarray(obj)
-    with device_of(view):
-        view.fill(value)
+        driver().fill_foreign(obj, value)
 
 
 def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8",

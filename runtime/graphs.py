@@ -69,29 +69,21 @@ class KernelNodeParams(ctypes.Structure):
 
 LAUNCHED, CAPTURING, MISALIGNED = 0, 1, 2     # what a replay with work arrays did (``go.with_work``)
 FIXED, FIXED_TOTAL, SEEN = 32, 1024, 64      # fixed executables a stream / the process; remembered value sets
-_fixed_total = [0]                            # (a soft bound: counted without a lock across graphs)
-_CALLS = ("cuGraphCreate", "cuGraphAddKernelNode_v2", "cuGraphInstantiateWithFlags",
-          "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecDestroy", "cuGraphDestroy")
-_lib: list = []
 
 
-def _driver():
-    """{name: function} of the graph calls, or None where libcuda cannot be opened by name: the
-    ctypes functions of ``_CALLS`` (returning a CUresult), and the replay's two calls from CuPy's
-    runtime bindings, which take handles as ints and raise on an error: ``streamIsCapturing(stream)``
-    (whether the stream is being captured) and ``graphLaunch(exec, stream)``."""
-    if not _lib:
-        try:
-            lib = device._libcuda()
-            fns = {n: getattr(lib, n) for n in _CALLS}
-            for f in fns.values():
-                f.restype = ctypes.c_int
-            from cupy_backends.cuda.api import runtime
-            fns.update(streamIsCapturing=runtime.streamIsCapturing, graphLaunch=runtime.graphLaunch)
-        except (OSError, AttributeError, ImportError):
-            fns = None
-        _lib.append(fns)
-    return _lib[0]
+class Fixed:
+    """The fixed executable graphs made through one driver (bounded by ``FIXED_TOTAL``: a soft bound,
+    counted without a lock across graphs)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self):
+        self.count = 0
+
+
+def fixed() -> Fixed:
+    """The current driver's count of fixed executable graphs."""
+    return device.driver().keep("graphs", Fixed)
 
 
 class _Execs:
@@ -109,18 +101,18 @@ class _Execs:
 class _Graph:
     """One chain of kernel nodes, its parameter blocks, and executable graphs per stream."""
 
-    def __init__(self, fns, preps, ctx: int):
-        self.fns, self.ctx = fns, ctx
+    def __init__(self, drv, fns, preps, ctx: int):
+        self.fns, self.ctx, self.total, self.on_context = fns, ctx, drv.keep("graphs", Fixed), drv.on_context
         self.first = [tuple(p.values) for p in preps]      # the values the nodes were made with
         self.graph = _vp()
         self.nodes, self.blocks, self.params = [], [], []
         self.execs: dict = {}            # stream handle -> _Execs
         self.lock = threading.Lock()
-        with device.on_context(ctx):
+        with self.on_context(ctx):
             self._check(fns["cuGraphCreate"](ctypes.byref(self.graph), _u(0)), "cuGraphCreate")
             prev = None
             for p in preps:
-                pb = device._ParamBlock(p.abi.fmt)
+                pb = device.ParamBlock(p.abi.fmt)
                 pb.struct.pack_into(pb.buf, 0, *p.values)
                 gx, gy, gz = (tuple(p.grid) + (1, 1))[:3]
                 bx, by, bz = (tuple(p.block) + (1, 1))[:3]
@@ -145,7 +137,7 @@ class _Graph:
     def instantiate(self):
         """A new executable graph of the chain (its nodes hold ``first``)."""
         ex = _vp()
-        with device.on_context(self.ctx):
+        with self.on_context(self.ctx):
             err = self.fns["cuGraphInstantiateWithFlags"](ctypes.byref(ex), self.graph, ctypes.c_ulonglong(0))
         if err:
             raise SkuforgeError(f"cuGraphInstantiateWithFlags failed: CUresult {err}")
@@ -164,7 +156,7 @@ class _Graph:
         destroy(st.floating)
         for ex in st.owned:
             destroy(ex)
-        _fixed_total[0] -= len(st.owned)
+        self.total.count -= len(st.owned)
 
     def __del__(self):
         try:
@@ -180,23 +172,23 @@ def bind_graph(preps):
     (runtime.launch.PreparedLaunch, one context) as one graph launch on ``stream``, each node's
     parameters re-set only where ``values_i`` changed; on a stream that is being captured, each
     launch on the stream (what the capture records). None where no graph can be made."""
-    fns = _driver()
+    drv = device.driver()
+    fns = drv.graph_calls()
     if fns is None or not preps:
         return None
     try:
-        ctxs = {device._fn_ctx.get(p.fn.ptr, 0) for p in preps}
+        ctxs = {drv.context_of(p.fn) for p in preps}
         if len(ctxs) != 1:
             return None
-        g = _Graph(fns, preps, ctxs.pop())
+        g = _Graph(drv, fns, preps, ctxs.pop())
     except (OSError, AttributeError):     # the driver refused, or not a loaded function
         return None
     bound = [p.bound() for p in preps]
     setp, launch, is_capturing = fns["cuGraphExecKernelNodeSetParams_v2"], fns["graphLaunch"], fns["streamIsCapturing"]
-    nodes, blocks, params, execs, lock = g.nodes, g.blocks, g.params, g.execs, g.lock
-    ctx, on_context = g.ctx, device.on_context
+    nodes, blocks, params, execs, lock, total = g.nodes, g.blocks, g.params, g.execs, g.lock, g.total
+    ctx, on_context, current = g.ctx, drv.on_context, drv.context_current
     refs = [ctypes.byref(p) for p in params]     # the nodes' parameters, as the driver reads them
     n = len(preps)
-    several, current = device._several_contexts, device.context_current
 
     def set_nodes(ex, values, held):
         """Each node of ``ex`` whose values differ from ``held`` (its values per node) set to ``values``."""
@@ -220,10 +212,10 @@ def bind_graph(preps):
             except TypeError:            # (a bytearray, say): the floating graph only
                 h, again = None, None
             if h is None:
-                if again and len(st.fixed) < FIXED and _fixed_total[0] < FIXED_TOTAL:
+                if again and len(st.fixed) < FIXED and total.count < FIXED_TOTAL:
                     ex = g.instantiate()         # a set of values that came back: its own graph
                     st.owned.append(ex)
-                    _fixed_total[0] += 1
+                    total.count += 1
                     set_nodes(ex, values, g.first)
                     h = st.fixed[values] = ex.value
                 else:
@@ -254,9 +246,9 @@ def bind_graph(preps):
             launch_values(stream, execs.get(stream) or g.executable(stream), values)
 
     def go(stream, *values):
-        # as runtime.device.bind_launch: the graph's context is made current where another one is
+        # as Driver.bind_launch: the graph's context is made current where another one is
         # (several devices) or where the driver refused for want of one
-        if several[0] and ctx and current() != ctx:
+        if drv.several and ctx and current() != ctx:
             with on_context(ctx):
                 return run(stream, values)
         try:
@@ -268,9 +260,9 @@ def bind_graph(preps):
             return run(stream, values)
 
     def in_context(fn, *args):
-        # as runtime.device.bind_launch: the graph's context is made current where another one is
+        # as Driver.bind_launch: the graph's context is made current where another one is
         # (several devices) or where the driver refused for want of one
-        if several[0] and ctx and current() != ctx:
+        if drv.several and ctx and current() != ctx:
             with on_context(ctx):
                 return fn(*args)
         try:

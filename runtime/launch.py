@@ -7,7 +7,7 @@ from typing import Union
 
 
 from .arrays import ArrayRef, stream_handle
-from .device import bind_launch, load_function, properties, resident_blocks
+from .device import driver
 from .errors import InvalidProblemError
 from .plans import Launcher, launcher
 from .tuning import schedule
@@ -125,11 +125,11 @@ class ElementwiseLauncher(Launcher):
         vec_ok = self.vec_ok(plan, args)
         if plan.sku.scope == "channel" and vec_ok and not args.chan_last:
             # per-row parameters: the SKU's second entry point, the rows layout (like token)
-            fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("rows"), first.device)
+            fn = driver().load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("rows"), first.device)
         else:
             fn = plan.registry.kernel(plan.sku, first.device)
         # the schedule variant (runtime/tuning.py): threads per block, grid shape
-        props = properties(first.device)
+        props = driver().properties(first.device)
         sched = schedule(plan, args.rows * args.cols, props)
         threads = sched.get("threads", plan.launch["block_threads"])
         if vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last)):
@@ -142,7 +142,7 @@ class ElementwiseLauncher(Launcher):
             row_blocks = -(-args.rows // (ty * unroll))
             col_blocks = 1 if sched.get("columns") == "1d" else max(1, min(-(-args.cols // (tx * vec)), MAX_GRID_Y))
             if sched.get("grid", "persistent") == "persistent":
-                resident = props["sms"] * resident_blocks(fn, threads)
+                resident = props["sms"] * driver().resident_blocks(fn, threads)
                 col_blocks = min(col_blocks, resident)
                 row_blocks = min(row_blocks, resident // col_blocks)
             grid = (max(1, min(row_blocks, MAX_GRID_X)), col_blocks)
@@ -185,7 +185,7 @@ class PreparedLaunch:
     abi: object            # runtime.abi.Abi
     values: list
     shared_mem: int = 0
-    go: object = field(default=None, repr=False, compare=False)   # device.bind_launch, bound on first use
+    go: object = field(default=None, repr=False, compare=False)   # the driver's bound launch, made on first use
 
     @property
     def fmt(self) -> str:
@@ -193,10 +193,10 @@ class PreparedLaunch:
 
     def bound(self):
         """``go(stream, values)``: this launch with everything but the stream and the parameter
-        values resolved (:func:`runtime.device.bind_launch`)."""
+        values resolved (:meth:`runtime.device.Driver.bind_launch` of the current driver)."""
         go = self.go
         if go is None:
-            go = self.go = bind_launch(self.fn, self.grid, self.block, self.abi.fmt, self.shared_mem)
+            go = self.go = driver().bind_launch(self.fn, self.grid, self.block, self.abi.fmt, self.shared_mem)
         return go
 
     def launch(self, stream: int, values=None) -> None:

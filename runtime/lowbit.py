@@ -29,7 +29,7 @@ from typing import Optional
 
 from . import config, kinds
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
-from .device import properties
+from .device import driver
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid, stream_params
 from .plans import Launcher, Preference, launcher
@@ -68,7 +68,7 @@ def prefer_arch(arch: int):
 
 
 def preference(device: int) -> Preference:
-    cc = properties(device)["cc"]
+    cc = driver().properties(device)["cc"]
     forced = getattr(_local, "arch", None)
     return Preference(arch=cc if forced is None else min(cc, forced))
 
@@ -201,7 +201,7 @@ class LowBitElementwiseLauncher(Launcher):
         vec, pack = plan.launch["vec"], plan.launch["pack"]
         units = -(-args.cols // (vec * plan.launch.get("unroll", 1))) if vec_ok else -(-args.cols // pack)
         # the schedule variant (runtime/tuning.py): threads per block (the rows layout's grid is full)
-        threads = schedule(plan, args.rows * args.cols, properties(first.device)).get("threads", plan.launch["block_threads"])
+        threads = schedule(plan, args.rows * args.cols, driver().properties(first.device)).get("threads", plan.launch["block_threads"])
         tx = min(threads, next_pow2(units))
         ty = threads // tx
         streams = stream_params(plan, args)

@@ -55,7 +55,7 @@ import numpy as np
 from . import config, kinds, replay, status, vectors
 from .axes import BACKENDS, OPS, PASSES
 from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
-from .device import load_function, on_context_of, properties
+from .device import driver
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
 from .params import check_apart, same_device
@@ -337,17 +337,6 @@ def variant_names(plan) -> list:
     return [default] + sorted(n for n in v if n != default)
 
 
-_smem_limit: dict = {}
-
-
-def _smem_optin(dev: int) -> int:
-    n = _smem_limit.get(dev)
-    if n is None:
-        from .device import cupy
-        n = _smem_limit[dev] = int(cupy().cuda.runtime.getDeviceProperties(dev)["sharedMemPerBlockOptin"])
-    return n
-
-
 def default_variant(plan, rows_per_expert: Optional[float] = None, cols: Optional[int] = None) -> str:
     """The SKU's configuration for a problem when none is asked for: its ``short_variant`` when the
     experts average fewer than ``short_rows`` rows, else its ``narrow_variant`` when the output tile
@@ -406,7 +395,7 @@ def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optio
                                       f"of {plan.sku}'s: {', '.join(variants)}")
     meta = variants[name]
     if dev is not None:
-        optin = _smem_optin(dev)
+        optin = driver().properties(dev)["smem_optin"]
 
         def fits(m):      # the kernel's static shared memory (manifest) and its dynamic ring
             return m["dynamic_smem"] + m["static_smem"] <= optin
@@ -420,21 +409,6 @@ def variant_for(plan, op: str, dev: Optional[int] = None, rows_per_expert: Optio
 
 
 # -- the launcher ------------------------------------------------------------------------------
-_occupancy: dict = {}
-
-
-def _blocks_per_sm(fn, threads: int, smem: int) -> int:
-    key = (fn.ptr, threads, smem)
-    n = _occupancy.get(key)
-    if n is None:
-        from cupy_backends.cuda.api import driver
-        with on_context_of(fn):
-            if smem > 48 * 1024:
-                driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-            n = _occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, smem))
-    return n
-
-
 @dataclass
 class Step:
     """One prepared launch of a moe call, and where its pointer parameters come from: ``refs`` =
@@ -494,7 +468,7 @@ class MoeLauncher(Launcher):
         E, M = args.E, args.M
 
         def go(name, grid, block, smem=0, ptrs=None, **scalars):
-            fn = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("route_" + name), dev)
+            fn = driver().load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("route_" + name), dev)
             return _step(plan, "route_" + name, fn, grid, block, smem, ptrs, **scalars)
         if r.mode == "offsets":
             name = "offsets_i64" if r.offsets.kind == "i64" else "offsets_i32"
@@ -524,14 +498,15 @@ class MoeLauncher(Launcher):
         tile = meta["tile"]
         out = [] if args.routed else self.route_steps(plan, args, ws, tile["BM"])
         lay = workspace_layout(args.M, args.E, args.routing.mode)
-        fn = load_function(plan.registry, plan.entry.unit, meta["symbol"], dev)
+        drv = driver()
+        fn = drv.load_function(plan.registry, plan.entry.unit, meta["symbol"], dev)
         threads, smem = tile["THREADS"], meta["dynamic_smem"]
         if args.op == "grouped_matmul_backward_weight":
             upper = args.E * -(-args.N // tile["BM"]) * -(-args.K // tile["BN"])
         else:
             cols = args.N if args.op == "grouped_matmul" else args.K
             upper = (-(-args.M // tile["BM"]) + args.E + 1) * -(-cols // tile["BN"])
-        grid = max(1, min(upper, properties(dev)["sms"] * _blocks_per_sm(fn, threads, smem)))
+        grid = max(1, min(upper, drv.properties(dev)["sms"] * drv.resident_blocks(fn, threads, smem)))
         x, w, dy = args.x, args.w, args.dy
         ptrs = dict(x=(x, 0), w=(w, 0), dy=(dy, 0), out=(args.out, 0),
                     perm=(ws if args.routing.mode == "row_experts" else None, lay.get("perm", 0)),
@@ -625,8 +600,7 @@ def _status(device: int) -> int:
 
 
 def _arch(ref: ArrayRef) -> int:
-    from .device import compile_arch
-    return compile_arch(ref.device)
+    return driver().compile_arch(ref.device)
 
 
 def _args(op, xr, wr, dyr, out: ArrayRef, routing, dims) -> MoeArgs:

@@ -169,9 +169,10 @@ class Registry:
     def kernel(self, sku, device: int = None):
         """The loaded ``cupy`` function of a SKU's main entry point on a device (compiled via the disk
         cache)."""
-        from .device import check_device, load_function
+        from .device import check_device, driver
         entry = self.lookup(sku)
-        return load_function(self, entry.unit, entry.entry_point(), None if device is None else check_device(device))
+        return driver().load_function(self, entry.unit, entry.entry_point(),
+                                      None if device is None else check_device(device))
 
 
 def _section(text: str, sku: str) -> str:

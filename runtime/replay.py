@@ -15,7 +15,7 @@ import copy
 import math
 import sys
 
-from . import config, status
+from . import config, device, status
 from .arrays import ArrayRef, allocator, recording_allocations, stream_getter, work_allocator
 from .graphs import LAUNCHED, MISALIGNED, bind_graph
 
@@ -111,7 +111,7 @@ def torch_traces(args) -> bool:
 # (``add_launch(params=...)``, verified against the values), pointers into an array at an offset
 # (``refs``: workspace regions) and parameters encoded from an array's address (``maps``: tensor
 # maps), each re-derived from the new array on a hit.
-CACHE: dict = {}
+CACHE = config.CACHES.new()
 LIMIT = 2048
 _NONE = ("none",)
 MISS = object()
@@ -139,7 +139,8 @@ def describe(obj):
     """(hashable signature, pointer or scalar value) of one argument; (None, None) = no fast path.
 
     Arrays: type, shape, strides, dtype, device and pointer alignment, in as few attribute reads
-    as the framework allows; Python scalars: their type (the value is refilled on a hit)."""
+    as the framework allows; Python scalars: their type (the value is refilled on a hit); another
+    array: the driver's description (none for the real driver: no fast path)."""
     t = type(obj)
     if t is float or t is int:
         return t, obj
@@ -158,7 +159,7 @@ def describe(obj):
         d = obj.data
         p = d.ptr
         return (t, obj.shape, obj.strides, obj.dtype, d.device_id, p & 15), p
-    return None, None
+    return device.driver().describe(obj)
 
 
 class Entry:
@@ -186,7 +187,7 @@ def _compile(e: Entry, nargs: int, result):
     The code a repeated call runs is exactly what this entry needs; nothing is looked up or looped
     over per call. ``result``: the source index (or tuple of indices, None for a None) of what the
     call returns."""
-    ns = {"MISS": MISS, "SYNC": config.SYNC_EVER, "sync_on": config.sync_checks_on, "st": status,
+    ns = {"MISS": MISS, "SYNC": config.SYNC_EVER, "sync_on": config.sync_checks_on, "W": status.words(),
           "raise_pending": status.raise_pending, "check": e.check, "get_stream": e.stream, "runner": e.runner}
     dev = int(e.device)
     src = ["def run(args, vals, static):"]
@@ -196,7 +197,7 @@ def _compile(e: Entry, nargs: int, result):
         src.append("    if " + " or ".join(f"type(static[{i}]) is not T{i}" for i, _ in e.typed) + ": return MISS")
     if e.checked:
         src.append("    if SYNC[0] and sync_on(): return MISS")
-    src.append(f"    w = st._words\n    if w is not None and w[{dev}]: raise_pending({dev})")
+    src.append(f"    w = W.words\n    if w is not None and w[{dev}]: raise_pending({dev})")
     if e.check is not None:
         src.append("    if not check(vals): return MISS")
     for i, lo_i, hi_i, j, lo_j, hi_j in e.disjoint or ():

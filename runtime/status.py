@@ -13,9 +13,9 @@ from these tables (``codegen/render.py``), the runtime decodes them here.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 
+from .device import check_device, driver
 from .errors import InvalidProblemError, UnsupportedError
 
 OPS = ("quantize", "dequantize", "quantize_backward", "dequantize_backward", "fake_quantize",
@@ -55,76 +55,68 @@ def decode(value: int) -> tuple:
     return op, arg
 
 
-_words = None          # ctypes array over the mapped host memory: one word per device
-_base = 0              # its address (with unified addressing, also its device address)
-_lock = threading.Lock()
-_used: set = set()     # devices whose word a launch was given: what check() visits
+class Words:
+    """One driver's status words (runtime.device.Driver.keep: a fake device has its own): ``words``, a
+    ctypes array over mapped host memory with one word per device (None until a launch needs one);
+    ``base``, its device address (with unified addressing, also its host address); ``used``, the
+    devices whose word a launch was given (what :func:`check` visits)."""
+
+    __slots__ = ("words", "base", "used", "lock")
+
+    def __init__(self):
+        self.words, self.base, self.used, self.lock = None, 0, set(), threading.Lock()
 
 
-def _alloc() -> None:
-    global _words, _base
-    with _lock:
-        if _words is not None:
-            return
-        from .arrays import raise_no_device
-        from .device import cupy
-        rt = cupy().cuda.runtime
-        # portable and mapped: one allocation serves every device; with unified addressing its
-        # device address is its host address (asked for all the same)
-        try:
-            ptr = rt.hostAlloc(4 * MAX_DEVICES, rt.hostAllocPortable | rt.hostAllocMapped)
-        except Exception as e:
-            raise_no_device(e)          # DeviceRequiredError without a usable driver
-            raise
-        ctypes.memset(ptr, 0, 4 * MAX_DEVICES)
-        words = (ctypes.c_uint32 * MAX_DEVICES).from_address(ptr)
-        _base = rt.pointerGetAttributes(ptr).devicePointer or ptr
-        _words = words
+def words() -> Words:
+    """The current driver's status words."""
+    return driver().keep("status", Words)
 
 
-def pointer(device: int) -> int:
-    """The device address of ``device``'s status word (the ``status`` kernel parameter)."""
-    if not 0 <= device < MAX_DEVICES:
-        raise UnsupportedError(f"cuda:{device}: skuforge keeps status words for devices 0 to {MAX_DEVICES - 1} "
+def _alloc(w: Words) -> None:
+    with w.lock:
+        if w.words is None:
+            arr, w.base = driver().mapped_words(MAX_DEVICES)
+            w.words = arr
+
+
+def pointer(dev: int) -> int:
+    """The device address of ``dev``'s status word (the ``status`` kernel parameter)."""
+    if not 0 <= dev < MAX_DEVICES:
+        raise UnsupportedError(f"cuda:{dev}: skuforge keeps status words for devices 0 to {MAX_DEVICES - 1} "
                                "of a process (CUDA_VISIBLE_DEVICES selects which)")
-    if _words is None:
-        _alloc()
-    _used.add(device)
-    return _base + 4 * device
+    w = words()
+    if w.words is None:
+        _alloc(w)
+    w.used.add(dev)
+    return w.base + 4 * dev
 
 
 def is_status_pointer(p: int) -> bool:
     """Whether ``p`` is the address of a status word (a constant launch parameter)."""
-    return _base <= p < _base + 4 * MAX_DEVICES and _words is not None
+    w = words()
+    return w.words is not None and w.base <= p < w.base + 4 * MAX_DEVICES
 
 
-def raise_pending(device: int) -> None:
-    """Raise (once) what a kernel reported on ``device``; no synchronization. Every op calls this
+def raise_pending(dev: int) -> None:
+    """Raise (once) what a kernel reported on ``dev``; no synchronization. Every op calls this
     before it launches."""
-    w = _words
+    w = words().words
     if w is not None:
-        value = w[device] if device < MAX_DEVICES else 0     # (pointer() refuses such a device)
+        value = w[dev] if dev < MAX_DEVICES else 0     # (pointer() refuses such a device)
         if value:
-            w[device] = 0
-            raise DeviceValueError(device, value)
+            w[dev] = 0
+            raise DeviceValueError(dev, value)
 
 
 def check(device=None, synchronize: bool = True) -> None:
     """The explicit check point: wait for the device's work (``synchronize``), then raise what its
     kernels reported. ``device=None``: every device this process has launched checking kernels on
     (no other device is touched: synchronizing one would create its context)."""
-    from .arrays import raise_no_device
-    from .device import check_device, cupy
     devices = None if device is None else (check_device(device),)
-    if _words is None:
+    w = words()
+    if w.words is None:
         return
-    for d in (sorted(_used) if devices is None else devices):
+    for d in (sorted(w.used) if devices is None else devices):
         if synchronize:
-            cp = cupy()
-            try:
-                with cp.cuda.Device(d):
-                    cp.cuda.runtime.deviceSynchronize()
-            except Exception as e:
-                raise_no_device(e)      # no such device (or no driver): DeviceRequiredError
-                raise
+            driver().synchronize(d)
         raise_pending(d)

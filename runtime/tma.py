@@ -10,9 +10,10 @@ with the same arrays encodes nothing; a replay with new arrays looks each map up
 """
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
+from . import device
+from .config import CACHES
 from .errors import SkuforgeError
 from .kinds import ALL, SIZE
 from .vectors import TMA
@@ -24,7 +25,6 @@ INTERLEAVE_NONE = 0
 SWIZZLE_128B = 3                       # 16-byte chunk c of row r at c ^ (r % 8): what wgmma's 128B mode reads
 L2_PROMOTION_256B = 3
 OOB_FILL_ZEROS = 0                     # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out-of-bounds elements read as 0
-MAP_BYTES = 128
 LIMIT = 4096                           # remembered layouts, and addresses per layout (cleared when full)
 
 
@@ -57,7 +57,7 @@ class MapSpec:
         return out
 
 
-_ENCODERS: dict = {}          # MapSpec -> its encoder (map_encoder)
+_ENCODERS = CACHES.new()     # MapSpec -> its encoder (map_encoder); per driver
 
 
 def map_encoder(spec: MapSpec):
@@ -87,46 +87,9 @@ def encode(ptr: int, spec: MapSpec) -> bytes:
     if why:
         raise SkuforgeError("cannot encode a tensor map: " + "; ".join(why))
     rank = len(spec.dims)
-    args = (DATA_TYPE[spec.kind], rank, ptr, spec.dims, spec.strides, spec.box, (1,) * rank,
-            INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZEROS)
-    fn = _libcuda_encode()
-    if fn is not None:
-        buf = ctypes.create_string_buffer(MAP_BYTES + 64)
-        at = -ctypes.addressof(buf) % 64           # the driver wants the map 64-byte aligned
-        arrays = ((ctypes.c_uint64 * rank)(*spec.dims), (ctypes.c_uint64 * max(rank - 1, 1))(*spec.strides),
-                  (ctypes.c_uint32 * rank)(*spec.box), (ctypes.c_uint32 * rank)(*args[6]))
-        err = fn(ctypes.addressof(buf) + at, args[0], rank, ptr, *(ctypes.addressof(a) for a in arrays), *args[7:])
-        out = buf.raw[at:at + MAP_BYTES]
-    else:
-        from cuda.bindings import driver
-        u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-        err, m = driver.cuTensorMapEncodeTiled(
-            driver.CUtensorMapDataType(args[0]), rank, ptr, [u64(v) for v in spec.dims],
-            [u64(v) for v in spec.strides], [u32(v) for v in spec.box], [u32(v) for v in args[6]],
-            driver.CUtensorMapInterleave(args[7]), driver.CUtensorMapSwizzle(args[8]),
-            driver.CUtensorMapL2promotion(args[9]), driver.CUtensorMapFloatOOBfill(args[10]))
-        out = b"".join(int(v).to_bytes(8, "little") for v in m.opaque) if int(err) == 0 else b""
-    if int(err) != 0:
-        raise SkuforgeError(f"cuTensorMapEncodeTiled failed: CUresult {int(err)} ({spec} at {ptr:#x})")
+    err, out = device.driver().encode_tiled((DATA_TYPE[spec.kind], rank, ptr, spec.dims, spec.strides, spec.box,
+                                             (1,) * rank, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B,
+                                             OOB_FILL_ZEROS))
+    if err != 0:
+        raise SkuforgeError(f"cuTensorMapEncodeTiled failed: CUresult {err} ({spec} at {ptr:#x})")
     return out
-
-
-_FN: list = []
-
-
-def _libcuda_encode():
-    """cuTensorMapEncodeTiled from libcuda through ctypes (about a microsecond a call), or None where
-    libcuda cannot be opened by name (then cuda-python's binding is used)."""
-    if not _FN:
-        from .device import _libcuda
-        try:
-            fn = _libcuda().cuTensorMapEncodeTiled
-        except (OSError, AttributeError):
-            fn = None
-        if fn is not None:
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                           ctypes.c_int, ctypes.c_int]
-        _FN.append(fn)
-    return _FN[0]

@@ -31,7 +31,7 @@ from typing import Optional, Union
 
 from . import kinds, replay, status
 from .arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handle
-from .device import load_function, properties
+from .device import driver
 from .errors import InvalidProblemError, UnsupportedError
 from .launch import PreparedLaunch
 from .plans import Descriptor, Launcher, cached_plan, launcher
@@ -403,7 +403,7 @@ class LsqLauncher(Launcher):
         channel scopes the finish pass. ``run`` launches them in order on one stream."""
         dy = args.dy[0]
         dev = dy.device
-        props = properties(dev)
+        props = driver().properties(dev)
         threads = plan.launch["block_threads"]
         cap = args.max_blocks or props["sms"] * max(1, props["max_threads_per_sm"] // threads)
         vec = plan.launch["vec"]
@@ -436,7 +436,7 @@ class LsqLauncher(Launcher):
             count, inner, n_items = args.chan_count, args.chan_inner, args.rows // args.chan_count
         team2 = lsq_team(n_items)
         grid2 = min(-(-count // (threads // team2)), cap)
-        fin = load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("finish"), dev)
+        fin = driver().load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("finish"), dev)
         finish = plan.abi("finish")
         out.append(PreparedLaunch(fin, (max(1, grid2),), (threads,), finish,
                                   finish.values(ds_part=_ptr(args.ds_part), dz_part=_ptr(args.dz_part),

@@ -18,7 +18,7 @@ prepared launch and pays nothing for it.
 """
 from __future__ import annotations
 
-from .config import settings
+from .config import CACHES, settings
 from .errors import InvalidProblemError
 from .kinds import SIZE
 
@@ -47,7 +47,7 @@ def arch_name(cc: int) -> str:
     return f"sm{cc}"
 
 
-_CHOICES: dict = {}
+_CHOICES = CACHES.new()
 
 
 def choose(plan, elements: int, cc: int) -> tuple:

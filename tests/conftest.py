@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from runtime import config as runtime_config
+from runtime import device
 from tests import knobs
+from tests.fakes import FakeDevice
 
 
 def _has_gpu() -> bool:
@@ -27,20 +29,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def host_status_words(monkeypatch):
-    """Without a GPU there is no mapped host memory: the status words (runtime/status.py) are
-    ordinary memory, so that CPU tests with fake device arrays can reach a launch."""
-    if HAS_GPU:
-        yield None
-        return
-    import ctypes
-
-    from runtime import status
-    words = (ctypes.c_uint32 * status.MAX_DEVICES)()
-    monkeypatch.setattr(status, "_words", words)
-    monkeypatch.setattr(status, "_base", ctypes.addressof(words))
-    yield words
+@pytest.fixture
+def fake_device():
+    """A :class:`tests.fakes.FakeDevice` (one H200-like device, cuda:0) as the current driver for the
+    test: launches recorded, properties from a table (docs/testing.md)."""
+    with device.use(FakeDevice()) as fake:
+        yield fake
 
 
 @pytest.fixture

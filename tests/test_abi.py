@@ -68,10 +68,10 @@ def test_no_launcher_writes_a_positional_layout():
 def test_tensor_map_parameters_are_128_bytes_at_64_byte_alignment():
     """A `const __grid_constant__ CUtensorMap` parameter (packing "tmap") is 128 bytes at a 64-byte
     aligned offset of the parameter block, as in the kernel's parameter space."""
-    from runtime.device import _ParamBlock, pack_params, param_format
+    from runtime.device import ParamBlock, pack_params, param_format
     fmt = param_format(("ptr", "i32", "tmap", "i64", "tmap"))
     assert fmt == "QiTqT"
-    block = _ParamBlock(fmt)
+    block = ParamBlock(fmt)
     base = block.ptrs[0]
     assert [block.ptrs[i] - base for i in range(5)] == [0, 8, 64, 192, 256]
     raw = pack_params(fmt, [7, 3, bytes(range(128)), -1, b"\xff" * 128])

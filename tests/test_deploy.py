@@ -532,17 +532,16 @@ def _fake_cupy(err):
 @pytest.mark.parametrize("err", ["cudaErrorInsufficientDriver: CUDA driver version is insufficient",
                                  "cudaErrorNoDevice: no CUDA-capable device is detected"])
 def test_no_gpu_is_device_required(monkeypatch, err):
-    monkeypatch.setattr(device, "cupy", lambda: _fake_cupy(err))
-    device.properties.cache_clear()
-    with pytest.raises(errors.DeviceRequiredError, match=err.split(":")[0]):
-        device.current_device()
-    with pytest.raises(errors.DeviceRequiredError):
-        device.properties(0)
-    from runtime.registry import default_registry
-    reg = default_registry()
-    with pytest.raises(errors.DeviceRequiredError, match="NVIDIA GPU"):
-        reg.kernel(reg.query(SKU)[0])
-    device.properties.cache_clear()
+    monkeypatch.setattr(device, "cupy", lambda: _fake_cupy(err))        # what CuPy says without a GPU
+    with device.use(device.CudaDriver()):
+        with pytest.raises(errors.DeviceRequiredError, match=err.split(":")[0]):
+            device.current_device()
+        with pytest.raises(errors.DeviceRequiredError):
+            device.properties(0)
+        from runtime.registry import default_registry
+        reg = default_registry()
+        with pytest.raises(errors.DeviceRequiredError, match="NVIDIA GPU"):
+            reg.kernel(reg.query(SKU)[0])
 
 
 @pytest.fixture

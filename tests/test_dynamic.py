@@ -205,8 +205,7 @@ def test_bad_layouts():
         "collapse")
 
 
-# -- the launchers' partition: every element reduced exactly once --------------------------------
-H200 = {"name": "fake", "cc": 90, "sms": 132, "max_threads_per_sm": 2048}
+# -- the launchers' partition: every element reduced exactly once (on the fake H200) ----------------
 
 
 class _Plan:
@@ -282,9 +281,7 @@ def _emulate_reduce(cfg, args, v):
     ((40, 256), "channel", 0), ((40, 256), "channel", 1), ((3, 6, 5, 32), "channel", 1),
     ((2, 3, 4, 5, 7), "channel", -1), ((2, 2, 2, 2, 2, 2, 2, 16), "channel", 3), ((70001, 3), "channel", 0),
     ((4096, 64), "channel", 1), ((5, 4000), "channel", 0)])
-def test_reduce_partition_covers_every_element_once(monkeypatch, shape, scope, axis):
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
-    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
+def test_reduce_partition_covers_every_element_once(fake_device, shape, scope, axis):
     plan = _Plan(scope)
     args = _args(shape, scope, axis)
     launcher = dyn.DynamicReduceLauncher()
@@ -320,15 +317,11 @@ def _coop_plan(element="bf16", mode="symmetric"):
     return plan
 
 
-def _coop_patch(monkeypatch, coop=True):
-    """A fake H200: 228 KB of shared memory per SM; a block of 1024 threads with half of it is
+def _coop_device(fake, coop=True):
+    """The fake H200 (228 KB of shared memory per SM): a block of 1024 threads with half of it is
     resident twice per SM (264 blocks), with more once (132)."""
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
-    monkeypatch.setattr(dyn, "load_function", lambda reg, unit, symbol, device: symbol)
-    monkeypatch.setattr(dyn, "device_attribute", lambda device, attr: 228 * 1024)
-    monkeypatch.setattr(dyn, "cooperative_shape",
-                        lambda fn, threads, device, want: ((264 if want <= 113 * 1024 else 132) if coop else 0,
-                                                           min(want, 227 * 1024) // 16 * 16))
+    fake.coop = lambda fn, threads, device, want: ((264 if want <= 113 * 1024 else 132) if coop else 0,
+                                                   min(want, 227 * 1024) // 16 * 16)
 
 
 def _emulate_coop(n, v, blocks, keep_tiles, threads=1024):
@@ -359,8 +352,8 @@ def _emulate_coop(n, v, blocks, keep_tiles, threads=1024):
 
 @pytest.mark.parametrize("shape,element", [((8192, 8192), "bf16"), ((65536, 4096), "f32"), ((3, 5, 77), "bf16"),
                                            ((1, 1), "f32"), ((7,), "f64"), ((16, 4096), "bf16"), ((1, 1001), "f16")])
-def test_coop_partition_covers_every_element_once(monkeypatch, shape, element):
-    _coop_patch(monkeypatch)
+def test_coop_partition_covers_every_element_once(fake_device, shape, element):
+    _coop_device(fake_device)
     plan = _coop_plan(element)
     args = _args(shape, "tensor")
     launcher = dyn.DynamicReduceLauncher()
@@ -390,10 +383,10 @@ def test_coop_tiles_cover_every_element_once(n, v, blocks, threads, keep):
     assert kept == min(n // v, blocks * threads * keep) * v
 
 
-def test_coop_on_chip_share_8192_bf16(monkeypatch):
+def test_coop_on_chip_share_8192_bf16(fake_device):
     """On an H200 (132 SMs x 2 blocks of 112 KB: 7 tiles of 16 KB each) 22.6 % of a (8192, 8192)
     bf16 tensor stays on chip."""
-    _coop_patch(monkeypatch)
+    _coop_device(fake_device)
     cfg = dyn.DynamicReduceLauncher().config(_coop_plan(), _args((8192, 8192), "tensor"))
     assert cfg.smem == 7 * 16 * 1024 and cfg.width == 1024 and cfg.grid0 == 264 and cfg.keep_tiles == 7
     assert 0.2 < 264 * cfg.smem / (8192 * 8192 * 2) < 0.25
@@ -407,13 +400,9 @@ def _chan_plan(element="bf16", mode="symmetric"):
     return plan
 
 
-def _chan_patch(monkeypatch, coop=True):
-    """A fake H200: one 1024-thread block per SM with all of its 227 KB (132 blocks)."""
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
-    monkeypatch.setattr(dyn, "load_function", lambda reg, unit, symbol, device: symbol)
-    monkeypatch.setattr(dyn, "device_attribute", lambda device, attr: 228 * 1024)
-    monkeypatch.setattr(dyn, "cooperative_shape",
-                        lambda fn, threads, device, want: (132 if coop else 0, min(want, 227 * 1024) // 16 * 16))
+def _chan_device(fake, coop=True):
+    """The fake H200: one 1024-thread block per SM with all of its 227 KB (132 blocks)."""
+    fake.coop = lambda fn, threads, device, want: (132 if coop else 0, min(want, 227 * 1024) // 16 * 16)
 
 
 def _emulate_chan(rows, cvecs, cfg):
@@ -448,8 +437,8 @@ def _emulate_chan(rows, cvecs, cfg):
     ((128, 7168), "bf16", (8, 112, 1, 4)),
     ((256, 24), "f64", (8, 2, 1, 8)),
     ((1, 8), "bf16", (8, 1, 1, 1))])
-def test_chan_partition_covers_every_element_once(monkeypatch, shape, element, want):
-    _chan_patch(monkeypatch)
+def test_chan_partition_covers_every_element_once(fake_device, shape, element, want):
+    _chan_device(fake_device)
     plan = _chan_plan(element)
     args = _args(shape, "channel", axis=-1)
     launcher = dyn.DynamicReduceLauncher()
@@ -478,11 +467,11 @@ ONE_LAUNCH_FALLBACKS += [("chan", c) for c in ("partial_vector", "too_wide", "le
 
 
 @pytest.mark.parametrize("kernel,case", ONE_LAUNCH_FALLBACKS)
-def test_one_launch_falls_back_to_two_passes(monkeypatch, override_settings, kernel, case):
+def test_one_launch_falls_back_to_two_passes(fake_device, override_settings, kernel, case):
     """Per tensor (coop) and per channel (chan): the two passes where the schedule, the SKU, the
     layout or the device rule the one launch out."""
-    (_coop_patch if kernel == "coop" else _chan_patch)(monkeypatch, coop=case != "no_coop_device")
-    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 8)
+    (_coop_device if kernel == "coop" else _chan_device)(fake_device, coop=case != "no_coop_device")
+    fake_device.resident = 8
     plan = _coop_plan() if kernel == "coop" else _chan_plan()
     shape = {"partial_vector": (512, 1001), "too_wide": (512, 8 * 128 * 133)}.get(case, (512, 512))
     scope = "tensor" if kernel == "coop" else "channel"
@@ -508,8 +497,7 @@ def test_one_launch_falls_back_to_two_passes(monkeypatch, override_settings, ker
                                             ((16, 4096), "token", None), ((5, 1), "token", None),
                                             ((4, 70000), "token", None), ((7, 96), "group", 32),
                                             ((8192, 8192), "group", 128), ((9, 48), "group", 3)])
-def test_fused_config(monkeypatch, shape, scope, gs):
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+def test_fused_config(fake_device, shape, scope, gs):
     plan = _Plan(scope)
     args = _args(shape, scope, gs=gs)
     vec_ok, tx, ty, grid = dyn.DynamicFusedLauncher().config(plan, args)
@@ -569,8 +557,7 @@ def test_fused_config_text():
     ((100, 4096), "token", None, "bf16", "auto", (4, 128, 4, 128)),     # t4 already has two warps per SM
     ((16, 65536), "token", None, "bf16", "auto", (16, 512, 16, 512)),   # t8, t4 would need 1024 threads
 ])
-def test_team_launch_choice(monkeypatch, shape, scope, gs, element, text, want):
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+def test_team_launch_choice(fake_device, shape, scope, gs, element, text, want):
     t = dyn.team_launch(_team_plan(scope, element), _team_args(shape, scope, element, gs), dyn.FusedConfig.parse(text),
                         vec_ok=True)
     assert (t.chunks, t.tx, t.ch, t.threads) == want and t.dense
@@ -591,9 +578,8 @@ def test_team_launch_choice(monkeypatch, shape, scope, gs, element, text, want):
     ((8192, 8192), "token", None, "bf16", "auto", "_t16"),
     ((16, 2048), "token", None, "bf16", "auto", "_t2"),               # tx = 128: not in TEAM_FIXED
 ])
-def test_team_symbol(monkeypatch, shape, scope, gs, element, text, want):
+def test_team_symbol(fake_device, shape, scope, gs, element, text, want):
     """The launcher takes a fixed-TX entry point exactly where the SKU has one for (P, ch, TX)."""
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
     plan = _team_plan(scope, element)
     plan.launch["team_fixed"] = [list(f) for f in TEAM_FIXED.get(scope, ())]
     plan.entry = _entry("sf_k")
@@ -629,8 +615,7 @@ def test_every_fixed_team_entry_point_is_generated():
     assert seen > 0
 
 
-def test_team_launch_falls_back_to_the_block_kernel(monkeypatch):
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+def test_team_launch_falls_back_to_the_block_kernel(fake_device):
     cfg = dyn.FusedConfig()
     a = _team_args((64, 4096), "token")
     assert dyn.team_launch(_team_plan("token"), a, dyn.FusedConfig.parse("block"), True) is None
@@ -682,8 +667,7 @@ def _emulate_team(t, vrows, gs, vec, grid):
     ((9, 1024), "token", None, "t8,threads=256", 1), ((5, 3000), "token", None, "t16", 3),
     ((29, 512), "group", 128, "auto", 2), ((29, 512), "group", 128, "t16", 7), ((13, 384), "group", 96, "t4", 1),
     ((7, 256), "group", 32, "t8,ch=8,threads=64", 5), ((3, 1600), "token", None, "t4,threads=32", 2)])
-def test_team_partition_covers_every_element_once(monkeypatch, shape, scope, gs, text, grid):
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
+def test_team_partition_covers_every_element_once(fake_device, shape, scope, gs, text, grid):
     plan = _team_plan(scope)
     args = _team_args(shape, scope, gs=gs)
     t = dyn.team_launch(plan, args, dyn.FusedConfig.parse(text), vec_ok=True)
@@ -694,11 +678,8 @@ def test_team_partition_covers_every_element_once(monkeypatch, shape, scope, gs,
     assert dyn.row_grid(vrows, t.per_block) * t.per_block >= vrows     # grid=full covers it in one step
 
 
-def test_fused_launch_follows_the_config_text(monkeypatch, override_settings):
+def test_fused_launch_follows_the_config_text(fake_device, override_settings):
     """The launcher's choice (cached per problem and configuration) changes with the dynamic_config setting."""
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
-    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
-    monkeypatch.setattr(dyn, "load_function", lambda reg, unit, symbol, device: symbol)
     plan = _team_plan("token")
     plan.entry = _entry("k")
     plan.registry.kernel = lambda sku, device: "k"

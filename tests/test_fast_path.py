@@ -6,146 +6,25 @@ same-layout arrays at new addresses and check that the replayed call (fast path)
 exactly what the slow path launches for the same arrays: the same kernels, grids, blocks and
 every parameter value, with the same results returned.
 """
-import ctypes
 import dataclasses
-import itertools
-import math
 
 import numpy as np
 import pytest
 
 import runtime as sf
-from runtime import arrays, config, graphs, kinds
+from runtime import arrays, config, graphs
 from runtime import replay
 from runtime.abi import Abi
-from runtime import dynamic as dyn
 from runtime import launch as launch_mod
 from runtime import lowbit
-from runtime import quantization as qz
 from runtime import status
-from runtime import training
-from tests.fakes import FakeDeviceArray, aligned, count_replays, err, launcher_of
-
-H200 = {"sms": 132, "max_threads_per_sm": 2048, "cc": 90, "name": "fake"}
-
-
-class D(FakeDeviceArray):
-    """A fake device array that can be viewed as another dtype (the fake-quant mask)."""
-
-    def __init__(self, shape, dtype="float32", strides=None, ptr=0x7F0000000000):
-        super().__init__(shape, dtype, strides, ptr)
-        self.ptr = ptr
-
-    def view(self, dtype):
-        return D(self.shape, np.dtype(dtype), ptr=self.ptr)
-
-    def fill(self, value):
-        pass
-
-
-class Device:
-    """Addresses (inputs and allocations from one counter), launches and fast-path hits."""
-
-    def __init__(self):
-        self.next = 0x7E8000000000      # allocations never at address 0 (a null pointer is an error)
-        self.launches = []
-        self.hits = 0
-
-    def at(self, base):
-        self.next = base
-        return self
-
-    def ptr(self, nbytes=0, offset=0):
-        p = self.next + offset
-        self.next += max(256, -(-nbytes // 256) * 256) + 256
-        return p
-
-    def a(self, shape, dtype="float32", offset=0, strides=None):
-        """A new input array (``offset`` bytes past a 256-byte boundary)."""
-        n = math.prod(shape) * np.dtype(dtype).itemsize
-        return D(shape, dtype, strides, ptr=self.ptr(n, offset))
-
-    def new(self, shape, kind):
-        dt = "bool" if kind == "bool" else (kinds.kind(kind).numpy if kind != "bf16" else "float16")
-        return D(shape, dt, ptr=self.ptr(math.prod(shape) * np.dtype(dt).itemsize))
-
-    def launch(self, fn, grid, block, fmt, values, stream, shared_mem=0):
-        from runtime.device import pack_params
-        pack_params(fmt, values)                  # the values fit the kernel's format
-        self.launches.append((fn, tuple(grid), tuple(block), fmt, tuple(values)))
-
-    def launch_cooperative(self, fn, grid, block, fmt, values, stream, shared_mem):
-        self.launch(fn, (grid,), (block,), fmt, values, stream, shared_mem)
-
-    def memset_u32(self, ptr, value, count, stream):
-        self.launches.append(("memset", ptr, value, count))
-
-
-def _describe(obj):
-    """The real _describe for torch / CuPy arrays, here for fake arrays (same fields)."""
-    if isinstance(obj, D):
-        cai = obj.__cuda_array_interface__
-        p = cai["data"][0]
-        return (D, cai["shape"], cai["strides"], cai["typestr"], 0, p & 15), p
-    return qz_describe(obj)
-
-
-qz_describe = replay.describe
-
+from tests.fakes import D, FakeDevice, FakeDeviceArray, FakeFunction, count_replays, err
 
 @pytest.fixture
-def dev(monkeypatch):
-    d = Device()
-    words = (ctypes.c_uint32 * status.MAX_DEVICES)()      # the status words, in ordinary memory
-    monkeypatch.setattr(status, "_words", words)
-    monkeypatch.setattr(status, "_base", ctypes.addressof(words))
-    monkeypatch.setattr(replay, "describe", _describe)
-    monkeypatch.setattr(arrays, "_new", lambda like, shape, kind: d.new(shape, kind))
-    monkeypatch.setattr(arrays, "_data_ptr", lambda obj, framework: obj.ptr)
-    monkeypatch.setattr(arrays, "_device_of_pointer", lambda p: 0)
-
-    def allocator(like, shape, kind):
-        shape = tuple(shape)
-
-        def alloc():
-            a = d.new(shape, kind)
-            return a, a.ptr
-        return alloc
-    monkeypatch.setattr(replay, "allocator", allocator)
-    # a graph replay's kept work arrays (arrays.work_allocator: CuPy's pool on the stream), from
-    # the same fake memory, logged with the stream they were made for
-    d.work = []
-
-    def work_allocator(like, shape, kind):
-        alloc = allocator(like, shape, kind)
-
-        def work(stream):
-            d.work.append((tuple(shape), kind, stream))
-            return alloc()
-        return work
-    monkeypatch.setattr(replay, "work_allocator", work_allocator)
-    monkeypatch.setattr(replay, "stream_getter", lambda ref: (lambda: 7))
-    for mod in (qz, training, dyn, launch_mod):
-        monkeypatch.setattr(mod, "stream_handle", lambda ref: 7)
-    monkeypatch.setattr(dyn, "launch", aligned(d.launch))
-    monkeypatch.setattr(launch_mod, "bind_launch", launcher_of(d.launch))
-    for mod in (launch_mod, dyn):
-        monkeypatch.setattr(mod, "properties", lambda device: H200)
-    monkeypatch.setattr(training, "properties", lambda device: H200)
-    monkeypatch.setattr(lowbit, "properties", lambda device: H200)   # the plan's arch (lowbit.preference)
-    monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
-    monkeypatch.setattr(dyn, "resident_blocks", lambda fn, threads: 4)
-    monkeypatch.setattr(dyn, "cooperative_shape", lambda fn, threads, device, want: (264, 112 * 1024))
-    monkeypatch.setattr(dyn, "device_attribute", lambda device, attr: 228 * 1024)
-    monkeypatch.setattr(dyn, "launch_cooperative", aligned(d.launch_cooperative))
-    monkeypatch.setattr(dyn, "memset_u32", d.memset_u32)
-    for mod in (training, dyn, launch_mod):
-        monkeypatch.setattr(mod, "load_function", lambda reg, unit, symbol, device=None: symbol, raising=False)
-    monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).entry_point())
-    count_replays(monkeypatch, lambda hit: setattr(d, "hits", d.hits + hit))
-    replay.CACHE.clear()
-    yield d
-    replay.CACHE.clear()
+def dev(fake_device, monkeypatch):
+    """The fake device (tests/fakes.py), counting the replays that ran (``dev.hits``)."""
+    count_replays(monkeypatch, lambda hit: setattr(fake_device, "hits", fake_device.hits + hit))
+    return fake_device
 
 
 def _ptrs(result):
@@ -388,6 +267,7 @@ def test_empty_inputs_are_not_remembered(dev):
     assert not dev.launches and not replay.CACHE and dev.hits == 0
 
 
+K = FakeFunction("k", 0)       # a kernel of the fake device (bound by a remembered call, never launched here)
 ABI = Abi("test", [("x", "ptr"), ("x_rs", "i64"), ("q", "ptr"), ("q_rs", "i64"), ("scale", "ptr"),
                    ("scale_value", "f32"), ("zero_point", "ptr"), ("zp_value", "i32")])
 
@@ -397,7 +277,7 @@ def test_a_pointer_slot_that_matches_nothing_is_not_remembered(dev):
     would be replayed stale: the call is not remembered."""
     call = replay.FastCall("quantize", ("tensor",), (D((8, 64)), 0.5, None, None), scale_at=1)
     with call:
-        prep = launch_mod.PreparedLaunch("k", (1,), (1,), ABI, [D((8, 64)).ptr + 64, 64, 0, 64, 0, 0.5, 0, 0])
+        prep = launch_mod.PreparedLaunch(K, (1,), (1,), ABI, [D((8, 64)).ptr + 64, 64, 0, 64, 0, 0.5, 0, 0])
         call.add_launch(prep, arrays.as_array(D((8, 64)), "x"), params=("scale_value", "zp_value"))
         call.remember(None)
     assert not replay.CACHE
@@ -408,13 +288,13 @@ def test_a_misnamed_scalar_slot_is_not_remembered(dev):
     call = replay.FastCall("quantize", ("tensor",), (x, 0.5, None, None), scale_at=1)
     with call:
         out = arrays.empty(arrays.as_array(x, "x"), (8, 64), "s8")
-        prep = launch_mod.PreparedLaunch("k", (1,), (1,), ABI, [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
+        prep = launch_mod.PreparedLaunch(K, (1,), (1,), ABI, [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
         call.add_launch(prep, arrays.as_array(x, "x"), params=("scale", "zp_value"))     # the scale *pointer*
         call.remember(out)
     assert not replay.CACHE
     with call:
         out = arrays.empty(arrays.as_array(x, "x"), (8, 64), "s8")
-        prep = launch_mod.PreparedLaunch("k", (1,), (1,), ABI, [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
+        prep = launch_mod.PreparedLaunch(K, (1,), (1,), ABI, [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
         call.add_launch(prep, arrays.as_array(x, "x"), params=("scale_value", "zp_value"))
         call.remember(out)
     assert len(replay.CACHE) == 1
@@ -453,10 +333,9 @@ def test_launches_pass_the_devices_status_word(dev):
 
 
 def test_pointer_counter_is_unique():
-    d = Device().at(0x1000)
+    d = FakeDevice().at(0x1000)
     ptrs = [d.a((n,)).ptr for n in (1, 100, 1000)] + [d.new((5,), "f32").ptr]
     assert len(set(ptrs)) == len(ptrs) and all(p % 256 == 0 for p in ptrs)
-    assert itertools is not None
 
 
 @pytest.mark.parametrize("name, want", [("b256", ((132, 4), (256, 1))), ("b256-1d", ((528, 1), (256, 1))),
@@ -505,13 +384,13 @@ def test_a_reported_value_raises_once_at_the_next_call(dev, op, arg):
     for base in (0x7F1000000000, 0x7F2000000000):       # a replay, then the slow path
         if base == 0x7F2000000000:
             replay.CACHE.clear()
-        status._words[0] = status.code(op, arg)
+        status.words().words[0] = status.code(op, arg)
         with pytest.raises(status.DeviceValueError) as e:
             _run(dev, call, base)
         assert (e.value.op, e.value.arg, e.value.device) == (op, arg, 0)
         assert op in str(e.value) and arg in str(e.value) and "cuda:0" in str(e.value)
         assert isinstance(e.value, sf.InvalidProblemError)
-        assert status._words[0] == 0
+        assert status.words().words[0] == 0
         _run(dev, call, base)                             # reported once: the next call runs
 
 
@@ -611,7 +490,7 @@ def test_a_graph_replays_work_arrays_are_kept_per_stream(dev, monkeypatch, captu
         assert ws[1] == ws[2] == ws[0]            # one partials array for the stream
         # made once, for stream 7, outside the framework's allocator (whose blocks PyTorch may
         # hand to a CUDA graph pool that must hold only outputs)
-        assert [stream for _, _, stream in dev.work] == [7]
+        assert [stream for _, stream in dev.work] == [7]
 
 
 @pytest.mark.parametrize("shape, kind", [((3, 5), "s8"), ((7,), "f32"), ((2, 0, 4), "bf16")])

@@ -46,13 +46,13 @@ from hypothesis import strategies as st
 
 import runtime as sf
 from runtime import DeviceRequiredError, InvalidProblemError, UnsupportedError, moe, replay, status
-from runtime import arrays, device, dynamic, lowbit, training
-from runtime import launch as launch_mod
+from runtime import lowbit
 from runtime.device import pack_params
 from runtime.kinds import SIZE
 from tests import fuzz_cases as fc
-from tests.test_fast_path import D, dev  # noqa: F401  (dev: a fixture)
-from tests.test_moe_replay import fake_tensor_map, mdev  # noqa: F401  (mdev: a fixture)
+from tests.fakes import D
+from tests.test_fast_path import dev  # noqa: F401  (dev: a fixture)
+from tests.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
 from tests.test_validation import without_driver
 
 MAPS: dict = {}      # fake tensor map -> (address, MapSpec): what the wgmma launches can reach
@@ -119,13 +119,6 @@ def _announce_mode(request):
     yield
 
 
-class FD(D):
-    """A fake device array that takes ``a[...] = 0`` (LSQ's zero gradients of an empty input)."""
-
-    def __setitem__(self, key, value):
-        pass
-
-
 class Space:
     """Made-up addresses for a problem's arrays, and the byte ranges every pointer must fall in."""
 
@@ -146,40 +139,13 @@ class Space:
             self.next += -(-min((hi - lo) * item + a.offset + 64, 1 << 36) // 4096) * 4096
         if ptr:                             # an empty array: its pointer, nothing past it
             self.buffers.append((ptr + lo * item, ptr + hi * item))
-        return FD(a.shape, a.dtype, a.strides(), ptr=ptr)
+        return D(a.shape, a.dtype, a.strides(), ptr=ptr)
 
 
 @pytest.fixture
-def fz(mdev, monkeypatch):  # noqa: F811
-    """``mdev`` plus a record of every allocation's byte range."""
-    made = []
-    new = mdev.new
-
-    def recorded(shape, kind):
-        d = new(shape, kind)
-        a = FD(d.shape, d.dtype, ptr=d.ptr)
-        made.append((a.ptr, a.ptr + max(1, math.prod(shape)) * a.dtype.itemsize))
-        return a
-    monkeypatch.setattr(mdev, "new", recorded)
-    # CuPy arrays and torch tensors never hold a null pointer when they have elements; a fake one
-    # that does (a mutation) is described as what it is, a foreign array (no replay)
-    described = replay.describe
-
-    def describe(obj):
-        if isinstance(obj, D) and not obj.ptr and math.prod(obj.shape):
-            return None, None
-        return described(obj)
-    monkeypatch.setattr(replay, "describe", describe)
-    # dynamic_quantize fills a foreign out= of an empty x through CuPy (a device): recorded here
-    monkeypatch.setattr(dynamic, "_fill_foreign", lambda obj, value: obj.__cuda_array_interface__)
-    mdev.alloc_ranges = made
-
-    def recorded_map(ptr, spec):
-        m = fake_tensor_map(ptr, spec)
-        MAPS[m] = (ptr, spec)
-        return m
-    monkeypatch.setattr(moe, "map_encoder", lambda spec: lambda ptr: recorded_map(ptr, spec))
-    replay.CACHE.clear()
+def fz(mdev):  # noqa: F811
+    """``mdev``, its tensor maps recorded in ``MAPS`` (what the launch checks read)."""
+    mdev.maps = MAPS
     return mdev
 
 
@@ -410,26 +376,13 @@ for _op in fc.OPS:
 
 
 # -- no usable driver ----------------------------------------------------------------------------------
-REAL = {"new": arrays._new, "arch": moe._arch, "fill": dynamic._fill_foreign, "kernel": sf.Registry.kernel,
-        "load": device.load_function}
-
-
 @pytest.fixture
-def nodriver(fz, monkeypatch):
-    """``fz`` where every CUDA runtime call answers cudaErrorInsufficientDriver (a machine whose driver
-    is older than the runtime, or none: tests/test_validation.py ``without_driver``), with the real
-    allocation (CuPy), device properties, status word and kernel loading in place of ``fz``'s fakes."""
-    without_driver(monkeypatch)
-    monkeypatch.setattr(arrays, "_new", REAL["new"])
-    monkeypatch.setattr(moe, "_arch", REAL["arch"])
-    monkeypatch.setattr(dynamic, "_fill_foreign", REAL["fill"])
-    monkeypatch.setattr(sf.Registry, "kernel", REAL["kernel"])
-    for mod in (launch_mod, dynamic, training, lowbit, moe):
-        monkeypatch.setattr(mod, "properties", device.properties)
-    for mod in (launch_mod, dynamic, training, moe):
-        monkeypatch.setattr(mod, "load_function", REAL["load"], raising=False)
-    yield fz
-    device.properties.cache_clear()
+def nodriver(monkeypatch):
+    """Every CUDA runtime call answers cudaErrorInsufficientDriver (a machine whose driver is older
+    than the runtime, or none: tests/test_validation.py ``without_driver``), on the real driver (its
+    allocation, device properties, status word and kernel loading), its launches recorded."""
+    with without_driver(monkeypatch) as drv:
+        yield drv
 
 
 @_settings(NO_DRIVER_EXAMPLES)
@@ -714,7 +667,7 @@ def test_the_launch_checks_find_misaligned_and_stray_pointers(fz):
     launch with its x pointer moved by one byte, by four bytes on the vector path (the fake
     launcher's check), with an odd row stride on it, or out of every array fails them."""
     from tests.fakes import assert_aligned
-    x = FD((8, 64), ptr=0x7A0000000000)
+    x = D((8, 64), ptr=0x7A0000000000)
     fz.at(0x7E8000000000).launches = []
     sf.quantize(x, 0.5, scope="tensor")
     ranges = [(x.ptr, x.ptr + 8 * 64 * 4)] + fz.alloc_ranges

@@ -129,10 +129,10 @@ def test_replays_cycling_through_addresses_give_the_slow_path_bits(name, fw, rng
         pytest.importorskip("torch")
     from collections import deque
 
-    from runtime import graphs
+    from runtime import device, graphs
     hits, made, sets = [], [], []
     count_replays(monkeypatch, hits.append)
-    fns = graphs._driver()
+    fns = device.driver().graph_calls()
     setp = fns["cuGraphExecKernelNodeSetParams_v2"]
     monkeypatch.setitem(fns, "cuGraphExecKernelNodeSetParams_v2", lambda *a: sets.append(1) or setp(*a))
     instantiate = graphs._Graph.instantiate

@@ -117,10 +117,10 @@ def test_every_op_on_cuda1_while_cuda0_is_current(name):
     with torch.cuda.device(0):
         want = _flat(call(inputs("cuda:0")))
         d1 = inputs("cuda:1")
-        ctx = sf_device.context_current()
+        ctx = sf_device.driver().context_current()
         for _ in range(3):                          # the slow path, then replays
             got = _flat(call(d1))
-            assert torch.cuda.current_device() == 0 and sf_device.context_current() == ctx
+            assert torch.cuda.current_device() == 0 and sf_device.driver().context_current() == ctx
             assert len(got) == len(want)
             for g, w in zip(got, want):
                 assert g.device == torch.device("cuda", 1)
@@ -296,14 +296,14 @@ def test_a_thread_without_a_current_context():
     y = torch.full((M, N), float("nan"), dtype=want.dtype, device="cuda:0")
     sf.grouped_matmul(d["gx"], d["gw"], row_experts=d["ids"], out=torch.empty_like(y), workspace=ws)   # remembered
     torch.cuda.synchronize()
-    primary = sf_device.context_current()           # this thread's: device 0's primary context
+    primary = sf_device.driver().context_current()           # this thread's: device 0's primary context
     out = {}
 
     def work():
         try:
-            before = sf_device.context_current()
+            before = sf_device.driver().context_current()
             sf.grouped_matmul(d["gx"], d["gw"], row_experts=d["ids"], out=y, workspace=ws)
-            out["ctx"] = (before, sf_device.context_current())
+            out["ctx"] = (before, sf_device.driver().context_current())
         except BaseException as e:  # noqa: BLE001
             out["error"] = e
     t = threading.Thread(target=work)

@@ -19,12 +19,13 @@ def no_pending_report():
     for the next one's calls)."""
     from runtime import status
     torch.cuda.synchronize()
-    if status._words is not None:
-        status._words[0] = 0
+    words = status.words()
+    if words.words is not None:
+        words.words[0] = 0
     yield
     torch.cuda.synchronize()
-    if status._words is not None:
-        status._words[0] = 0
+    if words.words is not None:
+        words.words[0] = 0
 
 
 def _t(shape, dtype=torch.float32, lo=-4.0, hi=4.0, seed=0):

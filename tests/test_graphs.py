@@ -1,4 +1,5 @@
-"""The multi-launch replay as one CUDA graph launch (runtime/graphs.py), over a recording driver."""
+"""The multi-launch replay as one CUDA graph launch (runtime/graphs.py), over the graph calls of a fake
+device (tests/fakes.py) that record what they are given."""
 from __future__ import annotations
 
 import ctypes
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from runtime import device, graphs
+from tests.fakes import FakeDevice
 
 
 @dataclass
@@ -90,11 +92,11 @@ class _Driver:
 
 
 @pytest.fixture
-def driver(monkeypatch):
+def driver():
     d = _Driver()
-    monkeypatch.setattr(graphs, "_lib", [d.fns()])
-    monkeypatch.setattr(device, "context_current", lambda: 0)
-    return d
+    d.calls = d.fns()
+    with device.use(FakeDevice(graphs=d.calls)):
+        yield d
 
 
 def _preps(launched=None):
@@ -150,21 +152,20 @@ def test_a_stream_being_captured_gets_the_kernels_one_by_one(driver):
     assert [e[0] for e in driver.log] == ["instantiate", "set", "launch"] and len(launched) == 2
 
 
-def test_no_graph_where_the_driver_refuses(monkeypatch):
-    d = _Driver(fail={"cuGraphCreate"})
-    monkeypatch.setattr(graphs, "_lib", [d.fns()])
-    monkeypatch.setattr(device, "context_current", lambda: 0)
-    assert graphs.bind_graph(_preps()) is None
-    monkeypatch.setattr(graphs, "_lib", [_Driver().fns()])
-    assert graphs.bind_graph([]) is None
-    monkeypatch.setattr(graphs, "_lib", [None])               # no libcuda
-    assert graphs.bind_graph(_preps()) is None
+def test_no_graph_where_the_driver_refuses():
+    with device.use(FakeDevice(graphs=_Driver(fail={"cuGraphCreate"}).fns())):
+        assert graphs.bind_graph(_preps()) is None
+    with device.use(FakeDevice(graphs=_Driver().fns())):
+        assert graphs.bind_graph([]) is None
+        assert graphs.bind_graph(_preps()) is not None
+    with device.use(FakeDevice(graphs=None)):                # no libcuda
+        assert graphs.bind_graph(_preps()) is None
 
 
 def test_a_refused_instantiation_is_a_typed_error(driver):
     from runtime.errors import SkuforgeError
     go = graphs.bind_graph(_preps())
-    graphs._lib[0]["cuGraphInstantiateWithFlags"] = lambda ex, g, flags: 2     # out of memory
+    driver.calls["cuGraphInstantiateWithFlags"] = lambda ex, g, flags: 2      # out of memory
     with pytest.raises(SkuforgeError, match="cuGraphInstantiateWithFlags failed: CUresult 2"):
         go(11, (0x500, 7), (0x600, 0x700, 1.5))
 
@@ -261,7 +262,7 @@ def test_fixed_executable_graphs_are_bounded(driver, monkeypatch):
     assert len(instantiated) == 2                # the floating graph and one fixed
     st = go.graph.execs[11]
     assert len(st.fixed) == 1 and len(st.owned) == 1
-    before = graphs._fixed_total[0]
+    before = graphs.fixed().count
     monkeypatch.setattr(graphs, "FIXED", 32)
     monkeypatch.setattr(graphs, "FIXED_TOTAL", before)      # the process is full: no new fixed graph
     driver.log.clear()
@@ -270,7 +271,7 @@ def test_fixed_executable_graphs_are_bounded(driver, monkeypatch):
     go(11, *sets[2])
     assert [e[0] for e in driver.log if e[0] == "instantiate"] == []
     go.graph._destroy(go.graph.execs.pop(11))
-    assert graphs._fixed_total[0] == before - 1
+    assert graphs.fixed().count == before - 1
 
 
 def test_work_arrays_are_shared_by_a_streams_executable_graphs(driver):

@@ -250,23 +250,13 @@ class _Recorder:
 
 
 @pytest.fixture
-def stubbed(monkeypatch):
+def stubbed(fake_device, monkeypatch):
+    """Plan selection recorded (its plans run nothing) on the fake device, whose allocations are
+    logged in ``stubbed.alloc`` ((shape, kind))."""
     rec = _Recorder()
-    alloc = []
-
-    def fake_empty(like, shape, kind):
-        dt = {"f32": "float32", "f64": "float64", "u8": "uint8", "i32": "int32", "f16": "float16"}[kind]
-        a = D(shape, dt, ptr=0x7F0000100000 + 0x100000 * len(alloc))
-        alloc.append((tuple(shape), kind))
-        return a
     monkeypatch.setattr(qz, "cached_plan", rec)      # static low-bit calls
-    monkeypatch.setattr(qz, "stream_handle", lambda ref: 0)
     monkeypatch.setattr(dyn, "cached_plan", rec)     # the low-bit dynamic path
-    for mod in (lowbit, dyn):
-        monkeypatch.setattr(mod, "empty", fake_empty)
-    monkeypatch.setattr("runtime.params.empty", fake_empty)
-    monkeypatch.setattr(lowbit, "preference", lambda device: Preference(arch=90))
-    rec.alloc = alloc
+    rec.alloc = fake_device.allocs
     yield rec
 
 
@@ -323,8 +313,7 @@ def test_dynamic_arguments(stubbed):
     assert s.dtype == np.float64 and (args.qmin, args.qmax, args.zp_value) == (-7, 7, 0)
 
 
-def test_prefer_arch(monkeypatch):
-    monkeypatch.setattr(lowbit, "properties", lambda device: {"cc": 90})
+def test_prefer_arch(fake_device):
     assert lowbit.preference(0).arch == 90
     with lowbit.prefer_arch(80):
         assert lowbit.preference(0).arch == 80
@@ -371,19 +360,13 @@ def test_elementwise_vec_ok_uses_packed_widths():
         L.check(p, bad)
 
 
-H200 = {"name": "fake", "cc": 90, "sms": 132, "max_threads_per_sm": 2048}
-
-
 @pytest.mark.parametrize("shape,gs,kind,vec_want", [((65536, 4096), 128, "fp8_e4m3", True), ((65536, 4096), 128, "s4", True),
                                                     ((16, 4096), 32, "fp8_e4m3", True), ((7, 96), 6, "s4", False),
                                                     ((9, 48), 3, "fp8_e5m2", False), ((5, 70002), None, "u4", False), ((5, 70000), None, "u4", True)])
-def test_fused_config(monkeypatch, shape, gs, kind, vec_want):
+def test_fused_config(fake_device, shape, gs, kind, vec_want):
     from runtime.arrays import as_array
-    from runtime import dynamic
     from runtime.dynamic import DynamicArgs
     from runtime.scopes import rows_view
-    monkeypatch.setattr(dyn, "properties", lambda device: H200)
-    monkeypatch.setattr(dynamic, "properties", lambda device: H200)     # block_config's device query
     pack = 2 if kind in ("s4", "u4") else 1
     p = _plan(8, pack, max_threads=512, ch_vec=[1, 2, 4], ch_scalar=[1, 4, 8])
     x = as_array(D(shape, "float16"), "x")

@@ -141,14 +141,12 @@ def test_checker_catches_a_wrong_device(device, bug, pick, rng):
     assert not res.passed and res.mismatches > 0, (bug, res.detail)
 
 
-def test_runs_this_sku_pins_the_software_conversion_skus(monkeypatch):
+def test_runs_this_sku_pins_the_software_conversion_skus(fake_device):
     """On an sm_90 GPU the sm80 (software conversion) fp8 SKUs run themselves under prefer_arch,
     not the sm89 ones the runtime picks by default (this was a verify bug: 80 SKUs 'not run')."""
-    from runtime import lowbit as lb
-    monkeypatch.setattr(lb, "properties", lambda device: {"cc": 90})
     for arch in ("sm80", "sm89"):
         sku = next(s for s in sf.default_registry().skus() if s.aux_element == "fp8_e4m3" and s.op == "quantize"
                    and s.arch == arch)
         assert checks_lowbit.runs_this_sku(sku) is None
-    monkeypatch.setattr(lb, "properties", lambda device: {"cc": 80})
+    fake_device.props[0] = {"cc": 80}
     assert "need sm_89" in checks_lowbit.runs_this_sku(sku)

@@ -354,11 +354,11 @@ def test_variant_selection(monkeypatch, override_settings):
     assert sf.moe.variant_for(simt, op)[1]["symbol"] == simt.entry.symbol
 
 
-def test_variant_fallback_on_small_shared_memory(monkeypatch, override_settings):
+def test_variant_fallback_on_small_shared_memory(fake_device, override_settings):
     op = "grouped_matmul"
     plan = plan_for(_args(op, 64, 64, 64, 4, "bf16"), "mma", 90)
     override_settings(moe_config="")
-    monkeypatch.setitem(sf.moe._smem_limit, 7, 100 * 1024)      # e.g. sm_86 / sm_89: 99-100 KB per block
+    fake_device.props[7] = {"smem_optin": 100 * 1024}            # e.g. sm_86 / sm_89: 99-100 KB per block
     name, meta = sf.moe.variant_for(plan, op, 7)
     assert meta["dynamic_smem"] <= 96 * 1024
     big = max(plan.launch["variants"], key=lambda n: plan.launch["variants"][n]["dynamic_smem"])
@@ -469,10 +469,9 @@ def test_offsets_routing_reports_to_the_status_word():
         assert Plan(s).abi("route_offsets_i32").names[-1] == "status"
 
 
-def test_route_passes_the_status_word(monkeypatch):
+def test_route_passes_the_status_word(fake_device):
     """MoeLauncher.route_steps hands args.status to the offsets entry point (and trusted as a flag)."""
     from runtime import moe
-    monkeypatch.setattr(moe, "load_function", lambda reg, unit, symbol, dev=None: symbol)
     args = _args("grouped_matmul", 64, 32, 32, 4, "f16")
     args.routing = Routing(4, 64, offsets=_ref((5,), "i64"), trusted=False)
     args.status = 0x7E0000000004
@@ -491,18 +490,13 @@ def test_route_passes_the_status_word(monkeypatch):
     struct.pack("@" + prep.fmt, *prep.values)
 
 
-def test_moe_ops_raise_pending_reports_before_launching(monkeypatch):
+def test_moe_ops_raise_pending_reports_before_launching(fake_device, monkeypatch):
     """grouped_matmul / _backward (with and without out=) read the status word before anything launches."""
-    import ctypes
     from runtime import moe, status
-    words = (ctypes.c_uint32 * status.MAX_DEVICES)()
-    monkeypatch.setattr(status, "_words", words)
-    monkeypatch.setattr(status, "_base", 0x7E0000000000)
+    fake_device.props[0] = {"cc": 80}
+    words = status.words()
+    status.pointer(0)                           # allocated
     ran = []
-    monkeypatch.setattr(moe, "empty", lambda like, shape, kind: D(shape, {"f16": "float16", "f32": "float32",
-                                                                          "u8": "uint8"}[kind]))
-    monkeypatch.setattr(moe, "_arch", lambda ref: 80)
-    monkeypatch.setattr(moe, "stream_handle", lambda ref: 7)
     monkeypatch.setattr(moe.MoeLauncher, "steps", lambda self, plan, args, ws: ran.append(args.status) or [])
     x, w, dy = D((64, 32), "float16"), D((4, 32, 32), "float16"), D((64, 32), "float16")
     offs = D((5,), "int64")
@@ -511,7 +505,7 @@ def test_moe_ops_raise_pending_reports_before_launching(monkeypatch):
              lambda: sf.grouped_matmul(x, w, offsets=offs, strategy="simt",
                                        out=D((64, 32), "float16", ptr=0x7F0000100000))]
     for call in calls:
-        words[0] = status.code("grouped_matmul", "offsets")
+        words.words[0] = status.code("grouped_matmul", "offsets")
         with pytest.raises(sf.DeviceValueError) as ei:
             call()
         assert (ei.value.op, ei.value.arg) == ("grouped_matmul", "offsets") and not ran

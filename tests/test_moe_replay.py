@@ -7,46 +7,20 @@ blocks and every parameter value (the workspace regions are pointers into the re
 workspace; the status word is a constant). With ``out=`` and ``workspace=`` a repeated call
 allocates nothing.
 """
-import hashlib
-
 import pytest
 
 import runtime as sf
 from runtime import moe, replay
-from tests.fakes import err
-from tests.test_fast_path import H200, _run, dev, replay_matches_slow_path  # noqa: F401  (dev: a fixture)
+from tests.fakes import err, fake_tensor_map
+from tests.test_fast_path import _run, dev, replay_matches_slow_path  # noqa: F401  (dev: a fixture)
 
 
 @pytest.fixture
-def mdev(dev, monkeypatch):  # noqa: F811
-    """``dev`` plus the moe launcher's device queries (kernels, properties, occupancy, shared
-    memory, arch) and an allocation log (``mdev.allocs``: (shape, kind) of every allocation)."""
-    monkeypatch.setattr(moe, "load_function", lambda reg, unit, symbol, device=None: symbol)
-    monkeypatch.setattr(moe, "properties", lambda device: H200)
-    monkeypatch.setattr(moe, "_blocks_per_sm", lambda fn, threads, smem: 2)
-    monkeypatch.setattr(moe, "_smem_optin", lambda device: 227 * 1024)
-    monkeypatch.setattr(moe, "_arch", lambda ref: 90)
-    monkeypatch.setattr(moe, "stream_handle", lambda ref: 7)
-    monkeypatch.setattr(moe, "map_encoder", fake_encoder)
-    allocs = []
-    new = dev.new
-
-    def counted(shape, kind):
-        allocs.append((tuple(shape), kind))
-        return new(shape, kind)
-    monkeypatch.setattr(dev, "new", counted)
-    dev.allocs = allocs
+def mdev(dev):  # noqa: F811
+    """``dev`` for the moe calls: the fake device answers their device queries (kernels, properties,
+    occupancy, shared memory, arch), encodes tensor maps (``fake_tensor_map``) and logs every
+    allocation (``mdev.allocs``: (shape, kind))."""
     return dev
-
-
-def fake_encoder(spec):
-    """runtime.tma.map_encoder without a driver: the layout's ``encode(ptr)`` is :func:`fake_tensor_map`."""
-    return lambda ptr: fake_tensor_map(ptr, spec)
-
-
-def fake_tensor_map(ptr, spec):
-    """128 bytes that name the address and the layout (cuTensorMapEncodeTiled needs a driver)."""
-    return hashlib.sha512(repr((ptr, spec)).encode()).digest()[:64] * 2
 
 
 M, N, K, E = 256, 512, 512, 8
@@ -191,7 +165,7 @@ def test_offsets_replay_by_default_and_not_under_sync_checks(mdev, monkeypatch):
 def test_a_tile_configuration_in_code_is_part_of_the_key(mdev):
     call, _ = CALLS["fwd row_experts mma"]
     first = _run(mdev, call, 0x7F0000000000)[0]
-    from tests.test_fast_path import D
+    from tests.fakes import D
     plan = sf.moe.select_plan("grouped_matmul", D((M, K), H), D((E, N, K), H), row_experts=D((M,), "int32"))
     other = next(n for n in sf.moe.variant_names(plan) if n != plan.launch["default_variant"])
     with sf.moe.use_config(fwd=other):
@@ -204,7 +178,7 @@ def test_a_tile_configuration_in_code_is_part_of_the_key(mdev):
 def test_a_replay_checks_the_given_outputs_apart(mdev):
     """A replay whose out= overlaps an input (same layouts, other addresses) takes the slow path,
     which raises the typed error."""
-    from tests.test_fast_path import D
+    from tests.fakes import D
     mdev.at(0x7F0010000000)                  # allocations
     x, w, ids = D((M, K), H), D((E, N, K), H, ptr=0x7F0001000000), D((M,), "int32", ptr=0x7F0002000000)
     sf.grouped_matmul(x, w, row_experts=ids, out=D((M, N), H, ptr=0x7F0003000000))
@@ -220,7 +194,7 @@ def test_a_replay_checks_the_given_outputs_apart(mdev):
 
 def test_out_and_none_out_are_different_calls(mdev):
     """out=(None, None) is an error when the gradients are asked for, even after a call without out=."""
-    from tests.test_fast_path import D
+    from tests.fakes import D
     x, w, dy = D((M, K), H), D((E, N, K), H, ptr=0x7F0001000000), D((M, N), H, ptr=0x7F0002000000)
     ids = D((M,), "int32", ptr=0x7F0003000000)
     sf.grouped_matmul_backward(x, w, dy, row_experts=ids)
@@ -230,7 +204,7 @@ def test_out_and_none_out_are_different_calls(mdev):
 
 def test_inputs_may_overlap_each_other_and_still_replay(mdev):
     """Only pairs with a written array are tested: x and w views of one buffer replay with out=."""
-    from tests.test_fast_path import D
+    from tests.fakes import D
     mdev.at(0x7F0010000000)
     for base in (0x7F0000000000, 0x7F0100000000):
         x, w = D((M, K), H, ptr=base), D((E, N, K), H, ptr=base + 1024)

@@ -16,20 +16,13 @@ from types import SimpleNamespace
 import pytest
 
 import runtime as sf
-from runtime import arrays, device, moe, replay, status
-from runtime import dynamic as dyn
-from runtime import launch as launch_mod
-from runtime import quantization as qz
-from runtime import training
+from runtime import device, replay, status
 from runtime.errors import DeviceMismatchError, InvalidProblemError, SkuforgeError
-from tests.fakes import FakeDeviceArray, err
+from tests.fakes import CTX, FakeDevice, FakeDeviceArray, FakeFunction, count_replays, err
 from tests.test_fast_path import CALLS as FAST_CALLS
-from tests.test_fast_path import D, H200, dev  # noqa: F401  (dev: a fixture)
 from tests.test_moe_replay import CALLS as MOE_CALLS
-from tests.test_moe_replay import fake_encoder
 
 DEVICE1 = 0x7F8000000000            # fake arrays at or above this address live on cuda:1
-CTX = {0: 0xC0, 1: 0xC1}            # the fake primary contexts
 STREAM = {0: 100, 1: 101}           # each device's current stream
 
 
@@ -37,150 +30,28 @@ def device_of_pointer(p: int) -> int:
     return 1 if p >= DEVICE1 else 0
 
 
-class FakeDriver:
-    """The driver's per-thread current context and context stack, and every launch made: (kernel,
-    current context, stream); pushes are counted."""
-
-    def __init__(self):
-        self.local = threading.local()
-        self.launches = []
-        self.pushes = 0
-
-    def stack(self) -> list:
-        s = getattr(self.local, "stack", None)
-        if s is None:
-            s = self.local.stack = [CTX[0]]      # cuda:0 current, as after cudaSetDevice(0)
-        return s
-
-    def set_current(self, ctx: int) -> None:
-        self.stack()[:] = [ctx] if ctx else []
-
-    def current(self) -> int:
-        s = self.stack()
-        return s[-1] if s else 0
-
-    def push(self, ctx) -> None:
-        self.pushes += 1
-        self.stack().append(ctx)
-
-    def pop(self) -> None:
-        self.stack().pop()
-
-
-class FakeFn:
-    """A loaded kernel of one device (its address registered with that device's context)."""
-
-    _next = [0x5000]
-
-    def __init__(self, symbol: str, dev: int):
-        self.symbol, self.device = symbol, dev
-        self.ptr = FakeFn._next[0]
-        FakeFn._next[0] += 16
-
-
 @pytest.fixture
-def multi(dev, monkeypatch):  # noqa: F811
-    """``dev`` (tests/test_fast_path.py) on two devices: the real ``runtime.device.launch`` (and the
-    cooperative launch) over a fake driver; kernels loaded per device; per-device streams; arrays on
-    cuda:1 at addresses >= DEVICE1."""
-    drv = FakeDriver()
-    fns: dict = {}
+def multi(monkeypatch):
+    """Two fake devices (tests/fakes.py): the runtime's launches (bound, cooperative, memset) over
+    recorded driver calls, which refuse a kernel whose context is not current; kernels loaded per
+    device; per-device streams; arrays on cuda:1 at addresses >= DEVICE1."""
+    fake = FakeDevice(device_of=device_of_pointer, streams=STREAM)
+    with device.use(fake):
+        count_replays(monkeypatch, lambda hit: setattr(fake, "hits", fake.hits + hit))
+        yield fake
 
-    def load(reg, unit, symbol, device=None):
-        fn = fns.get((symbol, device))
-        if fn is None:
-            fn = fns[(symbol, device)] = FakeFn(symbol, device)
-            monkeypatch.setitem(device_mod._fn_ctx, fn.ptr, CTX[device])
-            device_mod._note_context(fn.ptr, CTX[device])
-        return fn
-    device_mod = device
-    by_ptr = {}
 
-    def record(f, gx, gy, gz, bx, by, bz, smem, stream, params):
-        want, current = device_mod._fn_ctx.get(f), drv.current()
-        if want and current != want:      # the driver refuses a kernel of another context
-            return 400 if current else 201
-        drv.launches.append((by_ptr[f].symbol, drv.current(), stream))
-        return 0
-        return 0
-
-    def loaded(reg, unit, symbol, device=None):
-        fn = load(reg, unit, symbol, device)
-        by_ptr[fn.ptr] = fn
-        return fn
-
-    def coop_call(name):
-        assert name == "cuLaunchCooperativeKernel"
-
-        def call(f, gx, gy, gz, bx, by, bz, smem, stream, params):
-            return record(f, gx, gy, gz, bx, by, bz, smem, stream or 0, params)
-        return call
-
-    monkeypatch.setattr(device, "context_current", drv.current)
-    monkeypatch.setattr(device, "_context_push", drv.push)
-    monkeypatch.setattr(device, "_context_pop", drv.pop)
-    monkeypatch.setattr(device, "_cu_launch", record)
-    monkeypatch.setattr(device, "_libcuda_call", coop_call)
-    monkeypatch.setattr(device, "_several_contexts", [False])     # set again by the loads, undone after
-    monkeypatch.setattr(dyn, "launch", device.launch)
-    monkeypatch.setattr(launch_mod, "bind_launch", device.bind_launch)
-    monkeypatch.setattr(dyn, "launch_cooperative", device.launch_cooperative)
-    monkeypatch.setattr(dyn, "memset_u32", lambda ptr, value, count, stream:
-                        drv.launches.append(("memset", drv.current(), stream)))
-    for mod in (training, dyn, launch_mod, moe):
-        monkeypatch.setattr(mod, "load_function", loaded)
-    monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: loaded(self, None,
-                                                                                     self.lookup(sku).symbol_for("main"), device))
-    # the moe launcher's device queries (as tests/test_moe_replay.py's ``mdev``)
-    monkeypatch.setattr(moe, "properties", lambda device: H200)
-    monkeypatch.setattr(moe, "_blocks_per_sm", lambda fn, threads, smem: 2)
-    monkeypatch.setattr(moe, "_smem_optin", lambda device: 227 * 1024)
-    monkeypatch.setattr(moe, "_arch", lambda ref: 90)
-    monkeypatch.setattr(moe, "map_encoder", fake_encoder)      # the wgmma launches' tensor maps
-    # arrays: the device from the address; streams: each device's current one
-    monkeypatch.setattr(arrays, "_device_of_pointer", device_of_pointer)
-
-    def describe(obj):
-        cai = obj.__cuda_array_interface__
-        p = cai["data"][0]
-        return (D, cai["shape"], cai["strides"], cai["typestr"], device_of_pointer(p), p & 15), p
-    monkeypatch.setattr(replay, "describe", describe)
-    monkeypatch.setattr(replay, "stream_getter", lambda ref: (lambda: STREAM[ref.device]))
-    for mod in (qz, training, dyn, launch_mod, moe):
-        monkeypatch.setattr(mod, "stream_handle", lambda ref: STREAM[ref.device])
-    params = []
-    real_params = device._params
-
-    def recorded_params(fmt, values):
-        params.append(tuple(values))
-        return real_params(fmt, values)
-    monkeypatch.setattr(device, "_params", recorded_params)       # the cooperative launch's packing
-
-    class RecordingBlock(device._ParamBlock):                        # device.launcher's packing
-        def __init__(self, fmt):
-            super().__init__(fmt)
-            real = self.struct
-
-            class Recording:
-                size = real.size
-
-                @staticmethod
-                def pack_into(buf, offset, *values):
-                    params.append(tuple(values))
-                    real.pack_into(buf, offset, *values)
-            self.struct = Recording()
-    monkeypatch.setattr(device, "_ParamBlock", RecordingBlock)
-    monkeypatch.setattr(device, "_launch_local", threading.local())  # no parameter block of another test
-    dev.driver, dev.params = drv, params
-    return dev
+def ran(fake) -> list:
+    """(kernel, current context, stream) of every driver call the fake device logged."""
+    return [(c.fn, c.ctx, c.stream) for c in fake.log]
 
 
 def _call(multi, call, base):
     multi.at(base)
-    multi.driver.launches, multi.params[:] = [], []
+    multi.log, multi.launches = [], []
     hits = multi.hits
     call(multi)
-    return multi.driver.launches, multi.hits - hits
+    return ran(multi), multi.hits - hits
 
 
 ALL_CALLS = {**{k: v[0] for k, v in FAST_CALLS.items()}, **{"moe " + k: v[0] for k, v in MOE_CALLS.items()}}
@@ -197,9 +68,10 @@ def test_every_op_on_device_1_launches_there_while_device_0_is_current(multi, na
         assert hits == replayed
         assert launches
         assert all((ctx, stream) == (CTX[1], STREAM[1]) for _, ctx, stream in launches), launches
-        assert multi.driver.current() == CTX[0] and multi.driver.stack() == [CTX[0]]
-        assert len(multi.params) >= len(launches), "every launch's parameters are seen"
-        words = [v for values in multi.params for v in values if isinstance(v, int) and status.is_status_pointer(v)]
+        assert multi.stack() == [CTX[0]]
+        params = [launch[4] for launch in multi.launches if launch[0] != "memset"]
+        assert len(params) == len([c for c in multi.log if c.fn != "memset"]), "every launch's parameters are seen"
+        words = [v for values in params for v in values if isinstance(v, int) and status.is_status_pointer(v)]
         assert all(w == status.pointer(1) for w in words), (name, words)
 
 
@@ -207,7 +79,7 @@ def test_one_layout_on_two_devices_is_two_replay_entries(multi):
     call = ALL_CALLS["quantize token"]
     launches0, hits = _call(multi, call, 0x7F0000000000)
     assert hits == 0 and {(c, s) for _, c, s in launches0} == {(CTX[0], STREAM[0])}
-    assert multi.driver.pushes == 0, "the kernel's context was current: nothing pushed"
+    assert multi.pushes == 0, "the kernel's context was current: nothing pushed"
     launches1, hits = _call(multi, call, DEVICE1)
     assert hits == 0, "the same shapes on another device are another call (the device is in the key)"
     assert {(c, s) for _, c, s in launches1} == {(CTX[1], STREAM[1])}
@@ -218,31 +90,28 @@ def test_one_layout_on_two_devices_is_two_replay_entries(multi):
 
 
 def test_the_current_context_is_left_alone_when_it_is_the_kernels(multi):
-    multi.driver.set_current(CTX[1])
+    multi.set_current(CTX[1])
     launches, _ = _call(multi, ALL_CALLS["moe fwd row_experts mma"], DEVICE1)
-    assert len(launches) == 4 and multi.driver.pushes == 0
-    assert multi.driver.stack() == [CTX[1]]
+    assert len(launches) == 4 and multi.pushes == 0
+    assert multi.stack() == [CTX[1]]
 
 
-def test_one_context_launches_without_asking_for_the_current_one(multi, monkeypatch):
+def test_one_context_launches_without_asking_for_the_current_one(multi):
     """With kernels of one device loaded, a launch goes straight to the driver (no cuCtxGetCurrent);
     where the kernel's context is not current the driver's refusal is answered by one launch with it
     pushed, and nothing is launched in a wrong context."""
-    asked = []
-    real = multi.driver.current
-    monkeypatch.setattr(device, "context_current", lambda: asked.append(1) or real())
     call = ALL_CALLS["quantize token"]
     for base in (0x7F0000000000, 0x7F2000000000):           # slow path, then a replay
         launches, _ = _call(multi, call, base)
         assert launches and {c for _, c, _ in launches} == {CTX[0]}
-    assert not device._several_contexts[0] and multi.driver.pushes == 0 and not asked
-    multi.driver.set_current(0)                              # no context current: refused, retried
+    assert not multi.several and multi.pushes == 0 and not multi.asked
+    multi.set_current(0)                              # no context current: refused, retried
     launches, hits = _call(multi, call, 0x7F4000000000)
-    assert hits == 1 and {c for _, c, _ in launches} == {CTX[0]} and multi.driver.pushes == 1
-    assert multi.driver.stack() == []
-    multi.driver.set_current(CTX[0])
+    assert hits == 1 and {c for _, c, _ in launches} == {CTX[0]} and multi.pushes == 1
+    assert multi.stack() == []
+    multi.set_current(CTX[0])
     _call(multi, call, DEVICE1)                              # a second device's kernels: now compared
-    assert device._several_contexts[0]
+    assert multi.several and multi.asked
 
 
 def test_a_thread_without_a_current_context(multi):
@@ -251,27 +120,27 @@ def test_a_thread_without_a_current_context(multi):
     out = {}
 
     def run():
-        multi.driver.set_current(0)
+        multi.set_current(0)
         out["launches"], _ = _call(multi, ALL_CALLS["dequantize group"], DEVICE1)
-        out["after"] = multi.driver.stack()[:]
+        out["after"] = multi.stack()[:]
     t = threading.Thread(target=run)
     t.start()
     t.join()
     assert out["launches"] and {(c, s) for _, c, s in out["launches"]} == {(CTX[1], STREAM[1])}
     assert out["after"] == []
-    assert multi.driver.stack() == [CTX[0]], "the main thread's context is its own"
+    assert multi.stack() == [CTX[0]], "the main thread's context is its own"
 
 
-def test_a_failed_launch_restores_the_context(multi, monkeypatch):
-    monkeypatch.setattr(device, "_cu_launch", lambda *a: 700)       # CUDA_ERROR_ILLEGAL_ADDRESS
+def test_a_failed_launch_restores_the_context(multi):
+    multi.refuse = 700                                               # CUDA_ERROR_ILLEGAL_ADDRESS
     err(lambda: ALL_CALLS["quantize token"](multi.at(DEVICE1)), SkuforgeError, "cuLaunchKernel failed", "700")
-    assert multi.driver.stack() == [CTX[0]]
+    assert multi.stack() == [CTX[0]]
 
 
 def test_the_status_word_of_the_arrays_device_is_read(multi):
-    words = status._words
     call = ALL_CALLS["moe fwd offsets i32 mma"]
     _call(multi, call, DEVICE1)                                      # the slow path; remembered
+    words = status.words().words
     words[0] = status.code("quantize", "scale")                     # a report of device 0: not this call's
     launches, hits = _call(multi, call, DEVICE1 + 0x1000000000)
     assert hits == 1 and launches and words[0]
@@ -291,34 +160,52 @@ def test_the_status_word_of_the_arrays_device_is_read(multi):
 
 
 def test_on_context_of_unknown_kernels_changes_nothing(multi):
-    with device.on_context_of("a symbol"):
-        assert multi.driver.stack() == [CTX[0]]
-    fn = FakeFn("k", 1)
-    device._fn_ctx[fn.ptr] = CTX[1]
-    try:
-        with device.on_context_of(fn):
-            assert multi.driver.stack() == [CTX[0], CTX[1]]
-        assert multi.driver.stack() == [CTX[0]]
-        with pytest.raises(RuntimeError):
-            with device.on_context_of(fn):
-                raise RuntimeError("inside")
-        assert multi.driver.stack() == [CTX[0]]
-    finally:
-        del device._fn_ctx[fn.ptr]
+    with multi.on_context_of("a symbol"):
+        assert multi.stack() == [CTX[0]]
+    fn = FakeFunction("k", 1)
+    multi.note_context(fn.ptr, CTX[1])
+    with multi.on_context_of(fn):
+        assert multi.stack() == [CTX[0], CTX[1]]
+    assert multi.stack() == [CTX[0]]
+    with pytest.raises(RuntimeError):
+        with multi.on_context_of(fn):
+            raise RuntimeError("inside")
+    assert multi.stack() == [CTX[0]]
+
+
+class Loading(device.CudaDriver):
+    """The real driver's loading over a fake device's contexts (and arch and primary contexts)."""
+
+    def __init__(self, fake):
+        super().__init__()
+        self.fake = fake
+
+    def context_current(self):
+        return self.fake.context_current()
+
+    def context_push(self, ctx):
+        return self.fake.context_push(ctx)
+
+    def context_pop(self):
+        return self.fake.context_pop()
+
+    def compile_arch(self, d):
+        return 90
+
+    def primary_context(self, d):
+        return CTX[d]
 
 
 def test_load_function_loads_in_the_devices_primary_context(multi, monkeypatch):
     """A module per (registry, unit, device), loaded (and its functions looked up) with that device's
     primary context current, whatever the thread has current; launched in that context."""
-    drv = multi.driver
-
     class Module:
         def load(self, cubin):
-            self.ctx = drv.current()
+            self.ctx = multi.context_current()
 
         def get_function(self, symbol):
-            f = FakeFn(symbol, None)
-            f.module, f.looked_up_in = self, drv.current()
+            f = FakeFunction(symbol, None)
+            f.module, f.looked_up_in = self, multi.context_current()
             return f
 
     class Reg:
@@ -328,27 +215,23 @@ def test_load_function_loads_in_the_devices_primary_context(multi, monkeypatch):
         def unit_source(self, unit):
             return "src"
 
+    # below the driver: CuPy's module loading and the compile cache
     fake_cupy = SimpleNamespace(cuda=SimpleNamespace(function=SimpleNamespace(Module=Module)))
-    monkeypatch.setattr(device, "_modules", {})
     monkeypatch.setattr(device, "cupy", lambda: fake_cupy)
-    monkeypatch.setattr(device, "compile_arch", lambda d: 90)
     monkeypatch.setattr(device, "compile_cached", lambda *a, **k: SimpleNamespace(cubin=b""))
-    monkeypatch.setattr(device, "primary_context", lambda d: CTX[d])
     for current in (CTX[0], 0):                     # cuda:0 current, then a thread with none
-        drv.set_current(current)
-        device._modules.clear()
-        f0 = device.load_function(Reg(), "u", "k", 0)
-        f1 = device.load_function(Reg(), "u", "k", 1)
+        multi.set_current(current)
+        drv = Loading(multi)
+        f0 = drv.load_function(Reg(), "u", "k", 0)
+        f1 = drv.load_function(Reg(), "u", "k", 1)
         assert f0 is not f1 and (f0.module.ctx, f1.module.ctx) == (CTX[0], CTX[1])
         assert (f0.looked_up_in, f1.looked_up_in) == (CTX[0], CTX[1])
-        assert device.context_of(f0) == CTX[0] and device.context_of(f1) == CTX[1]
-        assert device.load_function(Reg(), "u", "k", 1) is f1
-        assert drv.stack() == ([current] if current else [])
-        for f in (f0, f1):
-            del device._fn_ctx[f.ptr]
+        assert drv.context_of(f0) == CTX[0] and drv.context_of(f1) == CTX[1] and drv.several
+        assert drv.load_function(Reg(), "u", "k", 1) is f1
+        assert multi.stack() == ([current] if current else [])
 
 
-def test_context_calls_through_ctypes(monkeypatch):
+def test_context_calls_through_ctypes():
     """The ctypes path of the context calls: cuCtxGetCurrent writes the context into a per-thread
     slot; push takes the handle; pop writes the popped handle into the slot's second word."""
     seen = []
@@ -368,16 +251,15 @@ def test_context_calls_through_ctypes(monkeypatch):
             f = Fn(name)
             setattr(self, name, f)
             return f
-    monkeypatch.setattr(device, "_libcuda", lambda: Lib())
-    device._context_calls.cache_clear()
-    try:
-        current, push, pop = device._context_calls()
-        assert current() == 0xC1
-        assert push(0xC0) == 0 and pop() == 0
-        assert [n for n, _ in seen] == ["cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"]
-        assert seen[1][1] == 0xC0 and seen[2][1] == seen[0][1] + ctypes.sizeof(ctypes.c_void_p)
-    finally:
-        device._context_calls.cache_clear()
+
+    class Ctypes(device.CudaDriver):
+        def libcuda(self):
+            return Lib()
+    drv = Ctypes()
+    assert drv.context_current() == 0xC1
+    assert drv.context_push(0xC0) == 0 and drv.context_pop() == 0
+    assert [n for n, _ in seen] == ["cuCtxGetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"]
+    assert seen[1][1] == 0xC0 and seen[2][1] == seen[0][1] + ctypes.sizeof(ctypes.c_void_p)
 
 
 # -- arguments on different devices: a typed error naming them ---------------------------------
@@ -432,8 +314,7 @@ MIXED = {
 
 
 @pytest.mark.parametrize("name", list(MIXED))
-def test_arguments_on_different_devices_are_a_typed_error(monkeypatch, name):
-    monkeypatch.setattr(arrays, "_device_of_pointer", device_of_pointer)
+def test_arguments_on_different_devices_are_a_typed_error(multi, name):
     call, named = MIXED[name]
     with pytest.raises(DeviceMismatchError) as e:
         call()
@@ -467,42 +348,37 @@ def test_torch_fakes_name_the_arguments_on_different_devices():
             assert set(e.value.devices) == named and set(e.value.devices.values()) == {"cuda:0", "cuda:1"}
 
 
-def test_status_words_exist_for_64_devices():
-    assert status.pointer(63) == status._base + 4 * 63
+def test_status_words_exist_for_64_devices(fake_device):
+    assert status.pointer(63) == status.words().base + 4 * 63
     err(lambda: status.pointer(64), sf.UnsupportedError, "cuda:64", "0 to 63")
     status.raise_pending(64)                    # nothing to report for a device without a word
 
 
-def test_check_visits_the_devices_launched_on(multi, monkeypatch):
+def test_check_visits_the_devices_launched_on(multi):
     """``runtime.check()`` visits the devices whose status word a launch was given, no other (a
     synchronization of an unused device would create its context)."""
-    monkeypatch.setattr(status, "_used", set())
     _call(multi, ALL_CALLS["moe fwd offsets i32 mma"], DEVICE1)
-    assert status._used == {1}
-    status._words[0] = status.code("quantize", "scale")            # never visited: no launch on cuda:0
+    w = status.words()
+    assert w.used == {1}
+    w.words[0] = status.code("quantize", "scale")                  # never visited: no launch on cuda:0
     sf.check(synchronize=False)
-    status._words[1] = status.code("grouped_matmul", "offsets")
+    w.words[1] = status.code("grouped_matmul", "offsets")
     with pytest.raises(sf.DeviceValueError) as e:
-        sf.check(synchronize=False)
-    assert e.value.device == 1
+        sf.check()
+    assert e.value.device == 1 and multi.synced == [1]
 
 
-def test_a_prepared_launch_goes_to_the_driver(monkeypatch):
-    """``PreparedLaunch.launch`` binds through ``runtime.device.bind_launch`` and calls the driver's
-    cuLaunchKernel with its grid, block, shared memory, stream and packed parameters (nothing faked
-    above the driver call: the binding a replay uses is the real one)."""
+def test_a_prepared_launch_goes_to_the_driver(fake_device):
+    """``PreparedLaunch.launch`` binds through the driver's ``bind_launch`` and calls its cuLaunchKernel
+    with its grid, block, shared memory, stream and packed parameters (the binding a replay uses is
+    the runtime's own; only the driver call is the fake's)."""
     from runtime.launch import PreparedLaunch
-    seen = []
-
-    def driver(*a):
-        seen.append(a)
-        return 0
-    monkeypatch.setattr(device, "_cu_launch", driver)
-    monkeypatch.setattr(device, "_several_contexts", [False])
     prep = PreparedLaunch(SimpleNamespace(ptr=0x1234), (3,), (128, 2), SimpleNamespace(fmt="Qi"), [0xDEAD00, 7], 256)
     prep.launch(99)
     prep.launch(98, [0xBEEF00, 8])
-    assert [a[:9] for a in seen] == [(0x1234, 3, 1, 1, 128, 2, 1, 256, 99), (0x1234, 3, 1, 1, 128, 2, 1, 256, 98)]
-    monkeypatch.setattr(device, "_cu_launch", lambda *a: 700)        # bound from now on: a sticky error
+    assert [(c.fn, *c.grid, *c.block, c.smem, c.stream) for c in fake_device.log] == \
+        [(0x1234, 3, 1, 1, 128, 2, 1, 256, 99), (0x1234, 3, 1, 1, 128, 2, 1, 256, 98)]
+    assert [v for *_, v in fake_device.launches] == [(0xDEAD00, 7), (0xBEEF00, 8)]
+    fake_device.refuse = 700                                         # bound from now on: a sticky error
     prep = PreparedLaunch(SimpleNamespace(ptr=0x1234), (3,), (128, 2), SimpleNamespace(fmt="Qi"), [0xDEAD00, 7])
     err(lambda: prep.launch(99), SkuforgeError, "cuLaunchKernel failed", "700")

@@ -13,8 +13,8 @@ import runtime as sf
 from runtime import replay
 from runtime.arrays import as_array
 from runtime.params import same_array
-from tests.fakes import err
-from tests.test_fast_path import D, dev  # noqa: F401  (dev: a fixture)
+from tests.fakes import D, err
+from tests.test_fast_path import dev  # noqa: F401  (dev: a fixture)
 from tests.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
 
 X0, S0, Z0, O0, G0 = 0x7F0000000000, 0x7F0001000000, 0x7F0002000000, 0x7F0003000000, 0x7F0004000000

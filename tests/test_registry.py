@@ -65,17 +65,14 @@ def test_query_names_unknown_fields():
 
 
 @pytest.mark.parametrize("device", ["0", 2 ** 70, [0], -1, 1.0, True, None])
-def test_kernel_device_must_be_an_ordinal(device, monkeypatch):
-    from runtime import device as dev
-    loaded = []
-    monkeypatch.setattr(dev, "load_function", lambda registry, unit, symbol, device=None: loaded.append(device))
+def test_kernel_device_must_be_an_ordinal(device, fake_device):
     sku = reg().skus()[0]
     if device is None:                                              # None: the current device
-        reg().kernel(sku, device=device)
-        assert loaded == [None]
+        fn = reg().kernel(sku, device=device)
+        assert fn == reg().lookup(sku).entry_point() and fn.device == 0
         return
     err(lambda: reg().kernel(sku, device=device), InvalidProblemError, "device=", "ordinal")
-    assert not loaded
+    assert not fake_device.functions
 
 
 def test_moe_plans_give_their_entry_points():

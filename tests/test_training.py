@@ -11,7 +11,7 @@ import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
 from runtime import reference as ref
 from tests.fakes import FakeDeviceArray
-from tests.fakes import err, launcher_of
+from tests.fakes import err
 
 _addresses = itertools.count()
 
@@ -227,19 +227,6 @@ def test_every_training_cell_is_generated():
 
 
 # -- bad input: typed errors before any launch --------------------------------------------------------
-@pytest.fixture(autouse=True)
-def status_word(monkeypatch):
-    """The status word (runtime/status.py) in ordinary host memory at a made-up device address: the
-    real one is mapped pinned memory, which needs a GPU. Every op reads it before it launches
-    (values in device arrays are checked by the kernels, never on the host by default)."""
-    import ctypes
-    from runtime import status
-    words = (ctypes.c_uint32 * status.MAX_DEVICES)()
-    monkeypatch.setattr(status, "_words", words)
-    monkeypatch.setattr(status, "_base", 0x7E0000000000)
-    return words
-
-
 X = D((8, 64), "float32")
 
 
@@ -369,18 +356,6 @@ def test_lsq_workspace_size_is_reported():
 
 
 # -- launches, without a GPU: the packed parameters match each kernel's signature ---------------------
-class _Launches:
-    """Stands in for the driver: packs every launch's parameters with its struct format."""
-
-    def __init__(self):
-        self.calls = []
-
-    def launch(self, fn, grid, block, fmt, values, stream, shared_mem=0):
-        import struct
-        struct.pack("@" + fmt, *values)          # raises when the values do not fit the format
-        self.calls.append((fn, grid, block, fmt, tuple(values)))
-
-
 def _kernel_params(sku, symbol_suffix=""):
     """The C parameter list of a kernel in its generated source, as struct format letters."""
     import re
@@ -397,31 +372,10 @@ def _kernel_params(sku, symbol_suffix=""):
 
 
 @pytest.fixture
-def fake_gpu(monkeypatch):
-    from runtime import launch as launch_mod
-    from runtime import quantization, training
-    rec = _Launches()
-
-    def fake_empty(like, shape, kind):
-        from runtime import kinds
-        return D(shape, kinds.kind(kind).numpy if kind not in ("bf16",) else "float16", ptr=0x7F0000100000)
-
-    monkeypatch.setattr(launch_mod, "bind_launch", launcher_of(rec.launch))
-    monkeypatch.setattr(training, "empty", fake_empty)
-    monkeypatch.setattr(training, "load_function", lambda reg, unit, symbol, dev: symbol)
-    monkeypatch.setattr(launch_mod, "load_function", lambda reg, unit, symbol, dev: symbol)
-    monkeypatch.setattr(training, "properties", lambda dev: {"sms": 132, "max_threads_per_sm": 2048})
-    monkeypatch.setattr(launch_mod, "properties", lambda dev: {"sms": 132, "max_threads_per_sm": 2048})
-    monkeypatch.setattr("runtime.lowbit.properties", lambda dev: {"cc": 90})       # the plan's arch
-    monkeypatch.setattr(launch_mod, "resident_blocks", lambda fn, threads: 4, raising=False)
-    monkeypatch.setattr(training, "stream_handle", lambda ref: 0)
-    monkeypatch.setattr(quantization, "stream_handle", lambda ref: 0)
-    monkeypatch.setattr(launch_mod, "stream_handle", lambda ref: 0)
-    monkeypatch.setattr(sf.Registry, "kernel", lambda self, sku, device=None: self.lookup(sku).symbol)
-    monkeypatch.setattr(training, "_bool_mask", lambda like, shape: (D(shape, "uint8"), sf.arrays.as_array(
-        D(shape, "uint8"), "mask")))
-    monkeypatch.setattr(training, "_zeros", lambda like, shape, kind: fake_empty(like, shape, kind))
-    return rec
+def fake_gpu(fake_device):
+    """The fake device (tests/fakes.py): every launch packed with its struct format, recorded in
+    ``fake_gpu.launches``."""
+    return fake_device
 
 
 @pytest.mark.parametrize("scope,shape,axis,gs", [("tensor", (70, 33), None, None), ("token", (6, 64), None, None),
@@ -439,7 +393,7 @@ def test_lsq_launches_match_the_kernels(fake_gpu, scope, shape, axis, gs, mode, 
                                                      out=D(shape, kind))
     sku = sf.default_registry().select(category="quantization", op="fake_quantize_learnable_backward", scope=scope,
                                        mode=mode, element=sf.arrays.kind_of(kind), aux_element=sf.arrays.kind_of(kind))
-    calls = fake_gpu.calls
+    calls = fake_gpu.launches
     assert calls[0][0] == sku.symbol and calls[0][3] == _kernel_params(sku)
     if scope in ("tensor", "channel"):
         assert len(calls) == 2 and calls[1][0] == sku.symbol + "_finish"
@@ -474,11 +428,11 @@ def test_elementwise_launches_match_the_kernels(fake_gpu, op, scope):
                                        aux_element="f32")
     # channel on axis 0 (one parameter per row) launches the SKU's rows-layout entry point
     suffix = "_rows" if scope == "channel" else ""
-    for fn, grid, block, fmt, values in fake_gpu.calls:
+    for fn, grid, block, fmt, values in fake_gpu.launches:
         assert fn == sku.symbol + suffix and fmt == _kernel_params(sku, suffix)
     if op == "fake_quantize":
-        mask_ptr = fake_gpu.calls[0][4][4]
-        assert mask_ptr == 0 and fake_gpu.calls[1][4][4] != 0     # no mask: a null pointer
+        mask_ptr = fake_gpu.launches[0][4][4]
+        assert mask_ptr == 0 and fake_gpu.launches[1][4][4] != 0     # no mask: a null pointer
 
 
 @pytest.mark.parametrize("scope", ["tensor", "channel", "token", "group"])
@@ -496,11 +450,11 @@ def test_fake_quantize_bits_launch_the_same_kernel(fake_gpu, scope, kind):
     sku = sf.default_registry().select(category="quantization", op="fake_quantize", scope=scope, mode="symmetric",
                                        element=sf.arrays.kind_of(kind), aux_element=sf.arrays.kind_of(kind))
     abi = sf.Plan(sku).abi()
-    got = [dict(zip(abi.names, values)) for fn, grid, block, fmt, values in fake_gpu.calls]
-    assert [fn for fn, *_ in fake_gpu.calls] == [sku.symbol] * 3
+    got = [dict(zip(abi.names, values)) for fn, grid, block, fmt, values in fake_gpu.launches]
+    assert [fn for fn, *_ in fake_gpu.launches] == [sku.symbol] * 3
     assert [v["mask_bits"] for v in got] == [0, 0, 1] and got[0]["mask"] == 0 and got[2]["mask"] != 0
     assert got[2]["mask_rs"] == 3 and [v["vec_ok"] for v in got] == [1, 1, 1]
-    assert fake_gpu.calls[2][3] == _kernel_params(sku)
+    assert fake_gpu.launches[2][3] == _kernel_params(sku)
 
 
 @pytest.mark.parametrize("kind", ["float32", "float64", "float16"])
@@ -519,7 +473,7 @@ def test_backward_from_mask_launches_match_the_kernel(fake_gpu, kind, shape, str
     sku = sf.default_registry().select(category="quantization", op="fake_quantize_backward_from_mask", element=k,
                                        aux_element=k)
     assert str(sku).startswith(f"quantization/fake_quantize_backward_from_mask/-/-/{k}/{k}/")
-    (fn, grid, block, fmt, values), = fake_gpu.calls
+    (fn, grid, block, fmt, values), = fake_gpu.launches
     assert fn == sku.symbol and fmt == _kernel_params(sku)
     v = dict(zip(sf.Plan(sku).abi().names, values))
     rows = int(np.prod(shape[:-1]))
@@ -534,7 +488,7 @@ def test_backward_from_mask_in_place(fake_gpu):
     """dx may be dy itself (each element is read before it is written, by the same thread); no other overlap."""
     dy = D((8, 64))
     assert sf.fake_quantize_backward_from_mask(dy, D((8, 8), "uint8"), out=dy) is dy
-    (fn, grid, block, fmt, values), = fake_gpu.calls
+    (fn, grid, block, fmt, values), = fake_gpu.launches
     sku, = sf.default_registry().query(op="fake_quantize_backward_from_mask", element="f32")
     v = dict(zip(sf.Plan(sku).abi().names, values))
     assert v["dy"] == v["dx"]
@@ -548,7 +502,7 @@ def test_backward_from_mask_of_an_empty_tensor_launches_nothing(fake_gpu):
     assert sf.fake_quantize_backward_from_mask(D((0, 16)), D((0, 2), "uint8"), out=out) is out
     out = D((4, 0), "float16")
     assert sf.fake_quantize_backward_from_mask(D((4, 0), "float16"), D((4, 0), "uint8"), out=out) is out
-    assert fake_gpu.calls == []
+    assert fake_gpu.launches == []
 
 
 # -- device-side value checks (runtime/status.py) ---------------------------------------------------------
@@ -593,7 +547,7 @@ def test_lsq_parameters_end_with_the_status_pointer():
         assert abi.names[-1] == "status" and abi.fmt.endswith("Q")
 
 
-def test_pending_report_raises_before_any_launch(fake_gpu, status_word):
+def test_pending_report_raises_before_any_launch(fake_gpu):
     """A code an earlier kernel wrote raises DeviceValueError at the next LSQ call, before it
     launches anything (slow path and replay alike); reported once."""
     from runtime import status
@@ -601,17 +555,18 @@ def test_pending_report_raises_before_any_launch(fake_gpu, status_word):
     args = (D((8, 64)), x, D((8,)), D((8,), "int32"))
     kw = dict(scope="token", out=D((8, 64)))
     sf.fake_quantize_learnable_backward(*args, **kw)
-    n = len(fake_gpu.calls)
+    n = len(fake_gpu.launches)
     assert n == 1
+    status_word = status.words().words
     for arg in ("scale", "zero_point"):
         status_word[0] = status.code("fake_quantize_learnable_backward", arg)
         with pytest.raises(sf.DeviceValueError) as ei:
             sf.fake_quantize_learnable_backward(*args, **kw)
         assert (ei.value.op, ei.value.arg) == ("fake_quantize_learnable_backward", arg)
-        assert status_word[0] == 0 and len(fake_gpu.calls) == n
+        assert status_word[0] == 0 and len(fake_gpu.launches) == n
         sf.fake_quantize_learnable_backward(*args, **kw)
         n += 1
-        assert len(fake_gpu.calls) == n
+        assert len(fake_gpu.launches) == n
 
 
 def test_lsq_host_checks_only_under_sync_checks(monkeypatch, fake_gpu):

@@ -1,9 +1,11 @@
 """Every bad input of the static family gets a typed error before any launch (CPU)."""
+import contextlib
+
 import numpy as np
 import pytest
 
 import runtime as sf
-from runtime import InvalidProblemError, UnsupportedError
+from runtime import InvalidProblemError, UnsupportedError, device
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
 from tests.test_fast_path import dev  # noqa: F401  (a fixture of mdev)
@@ -92,8 +94,8 @@ def test_out_argument():
     err(lambda: sf.quantize(X, 0.1, scope="tensor", out=D((8, 32), "int8")), InvalidProblemError, "(8, 64)")
 
 
-def test_mixed_devices(monkeypatch):
-    monkeypatch.setattr(sf.arrays, "_device_of_pointer", lambda ptr: 1 if ptr == 0x1000 else 0)
+def test_mixed_devices(fake_device):
+    fake_device.device_of = lambda ptr: 1 if ptr == 0x1000 else 0
     err(lambda: sf.quantize(X, D((8,), ptr=0x1000), scope="token"), InvalidProblemError, "different devices")
 
 
@@ -185,25 +187,13 @@ def test_interfaces_that_would_be_misread_are_refused():
     assert sf.arrays.as_array(read_only, "x").readonly                 # as an input it is fine
 
 
-def test_dynamic_quantize_fills_a_foreign_out_of_an_empty_x(monkeypatch):
+def test_dynamic_quantize_fills_a_foreign_out_of_an_empty_x(fake_device):
     """An empty x has all-zero slices: the given scale (and zero point) arrays are filled; one with
-    only __cuda_array_interface__ (no fill) through a zero-copy CuPy view."""
-    from runtime import dynamic
-    filled = []
-    monkeypatch.setattr(dynamic, "current_device", lambda: 0)
-
-    class FakeCupy:
-        @staticmethod
-        def asarray(obj):
-            class View:
-                def fill(self, value):
-                    filled.append((obj, value))
-            return View()
-    monkeypatch.setattr(dynamic, "cupy", lambda: FakeCupy)
+    only __cuda_array_interface__ (no fill) by the driver (through a zero-copy CuPy view)."""
     q, s, z = D((0, 64), "int8"), D((0,), ptr=0x7F0000100000), D((0,), "int32", ptr=0x7F0000200000)
     x = D((0, 64), ptr=0x7F0000300000)
     assert sf.dynamic_quantize(x, scope="token", mode="asymmetric", out=(q, s, z)) == (q, s, z)
-    assert [o for o, _ in filled] == [s, z]
+    assert [o for o, _ in fake_device.fills] == [s, z]
 
 
 def test_bad_settings_are_typed_errors_naming_the_variable():
@@ -258,12 +248,13 @@ def test_plan_and_registry_arguments_are_typed_errors():
 
 
 # -- no usable driver ----------------------------------------------------------------------------------
+@contextlib.contextmanager
 def without_driver(monkeypatch):
-    """Every CUDA runtime call CuPy makes answers cudaErrorInsufficientDriver (a driver older than the
-    runtime, or none): device scopes, allocations, DLPack imports, device queries, the status word's
-    pinned allocation. Device properties are asked again (their cache is cleared)."""
+    """``with without_driver(monkeypatch):`` every CUDA runtime call CuPy makes answers
+    cudaErrorInsufficientDriver (a driver older than the runtime, or none): device scopes,
+    allocations, DLPack imports, device queries, the status word's pinned allocation; the block runs
+    on a new real driver (nothing asked of the device yet) whose launches are recorded (:class:`Launchless`)."""
     cupy = pytest.importorskip("cupy")
-    from runtime import device, status
     rt = cupy.cuda.runtime
 
     def refuse(*args, **kw):
@@ -284,18 +275,30 @@ def without_driver(monkeypatch):
     for name in ("getDevice", "getDeviceCount", "getDeviceProperties", "hostAlloc", "pointerGetAttributes",
                  "deviceSynchronize"):
         monkeypatch.setattr(rt, name, refuse)
-    monkeypatch.setattr(status, "_words", None)        # allocated on first use
-    monkeypatch.setattr(status, "_base", 0)
-    device.properties.cache_clear()
-    monkeypatch.setattr(device, "properties", device.properties)   # (cleared again when the test ends)
-    return refuse
+    with device.use(Launchless()) as drv:
+        yield drv
+
+
+class Launchless(device.CudaDriver):
+    """The real driver with its launch calls recorded in ``launches`` (and refused: CUresult 35)
+    instead of made: without a usable driver, no call may get that far."""
+
+    def __init__(self):
+        super().__init__()
+        self.launches = []
+
+    def launch_kernel(self, *args):
+        self.launches.append(args)
+        return 35
+
+    cooperative_kernel = memset_d32 = launch_kernel
 
 
 @pytest.fixture
 def no_driver(monkeypatch):
-    from runtime import device
-    yield without_driver(monkeypatch)
-    device.properties.cache_clear()
+    with without_driver(monkeypatch) as drv:
+        yield drv
+    assert not drv.launches
 
 
 Y = D((8, 64), ptr=0x7F0000100000)
@@ -333,7 +336,7 @@ def test_every_op_with_out_without_a_driver_raises_device_required(no_driver):
 
 def test_which_errors_say_there_is_no_device():
     cupy = pytest.importorskip("cupy")
-    from runtime.arrays import no_device
+    from runtime.device import no_device
     rt = cupy.cuda.runtime
     for status in (35, 100, 3, 34, 46, 101, 803):
         assert isinstance(no_device(rt.CUDARuntimeError(status)), sf.DeviceRequiredError), status
@@ -385,11 +388,11 @@ SCALE_OPS = {
 
 
 @pytest.fixture
-def no_allocation(monkeypatch):
+def no_allocation(fake_device):
     """Any allocation fails the test: these errors come before anything is allocated."""
     def allocated(*args):
         raise AssertionError("allocated before the error")
-    monkeypatch.setattr(sf.arrays, "_new", allocated)
+    fake_device.new = allocated
 
 
 @pytest.mark.parametrize("op", sorted(SCALE_OPS))

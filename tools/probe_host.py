@@ -79,7 +79,8 @@ def components(synchronize, device: int) -> dict:
     import ml_dtypes
 
     import runtime as sf
-    from runtime import arrays, graphs
+    from runtime import arrays
+    from runtime import device as rdev
     from runtime import replay
     from runtime import status
     out = {}
@@ -135,7 +136,7 @@ def components(synchronize, device: int) -> dict:
             res["graph launch of the replay (remembered values)"] = _host_only(
                 lambda: graph(stream, tuple(template)), synchronize)
             # the two runtime calls of every graph replay (CuPy's bindings, as runtime/graphs.py)
-            fns = graphs._driver()
+            fns = rdev.driver().graph_calls()
             exv = graph.graph.execs[stream].handle
             res["cudaStreamIsCapturing (cupy_backends runtime)"] = _host_only(
                 lambda: fns["streamIsCapturing"](stream), synchronize)
@@ -144,16 +145,16 @@ def components(synchronize, device: int) -> dict:
             lock = graph.graph.lock
             res["threading.Lock acquire + release"] = _host_only(lambda: (lock.acquire(), lock.release()),
                                                                  synchronize)
-        from runtime import device as rdev
+        drv = rdev.driver()
         fn_ptr, fmt = prep.fn.ptr, prep.abi.fmt
-        pb = rdev._params(fmt, template)
+        pb = drv._params(fmt, template)
         gx, gy, gz = (tuple(prep.grid) + (1, 1))[:3]
         bx, by, bz = (tuple(prep.block) + (1, 1))[:3]
-        cu = rdev._cu_launch
+        cu = drv.launch_kernel
         res["bare cuLaunchKernel (ctypes, parameters packed once)"] = _host_only(
             lambda: cu(fn_ptr, gx, gy, gz, bx, by, bz, 0, stream, pb.ptrs_addr), synchronize)
-        res["parameter packing (struct.pack_into)"] = _host_only(lambda: rdev._params(fmt, template), synchronize)
-        res["cuCtxGetCurrent (ctypes)"] = _host_only(rdev.context_current, synchronize)
+        res["parameter packing (struct.pack_into)"] = _host_only(lambda: drv._params(fmt, template), synchronize)
+        res["cuCtxGetCurrent (ctypes)"] = _host_only(drv.context_current, synchronize)
         if fw == "torch":
             dt, dev = torch.int8, x.device
             res["torch.empty(shape, dtype=, device=)"] = _host_only(
@@ -206,8 +207,8 @@ def graph_parts(items, synchronize) -> dict:
     launch alone (runtime/graphs.py's ``go`` with the remembered values: no parameter set), and the
     bare ``cudaGraphLaunch`` of its executable graph; µs, host clock, GPU kept busy."""
 
-    from runtime import graphs, replay
-    fns = graphs._driver()
+    from runtime import device, replay
+    fns = device.driver().graph_calls()
     out = {}
     for item in _graph_items(items):
         replay.CACHE.clear()
