@@ -10,24 +10,18 @@ Submodules: ``sku`` (vocabulary), ``registry`` (manifest queries, kernels per de
 ``compiler`` (NVRTC + disk cache), ``plans`` (the plan API), ``reference`` (NumPy),
 ``torch`` (autograd / torch.library front, imported on first use).
 """
-# The op modules register their launch kinds with runtime.plans when imported.
-from . import launch  # noqa: F401  static elementwise ("elementwise")
-from . import dynamic  # noqa: F401  dynamic_quantize ("dynamic_fused", "dynamic_reduce")
-from . import training  # noqa: F401  training ops ("lsq")
-from . import moe  # noqa: F401  MoE grouped matmul ("moe_gemm")
-from . import lowbit  # noqa: F401  low-bit formats ("lowbit_*", docs/lowbit.md)
+from . import families  # noqa: F401  the launcher table (runtime/families.py), installed for the plans
 from . import replay
 from .config import sync_checks
-from .dynamic import dynamic_quantize
 from .errors import DeviceMismatchError, DeviceRequiredError, InvalidProblemError, SkuforgeError, UnsupportedError
 from .moe import grouped_matmul, grouped_matmul_backward
 from .plans import Descriptor, Plan, Preference
-from .status import DeviceValueError, check
-from .quantization import dequantize, quantize
+from .quantization import (dequantize, dequantize_backward, dynamic_quantize, fake_quantize, fake_quantize_backward,
+                           fake_quantize_backward_from_mask, fake_quantize_learnable_backward, quantize,
+                           quantize_backward)
 from .registry import Registry, default_registry
 from .sku import KernelSku, Precision
-from .training import (dequantize_backward, fake_quantize, fake_quantize_backward,
-                       fake_quantize_backward_from_mask, fake_quantize_learnable_backward, quantize_backward)
+from .status import DeviceValueError, check
 
 __all__ = [
     "quantize", "dequantize", "dynamic_quantize",

@@ -137,7 +137,7 @@ class Settings:
                "the tuning table's choice (measurements, A/B); empty: the table"})
     dynamic_config: str = dataclasses.field(
         default="auto", metadata={"env": "SKUFORGE_DYNAMIC_CONFIG",
-        "doc": "fused dynamic-quantize launch: ``auto`` or a runtime.dynamic.FusedConfig text "
+        "doc": "fused dynamic-quantize launch: ``auto`` or a runtime.quantization.dynamic.FusedConfig text "
                "(``block``, ``t8,ch=4,threads=256``, ``...,fixed=0``)"})
     moe_config: str = dataclasses.field(
         default="", metadata={"env": "SKUFORGE_MOE_CONFIG",

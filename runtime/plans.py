@@ -77,20 +77,17 @@ class Launcher:
         raise NotImplementedError
 
 
+# launch kind -> its Launcher: the table of runtime/families.py, installed when the runtime is imported
 LAUNCHERS: dict = {}
 
 
-def launcher(kind: str, args_type: type = object, main: str = "main"):
-    """Class decorator: register a Launcher for a manifest launch kind, whose plans take arguments
-    of ``args_type`` and whose main entry-point group is ``main``."""
-    if kind not in LAUNCH_KINDS:
-        raise ValueError(f"launcher({kind!r}): not a launch kind of runtime/axes.py ({', '.join(LAUNCH_KINDS)})")
-
-    def deco(cls):
-        cls.args_type, cls.main = args_type, main
-        LAUNCHERS[kind] = cls()
-        return cls
-    return deco
+def install(table: dict) -> None:
+    """Make ``table`` (launch kind -> Launcher) the launchers plans use: every kind of runtime/axes.py,
+    no other."""
+    if set(table) != set(LAUNCH_KINDS):
+        raise ImportError(f"the launcher table names {sorted(table)}; runtime/axes.py declares {sorted(LAUNCH_KINDS)}")
+    LAUNCHERS.clear()
+    LAUNCHERS.update(table)
 
 
 def _registry(registry):

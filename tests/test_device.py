@@ -8,7 +8,8 @@ import threading
 import pytest
 
 import runtime as sf
-from runtime import config, device, dynamic, graphs, replay, status, tma
+from runtime import config, device, graphs, replay, status, tma
+from runtime.quantization import dynamic
 from tests.fakes import D, FakeDevice
 
 
@@ -42,7 +43,7 @@ def test_every_caller_reaches_the_driver_in_place():
     ``use`` put in place: no caller holds on to another one."""
     fake = FakeDevice(props={0: {"cc": 89, "sms": 7}}, device_of=lambda p: 3, streams={3: 42})
     with device.use(fake):
-        assert sf.lowbit.preference(0).arch == 89 and device.properties(0)["sms"] == 7
+        assert sf.quantization.lowbit.preference(0).arch == 89 and device.properties(0)["sms"] == 7
         assert device.compile_arch(0) == 89
         fn = sf.default_registry().kernel(sf.default_registry().skus()[0], 0)
         assert fn in fake.functions.values()

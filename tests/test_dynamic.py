@@ -6,7 +6,7 @@ import pytest
 
 import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
-from runtime import dynamic as dyn
+from runtime.quantization import dynamic as dyn
 from runtime.reference import dynamic_quantize_ref, quantize
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
@@ -512,7 +512,7 @@ def test_fused_config(fake_device, shape, scope, gs):
     assert grid * ty >= min(args.xv.rows * (shape[-1] // g), 1) and grid < 2**31
 
 
-# -- the team kernels of the fused launch (runtime.dynamic.team_launch) -----------------------------
+# -- the team kernels of the fused launch (runtime.quantization.dynamic.team_launch) -----------------------------
 def _team_plan(scope, element="bf16", chunks=TEAM_CHUNKS):
     plan = _Plan(scope, element=element)
     plan.launch["team_chunks"] = list(chunks)

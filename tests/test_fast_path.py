@@ -16,7 +16,7 @@ from runtime import arrays, config, graphs
 from runtime import replay
 from runtime.abi import Abi
 from runtime import launch as launch_mod
-from runtime import lowbit
+from runtime.quantization import lowbit
 from runtime import status
 from tests.fakes import D, FakeDevice, FakeDeviceArray, FakeFunction, count_replays, err
 

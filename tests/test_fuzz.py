@@ -45,8 +45,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import runtime as sf
-from runtime import DeviceRequiredError, InvalidProblemError, UnsupportedError, moe, replay, status
-from runtime import lowbit
+from runtime import DeviceRequiredError, InvalidProblemError, UnsupportedError, replay, status
+from runtime.moe import grouped as moe
+from runtime.quantization import lowbit
 from runtime.device import pack_params
 from runtime.kinds import SIZE
 from tests import fuzz_cases as fc
@@ -535,7 +536,7 @@ SETTING_TEXTS = {
 }
 
 
-# what code may set: runtime.moe.use_config's tile configurations, runtime.lowbit.prefer_arch's arch
+# what code may set: runtime.moe.use_config's tile configurations, runtime.quantization.lowbit.prefer_arch's arch
 IN_CODE = {"use_config": st.sampled_from([None, "default", "fwd=zzz", {"fwd": ["x"]}, {"fwd": 3}, {"*": None},
                                           {"dgrad": "default"}, 3, ["fwd"]]),
            "prefer_arch": st.sampled_from([80, 89, 90, "80", None, 8.9, True, 2 ** 70])}

@@ -53,7 +53,7 @@ def test_one_launch_equals_two_passes(scope, element, mode, shape, out, rng, ove
     the reference's; the default takes the one launch. Edge values: NaN, +-inf, -0.0, a column of
     zeros."""
     import cupy as cp
-    from runtime import dynamic as dyn
+    from runtime.quantization import dynamic as dyn
     from runtime.arrays import as_array, numpy_dtype
     from runtime.scopes import rows_view
     host = (rng.standard_normal(shape) * 10 ** rng.uniform(-2, 2, (1, shape[1]))).astype(numpy_dtype(element))
@@ -109,7 +109,7 @@ def test_torch_side_stream_and_types(rng):
 def test_plan_api_and_workspace():
     import cupy as cp
     from runtime.arrays import as_array, empty
-    from runtime.dynamic import DynamicArgs
+    from runtime.quantization.dynamic import DynamicArgs
     from runtime.scopes import rows_view
     x = cp.asarray(np.random.default_rng(0).standard_normal((1000, 512)).astype(np.float32))
     xr = as_array(x, "x")

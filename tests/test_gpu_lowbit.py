@@ -1,7 +1,7 @@
 """GPU: the low-bit SKUs (docs/lowbit.md), bit-exact against the NumPy reference.
 
 - every low-bit SKU through ``codegen.harness.checks.lowbit`` (each SKU itself: sm80 software SKUs run
-  under ``runtime.lowbit.prefer_arch(80)`` on newer GPUs);
+  under ``runtime.quantization.lowbit.prefer_arch(80)`` on newer GPUs);
 - the hardware conversion (sm89 SKUs, ``cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32``) equals the
   software conversion (sm80 SKUs) on all 2**32 float32 bit patterns, and both equal the reference
   on a random million of them; decode of all 256 codes both ways;
@@ -15,7 +15,8 @@ import runtime as sf
 from codegen.harness import verify
 from codegen.harness.checks import base as checks
 from codegen.harness.checks import lowbit as checks_lowbit
-from runtime import kinds, lowbit
+from runtime import kinds
+from runtime.quantization import lowbit
 from runtime import reference as ref
 from runtime.arrays import kind_of
 

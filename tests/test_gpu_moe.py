@@ -8,6 +8,7 @@ from codegen.harness import verify
 from codegen.harness.checks import base as checks
 from codegen.harness.checks import moe as checks_moe
 from runtime import reference_moe as ref
+from runtime.axes import PASSES
 from tests.fakes import count_replays
 
 pytestmark = pytest.mark.gpu
@@ -71,7 +72,7 @@ def test_every_tile_configuration_poisoned(op, strategy, rng):
             want[e] = dy[r].float().t() @ x[r].float()
     for name in checks_moe.variants_of(sku):
         outs = []
-        with sf.moe.use_config(**{sf.moe.PASS_OF[op]: name}):
+        with sf.moe.use_config(**{PASSES[op]: name}):
             for _ in range(2):
                 o = torch.full(shape, float("nan"), dtype=dt, device="cuda")
                 assert _run_pass(op, o, x, w, dy, strategy=strategy, **route) is o

@@ -6,9 +6,9 @@ import pytest
 
 import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
-from runtime import dynamic as dyn
-from runtime import lowbit
-from runtime import quantization as qz
+from runtime.quantization import dynamic as dyn
+from runtime.quantization import lowbit
+from runtime.quantization import static as qz
 from runtime.abi import Abi
 from runtime import reference as ref
 from runtime.plans import Preference
@@ -334,7 +334,7 @@ def _plan(vec, pack, **launch):
 
 def test_elementwise_vec_ok_uses_packed_widths():
     from runtime.arrays import as_array
-    from runtime.launch import ElementwiseArgs
+    from runtime.quantization.elementwise import ElementwiseArgs
     from runtime.scopes import rows_view
     L = lowbit.LowBitElementwiseLauncher()
 
@@ -365,7 +365,7 @@ def test_elementwise_vec_ok_uses_packed_widths():
                                                     ((9, 48), 3, "fp8_e5m2", False), ((5, 70002), None, "u4", False), ((5, 70000), None, "u4", True)])
 def test_fused_config(fake_device, shape, gs, kind, vec_want):
     from runtime.arrays import as_array
-    from runtime.dynamic import DynamicArgs
+    from runtime.quantization.dynamic import DynamicArgs
     from runtime.scopes import rows_view
     pack = 2 if kind in ("s4", "u4") else 1
     p = _plan(8, pack, max_threads=512, ch_vec=[1, 2, 4], ch_scalar=[1, 4, 8])

@@ -14,7 +14,7 @@ from runtime import InvalidProblemError, KernelSku, UnsupportedError
 from runtime import reference_moe as ref
 from runtime.arrays import ArrayRef
 from runtime.plans import Plan
-from runtime.moe import (MoeArgs, Routing, mma_blockers, plan_for, route_chunks, wgmma_blockers,
+from runtime.moe.grouped import (MoeArgs, Routing, mma_blockers, plan_for, route_chunks, wgmma_blockers,
                          workspace_layout)
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
@@ -416,7 +416,7 @@ def test_out_and_workspace_are_checked(monkeypatch):
     err(lambda: bw(x, w, dy, offsets=off, out=(dx, dw), workspace=D((need,), "uint8", ptr=0x7F0000500000)),
         InvalidProblemError, "out[1] (dw) overlaps workspace")
     # framework and device (ArrayRef descriptions: no second framework or device needed)
-    import runtime.moe as moe_mod
+    from runtime.moe import grouped as moe_mod
     monkeypatch.setattr(moe_mod, "as_array", lambda obj, arg: obj)
     like = _ref((32, 48), "f16")
     torch_out = ArrayRef(None, 0x7F0000400000, (32, 48), (48, 1), "f16", 0, "torch")
@@ -471,7 +471,7 @@ def test_offsets_routing_reports_to_the_status_word():
 
 def test_route_passes_the_status_word(fake_device):
     """MoeLauncher.route_steps hands args.status to the offsets entry point (and trusted as a flag)."""
-    from runtime import moe
+    from runtime.moe import grouped as moe
     args = _args("grouped_matmul", 64, 32, 32, 4, "f16")
     args.routing = Routing(4, 64, offsets=_ref((5,), "i64"), trusted=False)
     args.status = 0x7E0000000004
@@ -492,7 +492,8 @@ def test_route_passes_the_status_word(fake_device):
 
 def test_moe_ops_raise_pending_reports_before_launching(fake_device, monkeypatch):
     """grouped_matmul / _backward (with and without out=) read the status word before anything launches."""
-    from runtime import moe, status
+    from runtime import status
+    from runtime.moe import grouped as moe
     fake_device.props[0] = {"cc": 80}
     words = status.words()
     status.pointer(0)                           # allocated
@@ -516,7 +517,7 @@ def test_moe_ops_raise_pending_reports_before_launching(fake_device, monkeypatch
 
 def test_trusted_is_gone_and_trusted_offsets_skips_validation():
     assert not hasattr(sf, "trusted")
-    r = sf.moe._prepare("grouped_matmul", D((8, 16), "float32"), D((2, 4, 16), "float32"), None, None,
+    r = sf.moe.grouped._prepare("grouped_matmul", D((8, 16), "float32"), D((2, 4, 16), "float32"), None, None,
                         D((3,), "int32"), True, "simt")[3]
     assert r.trusted and r.mode == "offsets"
 

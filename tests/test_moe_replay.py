@@ -10,7 +10,8 @@ allocates nothing.
 import pytest
 
 import runtime as sf
-from runtime import moe, replay
+from runtime import replay
+from runtime.moe import grouped as moe
 from tests.fakes import err, fake_tensor_map
 from tests.test_fast_path import _run, dev, replay_matches_slow_path  # noqa: F401  (dev: a fixture)
 

@@ -91,7 +91,7 @@ def test_mask_bits_are_numpy_packbits_little_endian():
     assert np.array_equal(ref.unpack_mask_bits(packed, 9), m)
     assert ref.pack_mask_bits(np.ones((3, 2, 16), bool)).tolist() == [[[255, 255]] * 2] * 3
     assert ref.pack_mask_bits(np.zeros((4, 0), bool)).shape == (4, 0)
-    assert sf.training.mask_bits_shape((2, 3, 9)) == (2, 3, 2) and sf.training.mask_bits_shape((8,)) == (1,)
+    assert sf.quantization.training.mask_bits_shape((2, 3, 9)) == (2, 3, 2) and sf.quantization.training.mask_bits_shape((8,)) == (1,)
 
 
 def test_backward_from_mask_is_the_product_with_the_bit():
@@ -344,7 +344,7 @@ def test_torch_front_needs_torch():
 
 def test_lsq_workspace_size_is_reported():
     from runtime.plans import Descriptor, cached_plan
-    from runtime.training import LsqArgs
+    from runtime.quantization.training import LsqArgs
     plan = cached_plan(Descriptor("fake_quantize_learnable_backward", "tensor", "asymmetric", "f32", "f32"))
     args = LsqArgs(dy=None, x=None, dx=None, scale=1.0, zero_point=None, zp_value=0, ds=None, dz=None,
                    rows=1000, cols=64, seg_len=64)
@@ -466,7 +466,7 @@ def test_backward_from_mask_launches_match_the_kernel(fake_gpu, kind, shape, str
     thread, one mask byte) needs D % 8 == 0 and 16-byte aligned dy / dx rows, whatever the mask's rows;
     the scalar path takes 8 elements a thread."""
     dy = D(shape, kind, strides)
-    nbytes = sf.training.mask_bits_shape(shape)
+    nbytes = sf.quantization.training.mask_bits_shape(shape)
     mask = D(nbytes, "uint8", ptr=0x7D0000000003)           # any address: one byte a vector
     dx = sf.fake_quantize_backward_from_mask(dy, mask, out=D(shape, kind))
     k = sf.arrays.kind_of(kind)

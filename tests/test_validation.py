@@ -197,7 +197,8 @@ def test_dynamic_quantize_fills_a_foreign_out_of_an_empty_x(fake_device):
 
 
 def test_bad_settings_are_typed_errors_naming_the_variable():
-    from runtime import config, dynamic
+    from runtime import config
+    from runtime.quantization import dynamic
     for env, words in (({"SKUFORGE_DISABLE_JIT": "maybe"}, ("SKUFORGE_DISABLE_JIT", "0, false, no, off")),
                        ({"SKUFORGE_LOCK_TIMEOUT": "abc"}, ("SKUFORGE_LOCK_TIMEOUT",)),
                        ({"SKUFORGE_LOCK_TIMEOUT": "-1"}, ("SKUFORGE_LOCK_TIMEOUT",)),
@@ -435,7 +436,8 @@ def test_grad_factor_may_be_zero_or_negative():
 
 
 def test_configuration_set_in_code_is_checked(mdev):
-    from runtime import lowbit, moe
+    from runtime.quantization import lowbit
+    from runtime.moe import grouped as moe
     for bad in ("80", None, 8.9, True):
         err(lambda bad=bad: lowbit.prefer_arch(bad).__enter__(), InvalidProblemError, "prefer_arch", "80")
     err(lambda: moe.use_config(3).__enter__(), InvalidProblemError, "use_config(3)")

@@ -2,7 +2,7 @@
 from the arguments' shapes and dtypes alone, with the functional API's typed errors.
 
 Each ``*_spec`` function runs the same pure-Python checks as the functional API (runtime.scopes,
-runtime.params, runtime.lowbit, runtime.moe.check_problem, ...) on descriptions of the tensors
+runtime.params, runtime.quantization.lowbit, runtime.moe.check_problem, ...) on descriptions of the tensors
 (no data pointer is read, nothing is synchronized) and returns what the op returns, as
 ``(shape, torch.dtype)`` pairs; outputs are dense and C-contiguous, as the functional API allocates
 them. The same functions serve the fake implementations (FakeTensor / meta tensors, torch.compile)
@@ -13,15 +13,17 @@ from typing import Optional
 
 import torch
 
-from runtime import kinds, lowbit
+from runtime import kinds
+
+from runtime.quantization import lowbit
 from runtime.arrays import ArrayRef, kind_of
 from runtime.axes import MODES
-from runtime.dynamic import _resolve_range
+from runtime.quantization.dynamic import _resolve_range
 from runtime.errors import DeviceMismatchError, InvalidProblemError, UnsupportedError
-from runtime.moe import STRATEGIES, _out_kind, check_problem
+from runtime.moe.grouped import STRATEGIES, _out_kind, check_problem
 from runtime.params import check_param_shape, check_scale_dtype, positive_scalar, real_scalar
 from runtime.scopes import check_range, check_scope, param_shape, rows_view
-from runtime.training import check_mask_bits, fake_quant_range, mask_bits_shape
+from runtime.quantization.training import check_mask_bits, fake_quant_range, mask_bits_shape
 
 E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", torch.uint8)   # e8m0 scales: torch >= 2.7 has the dtype
 

@@ -32,10 +32,11 @@ import torch
 from torch import Tensor
 
 import runtime as sf
-from runtime import kinds, lowbit
+from runtime import kinds
+from runtime.quantization import lowbit
 from runtime.arrays import kind_of, torch_dtype
 from runtime.errors import InvalidProblemError
-from runtime.moe import _out_pair
+from runtime.moe.grouped import _out_pair
 from runtime.scopes import check_range, implied_zero_point
 
 from . import meta

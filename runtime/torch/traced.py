@@ -14,7 +14,7 @@ scratch memory; the traced op takes its own from PyTorch's allocator.
 """
 import torch
 
-from runtime.training import mask_format
+from runtime.quantization.training import mask_format
 
 from . import ops
 

@@ -1,5 +1,5 @@
 """The MoE family: grouped matmul forward, input gradient and weight gradient (templates/moe/;
-launcher: runtime/moe.py; docs/moe.md)."""
+launcher: runtime/moe/grouped.py; docs/moe.md)."""
 from __future__ import annotations
 
 from ...spec import CALL_SAVES, Family, LocalMemory

@@ -48,7 +48,7 @@ def wgmma_smem(bm: int, bn: int, stages: int, epi: int, size: int) -> int:
         raise ValueError(f"wgmma tile {bm}x{bn}, {stages} stages, {epi} staging boxes: {smem} bytes of shared "
                          f"memory, over the {WGMMA_SMEM_LIMIT} a block may have")
     return smem
-# The documented choice (runtime/moe.py variant_for; docs/moe.md): experts averaging fewer than
+# The documented choice (runtime/moe/grouped.py variant_for; docs/moe.md): experts averaging fewer than
 # ``short_rows`` rows take ``short_variant`` (64-row tiles waste less on partial m-tiles; measured on
 # an H200: best at 32 rows per expert, and at 128 balanced rows 2-3 % ahead of 128-row tiles, 5 %
 # behind them at 128 rows skewed, where both stay above 1.2x torch: docs/moe.md); an output
@@ -64,7 +64,7 @@ WGMMA_RULE = {
 def _moe_context(cell, ctx):
     """Tile shape, storage types, the routing entry points (``<symbol>_route_*``) and, for mma,
     the tile configurations compiled into the SKU's text (``launch["variants"]``): the default
-    is the SKU's symbol, the others ``<symbol>__v<name>``, chosen at launch (runtime/moe.py,
+    is the SKU's symbol, the others ``<symbol>__v<name>``, chosen at launch (runtime/moe/grouped.py,
     ``SKUFORGE_MOE_CONFIG``) without recompiling."""
     sku = cell.sku
     # name: (BM, BN, BK, STAGES, PIPE). Warps of 64 x 64 outputs: THREADS = 32 * BM * BN / 4096.

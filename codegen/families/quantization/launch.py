@@ -10,7 +10,7 @@ runtime picks one per problem from the tuning table (``codegen/tuning/<arch>.jso
 each of its schedules.
 
 Schedule parameters by launch kind (read by the kind's launcher, runtime/launch.py,
-runtime/lowbit.py, runtime/dynamic.py):
+runtime/quantization/lowbit.py, runtime/quantization/dynamic.py):
 
 - ``elementwise`` (static s8 / u8 quantize and dequantize, the straight-through and fake-quantize
   passes): ``threads`` per block (at most the kernels' ``__launch_bounds__``, 256); for the columns
@@ -21,7 +21,7 @@ runtime/lowbit.py, runtime/dynamic.py):
 - ``lowbit_elementwise`` (static fp8 / int4 quantize and dequantize; one block per group of rows):
   ``threads`` per block.
 - ``dynamic_fused`` / ``lowbit_dynamic_fused`` (per-token and per-group dynamic quantize):
-  ``config``, a launch configuration of the SKU's fused kernels (runtime.dynamic.FusedConfig: the
+  ``config``, a launch configuration of the SKU's fused kernels (runtime.quantization.dynamic.FusedConfig: the
   team kernel ``t16``/``t8``/``t4``/``t2`` with its threads per block, or the block kernel; ``auto``
   is the size rule of docs/dynamic.md).
 - ``dynamic_reduce`` (per-tensor and per-channel dynamic quantize, on the SKUs that have a one-launch

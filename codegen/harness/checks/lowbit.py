@@ -1,7 +1,7 @@
 """GPU checkers of the low-bit SKUs: fp8 e4m3fn / e5m2, packed s4 / u4, e8m0 (MX) scales.
 
 The checkers of ``quantize``, ``dequantize`` and ``dynamic_quantize`` for the SKUs :func:`handles`, in front
-of the s8/u8 checkers (which still handle every other SKU). Each SKU runs *itself*: ``runtime.lowbit.prefer_arch``
+of the s8/u8 checkers (which still handle every other SKU). Each SKU runs *itself*: ``runtime.quantization.lowbit.prefer_arch``
 selects the sm80 (software conversion) SKU on an sm_89+ GPU too. Everything is bit-exact against
 ``runtime.reference`` (fp8 and int4 codes, scales, e8m0 codes, zero points; float outputs bit for
 bit with NaN == NaN). Cases: fresh random data around the grid, exact ties (power-of-two scales keep
@@ -16,7 +16,8 @@ import math
 import numpy as np
 
 import runtime as sf
-from runtime import kinds, lowbit
+from runtime import kinds
+from runtime.quantization import lowbit
 from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.scopes import param_shape

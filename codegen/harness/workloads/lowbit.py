@@ -5,7 +5,7 @@ from 4096 x 7168 up, side by side with ``torch.compile`` of the eager composite;
 shapes, fp8 at or under SGLang's per-token-group kernel on an H100 (``TARGET_US``). Every
 low-bit ``dynamic_quantize`` SKU is handled (``--all``); the default subset is those two (both
 arches for fp8: sm80 = software conversion, sm89 = ``cvt`` instructions; each SKU runs itself
-through ``runtime.lowbit.prefer_arch``).
+through ``runtime.quantization.lowbit.prefer_arch``).
 
 Inputs: x ~ 3·N(0, 1) in the input dtype (never zeros). Bytes (docs/audit.md): x read once + q written
 once (fp8 one byte, int4 half a byte per element) + scales written once (and zero points).
@@ -110,7 +110,7 @@ def make(sku, shape):
     if not handles(sku):
         return None
     import runtime as sf
-    from runtime import lowbit
+    from runtime.quantization import lowbit
     from runtime.reference import dynamic_range
     from runtime.scopes import implied_zero_point
 
@@ -148,7 +148,7 @@ def make(sku, shape):
 def _static(sku, shape):
     """Low-bit quantize / dequantize on random data with scales in [0.5, 1.5) (no PyTorch composite)."""
     import runtime as sf
-    from runtime import lowbit
+    from runtime.quantization import lowbit
 
     import cupy as cp
     axis, gs, pshape = _params(sku, shape)

@@ -9,14 +9,16 @@ import dataclasses
 import math
 import numbers
 
-from . import kinds, lowbit, replay, status
-from .arrays import ArrayRef, as_array, kind_of, stream_handle
-from .errors import UnsupportedError
-from .launch import ElementwiseArgs
-from .params import (channel_params, check_apart, check_scale_dtype, out_arg, same_device, scale_arg,
+from .. import kinds, replay, status
+
+from . import lowbit
+from ..arrays import ArrayRef, as_array, kind_of, stream_handle
+from ..errors import UnsupportedError
+from .elementwise import ElementwiseArgs
+from ..params import (channel_params, check_apart, check_scale_dtype, out_arg, same_device, scale_arg,
                      zero_point_arg)
-from .plans import Descriptor, cached_plan
-from .scopes import check_range, check_scope, implied_zero_point, rows_view
+from ..plans import Descriptor, cached_plan
+from ..scopes import check_range, check_scope, implied_zero_point, rows_view
 
 
 def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_value, shape, scope, axis,

@@ -29,20 +29,23 @@ from typing import Optional
 
 import numpy as np
 
-from . import kinds, lowbit, replay, status
-from .axes import MODES
-from .arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handle
-from .config import CACHES, settings
-from .device import CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, driver
-from .errors import InvalidProblemError, UnsupportedError
-from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid
-from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .params import channel_params, check_apart, check_scale_dtype, out_arg, positive_scalar, same_device
-from .quantization import code_out
-from .numerics import dynamic_range, empty_slice_params
-from .scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
-from .tuning import schedule
-from .vectors import CP_ASYNC, fits, require_aligned, stream_word
+from .. import kinds, replay, status
+
+from . import lowbit
+from ..axes import MODES
+from ..arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handle
+from ..config import CACHES, settings
+from ..device import CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, driver
+from ..errors import InvalidProblemError, UnsupportedError
+from ..launch import PreparedLaunch, next_pow2, ptr, row_grid
+from .elementwise import ElementwiseArgs
+from ..plans import Descriptor, Launcher, Preference, cached_plan
+from ..params import channel_params, check_apart, check_scale_dtype, out_arg, positive_scalar, same_device
+from .static import code_out
+from ..numerics import dynamic_range, empty_slice_params
+from ..scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
+from ..tuning import schedule
+from ..vectors import CP_ASYNC, fits, require_aligned, stream_word
 
 
 
@@ -288,10 +291,11 @@ def fused_launch(launcher, plan, args, pack: int):
     return hit
 
 
-@launcher("dynamic_fused", DynamicArgs)
 class DynamicFusedLauncher(Launcher):
     """Per-token / per-group: one launch of a fused kernel (dynamic_fused.cu.j2), as runtime.config's
     ``dynamic_config`` says (a :class:`FusedConfig`; the low-bit fused launcher follows it too)."""
+
+    args_type = DynamicArgs
 
     def check(self, plan, args: DynamicArgs):
         _check_kinds(plan, args)
@@ -352,10 +356,11 @@ class ReduceConfig:
         return self.coop or (self.chan and self.row_parts > 1)
 
 
-@launcher("dynamic_reduce", DynamicArgs)
 class DynamicReduceLauncher(Launcher):
     """Per-tensor / per-channel: reduce (phase 0, 1) then the static quantize kernel; per-tensor
     over a contiguous x: the one-launch cooperative kernel where the SKU and device have it."""
+
+    args_type = DynamicArgs
 
     BLOCK = 256
     MIN_ELEMS = 1 << 14    # elements per work item, at least (amortises the block reduction)
@@ -575,10 +580,11 @@ class DynamicReduceLauncher(Launcher):
         qplan.run(qargs, stream=stream)
 
 
-@launcher("lowbit_dynamic_fused", DynamicArgs)
 class LowBitFusedLauncher(Launcher):
     """Per-token / per-group low-bit dynamic quantization: one launch of the fused kernel
-    (lowbit_dynamic_fused.cu.j2), configured as runtime.dynamic.DynamicFusedLauncher does."""
+    (lowbit_dynamic_fused.cu.j2), configured as runtime.quantization.dynamic.DynamicFusedLauncher does."""
+
+    args_type = DynamicArgs
 
     def check(self, plan, args):
         sku = plan.sku

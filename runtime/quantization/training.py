@@ -29,17 +29,17 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from . import kinds, replay, status
-from .arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handle
-from .device import driver
-from .errors import InvalidProblemError, UnsupportedError
-from .launch import PreparedLaunch
-from .plans import Descriptor, Launcher, cached_plan, launcher
-from .params import channel_params, check_apart, out_arg, real_scalar, same_device, scale_arg, zero_point_arg
-from .quantization import launch_elementwise
-from .numerics import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
-from .scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
-from .vectors import fits, stream_word
+from .. import kinds, replay, status
+from ..arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handle
+from ..device import driver
+from ..errors import InvalidProblemError, UnsupportedError
+from ..launch import PreparedLaunch
+from ..plans import Descriptor, Launcher, cached_plan
+from ..params import channel_params, check_apart, out_arg, real_scalar, same_device, scale_arg, zero_point_arg
+from .static import launch_elementwise
+from ..numerics import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
+from ..scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
+from ..vectors import fits, stream_word
 
 DEFAULT_QMIN, DEFAULT_QMAX = -128, 127   # fake quantization's default range: int8, like PyTorch's QAT
 QLIMIT = 2 ** 24                         # |qmin|, |qmax| bound: integers float32 holds exactly
@@ -362,10 +362,11 @@ def _ptr(a) -> int:
     return a.ptr if isinstance(a, ArrayRef) else 0
 
 
-@launcher("lsq", LsqArgs)
 class LsqLauncher(Launcher):
     """A segment (or tile) pass that writes dx and per-segment sums, then for tensor and channel
     scopes a finish pass (``<symbol>_finish``) that sums the partials per scale element."""
+
+    args_type = LsqArgs
 
     def check(self, plan, args: LsqArgs):
         want = [s["kind"] for s in plan.launch["ins"] + plan.launch["outs"]]

@@ -52,15 +52,15 @@ from typing import Optional
 
 import numpy as np
 
-from . import config, kinds, replay, status, vectors
-from .axes import BACKENDS, OPS, PASSES
-from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
-from .device import driver
-from .errors import InvalidProblemError, UnsupportedError
-from .launch import PreparedLaunch
-from .params import check_apart, same_device
-from .plans import Descriptor, Launcher, Preference, cached_plan, launcher
-from .tma import MapSpec, map_encoder
+from .. import config, kinds, replay, status, vectors
+from ..axes import BACKENDS, OPS, PASSES
+from ..arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
+from ..device import driver
+from ..errors import InvalidProblemError, UnsupportedError
+from ..launch import PreparedLaunch
+from ..params import check_apart, same_device
+from ..plans import Descriptor, Launcher, Preference, cached_plan
+from ..tma import MapSpec, map_encoder
 
 MOE_KINDS = ("f32",) + kinds.HALF    # the float kinds grouped_matmul takes (docs/numerics.md)
 STRATEGIES = ("auto",) + BACKENDS
@@ -435,9 +435,11 @@ def _step(plan, group: str, fn, grid, block, smem: int, ptrs: dict, maps: Option
                 tuple((abi.slot[k], r, spec) for k, (r, spec) in maps.items()))
 
 
-@launcher("moe_gemm", MoeArgs, main="gemm")
 class MoeLauncher(Launcher):
     """Routing prologue (<symbol>_route_*) then the persistent grouped-matmul kernel."""
+
+    args_type = MoeArgs
+    main = "gemm"
 
     def check(self, plan, args: MoeArgs) -> None:
         sku = plan.sku

@@ -27,17 +27,18 @@ import sys
 import threading
 from typing import Optional
 
-from . import config, kinds
-from .arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
-from .device import driver
-from .errors import InvalidProblemError, UnsupportedError
-from .launch import ElementwiseArgs, PreparedLaunch, next_pow2, ptr, row_grid, stream_params
-from .plans import Launcher, Preference, launcher
-from .params import check_param_shape, device_check
-from .numerics import MX_GROUP
-from .scopes import param_shape
-from .tuning import schedule
-from .vectors import fits, stream_word
+from .. import config, kinds
+from ..arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
+from ..device import driver
+from ..errors import InvalidProblemError, UnsupportedError
+from ..launch import PreparedLaunch, next_pow2, ptr, row_grid
+from .elementwise import ElementwiseArgs, stream_params
+from ..plans import Launcher, Preference
+from ..params import check_param_shape, device_check
+from ..numerics import MX_GROUP
+from ..scopes import param_shape
+from ..tuning import schedule
+from ..vectors import fits, stream_word
 
 FP8 = kinds.FP8            # plain aliases of the kind groups (runtime/kinds.py)
 INT4 = kinds.INT4
@@ -54,7 +55,7 @@ def prefer_arch(arch: int):
     """Select low-bit kernels built for at most ``sm_<arch>`` in this block (this thread), e.g.
     ``prefer_arch(80)`` runs the software-conversion SKUs on an sm_90 GPU (the checkers do).
     Remembered calls are forgotten on entry and exit: a replay would keep the kernel it chose."""
-    from .replay import CACHE
+    from ..replay import CACHE
     if isinstance(arch, bool) or not isinstance(arch, numbers.Integral):
         raise InvalidProblemError(f"prefer_arch({arch!r:.60}): a compute capability such as 80 is required")
     prev = getattr(_local, "arch", None)
@@ -172,10 +173,11 @@ def input_kind(q: ArrayRef, in_dtype) -> Optional[str]:
 
 
 # -- launchers ---------------------------------------------------------------------------------------
-@launcher("lowbit_elementwise", ElementwiseArgs)
 class LowBitElementwiseLauncher(Launcher):
     """rows x cols kernels of lowbit_quantize / lowbit_dequantize.cu.j2 (cols = logical elements;
     the packed stream has cols / pack bytes per row)."""
+
+    args_type = ElementwiseArgs
 
     def check(self, plan, args: ElementwiseArgs):
         want = [s["kind"] for s in plan.launch["ins"] + plan.launch["outs"]]
