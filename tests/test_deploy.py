@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from runtime import compiler, config, device, errors
+from runtime import compiler, config, cuda_driver, device, errors
 
 SRC = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] += 1.0f; }\n'
 UNIT = "quantization/deploy_k.cu"
@@ -532,7 +532,7 @@ def _fake_cupy(err):
 @pytest.mark.parametrize("err", ["cudaErrorInsufficientDriver: CUDA driver version is insufficient",
                                  "cudaErrorNoDevice: no CUDA-capable device is detected"])
 def test_no_gpu_is_device_required(monkeypatch, err):
-    monkeypatch.setattr(device, "cupy", lambda: _fake_cupy(err))        # what CuPy says without a GPU
+    monkeypatch.setattr(cuda_driver, "cupy", lambda: _fake_cupy(err))   # what CuPy says without a GPU
     with device.use(device.CudaDriver()):
         with pytest.raises(errors.DeviceRequiredError, match=err.split(":")[0]):
             device.current_device()
