@@ -171,24 +171,45 @@ def bind_graph(preps):
     """``go(stream, values_0, values_1, ...)``: the prepared launches ``preps``
     (runtime.launch.PreparedLaunch, one context) as one graph launch on ``stream``, each node's
     parameters re-set only where ``values_i`` changed; on a stream that is being captured, each
-    launch on the stream (what the capture records). None where no graph can be made."""
+    launch on the stream (what the capture records). None where no graph can be made.
+
+    Built here once, in steps; what a replay runs is the closures they return, each bound to what it
+    reads (nothing is looked up per call): ``go`` (:func:`_in_graph_context`) > ``run``
+    (:func:`_runner`) > ``launch_values`` > ``set_nodes`` (:func:`_value_launcher`)."""
     drv = device.driver()
     fns = drv.graph_calls()
-    if fns is None or not preps:
+    g = None if fns is None or not preps else _graph_of(drv, fns, preps)
+    if g is None:
         return None
+    bound = [p.bound() for p in preps]
+    is_capturing = fns["streamIsCapturing"]
+    launch_values = _value_launcher(g, fns["cuGraphExecKernelNodeSetParams_v2"], fns["graphLaunch"])
+    go, in_context = _in_graph_context(drv, g.ctx, _runner(g, bound, is_capturing, launch_values))
+    go.graph, go.with_work = g, _work_launcher(g, is_capturing, launch_values, in_context)
+    go.one_by_one = _one_by_one(bound)
+    return go
+
+
+def _graph_of(drv, fns, preps):
+    """The chain of ``preps`` as a :class:`_Graph`; None where their functions live in more than one
+    context, are not loaded functions, or the driver refuses the graph."""
     try:
         ctxs = {drv.context_of(p.fn) for p in preps}
         if len(ctxs) != 1:
             return None
-        g = _Graph(drv, fns, preps, ctxs.pop())
+        return _Graph(drv, fns, preps, ctxs.pop())
     except (OSError, AttributeError):     # the driver refused, or not a loaded function
         return None
-    bound = [p.bound() for p in preps]
-    setp, launch, is_capturing = fns["cuGraphExecKernelNodeSetParams_v2"], fns["graphLaunch"], fns["streamIsCapturing"]
-    nodes, blocks, params, execs, lock, total = g.nodes, g.blocks, g.params, g.execs, g.lock, g.total
-    ctx, on_context, current = g.ctx, drv.on_context, drv.context_current
+
+
+def _value_launcher(g, setp, launch):
+    """``launch_values(stream, st, values)`` of ``g`` (``st``: a stream's :class:`_Execs`; ``values``:
+    the node values, a tuple per node): the executable graph that holds them already, a fixed one for
+    values that came back, else the floating one with its changed nodes re-set (``setp``:
+    cuGraphExecKernelNodeSetParams), launched (``launch``: the runtime's graph launch)."""
+    nodes, blocks, params, total = g.nodes, g.blocks, g.params, g.total
     refs = [ctypes.byref(p) for p in params]     # the nodes' parameters, as the driver reads them
-    n = len(preps)
+    n = len(nodes)
 
     def set_nodes(ex, values, held):
         """Each node of ``ex`` whose values differ from ``held`` (its values per node) set to ``values``."""
@@ -230,6 +251,13 @@ def bind_graph(preps):
             launch(h, stream)
         except Exception as e:           # noqa: BLE001 - CuPy's CUDARuntimeError, as the typed error
             raise SkuforgeError(f"cudaGraphLaunch failed: {e}") from None
+    return launch_values
+
+
+def _runner(g, bound, is_capturing, launch_values):
+    """``run(stream, values)``: the graph launch of ``values`` on ``stream`` (its executable graphs
+    made on first use there); on a stream being captured, each bound launch instead."""
+    execs, lock = g.execs, g.lock
 
     def run(stream, values):
         with lock:                       # the node parameter blocks, the per-stream state
@@ -244,6 +272,13 @@ def bind_graph(preps):
                     b(stream, v)
                 return
             launch_values(stream, execs.get(stream) or g.executable(stream), values)
+    return run
+
+
+def _in_graph_context(drv, ctx, run):
+    """(``go(stream, *values)``, ``in_context(fn, *args)``): ``run(stream, values)``, and any ``fn``, in
+    the graph's context ``ctx`` (``go`` calls ``run`` itself: a replay pays no call of ``in_context``)."""
+    on_context, current = drv.on_context, drv.context_current
 
     def go(stream, *values):
         # as Driver.bind_launch: the graph's context is made current where another one is
@@ -272,6 +307,12 @@ def bind_graph(preps):
                 raise
         with on_context(ctx):
             return fn(*args)
+    return go, in_context
+
+
+def _work_launcher(g, is_capturing, launch_values, in_context):
+    """``with_work(make, values_of)``: the one-call replay of a call with work arrays (its docstring)."""
+    execs, lock = g.execs, g.lock
 
     def with_work(make, values_of):
         """``launch(stream, vals, news)``, the replay of a call with work arrays in one call: on an
@@ -300,11 +341,13 @@ def bind_graph(preps):
             return LAUNCHED
 
         return functools.partial(in_context, kept)
+    return with_work
 
+
+def _one_by_one(bound):
+    """``one_by_one(stream, *values)``: the bound launches, each with its values."""
     def one_by_one(stream, *values):
         """Each launch on ``stream`` (what a capture records)."""
         for b, v in zip(bound, values):
             b(stream, v)
-
-    go.graph, go.with_work, go.one_by_one = g, with_work, one_by_one
-    return go
+    return one_by_one

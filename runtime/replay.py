@@ -17,7 +17,7 @@ import sys
 
 from . import config, device, status
 from .arrays import ArrayRef, allocator, recording_allocations, stream_getter, work_allocator
-from .graphs import LAUNCHED, MISALIGNED, bind_graph
+from .replay_code import MISS, Entry, write_replay
 
 
 def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
@@ -114,7 +114,6 @@ def torch_traces(args) -> bool:
 CACHE = config.CACHES.new()
 LIMIT = 2048
 _NONE = ("none",)
-MISS = object()
 # exact type -> 1 torch tensor, 2 cupy array, 3 Python float / int, 4 None, 0 anything else
 _FRAMEWORK: dict = {float: 3, int: 3, type(None): 4}
 
@@ -160,130 +159,6 @@ def describe(obj):
         p = d.ptr
         return (t, obj.shape, obj.strides, obj.dtype, d.device_id, p & 15), p
     return device.driver().describe(obj)
-
-
-class Entry:
-    """A remembered call: what to check, allocate and launch, and where the results are.
-    ``go(args, vals, static)`` replays it on ``args`` (``vals``: their pointers / scalar values, a
-    fresh list; ``static``: the keyword values, equal to the remembered ones): a function written
-    for this entry by :func:`_compile`; ``MISS``: run the slow path instead (it raises the typed
-    error, or takes over)."""
-
-    __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint", "device",
-                 "typed", "go")
-
-
-def _literal(v):
-    """``v`` as Python source where it reads back exactly (an int, a finite float), else None."""
-    if type(v) is int or (type(v) is float and math.isfinite(v)):
-        return repr(v)
-    return None
-
-
-def _compile(e: Entry, nargs: int, result):
-    """The replay of ``e`` as one straight-line function ``run(args, vals)``: the checks, the
-    allocations, the stream, then each launch with its parameter values spelled out (constants
-    inline, re-filled slots read from ``vals`` or the new allocations) and the result picked.
-    The code a repeated call runs is exactly what this entry needs; nothing is looked up or looped
-    over per call. ``result``: the source index (or tuple of indices, None for a None) of what the
-    call returns."""
-    ns = {"MISS": MISS, "SYNC": config.SYNC_EVER, "sync_on": config.sync_checks_on, "W": status.words(),
-          "raise_pending": status.raise_pending, "check": e.check, "get_stream": e.stream, "runner": e.runner}
-    dev = int(e.device)
-    src = ["def run(args, vals, static):"]
-    if e.typed:
-        for i, t in e.typed:
-            ns[f"T{i}"] = t
-        src.append("    if " + " or ".join(f"type(static[{i}]) is not T{i}" for i, _ in e.typed) + ": return MISS")
-    if e.checked:
-        src.append("    if SYNC[0] and sync_on(): return MISS")
-    src.append(f"    w = W.words\n    if w is not None and w[{dev}]: raise_pending({dev})")
-    if e.check is not None:
-        src.append("    if not check(vals): return MISS")
-    for i, lo_i, hi_i, j, lo_j, hi_j in e.disjoint or ():
-        src.append(f"    a, b = vals[{i}], vals[{j}]\n"
-                   f"    if a + {lo_i} < b + {hi_j} and b + {lo_j} < a + {hi_i}: return MISS")
-    graph, helpers = None, []
-    if e.runner is None and config.settings().graph_replay == "on":
-        graph = ns["graph"] = bind_graph([prep for prep, _, _ in e.launches])
-    returned = set(result if isinstance(result, tuple) else (result,))
-    # work arrays (allocations the call does not return) of a graph replay: kept per stream with
-    # the executable graph (runtime/graphs.py) in memory outside the framework's allocator
-    # (arrays.work_allocator); under a caller's capture, new ones from the framework (the
-    # captured graph owns them)
-    scratch = [] if graph is None else [k for k in range(len(e.allocs)) if nargs + k not in returned]
-    for k, (alloc, align, work) in enumerate(e.allocs):
-        ns[f"alloc{k}"], ns[f"work{k}"] = alloc, work
-        if k not in scratch:
-            src.append(f"    o{k}, p{k} = alloc{k}()\n    if p{k} & 15 != {align}: return MISS")
-    src.append("    stream = get_stream()")
-
-    def source(i):          # the object (o) or pointer (p) of source index i
-        return f"args[{i}]" if i < nargs else f"o{i - nargs}"
-    if e.runner is not None:
-        news = "".join(f"o{k}, " for k in range(len(e.allocs)))
-        if e.allocs:
-            src.append("    vals.extend((" + "".join(f"p{k}, " for k in range(len(e.allocs))) + "))")
-        src.append(f"    runner((*args, {news}None), vals, stream)")
-    else:
-        calls = []
-        for n, (prep, template, slots) in enumerate(e.launches):
-            if graph is None:
-                ns[f"go{n}"] = prep.bound()
-            parts = []
-            for j, v in enumerate(template):
-                f = slots.get(j)
-                if f is not None:
-                    i, off, encode = f
-                    expr = f"vals[{i}]" if i < nargs else f"p{i - nargs}"
-                    if off:
-                        expr = f"{expr} + {off}"
-                    if encode is not None:
-                        ns[f"m{n}_{j}"] = encode
-                        expr = f"m{n}_{j}({expr})"
-                    parts.append(expr)
-                else:
-                    lit = _literal(v)
-                    if lit is None:
-                        ns[f"c{n}_{j}"] = v
-                        lit = f"c{n}_{j}"
-                    parts.append(lit)
-            calls.append(f"({', '.join(parts)},)")
-        if graph is None:
-            src += [f"    go{n}(stream, {c})" for n, c in enumerate(calls)]
-        elif not scratch:
-            src.append(f"    graph(stream, {', '.join(calls)})")
-        else:
-            ns.update(gone=graph.one_by_one, LAUNCHED=LAUNCHED, MISALIGNED=MISALIGNED)
-            news = [k for k in range(len(e.allocs)) if k not in scratch]     # the returned ones
-            fresh = "".join(f"alloc{k}(), " for k in scratch)      # a capture's: the framework's
-            kept = "".join(f"work{k}(stream), " for k in scratch)  # kept ones: arrays.work_allocator
-            got = "".join(f"(o{k}, p{k}), " for k in scratch)
-            misaligned = " or ".join(f"p{k} & 15 != {e.allocs[k][1]}" for k in scratch)
-            unpack = f"    {''.join(f'p{k}, ' for k in news)}= news\n" if news else ""
-            # the kept work arrays are made on a stream's first graph launch (make), and the node
-            # values are written with them (values), inside the one call of graph.with_work
-            src += ["    r = gwork(stream, vals, (" + "".join(f"p{k}, " for k in news) + "))",
-                    "    if r != LAUNCHED:",
-                    "        if r == MISALIGNED: return MISS",
-                    f"        {got}= {fresh}",
-                    f"        if {misaligned}: return MISS",
-                    f"        gone(stream, {', '.join(calls)})"]
-            helpers = ["def make(stream):",
-                       f"    kept = {kept}",
-                       f"    {got}= kept",
-                       f"    return None if {misaligned} else kept",
-                       "def values(vals, news, kept):",
-                       unpack + f"    {got}= kept",
-                       f"    return ({', '.join(calls)},)"]
-    if isinstance(result, tuple):
-        src.append("    return (" + "".join(("None" if i is None else source(i)) + ", " for i in result) + ")")
-    else:
-        src.append(f"    return {source(result)}")
-    exec(compile("\n".join(src + helpers) + "\n", f"<skuforge replay, cuda:{dev}>", "exec"), ns)   # noqa: S102
-    if helpers:
-        ns["gwork"] = graph.with_work(ns["make"], ns["values"])
-    return ns["run"]
 
 
 def _scalar_check(scale_at, zp_check):
@@ -405,90 +280,33 @@ class FastCall:
         self.device_values = True
 
     def remember(self, result, zp_range=None):
-        """Store this (successful) call for replay, unless some slot cannot be accounted for."""
+        """Store this (successful) call for replay, unless some slot cannot be accounted for. The
+        steps: where each pointer comes from (:func:`_pointer_sources`), what the call returns
+        (:func:`_result_spec`), the Python scalars a replay re-checks (:meth:`_scalar_sources`),
+        each launch's re-filled slots (:func:`_slots`), then the replay written
+        (:func:`runtime.replay_code.write_replay`)."""
         if self.key is None or not (self.launches or self.runner):
             return
-        args, vals, log = self.args, self.vals, self.log
-        srcs = {}                  # pointer -> source index (arguments, then allocations)
-        for i, a in enumerate(args):
-            t = type(a)
-            if a is None or t is float or t is int:
-                continue
-            p = vals[i]
-            if not p or p in srcs:
-                return
-            srcs[p] = i
-        allocs = []
-        for k, (obj, p, like, shape, kind) in enumerate(log):
-            if not p or p in srcs:
-                return
-            srcs[p] = len(args) + k
-            allocs.append((allocator(like, shape, kind), p & 15, work_allocator(like, shape, kind)))
-        pool = list(args) + [entry[0] for entry in log]
-
-        def where(obj):
-            for i, o in enumerate(pool):
-                if o is obj and type(o) not in (float, int):
-                    return i
-            return None
-        if isinstance(result, tuple):
-            spec = tuple(None if r is None else where(r) for r in result)
-            if any(i is None for i, r in zip(spec, result) if r is not None):
-                return
-        else:
-            spec = where(result)
-            if spec is None:
-                return
+        args, log = self.args, self.log
+        found = _pointer_sources(args, self.vals, log)
+        if found is None:
+            return
+        srcs, allocs = found
+        spec = _result_spec(result, list(args) + [entry[0] for entry in log])
+        if spec is None:
+            return
         e = Entry()
         e.checked, e.check, e.runner, e.disjoint = self.device_values, None, None, self.disjoint
         e.typed = tuple((i, type(v)) for i, v in enumerate(self.static) if v is not None and type(v) is not str)
-        scalars, scale_at, zp_check = {}, None, None
-        sa = self.scale_at
-        if sa is not None:
-            s, z = args[sa], args[sa + 1]
-            if type(s) in (float, int):
-                scale_at = scalars[0] = sa
-            elif s is not None:
-                e.checked = True
-            if type(z) is int:
-                if zp_range is None:
-                    return
-                zp_check = (sa + 1, *zp_range)
-                scalars[1] = sa + 1
-            elif z is not None:
-                e.checked = True
-        if scalars:
-            e.check = _scalar_check(scale_at, zp_check)
+        scalars = self._scalar_sources(e, zp_range)
+        if scalars is None:
+            return
         launches, streams = [], []
         for prep, ref, params, refs, maps in self.launches:
-            template, fmt = prep.values, prep.fmt
-            if len(fmt) != len(template):
+            slots = _slots(prep, params, refs, maps, srcs, scalars, args)
+            if slots is None:
                 return
-            # slot -> (source index, byte offset, encode or None)
-            slots = {}
-            for j, r, off in refs:
-                i = srcs.get(r.ptr)
-                if i is None or template[j] != r.ptr + off:
-                    return             # not an argument or allocation, or not the value launched
-                slots[j] = (i, off, None)
-            for j, r, encode in maps:
-                i = srcs.get(r.ptr)
-                if i is None:
-                    return
-                slots[j] = (i, 0, encode)
-            for j, (c, v) in enumerate(zip(fmt, template)):
-                if c == "Q" and v and j not in slots and not status.is_status_pointer(v):
-                    i = srcs.get(v)
-                    if i is None:
-                        return         # a pointer that is neither an argument nor an allocation
-                    slots[j] = (i, 0, None)
-            for which, i in scalars.items():
-                if params is not None:
-                    j = prep.abi.slot[params[which]]
-                    if template[j] != args[i] or fmt[j] == "Q":
-                        return         # the named slot does not hold the scalar
-                    slots[j] = (i, 0, None)
-            launches.append((prep, list(template), slots))
+            launches.append((prep, list(prep.values), slots))
             streams.append(ref)
         if self.runner is not None:
             bind, ref = self.runner
@@ -501,13 +319,107 @@ class FastCall:
         e.launches, e.allocs, e.result = tuple(launches), tuple(allocs), spec
         e.stream = stream_getter(streams[0])
         e.device = streams[0].device
-        e.go = _compile(e, len(args), spec)
+        e.go = write_replay(e, len(args), spec)
         try:
             if len(CACHE) >= LIMIT:
                 CACHE.clear()
             CACHE[self.key] = e
         except TypeError:          # an unhashable keyword argument
             pass
+
+    def _scalar_sources(self, e: Entry, zp_range):
+        """{0: source index of a Python scalar scale, 1: of a Python int zero point} that a replay
+        re-fills, their hit-time check put in ``e.check`` (a device scale or zero point marks ``e``
+        checked); None where an int zero point comes without its range (no fast path)."""
+        scalars, scale_at, zp_check = {}, None, None
+        sa = self.scale_at
+        if sa is not None:
+            s, z = self.args[sa], self.args[sa + 1]
+            if type(s) in (float, int):
+                scale_at = scalars[0] = sa
+            elif s is not None:
+                e.checked = True
+            if type(z) is int:
+                if zp_range is None:
+                    return None
+                zp_check = (sa + 1, *zp_range)
+                scalars[1] = sa + 1
+            elif z is not None:
+                e.checked = True
+        if scalars:
+            e.check = _scalar_check(scale_at, zp_check)
+        return scalars
+
+
+def _pointer_sources(args, vals, log):
+    """({pointer: source index}: the arguments, then the allocations the slow path made; the
+    replay's allocators) of a recorded call; None where a pointer is null or comes from two sources
+    (an in-place call)."""
+    srcs = {}
+    for i, a in enumerate(args):
+        t = type(a)
+        if a is None or t is float or t is int:
+            continue
+        p = vals[i]
+        if not p or p in srcs:
+            return None
+        srcs[p] = i
+    allocs = []
+    for k, (obj, p, like, shape, kind) in enumerate(log):
+        if not p or p in srcs:
+            return None
+        srcs[p] = len(args) + k
+        allocs.append((allocator(like, shape, kind), p & 15, work_allocator(like, shape, kind)))
+    return srcs, allocs
+
+
+def _result_spec(result, pool):
+    """The source index in ``pool`` (the arguments, then the allocations) of what the call returns (a
+    tuple of them, None for a None, for a tuple result); None where one is not in the pool."""
+    def where(obj):
+        for i, o in enumerate(pool):
+            if o is obj and type(o) not in (float, int):
+                return i
+        return None
+    if isinstance(result, tuple):
+        spec = tuple(None if r is None else where(r) for r in result)
+        if any(i is None for i, r in zip(spec, result) if r is not None):
+            return None
+        return spec
+    return where(result)
+
+
+def _slots(prep, params, refs, maps, srcs, scalars, args):
+    """{slot: (source index, byte offset, encode or None)} of one recorded launch: the slots a replay
+    re-fills (``refs``, ``maps``, every other nonzero pointer, the named scalar slots); None where
+    one cannot be accounted for."""
+    template, fmt = prep.values, prep.fmt
+    if len(fmt) != len(template):
+        return None
+    slots = {}
+    for j, r, off in refs:
+        i = srcs.get(r.ptr)
+        if i is None or template[j] != r.ptr + off:
+            return None            # not an argument or allocation, or not the value launched
+        slots[j] = (i, off, None)
+    for j, r, encode in maps:
+        i = srcs.get(r.ptr)
+        if i is None:
+            return None
+        slots[j] = (i, 0, encode)
+    for j, (c, v) in enumerate(zip(fmt, template)):
+        if c == "Q" and v and j not in slots and not status.is_status_pointer(v):
+            i = srcs.get(v)
+            if i is None:
+                return None        # a pointer that is neither an argument nor an allocation
+            slots[j] = (i, 0, None)
+    for which, i in scalars.items():
+        if params is not None:
+            j = prep.abi.slot[params[which]]
+            if template[j] != args[i] or fmt[j] == "Q":
+                return None        # the named slot does not hold the scalar
+            slots[j] = (i, 0, None)
+    return slots
 
 
 def launcher_runner(plan, args, fields):

@@ -76,7 +76,7 @@ def count_replays(monkeypatch, on_replay):
     """``on_replay(hit)`` after every replay of a call remembered from now on (runtime/replay.py;
     ``hit``: it ran, rather than handing the call to the slow path). Clear ``replay.CACHE`` after."""
     from runtime import replay
-    real = replay._compile
+    real = replay.write_replay
 
     def compile_counted(e, nargs, result):
         go = real(e, nargs, result)
@@ -86,7 +86,7 @@ def count_replays(monkeypatch, on_replay):
             on_replay(r is not replay.MISS)
             return r
         return counted
-    monkeypatch.setattr(replay, "_compile", compile_counted)
+    monkeypatch.setattr(replay, "write_replay", compile_counted)
 
 
 # -- the fake device -------------------------------------------------------------------------------

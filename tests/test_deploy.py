@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from runtime import compiler, config, device, errors
+from runtime import compiler, config, cuda_driver, device, errors, nvrtc
 
 SRC = 'extern "C" __global__ void k(float* p) { p[threadIdx.x] += 1.0f; }\n'
 UNIT = "quantization/deploy_k.cu"
@@ -36,9 +36,9 @@ def no_nvrtc(monkeypatch):
     """NVRTC made unavailable: loading the bindings raises (as where cuda-bindings / libnvrtc are absent)."""
     def missing():
         raise ImportError("No module named 'cuda.bindings' (test)")
-    compiler._load_nvrtc.cache_clear()
+    nvrtc._load_nvrtc.cache_clear()
     compiler.nvrtc_version.cache_clear()
-    monkeypatch.setattr(compiler, "_load_nvrtc", missing)
+    monkeypatch.setattr(nvrtc, "_load_nvrtc", missing)
     yield
     compiler.nvrtc_version.cache_clear()
 
@@ -78,9 +78,9 @@ def test_cache_hit_needs_no_nvrtc(no_nvrtc, cache, monkeypatch):
     monkeypatch.undo()  # compile once with NVRTC
     first = compiler.compile_cached(SRC, UNIT, 80)
     assert not first.cached
-    compiler._load_nvrtc.cache_clear()
+    nvrtc._load_nvrtc.cache_clear()
     compiler.nvrtc_version.cache_clear()
-    monkeypatch.setattr(compiler, "_load_nvrtc", lambda: (_ for _ in ()).throw(ImportError("gone")))
+    monkeypatch.setattr(nvrtc, "_load_nvrtc", lambda: (_ for _ in ()).throw(ImportError("gone")))
     hit = compiler.compile_cached(SRC, UNIT, 80)
     assert hit.cached and hit.origin == "cache" and hit.cubin == first.cubin
     assert compiler.entry_meta(hit.path)["nvrtc_version"]  # the NVRTC version is recorded inside the entry
@@ -532,7 +532,7 @@ def _fake_cupy(err):
 @pytest.mark.parametrize("err", ["cudaErrorInsufficientDriver: CUDA driver version is insufficient",
                                  "cudaErrorNoDevice: no CUDA-capable device is detected"])
 def test_no_gpu_is_device_required(monkeypatch, err):
-    monkeypatch.setattr(device, "cupy", lambda: _fake_cupy(err))        # what CuPy says without a GPU
+    monkeypatch.setattr(cuda_driver, "cupy", lambda: _fake_cupy(err))   # what CuPy says without a GPU
     with device.use(device.CudaDriver()):
         with pytest.raises(errors.DeviceRequiredError, match=err.split(":")[0]):
             device.current_device()

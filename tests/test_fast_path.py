@@ -13,7 +13,7 @@ import pytest
 
 import runtime as sf
 from runtime import arrays, config, graphs
-from runtime import replay
+from runtime import replay, replay_code
 from runtime.abi import Abi
 from runtime import launch as launch_mod
 from runtime.quantization import lowbit
@@ -449,7 +449,7 @@ def test_a_replay_of_several_launches_is_one_graph_launch(dev, monkeypatch, name
     """Where the driver makes graphs (runtime/graphs.py), a replay launches its kernels as one graph
     with each kernel's values re-filled; a replay that re-runs a launcher does not."""
     graphs_used = []
-    monkeypatch.setattr(replay, "bind_graph", fake_bind_graph(dev, graphs_used))
+    monkeypatch.setattr(replay_code, "bind_graph", fake_bind_graph(dev, graphs_used))
     call, _ = CALLS[name]
     fast = replay_matches_slow_path(dev, call)
     (entry,) = replay.CACHE.values()          # remembered again by the last (slow) call
@@ -466,7 +466,7 @@ def test_a_graph_replays_work_arrays_are_kept_per_stream(dev, monkeypatch, captu
     """The allocations a call does not return (LSQ's partial sums, MoE's routing tables) are made once
     per stream for a graph replay and reused by every replay there; on a stream being captured,
     each replay makes new ones (the captured graph owns them). Returned arrays are always new."""
-    monkeypatch.setattr(replay, "bind_graph", fake_bind_graph(dev, [], capturing=(7,) if capturing else ()))
+    monkeypatch.setattr(replay_code, "bind_graph", fake_bind_graph(dev, [], capturing=(7,) if capturing else ()))
 
     def call(d):
         return sf.fake_quantize_learnable_backward(d.a((9, 48)), d.a((9, 48)), d.a((48,)), d.a((48,), Z),

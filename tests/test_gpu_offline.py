@@ -12,11 +12,11 @@ pytestmark = pytest.mark.gpu
 SKU = "quantization/quantize/token/symmetric/f32/s8/*"
 
 CHILD = textwrap.dedent("""
-    from runtime import compiler
+    from runtime import nvrtc
 
     def _missing():
         raise ImportError("NVRTC disabled for this test")
-    compiler._load_nvrtc = _missing           # any NVRTC use raises ToolchainUnavailableError
+    nvrtc._load_nvrtc = _missing              # any NVRTC use raises ToolchainUnavailableError
 
     import cupy as cp
     import numpy as np

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 import runtime as sf
-from runtime import device, replay, status
+from runtime import cuda_driver, device, replay, status
 from runtime.errors import DeviceMismatchError, InvalidProblemError, SkuforgeError
 from tests.fakes import CTX, FakeDevice, FakeDeviceArray, FakeFunction, count_replays, err
 from tests.test_fast_path import CALLS as FAST_CALLS
@@ -217,8 +217,8 @@ def test_load_function_loads_in_the_devices_primary_context(multi, monkeypatch):
 
     # below the driver: CuPy's module loading and the compile cache
     fake_cupy = SimpleNamespace(cuda=SimpleNamespace(function=SimpleNamespace(Module=Module)))
-    monkeypatch.setattr(device, "cupy", lambda: fake_cupy)
-    monkeypatch.setattr(device, "compile_cached", lambda *a, **k: SimpleNamespace(cubin=b""))
+    monkeypatch.setattr(cuda_driver, "cupy", lambda: fake_cupy)
+    monkeypatch.setattr(cuda_driver, "compile_cached", lambda *a, **k: SimpleNamespace(cubin=b""))
     for current in (CTX[0], 0):                     # cuda:0 current, then a thread with none
         multi.set_current(current)
         drv = Loading(multi)

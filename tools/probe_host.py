@@ -71,30 +71,13 @@ def python_reference_us(n: int = 200_000) -> float:
         (d.get(i & 63), i, i + 1)
     return (time.perf_counter() - t0) / n * 1e6
 
-
 def components(synchronize, device: int) -> dict:
     """The parts of a quantize token bf16->s8 call on (16, 4096), per framework."""
-
-    import cupy as cp
-    import ml_dtypes
-
     import runtime as sf
-    from runtime import arrays
-    from runtime import device as rdev
     from runtime import replay
-    from runtime import status
     out = {}
-    fws = {"cupy": lambda: ((cp.random.standard_normal((16, 4096), dtype=cp.float32)).astype(ml_dtypes.bfloat16),
-                            cp.random.random(16, dtype=cp.float32) + 0.5)}
-    try:
-        import torch
-        if torch.cuda.is_available():
-            fws["torch"] = lambda: (torch.randn(16, 4096, device=f"cuda:{device}", dtype=torch.bfloat16),
-                                    torch.rand(16, device=f"cuda:{device}") + 0.5)
-    except ImportError:
-        pass
     static = ("token", None, None, "int8", None, None, None)
-    for fw, make in fws.items():
+    for fw, make in _frameworks(device).items():
         x, s = make()
         args = (x, s, None, None)
         replay.CACHE.clear()      # the remembered launch then points at x and q0, both alive below
@@ -104,79 +87,133 @@ def components(synchronize, device: int) -> dict:
         if entry is None or not entry.launches:
             out[fw] = {"error": "the call was not remembered (no fast path)"}
             continue
-        prep, template, _ = entry.launches[0]
-        alloc = entry.allocs[0][0]
         stream = entry.stream()
-        xr = arrays.as_array(x, "x")
-        res = {
-            "call": _host_only(lambda: sf.quantize(x, s, scope="token", out_dtype="int8"), synchronize),
-            "runtime.device.launch of the prepared kernel": _host_only(lambda: prep.launch(stream, template),
-                                                                       synchronize),
-            "output allocation (fast path's allocator)": _host_only(alloc, synchronize),
-            "output allocation (runtime.arrays.empty)": _host_only(lambda: arrays.empty(xr, (16, 4096), "s8"),
-                                                                   synchronize),
-            "stream query": _host_only(entry.stream, synchronize),
-            "cache key (_key: attribute reads of 4 arguments)": _host_only(
-                lambda: replay.call_key("quantize", static, args), synchronize),
-            "cache lookup (hash and compare of the key)": _host_only(lambda: replay.CACHE.get(key), synchronize),
-            "replay alone (entry.go on the call's key values)": _host_only(lambda: entry.go(args, list(vals), static),
-                                                                           synchronize),
-            "status word read (runtime.status.raise_pending)": _host_only(
-                lambda: status.raise_pending(xr.device), synchronize),
-        }
-        # the allocating call against its out= form, and whether the output lands at one address
-        # (else each replay re-sets the graph node's parameters)
-        qo = sf.quantize(x, s, scope="token", out_dtype="int8")
-        res["call with out="] = _host_only(lambda: sf.quantize(x, s, scope="token", out_dtype="int8", out=qo),
-                                           synchronize)
-        ptrs = [arrays.as_array(sf.quantize(x, s, scope="token", out_dtype="int8"), "q").ptr for _ in range(4)]
-        res["output addresses of 4 calls in a row"] = [hex(p) for p in ptrs]
-        graph = entry.go.__globals__.get("graph") if entry.go is not None else None
-        if graph is not None:
-            res["graph launch of the replay (remembered values)"] = _host_only(
-                lambda: graph(stream, tuple(template)), synchronize)
-            # the two runtime calls of every graph replay (CuPy's bindings, as runtime/graphs.py)
-            fns = rdev.driver().graph_calls()
-            exv = graph.graph.execs[stream].handle
-            res["cudaStreamIsCapturing (cupy_backends runtime)"] = _host_only(
-                lambda: fns["streamIsCapturing"](stream), synchronize)
-            res["bare cudaGraphLaunch (cupy_backends runtime)"] = _host_only(
-                lambda: fns["graphLaunch"](exv, stream), synchronize)
-            lock = graph.graph.lock
-            res["threading.Lock acquire + release"] = _host_only(lambda: (lock.acquire(), lock.release()),
-                                                                 synchronize)
-        drv = rdev.driver()
-        fn_ptr, fmt = prep.fn.ptr, prep.abi.fmt
-        pb = drv._params(fmt, template)
-        gx, gy, gz = (tuple(prep.grid) + (1, 1))[:3]
-        bx, by, bz = (tuple(prep.block) + (1, 1))[:3]
-        cu = drv.launch_kernel
-        res["bare cuLaunchKernel (ctypes, parameters packed once)"] = _host_only(
-            lambda: cu(fn_ptr, gx, gy, gz, bx, by, bz, 0, stream, pb.ptrs_addr), synchronize)
-        res["parameter packing (struct.pack_into)"] = _host_only(lambda: drv._params(fmt, template), synchronize)
-        res["cuCtxGetCurrent (ctypes)"] = _host_only(drv.context_current, synchronize)
-        if fw == "torch":
-            dt, dev = torch.int8, x.device
-            res["torch.empty(shape, dtype=, device=)"] = _host_only(
-                lambda: torch.empty((16, 4096), dtype=dt, device=dev), synchronize)
-            res["x.new_empty(shape, dtype=)"] = _host_only(lambda: x.new_empty((16, 4096), dtype=dt), synchronize)
-            idx = x.get_device()
-            res["torch.empty(shape, dtype=, device=<int>)"] = _host_only(
-                lambda: torch.empty((16, 4096), dtype=dt, device=idx), synchronize)
-            res["torch.empty_strided(shape, strides, dtype=, device=)"] = _host_only(
-                lambda: torch.empty_strided((16, 4096), (4096, 1), dtype=dt, device=dev), synchronize)
-            res["key of one tensor (data_ptr, shape, stride, dtype, get_device)"] = _host_only(
-                lambda: (type(x), x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15), synchronize)
-        else:
-            res["cupy.empty(shape, dtype)"] = _host_only(lambda: cp.empty((16, 4096), cp.int8), synchronize)
-            nd, i8 = cp.ndarray, cp.dtype(cp.int8)
-            res["cupy.ndarray(shape, dtype)"] = _host_only(lambda: nd((16, 4096), i8), synchronize)
-            res["cupy.cuda.runtime.getDevice"] = _host_only(cp.cuda.runtime.getDevice, synchronize)
-            res["key of one array (data.ptr, shape, strides, dtype, device_id)"] = _host_only(
-                lambda: (type(x), x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15), synchronize)
+        res = _replay_parts(entry, stream, args, static, key, vals, synchronize)
+        res.update(_graph_launch_parts(entry, stream, synchronize))
+        res.update(_launch_parts(entry, stream, synchronize))
+        res.update(_allocation_parts(fw, x, synchronize))
         out[fw] = res
         del q0
     return out
+
+
+def _frameworks(device: int) -> dict:
+    """{framework: make()}: a (16, 4096) bf16 input and its per-row scale, with CuPy and (where it
+    sees a GPU) torch."""
+    import cupy as cp
+    import ml_dtypes
+    fws = {"cupy": lambda: ((cp.random.standard_normal((16, 4096), dtype=cp.float32)).astype(ml_dtypes.bfloat16),
+                            cp.random.random(16, dtype=cp.float32) + 0.5)}
+    try:
+        import torch
+        if torch.cuda.is_available():
+            fws["torch"] = lambda: (torch.randn(16, 4096, device=f"cuda:{device}", dtype=torch.bfloat16),
+                                    torch.rand(16, device=f"cuda:{device}") + 0.5)
+    except ImportError:
+        pass
+    return fws
+
+
+def _replay_parts(entry, stream, args, static, key, vals, synchronize) -> dict:
+    """The call on ``args`` and what its replay (``entry``) is made of: the prepared launch, the
+    allocation, the stream query, the key, the lookup, the status word; the call with ``out=`` and
+    the output addresses of four calls in a row (one address: the replay's graph is launched as it is)."""
+    import runtime as sf
+    from runtime import arrays, replay, status
+    x, s = args[:2]
+    prep, template, _ = entry.launches[0]
+    alloc = entry.allocs[0][0]
+    xr = arrays.as_array(x, "x")
+    res = {
+        "call": _host_only(lambda: sf.quantize(x, s, scope="token", out_dtype="int8"), synchronize),
+        "runtime.device.launch of the prepared kernel": _host_only(lambda: prep.launch(stream, template),
+                                                                   synchronize),
+        "output allocation (fast path's allocator)": _host_only(alloc, synchronize),
+        "output allocation (runtime.arrays.empty)": _host_only(lambda: arrays.empty(xr, (16, 4096), "s8"),
+                                                               synchronize),
+        "stream query": _host_only(entry.stream, synchronize),
+        "cache key (_key: attribute reads of 4 arguments)": _host_only(
+            lambda: replay.call_key("quantize", static, args), synchronize),
+        "cache lookup (hash and compare of the key)": _host_only(lambda: replay.CACHE.get(key), synchronize),
+        "replay alone (entry.go on the call's key values)": _host_only(lambda: entry.go(args, list(vals), static),
+                                                                       synchronize),
+        "status word read (runtime.status.raise_pending)": _host_only(
+            lambda: status.raise_pending(xr.device), synchronize),
+    }
+    # the allocating call against its out= form, and whether the output lands at one address
+    # (else each replay re-sets the graph node's parameters)
+    qo = sf.quantize(x, s, scope="token", out_dtype="int8")
+    res["call with out="] = _host_only(lambda: sf.quantize(x, s, scope="token", out_dtype="int8", out=qo),
+                                       synchronize)
+    ptrs = [arrays.as_array(sf.quantize(x, s, scope="token", out_dtype="int8"), "q").ptr for _ in range(4)]
+    res["output addresses of 4 calls in a row"] = [hex(p) for p in ptrs]
+    return res
+
+
+def _graph_launch_parts(entry, stream, synchronize) -> dict:
+    """The replay's graph launch with the remembered values, the two runtime calls of every graph
+    replay (CuPy's bindings, as runtime/graphs.py) and the graph's lock; none without a graph."""
+    from runtime import device as rdev
+    template = entry.launches[0][1]
+    graph = entry.go.__globals__.get("graph") if entry.go is not None else None
+    if graph is None:
+        return {}
+    res = {"graph launch of the replay (remembered values)": _host_only(
+        lambda: graph(stream, tuple(template)), synchronize)}
+    fns = rdev.driver().graph_calls()
+    exv = graph.graph.execs[stream].handle
+    res["cudaStreamIsCapturing (cupy_backends runtime)"] = _host_only(
+        lambda: fns["streamIsCapturing"](stream), synchronize)
+    res["bare cudaGraphLaunch (cupy_backends runtime)"] = _host_only(
+        lambda: fns["graphLaunch"](exv, stream), synchronize)
+    lock = graph.graph.lock
+    res["threading.Lock acquire + release"] = _host_only(lambda: (lock.acquire(), lock.release()),
+                                                         synchronize)
+    return res
+
+
+def _launch_parts(entry, stream, synchronize) -> dict:
+    """The bare driver launch of the prepared kernel (parameters packed once), the packing, and the
+    context query."""
+    from runtime import device as rdev
+    prep, template, _ = entry.launches[0]
+    drv = rdev.driver()
+    fn_ptr, fmt = prep.fn.ptr, prep.abi.fmt
+    pb = drv._params(fmt, template)
+    gx, gy, gz = (tuple(prep.grid) + (1, 1))[:3]
+    bx, by, bz = (tuple(prep.block) + (1, 1))[:3]
+    cu = drv.launch_kernel
+    return {"bare cuLaunchKernel (ctypes, parameters packed once)": _host_only(
+                lambda: cu(fn_ptr, gx, gy, gz, bx, by, bz, 0, stream, pb.ptrs_addr), synchronize),
+            "parameter packing (struct.pack_into)": _host_only(lambda: drv._params(fmt, template), synchronize),
+            "cuCtxGetCurrent (ctypes)": _host_only(drv.context_current, synchronize)}
+
+
+def _allocation_parts(fw: str, x, synchronize) -> dict:
+    """The framework's own allocations of the output and the key of one array, against the replay's."""
+    res = {}
+    if fw == "torch":
+        import torch
+        dt, dev = torch.int8, x.device
+        res["torch.empty(shape, dtype=, device=)"] = _host_only(
+            lambda: torch.empty((16, 4096), dtype=dt, device=dev), synchronize)
+        res["x.new_empty(shape, dtype=)"] = _host_only(lambda: x.new_empty((16, 4096), dtype=dt), synchronize)
+        idx = x.get_device()
+        res["torch.empty(shape, dtype=, device=<int>)"] = _host_only(
+            lambda: torch.empty((16, 4096), dtype=dt, device=idx), synchronize)
+        res["torch.empty_strided(shape, strides, dtype=, device=)"] = _host_only(
+            lambda: torch.empty_strided((16, 4096), (4096, 1), dtype=dt, device=dev), synchronize)
+        res["key of one tensor (data_ptr, shape, stride, dtype, get_device)"] = _host_only(
+            lambda: (type(x), x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15), synchronize)
+    else:
+        import cupy as cp
+        res["cupy.empty(shape, dtype)"] = _host_only(lambda: cp.empty((16, 4096), cp.int8), synchronize)
+        nd, i8 = cp.ndarray, cp.dtype(cp.int8)
+        res["cupy.ndarray(shape, dtype)"] = _host_only(lambda: nd((16, 4096), i8), synchronize)
+        res["cupy.cuda.runtime.getDevice"] = _host_only(cp.cuda.runtime.getDevice, synchronize)
+        res["key of one array (data.ptr, shape, strides, dtype, device_id)"] = _host_only(
+            lambda: (type(x), x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr & 15), synchronize)
+    return res
 
 
 def _graph_items(items) -> list:
@@ -259,8 +296,37 @@ def profile(items, synchronize, n_calls: int, labels) -> dict:
         out[item["label"]] = text.getvalue()
     return out
 
-
 def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    t_start = time.perf_counter()
+    import cupy as cp
+    try:
+        import torch
+        torch.cuda.set_device(args.device)
+        torch.cuda.init()
+    except ImportError:
+        torch = None
+
+    from codegen.harness.bench import host as bench_host
+    from codegen.harness.records import git_info, now
+    from codegen.harness.verify import environment
+
+    cp.cuda.Device(args.device).use()
+    env = environment(args.device)
+    compile_s = _compile_used(env, args.device)
+    host, graph_ab, parts, comps, profiles = _measure(args, torch)
+    rec = {"schema": 1, "what": "host overhead per repeated functional call", "date": now(), **git_info(),
+           **env, "python": platform.python_version(), "calls": args.calls, "repeats": args.repeats,
+           "target_us": bench_host.TARGET_HOST_US, "compile_s": round(compile_s, 1),
+           "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "graph_ab": graph_ab, "graph_parts": parts, "components": comps,
+           "python_reference_us": python_reference_us()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rec, indent=1, default=str) + "\n")
+    _print_report(args, env, rec, comps, profiles)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="probe_host.json", help="JSON record to write")
     ap.add_argument("--calls", type=int, default=2000, help="calls per timed repeat (default 2000)")
@@ -272,32 +338,30 @@ def main(argv=None) -> int:
                     help="multi-launch calls: the call, its graph launch alone, the bare cudaGraphLaunch")
     ap.add_argument("--profile", default="", help="comma-separated patterns of label parts joined by +: cProfile those calls "
                     "(written next to --out as <out>.profile.txt)")
-    args = ap.parse_args(argv)
-    t_start = time.perf_counter()
-    import cupy as cp
-    try:
-        import torch
-        torch.cuda.set_device(args.device)
-        torch.cuda.init()
-    except ImportError:
-        torch = None
+    return ap
 
-    from codegen.harness.bench import host as bench_host
-    from codegen.harness.bench.timing import Timer
-    from codegen.harness.records import git_info, now
+
+def _compile_used(env: dict, device: int) -> float:
+    """Seconds to compile the units of the calls api_host_calls runs (only those), in parallel."""
+    from codegen.harness.verify import _precompile
     from codegen.manifest import GENERATED
-    from codegen.harness.verify import _precompile, environment
     from runtime.registry import Registry
-
-    cp.cuda.Device(args.device).use()
-    env = environment(args.device)
     reg = Registry.load(GENERATED)
     used = {("quantize", "bf16", "s8"), ("dequantize", "s8", "bf16"), ("fake_quantize", "bf16", "bf16"),
             ("dynamic_quantize", "bf16", "s8")}           # what api_host_calls runs: compile only those units
     want = [s for s in reg.skus() if (s.op, s.element, s.aux_element) in used]
     t0 = time.perf_counter()
     _precompile(reg, want, int(env["gpu"]["cc"].replace(".", "")), os.cpu_count() or 1)
-    compile_s = time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def _measure(args, torch) -> tuple:
+    """(host overhead rows, graph replay off / on, graph parts, components, profiles), every call on
+    one stream (torch's current one where torch is there: a synchronize covers every launch)."""
+    import cupy as cp
+
+    from codegen.harness.bench import host as bench_host
+    from codegen.harness.bench.timing import Timer
     if torch is not None:     # one stream for both frameworks: a synchronize covers every launch
         from runtime.arrays import cupy_stream
         stream = cupy_stream(torch.cuda.current_stream().cuda_stream, args.device)
@@ -315,13 +379,11 @@ def main(argv=None) -> int:
         comps = {} if args.no_components else components(stream.synchronize, args.device)
         profiles = profile(items, stream.synchronize, args.calls, [w for w in args.profile.split(",") if w]) \
             if args.profile else {}
-    rec = {"schema": 1, "what": "host overhead per repeated functional call", "date": now(), **git_info(),
-           **env, "python": platform.python_version(), "calls": args.calls, "repeats": args.repeats,
-           "target_us": bench_host.TARGET_HOST_US, "compile_s": round(compile_s, 1),
-           "seconds": round(time.perf_counter() - t_start, 1), "host_overhead": host, "graph_ab": graph_ab, "graph_parts": parts, "components": comps,
-           "python_reference_us": python_reference_us()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rec, indent=1, default=str) + "\n")
+    return host, graph_ab, parts, comps, profiles
+
+
+def _print_report(args, env: dict, rec: dict, comps: dict, profiles: dict) -> None:
+    host = rec["host_overhead"]
     width = max(len(h["label"]) for h in host)
     print(f"{env['gpu']['name']}: µs per call (median of {args.repeats} x {args.calls})")
     for h in host:
@@ -340,7 +402,6 @@ def main(argv=None) -> int:
         print(f"wrote {path}")
     print(f"pure-Python reference loop: {rec['python_reference_us']:.3f} µs per iteration")
     print(f"wrote {args.out} in {rec['seconds']} s (compile {rec['compile_s']} s)")
-    return 0
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import json
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 KERNEL = r"""
 extern "C" __global__ void sf_probe_count(unsigned long long* c) {
@@ -66,18 +67,34 @@ def check(err, what):
     if err != 0:
         raise RuntimeError(f"{what}: CUresult {err}")
 
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="probe_launch.json")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
+    p = _setup(args)
+    one = _launches(p)
+    graphs = _graphs_of_launches(p, one)
+    repoint_and_launch = _repointed(p, graphs)
+    _wide_kernels(p, repoint_and_launch)
+    _executables_in_turn(p, graphs)
+    _bindings(p, graphs)
+    _check_and_memset(p)
+    _capture_fact(p, graphs)
+    with open(args.out, "w") as fh:
+        json.dump(p.out, fh, indent=1)
+    return 0 if all(isinstance(c, dict) and c.get("ok") for c in p.out["checks"].values()) else 1
 
+
+def _setup(args) -> SimpleNamespace:
+    """What the steps share: libcuda, the counting kernel ``f`` and its launch arguments made once
+    (``cargs``, ``pa``: the first counter's parameters; ``params_b``: the second's), the non-blocking
+    stream (``s``: its handle), the counters, the record ``out``, the kernels ``issued`` per counter
+    and ``timed``."""
     import cupy as cp
 
     from codegen.harness.bench.timing import SPIN_SRC
-    from runtime.graphs import KernelNodeParams
     lib = ctypes.CDLL("libcuda.so.1")
     vp, u = ctypes.c_void_p, ctypes.c_uint
     spin = cp.RawKernel(SPIN_SRC, "sf_bench_spin")
@@ -97,7 +114,16 @@ def main(argv=None) -> int:
     pa, nul = vp(ctypes.addressof(params_a)), vp(None)
     out = {"checks": {}, "facts": {}, "us": {}}
     issued = [0, 0]
+    # kept: what the launches point at (the kernel's module, the parameter blocks) lives as long as the probe
+    return SimpleNamespace(cp=cp, lib=lib, f=f, stream=stream, s=s, counters=counters, params_a=params_a,
+                           params_b=params_b, launch=launch, cargs=cargs, pa=pa, nul=nul, out=out, issued=issued,
+                           timed=_timer(args, cp, spin, stream, out, issued), kept=[fn, ptr_a, ptr_b])
 
+
+def _timer(args, cp, spin, stream, out, issued):
+    """``timed(label, call, kernels=0, which=0, on=None)``: µs per ``call()``, the median of
+    ``--repeats`` batches of ``--calls``, each queued behind the spin kernel on ``on`` (default: the
+    probe's stream); ``kernels`` a call, counted on counter ``which``."""
     def timed(label, call, kernels=0, which=0, on=None):
         on = stream if on is None else on      # the stream the calls queue on, behind the spin kernel
         per = []
@@ -112,6 +138,12 @@ def main(argv=None) -> int:
         on.synchronize()
         out["us"][label] = {"us": statistics.median(per), "min_us": min(per)}
         print(f"{label:62s} {statistics.median(per):7.2f} µs", flush=True)
+    return timed
+
+
+def _launches(p):
+    """cuLaunchKernel of the counting kernel 1, 2 and 4 times a call; returns ``one()`` (one launch)."""
+    launch, cargs, pa, nul, timed = p.launch, p.cargs, p.pa, p.nul, p.timed
 
     def one():
         return launch(*cargs, pa, nul)
@@ -120,8 +152,14 @@ def main(argv=None) -> int:
             timed("cuLaunchKernel x1", one, 1)
         else:
             timed(f"cuLaunchKernel x{n}", lambda n=n: [one() for _ in range(n)], n)
+    return one
 
-    # graphs of n kernels, made by capturing n launches on the stream
+
+def _graphs_of_launches(p, one) -> dict:
+    """{n: (graph, exec, nodes)}: graphs of n kernels, made by capturing n launches (``one``) on the
+    stream; each timed."""
+    lib, s, timed = p.lib, p.s, p.timed
+    vp, u = ctypes.c_void_p, ctypes.c_uint
     for name, restype in (("cuStreamBeginCapture_v2", ctypes.c_int), ("cuStreamEndCapture", ctypes.c_int),
                           ("cuGraphInstantiateWithFlags", ctypes.c_int), ("cuGraphLaunch", ctypes.c_int),
                           ("cuGraphGetNodes", ctypes.c_int), ("cuGraphExecKernelNodeSetParams_v2", ctypes.c_int),
@@ -141,8 +179,16 @@ def main(argv=None) -> int:
         check(lib.cuGraphGetNodes(g, nodes, ctypes.byref(count)), "cuGraphGetNodes")
         graphs[n] = (g, ex, list(nodes))
         timed(f"cuGraphLaunch, graph of {n}", lambda ex=ex: lib.cuGraphLaunch(ex, vp(s)), n)
+    return graphs
 
-    # a replay re-pointing every node at the call's arrays, then launching the graph
+
+def _repointed(p, graphs):
+    """A replay re-pointing every node at the call's arrays (the second counter), then launching the
+    graph, timed for each graph; returns ``repoint_and_launch(ex, nodes, kp)``."""
+    from runtime.graphs import KernelNodeParams
+    lib, s, f, params_b, out, timed = p.lib, p.s, p.f, p.params_b, p.out, p.timed
+    vp = ctypes.c_void_p
+
     def repoint_and_launch(ex, nodes, kp):
         for node in nodes:
             lib.cuGraphExecKernelNodeSetParams_v2(ex, vp(node), ctypes.byref(kp))
@@ -157,9 +203,17 @@ def main(argv=None) -> int:
             break
         timed(f"set params of {n} node(s) + cuGraphLaunch", lambda ex=ex, nodes=nodes, kp=kp:
               repoint_and_launch(ex, nodes, kp), n, which=1)
+    return repoint_and_launch
 
-    # a wide kernel: its parameters packed once, the counter first (then null pointers, zeros)
+
+def _wide_kernels(p, repoint_and_launch) -> None:
+    """A kernel of 32 parameters packed once (the counter first, then null pointers, zeros) and the
+    same 224 bytes as one struct parameter: each launched, as a one-node graph, and re-set."""
     import struct
+
+    from runtime.graphs import KernelNodeParams
+    cp, lib, s, counters, launch, nul, timed = p.cp, p.lib, p.s, p.counters, p.launch, p.nul, p.timed
+    vp, u = ctypes.c_void_p, ctypes.c_uint
     wide = cp.RawKernel(KERNEL, "sf_probe_wide")
     wide.compile()
     fw = wide.kernel.ptr
@@ -195,12 +249,17 @@ def main(argv=None) -> int:
         return ex, node, kp
     wex, wnode, wkp = one_kernel_graph(fw, wparams, "32 parameters")
     one_kernel_graph(sk.kernel.ptr, sparams, "the 32 as one struct parameter")
+    p.kept += [wide, sk, wbuf, wparams, sparams]
     # the first form once more, after the second: a difference between the two that is only the
     # order of the measurements shows here
     timed("set params of 1 node + cuGraphLaunch, 32 parameters (again)",
           lambda: repoint_and_launch(wex, [wnode[0]], wkp), 1)
 
-    # 4 executable graphs of one kernel, launched in turn, nothing set
+
+def _executables_in_turn(p, graphs) -> None:
+    """4 executable graphs of one kernel, launched in turn, nothing set."""
+    lib, s, timed = p.lib, p.s, p.timed
+    vp = ctypes.c_void_p
     g1 = graphs[1][0]
     execs = []
     for _ in range(4):
@@ -214,6 +273,12 @@ def main(argv=None) -> int:
         return lib.cuGraphLaunch(execs[turn[0]], vp(s))
     timed("cuGraphLaunch of 4 executable graphs in turn (graph of 1)", in_turn, 1)
 
+
+def _bindings(p, graphs) -> None:
+    """cuLaunchKernel through CuPy's Cython binding; one graph launch and the capture query through
+    each binding a replay could use."""
+    cp, lib, f, s, stream, out, timed = p.cp, p.lib, p.f, p.s, p.stream, p.out, p.timed
+    params_a, vp = p.params_a, ctypes.c_void_p
     try:                    # CuPy's Cython binding of cuLaunchKernel (ints; raises on an error)
         from cupy_backends.cuda.api import driver as cyd
         cy, pa_int = cyd.launchKernel, ctypes.addressof(params_a)
@@ -245,6 +310,12 @@ def main(argv=None) -> int:
         except (ImportError, AttributeError, TypeError) as e:
             out["us"][f"cuda.bindings, {name}"] = {"error": str(e)}
 
+
+def _check_and_memset(p) -> None:
+    """The check: every timed launch ran (the counters against the kernels issued); then
+    cuMemsetD32Async of one word, timed (it overwrites the counters)."""
+    lib, s, stream, counters, issued, out, timed = p.lib, p.s, p.stream, p.counters, p.issued, p.out, p.timed
+    vp, u = ctypes.c_void_p, ctypes.c_uint
     memset = lib.cuMemsetD32Async
     dst = ctypes.c_uint64(counters.data.ptr)       # overwritten below: the counters are checked first
     stream.synchronize()
@@ -254,7 +325,11 @@ def main(argv=None) -> int:
     print(f"{'ok' if ok else 'FAILED'} every launch ran: counted {got}, issued {issued}", flush=True)
     timed("cuMemsetD32Async, one word", lambda: memset(dst, u(0), ctypes.c_size_t(1), vp(s)))
 
-    # can a caller capture a call that launches a graph?
+
+def _capture_fact(p, graphs) -> None:
+    """Whether a caller can capture a call that launches a graph (a fact, recorded)."""
+    lib, s, stream, counters, out = p.lib, p.s, p.stream, p.counters, p.out
+    vp, u = ctypes.c_void_p, ctypes.c_uint
     try:
         counters[...] = 0
         stream.synchronize()
@@ -280,9 +355,6 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - recorded
         out["facts"]["graph launch captured into a caller's graph"] = {"captured": False, "error": str(e)}
         print(f"fact: the driver does not capture a graph launch into a caller's graph ({e})")
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=1)
-    return 0 if all(isinstance(c, dict) and c.get("ok") for c in out["checks"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ generator uses it (import-linter contracts in pyproject.toml).
     verify.py          `verify`: every selected SKU through its family's checker, recorded
     bench/             `bench`: the families' workloads against a device copy and PyTorch, recorded
     tune.py            `tune`: every schedule variant timed per size bucket, the arch's tuning table written
-    audit.py           `audit`: the coverage table from the manifest and the records
+    audit/             `audit`: the coverage table from the manifest and the records
 """
 from __future__ import annotations
 
