@@ -375,8 +375,8 @@ def test_the_plan_api_checks_a_moe_workspace(mdev):
     size = sf.moe.grouped_matmul_workspace_size(M, E, "offsets")
 
     def args(off):
-        return sf.moe.grouped.MoeArgs("grouped_matmul", as_array(x, "x"), as_array(w, "w"), None,
-                              as_array(mdev.a((M, N), H), "out"), sf.moe.grouped.Routing(E, M, offsets=as_array(offs, "offsets")),
+        return sf.moe.problem.MoeArgs("grouped_matmul", as_array(x, "x"), as_array(w, "w"), None,
+                              as_array(mdev.a((M, N), H), "out"), sf.moe.problem.Routing(E, M, offsets=as_array(offs, "offsets")),
                               M, N, K, E, workspace=as_array(mdev.a((size,), "uint8", offset=off), "workspace"))
     mdev.launches = []
     err(lambda: plan.run(args(8)), InvalidProblemError, "workspace at", "8 bytes past a 16-byte boundary")

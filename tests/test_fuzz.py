@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 
 import runtime as sf
 from runtime import DeviceRequiredError, InvalidProblemError, UnsupportedError, replay, status
-from runtime.moe import grouped as moe
+from runtime import moe
 from runtime.quantization import lowbit
 from runtime.device import pack_params
 from runtime.kinds import SIZE

@@ -14,8 +14,8 @@ from runtime import InvalidProblemError, KernelSku, UnsupportedError
 from runtime import reference_moe as ref
 from runtime.arrays import ArrayRef
 from runtime.plans import Plan
-from runtime.moe.grouped import (MoeArgs, Routing, mma_blockers, plan_for, route_chunks, wgmma_blockers,
-                         workspace_layout)
+from runtime.moe.grouped import plan_for
+from runtime.moe.problem import MoeArgs, Routing, mma_blockers, route_chunks, wgmma_blockers, workspace_layout
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
 

@@ -12,6 +12,7 @@ import pytest
 import runtime as sf
 from runtime import replay
 from runtime.moe import grouped as moe
+from runtime.tma import MapSpec
 from tests.fakes import err, fake_tensor_map
 from tests.test_fast_path import _run, dev, replay_matches_slow_path  # noqa: F401  (dev: a fixture)
 
@@ -229,7 +230,7 @@ def test_a_replay_encodes_the_tensor_maps_of_the_new_arrays(mdev):
         assert fmt.count("T") == 3 and block == (384,)
         maps = [v for c, v in zip(fmt, values) if c == "T"]
         assert [m == fake_tensor_map(made[a].ptr, spec) for m, (a, spec) in zip(
-            maps, (("x", moe.MapSpec("f16", (K, M), (2 * K,), (64, 64))),   # 32 rows an expert: 64-row tiles
-                   ("w", moe.MapSpec("f16", (K, N, E), (2 * K, 2 * N * K), (64, 256, 1))),
-                   ("y", moe.MapSpec("f16", (N, M), (2 * N,), (64, 64)))))] == [True, True, True]
+            maps, (("x", MapSpec("f16", (K, M), (2 * K,), (64, 64))),   # 32 rows an expert: 64-row tiles
+                   ("w", MapSpec("f16", (K, N, E), (2 * K, 2 * N * K), (64, 256, 1))),
+                   ("y", MapSpec("f16", (N, M), (2 * N,), (64, 64)))))] == [True, True, True]
     assert mdev.hits == 1

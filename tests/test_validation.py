@@ -437,7 +437,7 @@ def test_grad_factor_may_be_zero_or_negative():
 
 def test_configuration_set_in_code_is_checked(mdev):
     from runtime.quantization import lowbit
-    from runtime.moe import grouped as moe
+    from runtime import moe
     for bad in ("80", None, 8.9, True):
         err(lambda bad=bad: lowbit.prefer_arch(bad).__enter__(), InvalidProblemError, "prefer_arch", "80")
     err(lambda: moe.use_config(3).__enter__(), InvalidProblemError, "use_config(3)")

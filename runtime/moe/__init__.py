@@ -1,7 +1,9 @@
-"""The MoE family: grouped matmul forward and backward (``grouped``; docs/moe.md), with its public
-configuration helpers (tile variants, workspace size, offsets validation)."""
-from .grouped import (CONFIG, default_variant, grouped_matmul, grouped_matmul_backward, grouped_matmul_workspace_size,
-                      select_plan, use_config, validate_offsets, variant_for, variant_names)
+"""The MoE family: grouped matmul forward and backward (docs/moe.md): ``problem`` (routing, arguments,
+workspace layout, the checks that need no device), ``variants`` (the tile configurations and the
+choice among them), ``grouped`` (the launcher, plan selection and the functional API), with the
+public configuration helpers here."""
+from .grouped import grouped_matmul, grouped_matmul_backward, grouped_matmul_workspace_size, select_plan, validate_offsets
+from .variants import CONFIG, default_variant, use_config, variant_for, variant_names
 
 __all__ = ["grouped_matmul", "grouped_matmul_backward", "grouped_matmul_workspace_size", "select_plan", "use_config",
            "variant_for", "variant_names", "default_variant", "validate_offsets", "CONFIG"]

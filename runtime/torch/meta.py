@@ -20,7 +20,8 @@ from runtime.arrays import ArrayRef, kind_of
 from runtime.axes import MODES
 from runtime.quantization.dynamic import _resolve_range
 from runtime.errors import DeviceMismatchError, InvalidProblemError, UnsupportedError
-from runtime.moe.grouped import STRATEGIES, _out_kind, check_problem
+from runtime.moe.grouped import _out_kind
+from runtime.moe.problem import STRATEGIES, check_problem
 from runtime.params import check_param_shape, check_scale_dtype, positive_scalar, real_scalar
 from runtime.scopes import check_range, check_scope, param_shape, rows_view
 from runtime.quantization.training import check_mask_bits, fake_quant_range, mask_bits_shape
