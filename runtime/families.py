@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from . import plans
 from .moe.grouped import MoeLauncher
-from .quantization.dynamic import DynamicFusedLauncher, DynamicReduceLauncher, LowBitFusedLauncher
+from .quantization.fused import DynamicFusedLauncher, LowBitFusedLauncher
 from .quantization.elementwise import ElementwiseLauncher
 from .quantization.lowbit import LowBitElementwiseLauncher
+from .quantization.reduce import DynamicReduceLauncher
 from .quantization.training import LsqLauncher
 
 LAUNCHERS = {

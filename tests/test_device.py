@@ -9,7 +9,7 @@ import pytest
 
 import runtime as sf
 from runtime import config, device, graphs, replay, status, tma
-from runtime.quantization import dynamic
+from runtime.quantization import fused
 from tests.fakes import D, FakeDevice
 
 
@@ -79,10 +79,10 @@ def test_a_swap_and_a_settings_change_forget_the_remembered_caches():
     the tensor maps, a cache made by CACHES.new()) is forgotten when either changes."""
     mine = config.CACHES.new()
     for forget in (lambda: device.use(FakeDevice()), lambda: config.override(schedule="")):
-        for cache in (replay.CACHE, dynamic._LAUNCHES, tma._ENCODERS, mine):
+        for cache in (replay.CACHE, fused._LAUNCHES, tma._ENCODERS, mine):
             cache["k"] = 1
         with forget():
-            assert not (replay.CACHE or dynamic._LAUNCHES or tma._ENCODERS or mine)
+            assert not (replay.CACHE or fused._LAUNCHES or tma._ENCODERS or mine)
             mine["k"] = 1
         assert not mine
 

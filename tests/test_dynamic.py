@@ -6,8 +6,12 @@ import pytest
 
 import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
-from runtime.quantization import dynamic as dyn
+from runtime.quantization import fused
+from runtime.quantization import reduce as reduce_
+from runtime.launch import row_grid
+from runtime.params import channel_params
 from runtime.reference import dynamic_quantize_ref, quantize
+from runtime.scopes import param_shape
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
 from codegen.families import KINDS
@@ -230,15 +234,15 @@ def _args(shape, scope, axis=None, gs=None, strides=None):
     x = as_array(D(shape, "float32", strides=strides), "x")
     q = as_array(D(shape, "int8"), "q")
     axis = None if axis is None else axis % len(shape)
-    s = as_array(D(dyn.param_shape(shape, scope, axis, gs), "float32"), "scale")
-    return dyn.DynamicArgs(x, rows_view(x, "x"), q, rows_view(q, "q"), s, None, scope, "symmetric", -127, 127, 0,
+    s = as_array(D(param_shape(shape, scope, axis, gs), "float32"), "scale")
+    return fused.DynamicArgs(x, rows_view(x, "x"), q, rows_view(q, "q"), s, None, scope, "symmetric", -127, 127, 0,
                            1e-8, axis=axis, group_size=gs)
 
 
 def _emulate_reduce(cfg, args, v):
     """Count how often phase 0 visits each (row, col) and check the (slot, part) layout."""
     rows, cols = args.xv.rows, args.xv.cols
-    inner, count, last = dyn.channel_params(args.x.shape, args.scope, args.axis)
+    inner, count, last = channel_params(args.x.shape, args.scope, args.axis)
     if args.scope == "tensor":
         inner, count = 1, 1
     hits = np.zeros((rows, cols), np.int64)
@@ -284,7 +288,7 @@ def _emulate_reduce(cfg, args, v):
 def test_reduce_partition_covers_every_element_once(fake_device, shape, scope, axis):
     plan = _Plan(scope)
     args = _args(shape, scope, axis)
-    launcher = dyn.DynamicReduceLauncher()
+    launcher = reduce_.DynamicReduceLauncher()
     cfg = launcher.config(plan, args)
     v = plan.launch["rvec"] if cfg.vec_ok else 1
     hits, slot_of = _emulate_reduce(cfg, args, v)
@@ -356,7 +360,7 @@ def test_coop_partition_covers_every_element_once(fake_device, shape, element):
     _coop_device(fake_device)
     plan = _coop_plan(element)
     args = _args(shape, "tensor")
-    launcher = dyn.DynamicReduceLauncher()
+    launcher = reduce_.DynamicReduceLauncher()
     cfg = launcher.config(plan, args)
     n = int(np.prod(shape))
     v = plan.launch["rvec"]
@@ -387,7 +391,7 @@ def test_coop_on_chip_share_8192_bf16(fake_device):
     """On an H200 (132 SMs x 2 blocks of 112 KB: 7 tiles of 16 KB each) 22.6 % of a (8192, 8192)
     bf16 tensor stays on chip."""
     _coop_device(fake_device)
-    cfg = dyn.DynamicReduceLauncher().config(_coop_plan(), _args((8192, 8192), "tensor"))
+    cfg = reduce_.DynamicReduceLauncher().config(_coop_plan(), _args((8192, 8192), "tensor"))
     assert cfg.smem == 7 * 16 * 1024 and cfg.width == 1024 and cfg.grid0 == 264 and cfg.keep_tiles == 7
     assert 0.2 < 264 * cfg.smem / (8192 * 8192 * 2) < 0.25
 
@@ -441,7 +445,7 @@ def test_chan_partition_covers_every_element_once(fake_device, shape, element, w
     _chan_device(fake_device)
     plan = _chan_plan(element)
     args = _args(shape, "channel", axis=-1)
-    launcher = dyn.DynamicReduceLauncher()
+    launcher = reduce_.DynamicReduceLauncher()
     cfg = launcher.config(plan, args)
     rows, cols = shape
     v = plan.launch["rvec"]
@@ -489,7 +493,7 @@ def test_one_launch_falls_back_to_two_passes(fake_device, override_settings, ker
         args.qv = rows_view(args.q, "q")
     if case == "misaligned":
         args.x.ptr += 8
-    cfg = dyn.DynamicReduceLauncher().config(plan, args)
+    cfg = reduce_.DynamicReduceLauncher().config(plan, args)
     assert not cfg.chan and not cfg.coop and cfg.partials > 0
 
 
@@ -500,7 +504,7 @@ def test_one_launch_falls_back_to_two_passes(fake_device, override_settings, ker
 def test_fused_config(fake_device, shape, scope, gs):
     plan = _Plan(scope)
     args = _args(shape, scope, gs=gs)
-    vec_ok, tx, ty, grid = dyn.DynamicFusedLauncher().config(plan, args)
+    vec_ok, tx, ty, grid = fused.DynamicFusedLauncher().config(plan, args)
     g = gs or shape[-1]
     v = plan.launch["vec"] if vec_ok else 1
     assert vec_ok == (g % plan.launch["vec"] == 0)
@@ -512,7 +516,7 @@ def test_fused_config(fake_device, shape, scope, gs):
     assert grid * ty >= min(args.xv.rows * (shape[-1] // g), 1) and grid < 2**31
 
 
-# -- the team kernels of the fused launch (runtime.quantization.dynamic.team_launch) -----------------------------
+# -- the team kernels of the fused launch (runtime.quantization.fused.team_launch) -----------------------------
 def _team_plan(scope, element="bf16", chunks=TEAM_CHUNKS):
     plan = _Plan(scope, element=element)
     plan.launch["team_chunks"] = list(chunks)
@@ -524,17 +528,17 @@ def _team_args(shape, scope, element="bf16", gs=None, strides=None):
     from runtime.scopes import rows_view
     x = as_array(D(shape, {"bf16": "float16", "f32": "float32"}[element], strides=strides), "x")   # (only the size counts)
     q = as_array(D(shape, "int8"), "q")
-    s = as_array(D(dyn.param_shape(shape, scope, None, gs), "float32"), "scale")
-    return dyn.DynamicArgs(x, rows_view(x, "x"), q, rows_view(q, "q"), s, None, scope, "symmetric", -127, 127, 0,
+    s = as_array(D(param_shape(shape, scope, None, gs), "float32"), "scale")
+    return fused.DynamicArgs(x, rows_view(x, "x"), q, rows_view(q, "q"), s, None, scope, "symmetric", -127, 127, 0,
                            1e-8, group_size=gs)
 
 
 def test_fused_config_text():
-    P = dyn.FusedConfig.parse
-    assert P("auto") == dyn.FusedConfig() == P("")
-    assert P("t8,ch=4,threads=256,grid=full,index=div") == dyn.FusedConfig("t8", 4, 256, False, "div")
-    assert P("block,grid=persistent") == dyn.FusedConfig("block", persistent=True)
-    assert P("auto,fixed=0") == dyn.FusedConfig(fixed=False) and P("t8,fixed=1").fixed
+    P = fused.FusedConfig.parse
+    assert P("auto") == fused.FusedConfig() == P("")
+    assert P("t8,ch=4,threads=256,grid=full,index=div") == fused.FusedConfig("t8", 4, 256, False, "div")
+    assert P("block,grid=persistent") == fused.FusedConfig("block", persistent=True)
+    assert P("auto,fixed=0") == fused.FusedConfig(fixed=False) and P("t8,fixed=1").fixed
     for bad in ("t32", "t16,ch=4", "block,ch=8", "t8,threads=48", "t8,threads=1024", "t8,grid=half", "t8,foo=1",
                 "auto,fixed=2"):
         err(lambda: P(bad), UnsupportedError, "SKUFORGE_DYNAMIC_CONFIG")
@@ -558,7 +562,7 @@ def test_fused_config_text():
     ((16, 65536), "token", None, "bf16", "auto", (16, 512, 16, 512)),   # t8, t4 would need 1024 threads
 ])
 def test_team_launch_choice(fake_device, shape, scope, gs, element, text, want):
-    t = dyn.team_launch(_team_plan(scope, element), _team_args(shape, scope, element, gs), dyn.FusedConfig.parse(text),
+    t = fused.team_launch(_team_plan(scope, element), _team_args(shape, scope, element, gs), fused.FusedConfig.parse(text),
                         vec_ok=True)
     assert (t.chunks, t.tx, t.ch, t.threads) == want and t.dense
     assert t.per_block == t.threads // max(32, t.tx) * max(1, 32 // t.tx) * t.rg
@@ -583,14 +587,14 @@ def test_team_symbol(fake_device, shape, scope, gs, element, text, want):
     plan = _team_plan(scope, element)
     plan.launch["team_fixed"] = [list(f) for f in TEAM_FIXED.get(scope, ())]
     plan.entry = _entry("sf_k")
-    cfg = dyn.FusedConfig.parse(text)
-    t = dyn.team_launch(plan, _team_args(shape, scope, element, gs), cfg, vec_ok=True)
-    assert dyn.team_symbol(plan, t, cfg) == "sf_k" + want
+    cfg = fused.FusedConfig.parse(text)
+    t = fused.team_launch(plan, _team_args(shape, scope, element, gs), cfg, vec_ok=True)
+    assert fused.team_symbol(plan, t, cfg) == "sf_k" + want
     if "_tx" in want:
         assert [t.chunks, t.ch, t.tx] in plan.launch["team_fixed"]
     # a SKU that launches its host's team kernels (a token SKU, its group SKU's): the host's symbol
     plan.entry = _entry("sf_k", {"team": "sf_host"})
-    assert dyn.team_symbol(plan, t, cfg) == "sf_host" + want
+    assert fused.team_symbol(plan, t, cfg) == "sf_host" + want
 
 
 def test_every_fixed_team_entry_point_is_generated():
@@ -616,21 +620,21 @@ def test_every_fixed_team_entry_point_is_generated():
 
 
 def test_team_launch_falls_back_to_the_block_kernel(fake_device):
-    cfg = dyn.FusedConfig()
+    cfg = fused.FusedConfig()
     a = _team_args((64, 4096), "token")
-    assert dyn.team_launch(_team_plan("token"), a, dyn.FusedConfig.parse("block"), True) is None
-    assert dyn.team_launch(_team_plan("token", chunks=()), a, cfg, True) is None          # f64: no team kernels
-    assert dyn.team_launch(_team_plan("token"), a, cfg, vec_ok=False) is None             # scalar path
-    assert dyn.team_launch(_team_plan("token"), a, dyn.FusedConfig.parse("t4"), True) is not None
+    assert fused.team_launch(_team_plan("token"), a, fused.FusedConfig.parse("block"), True) is None
+    assert fused.team_launch(_team_plan("token", chunks=()), a, cfg, True) is None          # f64: no team kernels
+    assert fused.team_launch(_team_plan("token"), a, cfg, vec_ok=False) is None             # scalar path
+    assert fused.team_launch(_team_plan("token"), a, fused.FusedConfig.parse("t4"), True) is not None
     long = _team_args((4, 512 * 16 * 8 * 2), "token")                                    # > 512 x 16 chunks
-    assert dyn.team_launch(_team_plan("token"), long, cfg, True) is None
+    assert fused.team_launch(_team_plan("token"), long, cfg, True) is None
     # strided rows: division indexing, one row group per thread at a time (rg == 1) only
     strided = _team_args((64, 1024), "group", gs=128, strides=(2048, 1))
-    t = dyn.team_launch(_team_plan("group"), strided, dyn.FusedConfig.parse("t8,ch=8"), True)
+    t = fused.team_launch(_team_plan("group"), strided, fused.FusedConfig.parse("t8,ch=8"), True)
     assert t is not None and not t.dense and t.rg == 1
-    assert dyn.team_launch(_team_plan("group"), strided, dyn.FusedConfig.parse("t8,ch=4"), True) is None
+    assert fused.team_launch(_team_plan("group"), strided, fused.FusedConfig.parse("t8,ch=4"), True) is None
     dense = _team_args((64, 1024), "group", gs=128)
-    assert not dyn.team_launch(_team_plan("group"), dense, dyn.FusedConfig.parse("t8,ch=4,index=div"), True)
+    assert not fused.team_launch(_team_plan("group"), dense, fused.FusedConfig.parse("t8,ch=4,index=div"), True)
 
 
 def _emulate_team(t, vrows, gs, vec, grid):
@@ -670,12 +674,12 @@ def _emulate_team(t, vrows, gs, vec, grid):
 def test_team_partition_covers_every_element_once(fake_device, shape, scope, gs, text, grid):
     plan = _team_plan(scope)
     args = _team_args(shape, scope, gs=gs)
-    t = dyn.team_launch(plan, args, dyn.FusedConfig.parse(text), vec_ok=True)
+    t = fused.team_launch(plan, args, fused.FusedConfig.parse(text), vec_ok=True)
     g = gs or shape[-1]
     vrows = shape[0] * (shape[-1] // g)
     hits, leads = _emulate_team(t, vrows, g, plan.launch["vec"], grid)
     assert (hits == 1).all() and (leads == 1).all()
-    assert dyn.row_grid(vrows, t.per_block) * t.per_block >= vrows     # grid=full covers it in one step
+    assert row_grid(vrows, t.per_block) * t.per_block >= vrows     # grid=full covers it in one step
 
 
 def test_fused_launch_follows_the_config_text(fake_device, override_settings):
@@ -687,7 +691,7 @@ def test_fused_launch_follows_the_config_text(fake_device, override_settings):
     got = {}
     for text in ("auto", "t8,grid=full", "block"):
         override_settings(dynamic_config=text)
-        got[text] = dyn.fused_launch(dyn.DynamicFusedLauncher(), plan, args, 1)
+        got[text] = fused.fused_launch(fused.DynamicFusedLauncher(), plan, args, 1)
     # auto: t16 on a full grid (one block per 4 rows of 65536), the measured best on an H200
     assert got["auto"] == ("k_t16", 65536 // 4, (128,), "team", dict(tx=32, ch=16, dense=1, ngroups=1))
     assert got["t8,grid=full"] == ("k_t8", 65536 // 2, (128,), "team", dict(tx=64, ch=8, dense=1, ngroups=1))

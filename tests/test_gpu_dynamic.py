@@ -53,7 +53,8 @@ def test_one_launch_equals_two_passes(scope, element, mode, shape, out, rng, ove
     the reference's; the default takes the one launch. Edge values: NaN, +-inf, -0.0, a column of
     zeros."""
     import cupy as cp
-    from runtime.quantization import dynamic as dyn
+    from runtime.quantization import fused
+    from runtime.quantization import reduce as reduce_
     from runtime.arrays import as_array, numpy_dtype
     from runtime.scopes import rows_view
     host = (rng.standard_normal(shape) * 10 ** rng.uniform(-2, 2, (1, shape[1]))).astype(numpy_dtype(element))
@@ -69,9 +70,9 @@ def test_one_launch_equals_two_passes(scope, element, mode, shape, out, rng, ove
     plan = sf.Plan.select(sf.Descriptor("dynamic_quantize", scope, mode, element, out))
     xr, qr = as_array(x, "x"), as_array(cp.empty(shape, numpy_dtype(out)), "q")
     lo, hi = (-128, 127) if out == "s8" else (0, 255)
-    args = dyn.DynamicArgs(xr, rows_view(xr, "x"), qr, rows_view(qr, "q"), None, None, scope, mode, lo, hi, 0, 1e-8,
+    args = fused.DynamicArgs(xr, rows_view(xr, "x"), qr, rows_view(qr, "q"), None, None, scope, mode, lo, hi, 0, 1e-8,
                            axis=1 if scope == "channel" else None)
-    cfg = dyn.DynamicReduceLauncher().config(plan, args)
+    cfg = reduce_.DynamicReduceLauncher().config(plan, args)
     assert cfg.coop or cfg.chan                # this GPU takes the one launch
     one = sf.dynamic_quantize(x, scope=scope, mode=mode, out_dtype=out, **kw)
     override_settings(schedule="two-pass")

@@ -7,6 +7,7 @@ import pytest
 import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError
 from runtime.quantization import dynamic as dyn
+from runtime.quantization import fused
 from runtime.quantization import lowbit
 from runtime.quantization import static as qz
 from runtime.abi import Abi
@@ -375,7 +376,7 @@ def test_fused_config(fake_device, shape, gs, kind, vec_want):
     s = as_array(D(sf.scopes.param_shape(shape, scope, None, gs), "float32"), "scale")
     a = DynamicArgs(x, rows_view(x, "x"), q, rows_view(q, "q"), s, None, scope, "symmetric", -7, 7, 0, 1e-8,
                     group_size=gs)
-    vec_ok, tx, ty, grid = dyn.LowBitFusedLauncher().config(p, a)
+    vec_ok, tx, ty, grid = fused.LowBitFusedLauncher().config(p, a)
     assert vec_ok == vec_want
     g = gs or shape[-1]
     v = 8 if vec_ok else pack

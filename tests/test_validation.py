@@ -198,7 +198,7 @@ def test_dynamic_quantize_fills_a_foreign_out_of_an_empty_x(fake_device):
 
 def test_bad_settings_are_typed_errors_naming_the_variable():
     from runtime import config
-    from runtime.quantization import dynamic
+    from runtime.quantization import fused
     for env, words in (({"SKUFORGE_DISABLE_JIT": "maybe"}, ("SKUFORGE_DISABLE_JIT", "0, false, no, off")),
                        ({"SKUFORGE_LOCK_TIMEOUT": "abc"}, ("SKUFORGE_LOCK_TIMEOUT",)),
                        ({"SKUFORGE_LOCK_TIMEOUT": "-1"}, ("SKUFORGE_LOCK_TIMEOUT",)),
@@ -207,7 +207,7 @@ def test_bad_settings_are_typed_errors_naming_the_variable():
     s = config.from_environ({"SKUFORGE_SYNC_CHECKS": "", "SKUFORGE_LOCK_TIMEOUT": "", "SKUFORGE_SCHEDULE": "b128"})
     assert (s.sync_checks, s.lock_timeout, s.schedule) == (False, 120.0, "b128")
     for text in ("t8,ch=abc", "t4,threads=", "t2,threads=1e3"):
-        err(lambda text=text: dynamic.FusedConfig.parse(text), UnsupportedError, "SKUFORGE_DYNAMIC_CONFIG", text)
+        err(lambda text=text: fused.FusedConfig.parse(text), UnsupportedError, "SKUFORGE_DYNAMIC_CONFIG", text)
 
 
 def test_one_flag_parser_for_every_boolean_variable():

@@ -6,7 +6,7 @@ On the GPU machine (torch, cupy, numpy; about a minute, kernel compiles included
 
 Cases: bf16 / f16 / f32 -> s8, token and group(128), symmetric and asymmetric; bf16 -> fp8_e4m3 and
 bf16 -> s4, group(128), symmetric; on (65536, 4096) and (8192, 8192). Variants: launch
-configurations of runtime.quantization.dynamic.FusedConfig (runtime.config's ``dynamic_config``, set with ``config.override``), all among
+configurations of runtime.quantization.fused.FusedConfig (runtime.config's ``dynamic_config``, set with ``config.override``), all among
 kernels compiled into the same SKUs. Per case the ``block`` variant (the previous kernel) is the
 reference: its q / scale / zero point are checked against the NumPy reference (runtime.reference)
 on the first and last 64 rows (the first rows hold NaN, +-inf, a zero row, a constant row and an
@@ -104,7 +104,7 @@ def ptxas_report(arch: int) -> int:
 def make_args(case, shape, x, torch):
     """DynamicArgs for x with fresh outputs, as runtime.dynamic_quantize builds them."""
     from runtime.arrays import as_array
-    from runtime.quantization.dynamic import DynamicArgs
+    from runtime.quantization.fused import DynamicArgs
     from runtime.quantization.lowbit import packed_shape
     from runtime import kinds
     from runtime.reference import dynamic_range
@@ -184,7 +184,7 @@ def describe(plan, args, launcher, pack: int) -> dict:
     from cuda.bindings import driver
 
     from runtime.device import load_function, properties, resident_blocks
-    from runtime.quantization.dynamic import fused_config, fused_grid, team_launch
+    from runtime.quantization.fused import fused_config, fused_grid, team_launch
     cfg = fused_config()
     vec_ok, tx, ty, grid = launcher.config(plan, args)
     team = team_launch(plan, args, cfg, vec_ok, pack)

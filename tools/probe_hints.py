@@ -73,7 +73,7 @@ def main() -> int:
     ap.add_argument("--variants", help="comma-separated variant names to run (default: all)")
     ap.add_argument("--config", action="append", default=[], metavar="NAME=TEXT",
                     help="run variant NAME (the shipped tree unless --tree names it) under this fused launch "
-                         "configuration (runtime.quantization.dynamic.FusedConfig text, e.g. 'auto,fixed=0')")
+                         "configuration (runtime.quantization.fused.FusedConfig text, e.g. 'auto,fixed=0')")
     ap.add_argument("--cases", help="comma-separated substrings; a case runs when its label holds one")
     a = ap.parse_args()
     for spec in a.tree:

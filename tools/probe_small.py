@@ -8,7 +8,7 @@ On the GPU machine:
         python3 tools/probe_small.py --ncu > ncu_small.txt
 
 Cases: dynamic_quantize token / group(128) bf16 -> s8 under each fused launch configuration
-(runtime.quantization.dynamic.FusedConfig), per-tensor (one cooperative launch and the two-pass path), the static
+(runtime.quantization.fused.FusedConfig), per-tensor (one cooperative launch and the two-pass path), the static
 quantize token bf16 -> s8, and the torch.compile of each composite, timed the way ``codegen bench``
 times (codegen.harness.bench.timing.Timer: CUDA events, GPU time per call, L2-rotated input sets). ``--ncu``: each
 case a few times with no timing, for Nsight Compute's in-kernel durations (what the events add).

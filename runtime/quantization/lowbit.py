@@ -32,13 +32,13 @@ from ..arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
 from ..device import driver
 from ..errors import InvalidProblemError, UnsupportedError
 from ..launch import PreparedLaunch, next_pow2, ptr, row_grid
-from .elementwise import ElementwiseArgs, stream_params
-from ..plans import Launcher, Preference
-from ..params import check_param_shape, device_check
 from ..numerics import MX_GROUP
+from ..params import check_param_shape, device_check
+from ..plans import Launcher, Preference
 from ..scopes import param_shape
 from ..tuning import schedule
 from ..vectors import fits, stream_word
+from .elementwise import ElementwiseArgs, stream_params
 
 FP8 = kinds.FP8            # plain aliases of the kind groups (runtime/kinds.py)
 INT4 = kinds.INT4

@@ -10,15 +10,13 @@ import math
 import numbers
 
 from .. import kinds, replay, status
-
-from . import lowbit
 from ..arrays import ArrayRef, as_array, kind_of, stream_handle
 from ..errors import UnsupportedError
-from .elementwise import ElementwiseArgs
-from ..params import (channel_params, check_apart, check_scale_dtype, out_arg, same_device, scale_arg,
-                     zero_point_arg)
+from ..params import channel_params, check_apart, check_scale_dtype, out_arg, same_device, scale_arg, zero_point_arg
 from ..plans import Descriptor, cached_plan
 from ..scopes import check_range, check_scope, implied_zero_point, rows_view
+from . import lowbit
+from .elementwise import ElementwiseArgs
 
 
 def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_value, shape, scope, axis,

@@ -34,12 +34,12 @@ from ..arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handl
 from ..device import driver
 from ..errors import InvalidProblemError, UnsupportedError
 from ..launch import PreparedLaunch
-from ..plans import Descriptor, Launcher, cached_plan
-from ..params import channel_params, check_apart, out_arg, real_scalar, same_device, scale_arg, zero_point_arg
-from .static import launch_elementwise
 from ..numerics import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
+from ..params import channel_params, check_apart, out_arg, real_scalar, same_device, scale_arg, zero_point_arg
+from ..plans import Descriptor, Launcher, cached_plan
 from ..scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
 from ..vectors import fits, stream_word
+from .static import launch_elementwise
 
 DEFAULT_QMIN, DEFAULT_QMAX = -128, 127   # fake quantization's default range: int8, like PyTorch's QAT
 QLIMIT = 2 ** 24                         # |qmin|, |qmax| bound: integers float32 holds exactly

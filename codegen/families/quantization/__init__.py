@@ -1,6 +1,6 @@
 """The quantization family: static, dynamic, low-bit and training quantization kernels
-(templates/quantization/; launchers: runtime/launch.py, runtime/quantization/lowbit.py, runtime/quantization/dynamic.py,
-runtime/quantization/training.py; docs/api.md, docs/dynamic.md, docs/lowbit.md, docs/training.md)."""
+(templates/quantization/; their launchers: runtime/quantization/ elementwise.py, lowbit.py, fused.py,
+reduce.py, training.py; docs/api.md, docs/dynamic.md, docs/lowbit.md, docs/training.md)."""
 from __future__ import annotations
 
 from ...spec import CALL_SAVES, Family, LocalMemory

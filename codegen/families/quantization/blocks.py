@@ -61,7 +61,7 @@ TEAM_CHUNKS = (16, 8, 4, 2)
 TEAM_REGISTERS = {"light": (96, 56, 40, 40), "heavy": (96, 64, 48, 48)}
 # Fixed-TX team entry points `<symbol>_t<P>_tx<TX>` (s8 / u8), per scope: (P, CH, TX) triples, each
 # compiled with TX threads per row group and CH chunks per thread and row group as compile-time
-# constants, for the launches that `auto` makes most (runtime.quantization.dynamic.team_launch): t8 with two row
+# constants, for the launches that `auto` makes most (runtime.quantization.fused.team_launch): t8 with two row
 # groups per thread (CH = 4) and TX 2 / 4 / 8 for groups of 8, 16 and 32 chunks (64 / 128 / 256
 # elements of 16 bits, 32 / 64 / 128 of f32), and for the (16, 4096) latency shape bf16 / f16
 # (t2, CH = 2: TX = 8 for group 128, TX = 256 for token). The run-time-TX entry point takes every

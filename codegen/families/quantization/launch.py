@@ -9,8 +9,8 @@ runtime picks one per problem from the tuning table (``codegen/tuning/<arch>.jso
 ``python -m codegen tune``; rule: docs/tuning.md). ``python -m codegen verify`` runs every SKU under
 each of its schedules.
 
-Schedule parameters by launch kind (read by the kind's launcher, runtime/launch.py,
-runtime/quantization/lowbit.py, runtime/quantization/dynamic.py):
+Schedule parameters by launch kind (read by the kind's launcher in runtime/quantization/:
+elementwise.py, lowbit.py, fused.py, reduce.py):
 
 - ``elementwise`` (static s8 / u8 quantize and dequantize, the straight-through and fake-quantize
   passes): ``threads`` per block (at most the kernels' ``__launch_bounds__``, 256); for the columns
@@ -21,7 +21,7 @@ runtime/quantization/lowbit.py, runtime/quantization/dynamic.py):
 - ``lowbit_elementwise`` (static fp8 / int4 quantize and dequantize; one block per group of rows):
   ``threads`` per block.
 - ``dynamic_fused`` / ``lowbit_dynamic_fused`` (per-token and per-group dynamic quantize):
-  ``config``, a launch configuration of the SKU's fused kernels (runtime.quantization.dynamic.FusedConfig: the
+  ``config``, a launch configuration of the SKU's fused kernels (runtime.quantization.fused.FusedConfig: the
   team kernel ``t16``/``t8``/``t4``/``t2`` with its threads per block, or the block kernel; ``auto``
   is the size rule of docs/dynamic.md).
 - ``dynamic_reduce`` (per-tensor and per-channel dynamic quantize, on the SKUs that have a one-launch
