@@ -158,7 +158,7 @@ class LocalMemory:
     reason: str
 
 
-# The reason most allowances share: what ptxas saves around the 64-bit division slow paths.
+# The reason most allowances share: what ptxas saves around the 64-bit division full paths.
 CALL_SAVES = ("registers saved around calls to the 64-bit division / reciprocal slow-path routines "
               "(no local arrays)")
 

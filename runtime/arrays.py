@@ -234,7 +234,7 @@ def empty(like: ArrayRef, shape, kind: str):
     """A new array in the framework and on the device of ``like`` (``kind="bool"``: a bool mask).
 
     While a functional call records its allocations (:func:`recording_allocations`, the
-    repeated-call fast path), each one is logged with what :func:`allocator` needs to repeat it."""
+    replay of repeated calls), each one is logged with what :func:`allocator` needs to repeat it."""
     try:
         obj, p = _new(like, shape, kind)
     except Exception as e:

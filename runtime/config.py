@@ -11,7 +11,7 @@ variables with :func:`env_flag` / :func:`env_int`. :func:`override` replaces fie
     with runtime.config.override(dynamic_config="block", schedule="b128"):
         ...
 
-and forgets what was worked out from them (:data:`CACHES`: the functional fast path, the fused
+and forgets what was worked out from them (:data:`CACHES`: the replay of repeated calls, the fused
 dynamic launches, ...) on entry and on exit. :func:`reload` re-reads the environment.
 
 ``sync_checks``: the synchronous debug mode of the value checks. By default the kernels check the

@@ -334,5 +334,5 @@ class CudaDriver(LibcudaCalls, Driver):
 
     @staticmethod
     def describe(obj) -> tuple:
-        """(replay signature, pointer) of an array no framework describes: none (no fast path)."""
+        """(replay signature, pointer) of an array no framework describes: none (no replay)."""
         return None, None

@@ -26,7 +26,7 @@ GRID_CAP = [None]
 
 @contextmanager
 def grid_cap(blocks: int):
-    """Cap elementwise grids at ``blocks`` inside the block (prepared fast-path launches are
+    """Cap elementwise grids at ``blocks`` inside the block (prepared replayed launches are
     forgotten on entry and exit, so none crosses the boundary)."""
     from .replay import CACHE
     CACHE.clear()
@@ -47,7 +47,7 @@ def row_grid(rows: int, ty: int) -> int:
 @dataclass
 class PreparedLaunch:
     """A launch with its parameters packed in order (``abi``: their names and slots), replayed by
-    the functional fast path with its pointer slots re-filled."""
+    the replay of repeated calls with its pointer slots re-filled."""
     fn: object
     grid: tuple
     block: tuple

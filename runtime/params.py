@@ -11,6 +11,8 @@ import math
 import numbers
 import sys
 
+from typing import Optional
+
 import numpy as np
 
 from . import config, kinds
@@ -163,36 +165,44 @@ def out_arg(out, like: ArrayRef, shape, kind, arg="out"):
     return ref
 
 
-def check_apart(fast, op: str, refs, written, in_place=()) -> None:
+def check_apart(rec, refs: dict, written: tuple, in_place: tuple = (), labels: Optional[dict] = None) -> None:
     """No array the call writes shares a byte with another of its arrays, unless it *is* that input.
 
-    ``refs``: ``[(name, ArrayRef or anything else)]`` in the order of the call's replay arguments
-    (``replay.call(op, static, args, ...)``), so that the indices are the replay's; only non-empty
-    ArrayRefs have a span. ``written``: the indices of the outputs (given by the caller).
-    ``in_place``: the indices of the inputs an output may be exactly (the same pointer, shape,
-    strides and dtype: an elementwise op whose kernels read each element before they write it
-    in the same thread); any other overlap, partial or with another input, a parameter or another
-    output, is an InvalidProblemError naming both arguments. Inputs may overlap each other.
+    ``rec``: the call's runtime.replay.Recording (its op's replay arguments name the arrays).
+    ``refs``: ``{argument name: ArrayRef or anything else}``; only non-empty ArrayRefs have a span.
+    ``written``: the names of the outputs (given by the caller). ``in_place``: the names of the
+    inputs an output may be exactly (the same pointer, shape, strides and dtype: an elementwise op
+    whose kernels read each element before they write it in the same thread); any other overlap,
+    partial or with another input, a parameter or another output, is an InvalidProblemError naming
+    both arguments (``labels``: a name's wording in messages, e.g. ``"out[0] (q)"``). Inputs may
+    overlap each other.
 
-    ``fast`` (a runtime.replay.FastCall) records the spans: a replay (same layouts, other
-    addresses) makes the same test and takes this slow path when it fails."""
-    spans = tuple((i, *byte_span(r)) for i, (_, r) in enumerate(refs) if isinstance(r, ArrayRef) and r.size)
-    ptrs = [r.ptr if isinstance(r, ArrayRef) else 0 for _, r in refs]
-    for mine in (s for s in spans if s[0] in written):
+    ``rec`` records the spans by their index among the replay's arguments: a replay (same layouts,
+    other addresses) makes the same test and takes this full path when it fails."""
+    index = {n: i for i, n in enumerate(rec.names)}
+    unknown = set(refs) - set(index)
+    if unknown:
+        raise TypeError(f"{rec.op} has no array argument {sorted(unknown)}; its replay takes {rec.names}")
+    by_index = {index[n]: r for n, r in refs.items()}
+    spans = tuple((i, *byte_span(r)) for i, r in sorted(by_index.items()) if isinstance(r, ArrayRef) and r.size)
+    ptrs = [by_index[i].ptr if isinstance(by_index.get(i), ArrayRef) else 0 for i in range(len(rec.names))]
+    out_at = {index[n] for n in written}
+    same_at = {index[n] for n in in_place}
+    labels = labels or {}
+    for mine in (s for s in spans if s[0] in out_at):
         i = mine[0]
         for other in spans:
             j = other[0]
-            if j == i or (j in written and j < i) or overlap((mine, other), ptrs) is None:
+            if j == i or (j in out_at and j < i) or overlap((mine, other), ptrs) is None:
                 continue
-            if j in in_place and same_array(refs[i][1], refs[j][1]):
+            if j in same_at and same_array(by_index[i], by_index[j]):
                 continue
-            a, b = refs[i][0], refs[j][0]
+            a, b = (labels.get(rec.names[k], rec.names[k]) for k in (i, j))
             also = (f" ({a} may be exactly {b}: the same pointer, shape, strides and dtype)"
-                    if j in in_place else "")
-            raise InvalidProblemError(f"{a} overlaps {b} in memory; {op} writes {a} while it reads or writes {b}: "
-                                      f"pass separate arrays{also}")
-    if fast is not None:
-        fast.require_disjoint(spans, written)
+                    if j in same_at else "")
+            raise InvalidProblemError(f"{a} overlaps {b} in memory; {rec.op} writes {a} while it reads or writes "
+                                      f"{b}: pass separate arrays{also}")
+    rec.require_disjoint(spans, tuple(sorted(out_at)))
 
 
 def same_array(a: ArrayRef, b: ArrayRef) -> bool:

@@ -1,11 +1,11 @@
-"""Replay of repeated calls: the functional API's fast path, applied once at the API boundary.
+"""Replay of repeated calls: the replay of repeated calls, applied once at the API boundary.
 
 Every op goes through :func:`call`: a call whose arguments have the same types, shapes, strides,
 dtypes, devices and 16-byte alignment (and the same keyword arguments, types included) as an
 earlier, fully validated call replays that call (its allocations, then its prepared launches with
 every pointer slot re-filled, as one CUDA graph launch: runtime/graphs.py; the work arrays it does
 not return are kept per stream with the graph); any other call runs the
-op's slow path (normalize → plan → launch) under a :class:`FastCall` that records it. The status word of the device is read on every call
+op's full path (normalize → plan → launch) under a :class:`Recording` that records it. The status word of the device is read on every call
 (runtime/status.py), on both paths. A call that torch traces becomes the op's custom op instead
 (:func:`call`, runtime/torch/traced.py).
 """
@@ -20,20 +20,22 @@ from .arrays import ArrayRef, allocator, recording_allocations, stream_getter, w
 from .replay_code import MISS, Entry, write_replay
 
 
-def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
-    """``op`` on ``args`` (arrays, scalars, None) with keyword arguments ``static``: a replay when
-    one is remembered, else ``slow(fast, *args, *static)`` (the op's normalize → plan → launch)
-    under a recording :class:`FastCall` (``args[scale_at]``, ``args[scale_at + 1]``: the scale and
-    zero point, if the op takes them). ``slow`` is a module-level function, not a closure: a
-    closure over the call's arguments would cost every call its cells, replays included.
-    A call that torch traces is the op's ``torch.ops.skuforge`` custom op (see ``TRACING``)."""
+def call(sig, static: tuple, args: tuple, first):
+    """The op of signature ``sig`` (runtime/signatures.py) on ``args`` (arrays, scalars, None: the
+    signature's ``arrays``) with keyword values ``static``: a replay when one is remembered, else
+    ``first(rec, *args, *static)`` (the op's normalize → plan → launch) under a :class:`Recording`
+    ``rec``. The functional functions make this call as their signature declares it; ``first`` is
+    a module-level function, not a closure: a closure over the call's arguments would cost every
+    call its cells, replays included. A call that torch traces is the op's ``torch.ops.skuforge``
+    custom op (see ``TRACING``)."""
+    op = sig.name
     if TRACING() and any(isinstance(a, TENSOR) for a in args):
         return traced(op, static, args)
     key, vals = call_key(op, static, args)
     if key is not None:
         try:
             entry = CACHE.get(key)
-        except TypeError:          # an unhashable keyword argument: the slow path validates it
+        except TypeError:          # an unhashable keyword value: the first-call path validates it
             entry = None
         if entry is not None:
             r = entry.go(args, vals, static)
@@ -41,8 +43,8 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
                 return r
     if torch_traces(args):
         return traced(op, static, args)
-    with FastCall(op, static, args, scale_at=scale_at) as fast:
-        return slow(fast, *args, *static)
+    with Recording(sig, static, args) as rec:
+        return first(rec, *args, *static)
 
 
 # -- calls that torch traces ------------------------------------------------------------------------
@@ -51,7 +53,7 @@ def call(op: str, static: tuple, args: tuple, slow, scale_at=None):
 # tensors) -- is the op's torch.ops.skuforge custom op, called by runtime.torch (runtime/torch/traced.py),
 # not a launch. Once a torch tensor has been seen, ``TRACING`` is ``torch.compiler.is_dynamo_compiling``:
 # a function that returns False, which Dynamo folds to True. It is the one check a repeated call pays;
-# the other cases (tensors that cannot be replayed) are found on the slow path (:func:`torch_traces`).
+# the other cases (tensors that cannot be replayed) are found on the full path (:func:`torch_traces`).
 def _never() -> bool:
     return False
 
@@ -80,7 +82,7 @@ def _dispatches(torch, t) -> bool:
 
 
 def torch_traces(args) -> bool:
-    """Whether torch traces this call on torch tensors (slow path only): Dynamo, or a tensor argument
+    """Whether torch traces this call on torch tensors (full path only): Dynamo, or a tensor argument
     of a ``__torch_dispatch__`` subclass or on the meta device."""
     torch = sys.modules.get("torch")
     if torch is None or traced is None:
@@ -97,17 +99,17 @@ def torch_traces(args) -> bool:
 # itself, and only where equal values may differ in type (1, 1.0, True and numpy.int64(1) are
 # equal keys, not equally valid; a str or None equals only a str or None): that costs a repeated
 # call less than a key with a type per keyword. A replay with other types misses and runs the
-# slow path, which validates them. The replay: the same allocations, then its prepared launches
+# full path, which validates them. The replay: the same allocations, then its prepared launches
 # with every pointer slot refilled (and a Python scalar scale / zero point re-checked and
 # refilled). Device-array *values* are checked by the kernels (runtime/status.py), so a replay
 # checks nothing on the host; under the synchronous debug mode (``runtime.sync_checks()``) a call
-# with a device scale or zero point takes the slow path, which checks them.
+# with a device scale or zero point takes the full path, which checks them.
 #
 # Which slot takes which pointer is found when the call is remembered, by matching every nonzero
 # pointer slot ("Q" in the struct format) against the pointers of the array arguments and of
-# the allocations the slow path made (the status word's pointer is a constant of the device): a
+# the allocations the full path made (the status word's pointer is a constant of the device): a
 # pointer that matches nothing, or two sources that share a pointer (in-place calls), leave the
-# call without a fast path rather than guess. The launching code names the rest: scalar slots
+# call without a replay rather than guess. The launching code names the rest: scalar slots
 # (``add_launch(params=...)``, verified against the values), pointers into an array at an offset
 # (``refs``: workspace regions) and parameters encoded from an array's address (``maps``: tensor
 # maps), each re-derived from the new array on a hit.
@@ -121,7 +123,7 @@ _FRAMEWORK: dict = {float: 3, int: 3, type(None): 4}
 def _framework_of(t):
     """The framework code of type ``t``; None for a torch tensor type that Dynamo is tracing (not
     remembered). A ``__torch_dispatch__`` subclass (FakeTensor, functional tensors, ...) is not
-    replayed: the slow path hands its calls to the custom ops (:func:`torch_traces`)."""
+    replayed: the full path hands its calls to the custom ops (:func:`torch_traces`)."""
     torch = sys.modules.get("torch")
     if torch is not None and issubclass(t, torch.Tensor):
         _watch_torch(torch)
@@ -135,11 +137,11 @@ def _framework_of(t):
 
 
 def describe(obj):
-    """(hashable signature, pointer or scalar value) of one argument; (None, None) = no fast path.
+    """(hashable signature, pointer or scalar value) of one argument; (None, None) = no replay.
 
     Arrays: type, shape, strides, dtype, device and pointer alignment, in as few attribute reads
     as the framework allows; Python scalars: their type (the value is refilled on a hit); another
-    array: the driver's description (none for the real driver: no fast path)."""
+    array: the driver's description (none for the real driver: no replay)."""
     t = type(obj)
     if t is float or t is int:
         return t, obj
@@ -173,7 +175,7 @@ def _scalar_check(scale_at, zp_check):
 
 
 def call_key(op, static, args):
-    """(cache key, pointers and scalar values of ``args``), or (None, None): no fast path."""
+    """(cache key, pointers and scalar values of ``args``), or (None, None): no replay."""
     k = [op, static]             # the types of static: checked by the replay (Entry.typed)
     vals = []
     fws = _FRAMEWORK
@@ -198,33 +200,33 @@ def call_key(op, static, args):
                     return None, None
             k.append(sig)
             vals.append(v)
-    except Exception:              # noqa: BLE001 - an odd argument: the slow path raises the typed error
+    except Exception:              # noqa: BLE001 - an odd argument: the full path raises the typed error
         return None, None
     return tuple(k), vals
 
 
-class FastCall:
-    """Records a functional call's slow path so that it can be replayed (:func:`call` uses it thus):
+class Recording:
+    """Records a functional call's full path so that it can be replayed (:func:`call` uses it thus):
 
-        with FastCall(op, static, args, scale_at=...) as fast:   # records the allocations
-            ...validate, allocate...; launch_elementwise(..., fast=fast)  # or add_launch / set_runner
-            fast.remember(result, zp_range)
+        with Recording(sig, static, args) as rec:   # records the allocations
+            ...validate, allocate...; launch_elementwise(..., rec=rec)  # or add_launch / set_runner
+            rec.remember(result, zp_range)
             return result
 
-    ``static``: the keyword arguments (hashable; their types are part of the key). ``args``: the
-    array / scalar / None arguments; ``args[scale_at]`` and ``args[scale_at + 1]`` are the scale and
-    zero point, if any.
+    ``sig``: the op's signature (``names``: its replay arguments' names, ``scalars``: the indices of
+    the scale and zero point, if any). ``static``: the keyword values (hashable; their types are part
+    of the key). ``args``: the array / scalar / None arguments.
     """
 
-    __slots__ = ("key", "static", "args", "vals", "scale_at", "launches", "runner", "log", "_rec", "disjoint",
-                 "device_values")
+    __slots__ = ("key", "static", "args", "vals", "op", "names", "scalars", "launches", "runner", "log", "_rec",
+                 "disjoint", "device_values")
 
-    def __init__(self, op, static, args, scale_at=None):
+    def __init__(self, sig, static, args):
         self.static, self.args = static, args
-        self.scale_at = scale_at
+        self.op, self.names, self.scalars = sig.name, sig.arrays, sig.scalars
         self.disjoint = None
         self.device_values = False
-        self.key, self.vals = call_key(op, static, args)
+        self.key, self.vals = call_key(self.op, static, args)
         if self.key is not None:
             try:
                 if self.key in CACHE:      # remembered already: a call that had to check device values,
@@ -233,7 +235,7 @@ class FastCall:
             except TypeError:              # an unhashable keyword argument
                 self.key = None
 
-    # -- recording (slow path) ------------------------------------------------------------------
+    # -- recording (full path) ------------------------------------------------------------------
     def __enter__(self):
         if self.key is not None:
             self.launches, self.runner = [], None
@@ -247,7 +249,7 @@ class FastCall:
         return False
 
     def add_launch(self, prep, stream_ref: ArrayRef, params=None, refs=(), maps=()):
-        """A prepared launch of the slow path (``prep.launch(stream_handle(stream_ref))``) to replay.
+        """A prepared launch of the full path (``prep.launch(stream_handle(stream_ref))``) to replay.
         ``params``: the names of the parameters that take a Python scalar scale and zero point, or
         None when the kernel reads neither. ``refs``: ``((slot, ArrayRef, byte offset), ...)``,
         pointer slots that point into an array (workspace regions); ``maps``: ``((slot, ArrayRef,
@@ -259,13 +261,13 @@ class FastCall:
     def set_runner(self, bind, stream_ref: ArrayRef):
         """Replay by calling code instead of prepared launches: ``bind(index_of)`` is called when the
         call is remembered (``index_of(ptr)``: the source index of a pointer, None if unknown) and
-        returns ``run(objs, ptrs, stream)`` (or None: no fast path); ``objs`` / ``ptrs``: the
-        arguments then the allocations and their pointers, in the slow path's order."""
+        returns ``run(objs, ptrs, stream)`` (or None: no replay); ``objs`` / ``ptrs``: the
+        arguments then the allocations and their pointers, in the full path's order."""
         if self.key is not None:
             self.runner = (bind, stream_ref)
 
     def require_disjoint(self, spans, written=None):
-        """A replay must find these arguments apart in memory, as the slow path checked: ``spans``
+        """A replay must find these arguments apart in memory, as the full path checked: ``spans``
         is ``((argument index, first byte, end byte), ...)`` (:func:`runtime.arrays.byte_span`; fixed by the key).
         ``written``: the argument indices the call writes; only pairs with one of them are tested
         (inputs may overlap each other). None: every pair."""
@@ -276,7 +278,7 @@ class FastCall:
 
     def checks_device_values(self):
         """This call reads device-array values that the synchronous debug mode checks on the host
-        (``runtime.sync_checks()``; e.g. MoE offsets): under that mode a replay takes the slow path."""
+        (``runtime.sync_checks()``; e.g. MoE offsets): under that mode a replay takes the full path."""
         self.device_values = True
 
     def remember(self, result, zp_range=None):
@@ -330,20 +332,21 @@ class FastCall:
     def _scalar_sources(self, e: Entry, zp_range):
         """{0: source index of a Python scalar scale, 1: of a Python int zero point} that a replay
         re-fills, their hit-time check put in ``e.check`` (a device scale or zero point marks ``e``
-        checked); None where an int zero point comes without its range (no fast path)."""
+        checked); None where an int zero point comes without its range (no replay)."""
         scalars, scale_at, zp_check = {}, None, None
-        sa = self.scale_at
-        if sa is not None:
-            s, z = self.args[sa], self.args[sa + 1]
+        if self.scalars is not None:
+            sa, za = self.scalars
+            s = self.args[sa]
             if type(s) in (float, int):
                 scale_at = scalars[0] = sa
             elif s is not None:
                 e.checked = True
+            z = None if za is None else self.args[za]
             if type(z) is int:
                 if zp_range is None:
                     return None
-                zp_check = (sa + 1, *zp_range)
-                scalars[1] = sa + 1
+                zp_check = (za, *zp_range)
+                scalars[1] = za
             elif z is not None:
                 e.checked = True
         if scalars:
@@ -352,7 +355,7 @@ class FastCall:
 
 
 def _pointer_sources(args, vals, log):
-    """({pointer: source index}: the arguments, then the allocations the slow path made; the
+    """({pointer: source index}: the arguments, then the allocations the full path made; the
     replay's allocators) of a recorded call; None where a pointer is null or comes from two sources
     (an in-place call)."""
     srcs = {}
@@ -423,9 +426,9 @@ def _slots(prep, params, refs, maps, srcs, scalars, args):
 
 
 def launcher_runner(plan, args, fields):
-    """A ``FastCall.set_runner`` binder for a launcher without prepared launches: on a hit,
+    """A ``Recording.set_runner`` binder for a launcher without prepared launches: on a hit,
     ``plan.launcher.run`` on a copy of ``args`` (a launch-arguments dataclass, validated by the
-    slow path) whose ArrayRef ``fields`` are this call's arrays. The cache keeps no array alive."""
+    full path) whose ArrayRef ``fields`` are this call's arrays. The cache keeps no array alive."""
     refs = [(f, getattr(args, f)) for f in fields if getattr(args, f) is not None]
     base = copy.copy(args)
     for f, _ in refs:

@@ -8,14 +8,14 @@ import math
 from . import config, status
 from .graphs import LAUNCHED, MISALIGNED, bind_graph
 
-MISS = object()         # what a replay returns where the call must take the slow path
+MISS = object()         # what a replay returns where the call must take the full path
 
 
 class Entry:
     """A remembered call: what to check, allocate and launch, and where the results are.
     ``go(args, vals, static)`` replays it on ``args`` (``vals``: their pointers / scalar values, a
     fresh list; ``static``: the keyword values, equal to the remembered ones): a function written
-    for this entry by :func:`write_replay`; ``MISS``: run the slow path instead (it raises the typed
+    for this entry by :func:`write_replay`; ``MISS``: run the full path instead (it raises the typed
     error, or takes over)."""
 
     __slots__ = ("checked", "check", "allocs", "stream", "launches", "runner", "result", "disjoint", "device",
@@ -105,7 +105,7 @@ def _source(i: int, nargs: int) -> str:
 
 
 def _runner_call(e: Entry) -> list:
-    """The call of a replay by code (``FastCall.set_runner``) on the arguments and allocations."""
+    """The call of a replay by code (``Recording.set_runner``) on the arguments and allocations."""
     src = []
     news = "".join(f"o{k}, " for k in range(len(e.allocs)))
     if e.allocs:

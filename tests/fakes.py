@@ -74,7 +74,7 @@ def entry_points(reg) -> dict:
 
 def count_replays(monkeypatch, on_replay):
     """``on_replay(hit)`` after every replay of a call remembered from now on (runtime/replay.py;
-    ``hit``: it ran, rather than handing the call to the slow path). Clear ``replay.CACHE`` after."""
+    ``hit``: it ran, rather than handing the call to the full path). Clear ``replay.CACHE`` after."""
     from runtime import replay
     real = replay.write_replay
 

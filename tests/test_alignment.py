@@ -20,7 +20,7 @@ import runtime as sf
 from runtime import InvalidProblemError, replay, vectors
 from tests import fuzz_cases as fc
 from tests.fakes import assert_aligned, entry_points, err
-from tests.test_fast_path import dev  # noqa: F401  (a fixture)
+from tests.test_replay import dev  # noqa: F401  (a fixture)
 from tests.test_fuzz import VALID, _launch_problems, _run_once, _settings, fz  # noqa: F401  (fz: a fixture)
 from tests.test_moe_replay import mdev  # noqa: F401  (a fixture)
 
@@ -201,7 +201,7 @@ def test_misaligned_operands_are_refused_by_the_tensor_core_strategies(mdev, arg
 
 def test_a_remembered_call_does_not_replay_onto_a_misaligned_out(mdev):
     """The replay key holds every array's address modulo 16: an out that moved off its alignment
-    takes the slow path, which refuses it (or, for auto, picks the backend anew)."""
+    takes the full path, which refuses it (or, for auto, picks the backend anew)."""
     _fwd(mdev, "mma")
     _fwd(mdev, "mma")
     assert mdev.hits == 1

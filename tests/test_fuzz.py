@@ -1,7 +1,7 @@
 """CPU fuzz of every public function: hypothesis draws calls (tests/fuzz_cases.py), valid and broken on
 purpose, and runs them through the whole call path (normalize -> plan -> launch, and the replay of
 repeated calls) on fake device arrays with a fake launcher (the ``dev`` / ``mdev`` fixtures of
-tests/test_fast_path.py and tests/test_moe_replay.py).
+tests/test_replay.py and tests/test_moe_replay.py).
 
 The property, for every call: it returns, or it raises one of the project's typed argument errors
 (:data:`ALLOWED`); any other exception fails. When it returns:
@@ -52,7 +52,7 @@ from runtime.device import pack_params
 from runtime.kinds import SIZE
 from tests import fuzz_cases as fc
 from tests.fakes import D
-from tests.test_fast_path import dev  # noqa: F401  (dev: a fixture)
+from tests.test_replay import dev  # noqa: F401  (dev: a fixture)
 from tests.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
 from tests.test_validation import without_driver
 
@@ -301,12 +301,12 @@ def check_problem(d, p: fc.Problem):
     assert not bad, f"{bad[:3]}\n{_why(p)}"
     if p.valid and not p.bad_values:
         _check_against_reference(p, res)
-    # a replay at other addresses (same layouts) launches what the slow path launches there
+    # a replay at other addresses (same layouts) launches what the full path launches there
     second = _run_once(d, p, 0x7B0000000000, 0x7E9000000000)
     assert second[0] == "ok", f"the repeated call raised {second[1]!r}\n{_why(p)}"
     replay.CACHE.clear()
     third = _run_once(d, p, 0x7B0000000000, 0x7E9000000000)
-    assert third[0] == "ok", f"the slow path raised {third[1]!r} after the replay returned\n{_why(p)}"
+    assert third[0] == "ok", f"the full path raised {third[1]!r} after the replay returned\n{_why(p)}"
     assert _comparable(second[2]) == _comparable(third[2]), f"the replay launched other parameters\n{_why(p)}"
     bad = _launch_problems(second[2], second[3])
     assert not bad, f"replay: {bad[:3]}\n{_why(p)}"

@@ -73,7 +73,7 @@ def test_a_new_driver_runs_the_ops_with_state_of_its_own(make):
     dynamic = [cp.asnumpy(a) for a in sf.dynamic_quantize(cp.asarray(x), scope="tensor")[:2]]
     outer = device.driver()
     with device.use(make()) as d:
-        for _ in range(3):                                     # the slow path, then replays
+        for _ in range(3):                                     # the full path, then replays
             q = sf.quantize(cp.asarray(x), cp.asarray(scale), scope="token", out_dtype="int8")
             np.testing.assert_array_equal(cp.asnumpy(q), want)
         for _ in range(2):                                     # the cooperative launch and its memset

@@ -338,7 +338,7 @@ def test_more_than_2_pow_31_elements(rng):
     cp.get_default_memory_pool().free_all_blocks()
 
 
-# -- the repeated-call fast path and out= (runtime/replay.py; CPU twins in tests/test_moe_replay.py) --
+# -- the replay of repeated calls and out= (runtime/replay.py; CPU twins in tests/test_moe_replay.py) --
 def _hits(monkeypatch):
     from runtime import replay
     hits = []
@@ -389,9 +389,9 @@ BACKWARD_NEEDS = [(True, True), (True, False), (False, True)]
 @pytest.mark.parametrize("fw", ["torch", "cupy"])
 @pytest.mark.parametrize("routing", ["row_experts", "offsets"])
 @pytest.mark.parametrize("dtype", ["half", "float32"])
-def test_replay_equals_the_slow_path_bit_for_bit(fw, routing, dtype, rng, monkeypatch):
+def test_replay_equals_the_full_path_bit_for_bit(fw, routing, dtype, rng, monkeypatch):
     """A repeated call on new data (same layouts) replays the remembered launches; its results equal
-    the slow path's on that data bit for bit: forward and every backward combination."""
+    the full path's on that data bit for bit: forward and every backward combination."""
     if fw == "torch":
         pytest.importorskip("torch")
     from runtime import replay

@@ -1,7 +1,7 @@
 """GPU: several devices, and the expert-parallel MoE layer (runtime/torch/ep.py, examples/ep_moe.py).
 
 With two GPUs or more: every public op on cuda:1 tensors (and CuPy arrays) while cuda:0 is current
-gives the bits it gives on cuda:0 (slow path and replay) and leaves cuda:0 current; arguments on two
+gives the bits it gives on cuda:0 (full path and replay) and leaves cuda:0 current; arguments on two
 devices raise DeviceMismatchError naming them; two threads launching on two devices at once get the
 right results; a CUDA graph captured on device 1 replays there equal to eager; examples/ep_moe.py
 under torchrun on two GPUs (checks and a short bench). With one GPU: launches follow the current
@@ -111,14 +111,14 @@ def _same_bits(a, b) -> bool:
 @two_gpus
 @pytest.mark.parametrize("name", list(OPS))
 def test_every_op_on_cuda1_while_cuda0_is_current(name):
-    """Slow path and two replays on cuda:1 under ``torch.cuda.device(0)``: the results live on cuda:1
+    """Full path and two replays on cuda:1 under ``torch.cuda.device(0)``: the results live on cuda:1
     and have the bits of the same call on cuda:0; cuda:0 (device and driver context) stays current."""
     call = OPS[name]
     with torch.cuda.device(0):
         want = _flat(call(inputs("cuda:0")))
         d1 = inputs("cuda:1")
         ctx = sf_device.driver().context_current()
-        for _ in range(3):                          # the slow path, then replays
+        for _ in range(3):                          # the full path, then replays
             got = _flat(call(d1))
             assert torch.cuda.current_device() == 0 and sf_device.driver().context_current() == ctx
             assert len(got) == len(want)
@@ -190,7 +190,7 @@ def test_arguments_on_two_devices_raise_a_typed_error():
 
 @two_gpus
 def test_two_threads_on_two_devices_at_once():
-    """Each thread runs a mix of ops on its device many times (its first call a slow path, then
+    """Each thread runs a mix of ops on its device many times (its first call a full path, then
     replays), both at once; the thread of cuda:1 never makes it current. Every result equals the
     single-threaded one."""
     names = ["quantize token", "dynamic_quantize tensor", "grouped_matmul row_experts mma",
@@ -244,7 +244,7 @@ def test_cuda_graph_captured_on_device1_replays_there():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            body()                                  # warm-up: the slow paths, outside the capture
+            body()                                  # warm-up: the full paths, outside the capture
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

@@ -74,7 +74,7 @@ def test_more_than_2_pow_31_elements():
 
 
 @pytest.mark.parametrize("fw", ["cupy", "torch"])
-def test_repeated_calls_take_the_fast_path_correctly(fw, rng):
+def test_repeated_calls_take_the_replay_correctly(fw, rng):
     """Same-shaped repeated calls reuse a prepared launch: new data, new pointers, new scalar
     scales and misaligned views must all still give the reference bits; bad scalars still raise."""
     if fw == "torch":

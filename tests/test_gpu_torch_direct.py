@@ -1,6 +1,6 @@
 """GPU: the public functions of runtime.torch call an op's CUDA implementation directly where the
 dispatcher would do nothing else (plain CUDA tensors, no gradient to record, no tracing, mode or
-profiler: runtime/torch/ops.py ``_plain``), with the dispatcher's results, version counters and
+profiler: runtime/torch/library.py ``plain``), with the dispatcher's results, version counters and
 errors; a gradient, a mode, the profiler, a subclass or ``torch.compile`` takes the dispatcher."""
 import pytest
 
@@ -18,7 +18,7 @@ def _cuda():
 @pytest.fixture
 def direct(monkeypatch):
     """{implementation name: calls made directly}: every op's and .out overload's direct entry counted."""
-    from runtime.torch import ops
+    from runtime.torch import library
     counts = {}
 
     def counted(fn, name):
@@ -26,10 +26,10 @@ def direct(monkeypatch):
             counts[name] = counts.get(name, 0) + 1
             return fn(*a, **k)
         return call
-    for op, fn in list(ops._IMPL.items()):      # "_quantize" for skuforge::quantize
-        monkeypatch.setitem(ops._IMPL, op, counted(fn, "_" + op._qualname.split("::")[1]))
-    for name, (overload, impl) in list(ops._OUT.items()):
-        monkeypatch.setitem(ops._OUT, name, (overload, counted(impl, f"{name}.out")))
+    for op, fn in list(library.IMPL.items()):      # "_quantize" for skuforge::quantize
+        monkeypatch.setitem(library.IMPL, op, counted(fn, "_" + op._qualname.split("::")[1]))
+    for name, (overload, impl) in list(library.OUT.items()):
+        monkeypatch.setitem(library.OUT, name, (overload, counted(impl, f"{name}.out")))
     return counts
 
 

@@ -210,7 +210,7 @@ def test_torch_front_dequantize_scale_gradient_finite_differences(rng):
 
 def test_torch_front_opcheck(rng):
     torch = _torch()
-    from runtime.torch import ops  # noqa: F401
+    import runtime.torch  # noqa: F401
     x = torch.randn(32, 64, device="cuda", requires_grad=True)
     s = (torch.rand(32, device="cuda") * 0.05 + 0.01).requires_grad_(True)
     zf = torch.randint(-5, 5, (32,), device="cuda").float().requires_grad_(True)
@@ -396,7 +396,7 @@ def test_lsq_invalid_scale_element_poisons_and_is_reported(case, mode, bad, arg,
 
 @pytest.mark.parametrize("mode", ["symmetric", "asymmetric"])
 def test_lsq_default_call_does_not_synchronize(mode, rng):
-    """The default path checks values in the kernel: no host sync, on the slow path (first call of
+    """The default path checks values in the kernel: no host sync, on the full path (first call of
     a signature) or the replay, under torch's sync debug mode."""
     torch = pytest.importorskip("torch")
     x = torch.randn(64, 256, device="cuda")
@@ -409,7 +409,7 @@ def test_lsq_default_call_does_not_synchronize(mode, rng):
     torch.cuda.set_sync_debug_mode("error")
     try:
         replay.CACHE.clear()
-        sf.fake_quantize_learnable_backward(dy, x, s, zp, **kw)  # slow path
+        sf.fake_quantize_learnable_backward(dy, x, s, zp, **kw)  # full path
         sf.fake_quantize_learnable_backward(dy, x, s, zp, **kw)  # replay
     finally:
         torch.cuda.set_sync_debug_mode(0)

@@ -418,7 +418,7 @@ def test_bench_module_selection_and_bytes():
 
 
 def test_prefer_arch_forgets_remembered_calls():
-    """A replay keeps the kernel its slow path chose: choosing another arch must not replay it."""
+    """A replay keeps the kernel its full path chose: choosing another arch must not replay it."""
     from runtime import replay
     replay.CACHE["remembered"] = object()
     with lowbit.prefer_arch(80):

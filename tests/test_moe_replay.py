@@ -1,7 +1,7 @@
-"""The repeated-call fast path of the MoE grouped matmul, on the CPU (fake device arrays, launches
-recorded instead of run; the ``dev`` fixture of tests/test_fast_path.py).
+"""The replay of repeated calls of the MoE grouped matmul, on the CPU (fake device arrays, launches
+recorded instead of run; the ``dev`` fixture of tests/test_replay.py).
 
-A replay of grouped_matmul / grouped_matmul_backward must launch exactly what the slow path
+A replay of grouped_matmul / grouped_matmul_backward must launch exactly what the full path
 launches for the same arrays: the routing kernels and the GEMM kernels, with the same grids,
 blocks and every parameter value (the workspace regions are pointers into the re-allocated
 workspace; the status word is a constant). With ``out=`` and ``workspace=`` a repeated call
@@ -14,7 +14,7 @@ from runtime import replay
 from runtime.moe import grouped as moe
 from runtime.tma import MapSpec
 from tests.fakes import err, fake_tensor_map
-from tests.test_fast_path import _run, dev, replay_matches_slow_path  # noqa: F401  (dev: a fixture)
+from tests.test_replay import _run, dev, replay_matches_full_path  # noqa: F401  (dev: a fixture)
 
 
 @pytest.fixture
@@ -84,9 +84,9 @@ CALLS = {
 
 
 @pytest.mark.parametrize("name", list(CALLS))
-def test_replay_launches_what_the_slow_path_launches(mdev, name):
+def test_replay_launches_what_the_full_path_launches(mdev, name):
     call, n = CALLS[name]
-    launches = replay_matches_slow_path(mdev, call)[0]
+    launches = replay_matches_full_path(mdev, call)[0]
     assert len(launches) == n
     names = [fn for fn, *_ in launches]
     routes = [f for f in names if "_route_" in f]
@@ -178,7 +178,7 @@ def test_a_tile_configuration_in_code_is_part_of_the_key(mdev):
 
 
 def test_a_replay_checks_the_given_outputs_apart(mdev):
-    """A replay whose out= overlaps an input (same layouts, other addresses) takes the slow path,
+    """A replay whose out= overlaps an input (same layouts, other addresses) takes the full path,
     which raises the typed error."""
     from tests.fakes import D
     mdev.at(0x7F0010000000)                  # allocations

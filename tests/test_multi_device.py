@@ -19,7 +19,7 @@ import runtime as sf
 from runtime import cuda_driver, device, replay, status
 from runtime.errors import DeviceMismatchError, InvalidProblemError, SkuforgeError
 from tests.fakes import CTX, FakeDevice, FakeDeviceArray, FakeFunction, count_replays, err
-from tests.test_fast_path import CALLS as FAST_CALLS
+from tests.test_replay import CALLS as FAST_CALLS
 from tests.test_moe_replay import CALLS as MOE_CALLS
 
 DEVICE1 = 0x7F8000000000            # fake arrays at or above this address live on cuda:1
@@ -59,7 +59,7 @@ ALL_CALLS = {**{k: v[0] for k, v in FAST_CALLS.items()}, **{"moe " + k: v[0] for
 
 @pytest.mark.parametrize("name", list(ALL_CALLS))
 def test_every_op_on_device_1_launches_there_while_device_0_is_current(multi, name):
-    """Slow path, then a replay: every launch (and the cooperative kernel's memset) with device 1's
+    """Full path, then a replay: every launch (and the cooperative kernel's memset) with device 1's
     context current and on device 1's stream; the status word passed is device 1's; device 0's
     context is current again after each call."""
     call = ALL_CALLS[name]
@@ -101,7 +101,7 @@ def test_one_context_launches_without_asking_for_the_current_one(multi):
     where the kernel's context is not current the driver's refusal is answered by one launch with it
     pushed, and nothing is launched in a wrong context."""
     call = ALL_CALLS["quantize token"]
-    for base in (0x7F0000000000, 0x7F2000000000):           # slow path, then a replay
+    for base in (0x7F0000000000, 0x7F2000000000):           # full path, then a replay
         launches, _ = _call(multi, call, base)
         assert launches and {c for _, c, _ in launches} == {CTX[0]}
     assert not multi.several and multi.pushes == 0 and not multi.asked
@@ -139,7 +139,7 @@ def test_a_failed_launch_restores_the_context(multi):
 
 def test_the_status_word_of_the_arrays_device_is_read(multi):
     call = ALL_CALLS["moe fwd offsets i32 mma"]
-    _call(multi, call, DEVICE1)                                      # the slow path; remembered
+    _call(multi, call, DEVICE1)                                      # the full path; remembered
     words = status.words().words
     words[0] = status.code("quantize", "scale")                     # a report of device 0: not this call's
     launches, hits = _call(multi, call, DEVICE1 + 0x1000000000)
@@ -152,7 +152,7 @@ def test_the_status_word_of_the_arrays_device_is_read(multi):
     replay.CACHE.clear()
     words[1] = status.code("grouped_matmul", "offsets")
     with pytest.raises(sf.DeviceValueError) as e:
-        _call(multi, call, DEVICE1 + 0x3000000000)                   # so does the slow path
+        _call(multi, call, DEVICE1 + 0x3000000000)                   # so does the full path
     assert e.value.device == 1 and words[0]
     with pytest.raises(sf.DeviceValueError) as e:
         _call(multi, call, 0x7F0000000000)                           # a call on device 0 reads its own

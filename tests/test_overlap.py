@@ -14,7 +14,7 @@ from runtime import replay
 from runtime.arrays import as_array
 from runtime.params import same_array
 from tests.fakes import D, err
-from tests.test_fast_path import dev  # noqa: F401  (dev: a fixture)
+from tests.test_replay import dev  # noqa: F401  (dev: a fixture)
 from tests.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
 
 X0, S0, Z0, O0, G0 = 0x7F0000000000, 0x7F0001000000, 0x7F0002000000, 0x7F0003000000, 0x7F0004000000
@@ -114,7 +114,7 @@ def test_empty_arrays_overlap_nothing(dev):
 @pytest.mark.parametrize("op", STATIC_OPS)
 def test_a_replay_repeats_the_test(dev, op):
     """A call remembered with a separate out=, then the same layouts with out over the input: the
-    replay refuses, the slow path raises; exactly in place (where allowed) runs, unremembered."""
+    replay refuses, the full path raises; exactly in place (where allowed) runs, unremembered."""
     _static(op, D(SHAPE, OUT_KIND[op], ptr=O0))
     _static(op, D(SHAPE, OUT_KIND[op], ptr=O0 + 0x10000))
     hits = dev.hits

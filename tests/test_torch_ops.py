@@ -703,10 +703,10 @@ def cpu_kernels():
     mp = pytest.MonkeyPatch()
     mp.setattr(sft.meta, "DEVICES", ("cuda", "meta", "cpu"))
     CPU_CALLS.clear()
-    ops = {sft.ops._quantize: _ref_quantize, sft.ops._dequantize: _ref_dequantize,
-           sft.ops._quantize_backward: _ref_quantize_backward, sft.ops._fake_quantize: _ref_fake_quantize,
-           sft.ops._fake_quantize_with_mask: _ref_fake_quantize_with_mask,
-           sft.ops._fake_quantize_backward_from_mask: _ref_from_mask}
+    ops = {sft.quantization._quantize: _ref_quantize, sft.quantization._dequantize: _ref_dequantize,
+           sft.quantization._quantize_backward: _ref_quantize_backward, sft.quantization._fake_quantize: _ref_fake_quantize,
+           sft.quantization._fake_quantize_with_mask: _ref_fake_quantize_with_mask,
+           sft.quantization._fake_quantize_backward_from_mask: _ref_from_mask}
     for op, fn in ops.items():
         op.register_kernel("cpu", fn)
         op.set_kernel_enabled("cpu", True)

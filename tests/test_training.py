@@ -549,7 +549,7 @@ def test_lsq_parameters_end_with_the_status_pointer():
 
 def test_pending_report_raises_before_any_launch(fake_gpu):
     """A code an earlier kernel wrote raises DeviceValueError at the next LSQ call, before it
-    launches anything (slow path and replay alike); reported once."""
+    launches anything (full path and replay alike); reported once."""
     from runtime import status
     x = D((8, 64), "float32")
     args = (D((8, 64)), x, D((8,)), D((8,), "int32"))

@@ -8,7 +8,7 @@ import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError, device
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
-from tests.test_fast_path import dev  # noqa: F401  (a fixture of mdev)
+from tests.test_replay import dev  # noqa: F401  (a fixture of mdev)
 from tests.test_moe_replay import mdev  # noqa: F401  (a fixture)
 
 

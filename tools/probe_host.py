@@ -85,7 +85,7 @@ def components(synchronize, device: int) -> dict:
         key, vals = replay.call_key("quantize", static, args)
         entry = replay.CACHE.get(key)
         if entry is None or not entry.launches:
-            out[fw] = {"error": "the call was not remembered (no fast path)"}
+            out[fw] = {"error": "the call was not remembered (no replay)"}
             continue
         stream = entry.stream()
         res = _replay_parts(entry, stream, args, static, key, vals, synchronize)
@@ -128,7 +128,7 @@ def _replay_parts(entry, stream, args, static, key, vals, synchronize) -> dict:
         "call": _host_only(lambda: sf.quantize(x, s, scope="token", out_dtype="int8"), synchronize),
         "runtime.device.launch of the prepared kernel": _host_only(lambda: prep.launch(stream, template),
                                                                    synchronize),
-        "output allocation (fast path's allocator)": _host_only(alloc, synchronize),
+        "output allocation (replay's allocator)": _host_only(alloc, synchronize),
         "output allocation (runtime.arrays.empty)": _host_only(lambda: arrays.empty(xr, (16, 4096), "s8"),
                                                                synchronize),
         "stream query": _host_only(entry.stream, synchronize),

@@ -51,7 +51,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import config, kinds, replay, status, vectors
+from .. import config, kinds, status, vectors
 from ..axes import OPS
 from ..arrays import ArrayRef, as_array, empty, kind_of, stream_handle, writable
 from ..device import driver
@@ -59,11 +59,13 @@ from ..errors import InvalidProblemError, UnsupportedError
 from ..launch import PreparedLaunch
 from ..params import check_apart, same_device
 from ..plans import Descriptor, Launcher, Preference, cached_plan
+from ..signatures import functional
 from ..tma import map_encoder
 
 from .problem import (COUNTER_SLOT, MAX_EXPERTS, MAX_ROWS, STRATEGIES, WGMMA_ARCH, WORKSPACE_ALIGN, MoeArgs, Routing,
                       _dtype_name, check_problem, mma_blockers, route_chunks, tma_specs, wgmma_blockers,
                       workspace_layout)
+from .signatures import GROUPED_MATMUL, GROUPED_MATMUL_BACKWARD
 from .variants import CONFIG, variant_for
 
 
@@ -73,7 +75,7 @@ class Step:
     """One prepared launch of a moe call, and where its pointer parameters come from: ``refs`` =
     ``((slot, ArrayRef, byte offset), ...)`` (the workspace regions are offsets into one array);
     ``maps`` = ``((slot, ArrayRef, MapSpec), ...)``: tensor-map parameters of an array (wgmma).
-    The repeated-call fast path re-fills exactly these slots (``FastCall.add_launch(refs=, maps=)``)."""
+    The replay of repeated calls re-fills exactly these slots (``Recording.add_launch(refs=, maps=)``)."""
 
     prep: PreparedLaunch
     refs: tuple
@@ -300,55 +302,39 @@ def grouped_matmul_workspace_size(M: int, E: int, routing: str = "row_experts") 
 # -- the functional API (runtime/replay.py: a repeated call replays the remembered launches) -------
 def _config_key():
     """The tile configurations asked for in code (runtime.moe.CONFIG): part of the replay key, since
-    the variant is chosen by the slow path (the settings' SKUFORGE_MOE_CONFIG clears the cache)."""
+    the variant is chosen by the full path (the settings' SKUFORGE_MOE_CONFIG clears the cache)."""
     return tuple(CONFIG.items()) if CONFIG else None
 
 
-def grouped_matmul(x, w, *, row_experts=None, offsets=None, strategy="auto", trusted_offsets=False, out=None,
-                   workspace=None):
-    """``y[m, n] = sum_k x[m, k] * w[e(m), n, k]`` (fp32 accumulation, one rounding); padding rows -> 0.
-
-    ``out``: a C-contiguous ``(M, N)`` array of x's dtype, framework and device, not overlapping
-    the inputs, written and returned. ``workspace``: a uint8 array of at least
-    ``grouped_matmul_workspace_size(M, E, routing)`` bytes for the routing tables (else one is
-    allocated, and a graph replay keeps its own per stream); with both, a repeated call allocates
-    nothing (docs/moe.md)."""
-    return replay.call("grouped_matmul", (strategy, trusted_offsets, _config_key()),
-                       (x, w, row_experts, offsets, out, workspace), _forward)
 
 
-def _forward(fast, x, w, row_experts, offsets, out, workspace, strategy, trusted_offsets, _config):
+def _forward(rec, x, w, row_experts, offsets, out, workspace, strategy, trusted_offsets, _config):
     xr, wr, _, routing, dims = _prepare("grouped_matmul", x, w, None, row_experts, offsets, trusted_offsets,
                                         strategy)
     M, N, K, E = dims
     y = None if out is None else _given_out(out, xr, (M, N), xr.kind, "out")
     ws = None if workspace is None else _given_workspace(workspace, xr, M, E, routing.mode)
     if out is not None or workspace is not None:
-        check_apart(fast, "grouped_matmul", [("x", xr), ("w", wr), ("row_experts", routing.row_experts),
-                                             ("offsets", routing.offsets), ("out", y), ("workspace", ws)], (4, 5))
+        check_apart(rec, {"x": xr, "w": wr, "row_experts": routing.row_experts, "offsets": routing.offsets,
+                          "out": y, "workspace": ws}, ("out", "workspace"))
     if y is None:
         y = as_array(empty(xr, (M, N), xr.kind), "y")
     args = _args("grouped_matmul", xr, wr, None, y, routing, dims)
     plan = plan_for(args, strategy, _arch(xr))
     if y.size:
-        _launch(fast, [(plan, args)], xr, ws, routing)
+        _launch(rec, [(plan, args)], xr, ws, routing)
     result = y.obj if out is None else out
-    fast.remember(result)
+    rec.remember(result)
     return result
 
 
-def grouped_matmul_backward(x, w, dy, *, row_experts=None, offsets=None, strategy="auto", need_input=True,
-                            need_weight=True, dw_dtype="float32", trusted_offsets=False, out=None, workspace=None):
-    """``(dx, dw)``: ``dx = dy @ w[e(m)]`` (padding rows -> 0), ``dw[e] = dy_e^T @ x_e`` (float32 by
-    default, exact zeros for experts with no rows). Deterministic. A gradient not asked for is None.
+def _forward_key() -> tuple:
+    return (_config_key(),)
 
-    ``out=(dx, dw)``: C-contiguous arrays to write into (dx ``(M, K)`` of x's dtype, dw
-    ``(E, N, K)`` of ``dw_dtype``; None exactly for a gradient not asked for), returned as given;
-    ``workspace`` as for :func:`grouped_matmul` (docs/moe.md)."""
-    dxo, dwo = _out_pair(out)
-    return replay.call("grouped_matmul_backward",
-                       (strategy, need_input, need_weight, dw_dtype, trusted_offsets, out is None, _config_key()),
-                       (x, w, dy, row_experts, offsets, dxo, dwo, workspace), _backward)
+
+grouped_matmul = functional(GROUPED_MATMUL, _forward, __name__, key=_forward_key)
+
+
 
 
 def _out_pair(out) -> tuple:
@@ -361,15 +347,15 @@ def _out_pair(out) -> tuple:
     return out[0], out[1]
 
 
-def _backward(fast, x, w, dy, row_experts, offsets, dxo, dwo, workspace, strategy, need_input, need_weight, dw_dtype,
+def _backward(rec, x, w, dy, row_experts, offsets, dx_out, dw_out, workspace, strategy, need_input, need_weight, dw_dtype,
               trusted_offsets, no_out, _config):
     xr, wr, dyr, routing, dims = _prepare("grouped_matmul_backward_input", x, w, dy, row_experts, offsets,
                                           trusted_offsets, strategy)
     M, N, K, E = dims
     dw_kind = _out_kind("grouped_matmul_backward_weight", xr.kind, dw_dtype)
     if not no_out:
-        for arg, given, need, flag, shape in (("out[0] (dx)", dxo, need_input, "need_input", (M, K)),
-                                              ("out[1] (dw)", dwo, need_weight, "need_weight", (E, N, K))):
+        for arg, given, need, flag, shape in (("out[0] (dx)", dx_out, need_input, "need_input", (M, K)),
+                                              ("out[1] (dw)", dw_out, need_weight, "need_weight", (E, N, K))):
             if need and given is None:
                 raise InvalidProblemError(f"{arg} is None but {flag}=True; pass an array of shape {shape} "
                                           f"(or {flag}=False)")
@@ -377,16 +363,15 @@ def _backward(fast, x, w, dy, row_experts, offsets, dxo, dwo, workspace, strateg
                 raise InvalidProblemError(f"{arg} is given but {flag}=False: that gradient is not computed; "
                                           "pass None")
     dx = dw = None
-    if dxo is not None:
-        dx = _given_out(dxo, xr, (M, K), xr.kind, "out[0] (dx)")
-    if dwo is not None:
-        dw = _given_out(dwo, xr, (E, N, K), dw_kind, "out[1] (dw)", f" (dw_dtype={dw_dtype!r})")
+    if dx_out is not None:
+        dx = _given_out(dx_out, xr, (M, K), xr.kind, "out[0] (dx)")
+    if dw_out is not None:
+        dw = _given_out(dw_out, xr, (E, N, K), dw_kind, "out[1] (dw)", f" (dw_dtype={dw_dtype!r})")
     ws = None if workspace is None else _given_workspace(workspace, xr, M, E, routing.mode)
     if not no_out or workspace is not None:
-        check_apart(fast, "grouped_matmul_backward",
-                    [("x", xr), ("w", wr), ("dy", dyr), ("row_experts", routing.row_experts),
-                     ("offsets", routing.offsets), ("out[0] (dx)", dx), ("out[1] (dw)", dw), ("workspace", ws)],
-                    (5, 6, 7))
+        check_apart(rec, {"x": xr, "w": wr, "dy": dyr, "row_experts": routing.row_experts,
+                          "offsets": routing.offsets, "dx_out": dx, "dw_out": dw, "workspace": ws},
+                    ("dx_out", "dw_out", "workspace"), labels={"dx_out": "out[0] (dx)", "dw_out": "out[1] (dw)"})
     if need_input and dx is None:
         dx = as_array(empty(xr, (M, K), xr.kind), "dx")
     if need_weight and dw is None:
@@ -401,19 +386,29 @@ def _backward(fast, x, w, dy, row_experts, offsets, dxo, dwo, workspace, strateg
         jobs.append((plan_for(a, strategy, arch), a))
     jobs = [(p, a) for p, a in jobs if a.out.size]
     if jobs:
-        _launch(fast, jobs, xr, ws, routing)
+        _launch(rec, jobs, xr, ws, routing)
     if not no_out:
-        result = dxo, dwo
+        result = dx_out, dw_out
     else:
         result = (None if dx is None else dx.obj), (None if dw is None else dw.obj)
-    fast.remember(result)
+    rec.remember(result)
     return result
 
 
-def _launch(fast, jobs, like: ArrayRef, ws: Optional[ArrayRef], routing: Routing) -> None:
+def _backward_key(out) -> tuple:
+    """The backward's replay key besides the arguments: whether ``out=`` was given, the tile
+    configurations asked for in code."""
+    return out is None, _config_key()
+
+
+grouped_matmul_backward = functional(GROUPED_MATMUL_BACKWARD, _backward, __name__, key=_backward_key,
+                                     unpack_out=_out_pair)
+
+
+def _launch(rec, jobs, like: ArrayRef, ws: Optional[ArrayRef], routing: Routing) -> None:
     """Launch the passes ``jobs`` ([(plan, MoeArgs)], every output non-empty) in the caller's stream:
     the routing once, by the first pass, into ``ws`` (allocated when None), then each pass's
-    product; recorded for replay (``fast``: runtime.replay.FastCall)."""
+    product; recorded for replay (``rec``: runtime.replay.Recording)."""
     word = _status(like.device)
     if ws is None:
         ws = as_array(empty(like, (workspace_layout(routing.M, routing.E, routing.mode)["total"],), "u8"),
@@ -428,9 +423,9 @@ def _launch(fast, jobs, like: ArrayRef, ws: Optional[ArrayRef], routing: Routing
     for st in steps:
         st.prep.launch(stream)
     if routing.offsets is not None and not routing.trusted:
-        fast.checks_device_values()          # under runtime.sync_checks() a repeated call validates them
+        rec.checks_device_values()          # under runtime.sync_checks() a repeated call validates them
     for st in steps:                         # a replay re-fills the pointers and encodes the new arrays' maps
-        fast.add_launch(st.prep, like, refs=st.refs,
+        rec.add_launch(st.prep, like, refs=st.refs,
                         maps=tuple((j, r, map_encoder(spec)) for j, r, spec in st.maps))
 
 

@@ -32,9 +32,11 @@ from ..errors import InvalidProblemError, UnsupportedError
 from ..numerics import dynamic_range, empty_slice_params
 from ..params import check_apart, check_scale_dtype, out_arg, positive_scalar, same_device
 from ..plans import Descriptor, cached_plan
+from ..signatures import functional
 from ..scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
 from . import lowbit
 from .fused import DynamicArgs
+from .signatures import DYNAMIC_QUANTIZE
 from .static import code_out
 
 
@@ -74,27 +76,6 @@ def _fill_into(obj, framework: str, value) -> None:
         driver().fill_foreign(obj, value)
 
 
-def dynamic_quantize(x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype="int8",
-                     qmin=None, qmax=None, eps=1e-8, scale_dtype="float32", out=None):
-    """Quantize ``x`` with scales (and zero points) computed from its own range, per scope.
-
-    Returns ``(q, scale, zero_point)``; ``zero_point`` is ``None`` in symmetric mode (its
-    zero point is the one ``quantize(..., zero_point=None)`` implies: 0 for s8, 128 for u8).
-    Symmetric: ``scale = max(amax, eps) / (qmax - zp)``, default range s8 -127..127, u8 1..255.
-    Asymmetric: ``scale = max((mx - mn) / (qmax - qmin), eps)`` with ``mn = min(min x, 0)``,
-    ``mx = max(max x, 0)``, ``zp = clamp(qmin - rne(mn / scale), qmin, qmax)``; full range.
-    NaN is ignored by the reductions. ``q == quantize(x, scale, zp, qmin=qmin, qmax=qmax)``.
-
-    ``out``: ``(q, scale)`` or ``(q, scale, zero_point)`` arrays to write into instead of new
-    ones (int8 / uint8 outputs; ``zero_point`` only in asymmetric mode), of the shapes and dtypes
-    the call returns, in the framework and on the device of ``x``, not overlapping ``x`` or each
-    other; they are returned. A repeated call with ``out`` allocates nothing (docs/dynamic.md).
-    """
-    # the launch configuration is part of the key: a remembered launch is replayed as it was chosen
-    cfg = settings()
-    static = (scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, cfg.dynamic_config,
-              out is None)
-    return replay.call("dynamic_quantize", static, (x, *_out_tuple(out, mode)), _dynamic_quantize)
 
 
 def _out_tuple(out, mode) -> tuple:
@@ -142,7 +123,7 @@ def _empty(xr, qk: str, mode: str, qmin, qmax, eps, mx: bool, pshape, skind: str
     return q, _fill(xr, pshape, skind, s_val), None if z_val is None else _fill(xr, pshape, "i32", int(z_val))
 
 
-def _dynamic_quantize(fast, x, q_out, s_out, z_out, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps,
+def _dynamic_quantize(rec, x, q_out, s_out, z_out, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps,
                       scale_dtype, _config, no_out):
     outs = () if no_out else (q_out, s_out, z_out)
     xr = as_array(x, "x")
@@ -176,8 +157,8 @@ def _dynamic_quantize(fast, x, q_out, s_out, z_out, scope, mode, axis, group_siz
         same_device(("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref),
                     ("out[2] (zero_point)", zref))
         # the kernels read x while they write q, scale (and zero_point): all four apart
-        check_apart(fast, "dynamic_quantize", [("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref),
-                                               ("out[2] (zero_point)", zref)], (1, 2, 3))
+        check_apart(rec, {"x": xr, "q_out": qref, "s_out": sref, "z_out": zref}, ("q_out", "s_out", "z_out"),
+                    labels={"q_out": "out[0] (q)", "s_out": "out[1] (scale)", "z_out": "out[2] (zero_point)"})
     if xr.size == 0:
         return _empty(xr, qk, mode, qmin, qmax, eps, mx, pshape, skind, (qref, sref, zref) if outs else None)
     if not outs:
@@ -197,13 +178,22 @@ def _dynamic_quantize(fast, x, q_out, s_out, z_out, scope, mode, axis, group_siz
         plan.launcher.check(plan, args)
         prep = plan.launcher.prepare(plan, args)
         prep.launch(stream_handle(xr))
-        fast.add_launch(prep, xr)
+        rec.add_launch(prep, xr)
     else:
         nbytes = plan.workspace_size(args)
         if nbytes:
             args.workspace = as_array(empty(xr, (nbytes,), "u8"), "workspace")
         plan.run(args)
         # a repeated call re-allocates and re-runs the launcher on the new arrays, without the checks
-        fast.set_runner(replay.launcher_runner(plan, args, ("x", "q", "scale", "zero_point", "workspace")), xr)
-    fast.remember(result)
+        rec.set_runner(replay.launcher_runner(plan, args, ("x", "q", "scale", "zero_point", "workspace")), xr)
+    rec.remember(result)
     return result
+
+
+def _replay_key(out) -> tuple:
+    """The replay key's values besides the arguments: the launch configuration (a remembered launch
+    is replayed as it was chosen) and whether ``out=`` was given."""
+    return settings().dynamic_config, out is None
+
+
+dynamic_quantize = functional(DYNAMIC_QUANTIZE, _dynamic_quantize, __name__, key=_replay_key, unpack_out=_out_tuple)

@@ -86,7 +86,7 @@ class ElementwiseLauncher(Launcher):
 
     def prepare(self, plan, args: ElementwiseArgs) -> "PreparedLaunch":
         """Grid, block and packed parameters; ``run`` launches them. Pointer slots can be
-        re-filled for a repeated call on same-shaped arrays (the functional fast path)."""
+        re-filled for a repeated call on same-shaped arrays (the replay of repeated calls)."""
         first = args.ins[0][0]
         vec, unroll = plan.launch["vec"], plan.launch.get("unroll", 1)
         vec_ok = self.vec_ok(plan, args)

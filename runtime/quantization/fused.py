@@ -284,7 +284,7 @@ class DynamicFusedLauncher(Launcher):
 
     def prepare(self, plan, args: DynamicArgs) -> PreparedLaunch:
         """The launch as a :class:`PreparedLaunch` (its pointer slots can be re-filled for a repeated
-        call on same-shaped, same-aligned arrays: the functional fast path)."""
+        call on same-shaped, same-aligned arrays: the replay of repeated calls)."""
         rows, cols = args.xv.rows, args.xv.cols
         fn, grid, block, abi, own = fused_launch(self, plan, args, 1)
         values = abi.values(x=args.x.ptr, x_rs=args.xv.row_stride, q=args.q.ptr, q_rs=args.qv.row_stride,
@@ -327,7 +327,7 @@ class LowBitFusedLauncher(Launcher):
         return (vec_ok, *block_config(plan, args, vec_ok, vec if vec_ok else pack))
 
     def prepare(self, plan, args) -> PreparedLaunch:
-        """The launch as a :class:`PreparedLaunch` (the functional fast path re-fills its pointers)."""
+        """The launch as a :class:`PreparedLaunch` (the replay of repeated calls re-fills its pointers)."""
         rows, cols = args.xv.rows, args.xv.cols
         fn, grid, block, abi, own = fused_launch(self, plan, args, plan.launch["pack"])
         mx = args.scale.kind == lowbit.E8M0

@@ -9,18 +9,20 @@ import dataclasses
 import math
 import numbers
 
-from .. import kinds, replay, status
+from .. import kinds, status
 from ..arrays import ArrayRef, as_array, kind_of, stream_handle
 from ..errors import UnsupportedError
 from ..params import channel_params, check_apart, check_scale_dtype, out_arg, same_device, scale_arg, zero_point_arg
 from ..plans import Descriptor, cached_plan
+from ..signatures import functional
 from ..scopes import check_range, check_scope, implied_zero_point, rows_view
 from . import lowbit
 from .elementwise import ElementwiseArgs
+from .signatures import DEQUANTIZE, QUANTIZE
 
 
 def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_value, shape, scope, axis,
-                       group_size, qmin, qmax, fast=None, scale_e8m0=None, cols=None, bits=()):
+                       group_size, qmin, qmax, rec=None, scale_e8m0=None, cols=None, bits=()):
     """Plan and launch one static elementwise kernel (templates/quantization/_elementwise.cu.j2, or
     the low-bit lowbit_*.cu.j2 for fp8 / packed int4 / e8m0 scales: the plan's launch kind decides).
 
@@ -28,7 +30,7 @@ def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_va
     has passed. ``cols``: elements per row when the first stream is packed (int4). ``bits``: the
     streams passed bit-packed (``ElementwiseArgs.bits``). An empty shape
     launches nothing. The launch runs on the current stream of the first input's framework;
-    ``fast`` (a :class:`runtime.replay.FastCall`) records it for replay. The kernel checks the scale
+    ``rec`` (a :class:`runtime.replay.Recording`) records it for replay. The kernel checks the scale
     and zero-point values it reads and reports to the device's status word."""
     if math.prod(shape) == 0:
         return
@@ -44,8 +46,8 @@ def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_va
     plan.launcher.check(plan, args)
     prep = plan.launcher.prepare(plan, args)
     prep.launch(stream_handle(ins[0][0]))
-    if fast is not None:
-        fast.add_launch(prep, ins[0][0], params=("scale_value", "zp_value"))
+    if rec is not None:
+        rec.add_launch(prep, ins[0][0], params=("scale_value", "zp_value"))
 
 
 def code_range(qk: str, zero_point, qmin, qmax, shape, scope, axis, group_size, like: ArrayRef, arg="x"):
@@ -84,19 +86,9 @@ def code_out(out, like: ArrayRef, shape, qk: str, arg: str = "out") -> ArrayRef:
     return out_arg(out, like, shape, qk, arg)
 
 
-def quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",
-             qmin=None, qmax=None, out=None, scale_dtype=None):
-    """``q = clamp(rne(x * inv) + zero_point, qmin, qmax)``, ``inv = 1 / scale``, per scope (docs/numerics.md).
-
-    ``zero_point=None`` is symmetric mode: the implied zero point is 0 for signed outputs
-    and the middle of the range (128) for u8. Low-bit outputs (fp8, packed int4) and
-    ``scale_dtype="e8m0"`` (MX block scales): docs/lowbit.md.
-    """
-    return replay.call("quantize", (scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype), (x, scale, zero_point, out),
-                       _quantize, 1)
 
 
-def _quantize(fast, x, scale, zero_point, out, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype):
+def _quantize(rec, x, scale, zero_point, out, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype):
     xr = as_array(x, "x")
     if xr.kind not in kinds.FLOAT:
         raise UnsupportedError(f"x has dtype {xr.kind}; quantize takes {', '.join(kinds.FLOAT)}")
@@ -111,29 +103,21 @@ def _quantize(fast, x, scale, zero_point, out, scope, axis, group_size, out_dtyp
     outr = code_out(out, xr, xr.shape, qk)
     same_device(("x", xr), ("out", outr))
     if out is not None:
-        check_apart(fast, "quantize", [("x", xr), ("scale", s if e8 is None else e8), ("zero_point", zp),
-                                       ("out", outr)], (3,))
+        check_apart(rec, {"x": xr, "scale": s if e8 is None else e8, "zero_point": zp, "out": outr}, ("out",))
     mode = "symmetric" if zero_point is None else "asymmetric"
     launch_elementwise("quantize", mode, xr.kind, qk, [(xr, xv)], [(outr, rows_view(outr, "out"))], s,
                        zp if isinstance(zp, ArrayRef) else None, zp_value, xr.shape, scope, axis, group_size,
-                       qmin, qmax, fast, e8, xv.cols)
-    fast.remember(outr.obj, (qmin, qmax))
+                       qmin, qmax, rec, e8, xv.cols)
+    rec.remember(outr.obj, (qmin, qmax))
     return outr.obj
 
 
-def dequantize(q, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="float32", out=None,
-               in_dtype=None, scale_dtype=None):
-    """``y = (q - zero_point) * scale`` per scope, rounded once to ``out_dtype`` (docs/numerics.md).
-
-    Low-bit inputs (docs/lowbit.md): a torch fp8 tensor, or a uint8 container with
-    ``in_dtype`` = ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"int4"`` (s4) or ``"uint4"`` (u4, packed two
-    per byte); ``scale_dtype="e8m0"`` for MX block scales.
-    """
-    return replay.call("dequantize", (scope, axis, group_size, out_dtype, in_dtype, scale_dtype), (q, scale, zero_point, out),
-                       _dequantize, 1)
+quantize = functional(QUANTIZE, _quantize, __name__)
 
 
-def _dequantize(fast, q, scale, zero_point, out, scope, axis, group_size, out_dtype, in_dtype, scale_dtype):
+
+
+def _dequantize(rec, q, scale, zero_point, out, scope, axis, group_size, out_dtype, in_dtype, scale_dtype):
     qr = as_array(q, "q")
     low = lowbit.input_kind(qr, in_dtype)
     qk = low or qr.kind
@@ -155,11 +139,13 @@ def _dequantize(fast, q, scale, zero_point, out, scope, axis, group_size, out_dt
     outr = out_arg(out, qr, shape, yk)
     same_device(("q", qr), ("out", outr))
     if out is not None:
-        check_apart(fast, "dequantize", [("q", qr), ("scale", s if e8 is None else e8), ("zero_point", zp),
-                                         ("out", outr)], (3,))
+        check_apart(rec, {"q": qr, "scale": s if e8 is None else e8, "zero_point": zp, "out": outr}, ("out",))
     mode = "symmetric" if zero_point is None else "asymmetric"
     launch_elementwise("dequantize", mode, qk, yk, [(qref, qv)], [(outr, rows_view(outr, "out"))], s,
                        zp if isinstance(zp, ArrayRef) else None, zp_value, shape, scope, axis, group_size, lo, hi,
-                       fast, e8, shape[-1] if shape else 1)
-    fast.remember(outr.obj, (lo, hi))
+                       rec, e8, shape[-1] if shape else 1)
+    rec.remember(outr.obj, (lo, hi))
     return outr.obj
+
+
+dequantize = functional(DEQUANTIZE, _dequantize, __name__)

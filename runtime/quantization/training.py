@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from .. import kinds, replay, status
+from .. import kinds, status
 from ..arrays import ArrayRef, as_array, device_of, empty, kind_of, stream_handle
 from ..device import driver
 from ..errors import InvalidProblemError, UnsupportedError
@@ -37,11 +37,13 @@ from ..launch import PreparedLaunch
 from ..numerics import LSQ_TILE_ROWS, fake_quant_zero_point, lsq_team
 from ..params import channel_params, check_apart, out_arg, real_scalar, same_device, scale_arg, zero_point_arg
 from ..plans import Descriptor, Launcher, cached_plan
+from ..signatures import functional
 from ..scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
 from ..vectors import fits, stream_word
+from .signatures import (DEFAULT_QMAX, DEFAULT_QMIN, DEQUANTIZE_BACKWARD, FAKE_QUANTIZE, FAKE_QUANTIZE_BACKWARD,
+                         FAKE_QUANTIZE_BACKWARD_FROM_MASK, FAKE_QUANTIZE_LEARNABLE_BACKWARD, QUANTIZE_BACKWARD)
 from .static import launch_elementwise
 
-DEFAULT_QMIN, DEFAULT_QMAX = -128, 127   # fake quantization's default range: int8, like PyTorch's QAT
 QLIMIT = 2 ** 24                         # |qmin|, |qmax| bound: integers float32 holds exactly
 
 
@@ -128,40 +130,33 @@ def _null_stream(like: ArrayRef, kind: str):
     return ArrayRef(None, 0, tuple(like.shape), (), kind, like.device, like.framework), RowsView(rows, cols, max(cols, 1))
 
 
-def _elementwise(fast, op, p: _Params, ins, outs, shape, scope, group_size, element, qmin, qmax, bits=()):
+def _elementwise(rec, op, p: _Params, ins, outs, shape, scope, group_size, element, qmin, qmax, bits=()):
     """ins / outs: (ArrayRef, RowsView) in the kernel's stream order; every check has passed;
     ``bits``: the streams passed bit-packed."""
     mode = None if op == "dequantize_backward" else p.mode
     launch_elementwise(op, mode, element, element, ins, outs, p.scale, p.zp_array, p.zp_value, shape, scope, p.axis,
-                       group_size, qmin, qmax, fast, bits=bits)
+                       group_size, qmin, qmax, rec, bits=bits)
 
 
-def _straight_through(fast, op, dyr, xr, p, out, scope, group_size, qmin, qmax):
-    """Launch a straight-through backward (dy, x -> dx) and remember the call for the fast path."""
+def _straight_through(rec, op, dyr, xr, p, out, scope, group_size, qmin, qmax):
+    """Launch a straight-through backward (dy, x -> dx) and remember the call for replay."""
     ins = [(dyr, rows_view(dyr, "dy")), (xr, rows_view(xr, "x"))]
     same_device(("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp))
     outr = out_arg(out, xr, xr.shape, xr.kind)
     same_device(("x", xr), ("out", outr))
     if out is not None:
-        check_apart(fast, op, [("dy", dyr), ("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr)],
-                    (4,), in_place=(0, 1))
-    _elementwise(fast, op, p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope, group_size, xr.kind,
+        check_apart(rec, {"dy": dyr, "x": xr, "scale": p.scale, "zero_point": p.zp, "out": outr}, ("out",),
+                    in_place=("dy", "x"))
+    _elementwise(rec, op, p, ins, [(outr, rows_view(outr, "out"))], xr.shape, scope, group_size, xr.kind,
                  qmin, qmax)
-    fast.remember(outr.obj, (qmin, qmax))
+    rec.remember(outr.obj, (qmin, qmax))
     return outr.obj
 
 
 # -- straight-through backward passes ------------------------------------------------------------
-def quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None, out_dtype="int8",
-                      qmin=None, qmax=None, out=None):
-    """Straight-through gradient of :func:`runtime.quantize`: ``dx = dy * (qmin <= v <= qmax)``,
-    ``v = rne(x / scale) + zero_point`` before the clamp. Takes quantize's own arguments
-    (``out_dtype`` is quantize's output kind: it sets the default range and the implied zero point)."""
-    return replay.call("quantize_backward", (scope, axis, group_size, out_dtype, qmin, qmax), (dy, x, scale, zero_point, out),
-                       _quantize_backward, 2)
 
 
-def _quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, out_dtype, qmin, qmax):
+def _quantize_backward(rec, dy, x, scale, zero_point, out, scope, axis, group_size, out_dtype, qmin, qmax):
     xr = _float_array(x, "x", "quantize_backward")
     dyr = _grad_array(dy, xr)
     qk = kind_of(out_dtype, "out_dtype")
@@ -171,17 +166,15 @@ def _quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_s
     check_scope(xr.shape, scope, axis, group_size)
     qmin, qmax = check_range(qk, qmin, qmax)
     p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, implied_zero_point(qk))
-    return _straight_through(fast, "quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
+    return _straight_through(rec, "quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
 
 
-def dequantize_backward(dy, scale, *, scope, axis=None, group_size=None, out=None):
-    """Straight-through gradient of :func:`runtime.dequantize` with respect to q:
-    ``dq = dy * scale``, rounded once to dy's dtype (scale: float32, float64 for float64 dy)."""
-    return replay.call("dequantize_backward", (scope, axis, group_size), (dy, scale, None, out),
-                       _dequantize_backward, 1)
+quantize_backward = functional(QUANTIZE_BACKWARD, _quantize_backward, __name__)
 
 
-def _dequantize_backward(fast, dy, scale, _zero_point, out, scope, axis, group_size):
+
+
+def _dequantize_backward(rec, dy, scale, out, scope, axis, group_size):
     dyr = _float_array(dy, "dy", "dequantize_backward")
     p = _params(dyr, scale, None, scope, axis, group_size, 0, 0, 0)
     ins = [(dyr, rows_view(dyr, "dy"))]
@@ -189,12 +182,14 @@ def _dequantize_backward(fast, dy, scale, _zero_point, out, scope, axis, group_s
     outr = out_arg(out, dyr, dyr.shape, dyr.kind)
     same_device(("dy", dyr), ("out", outr))
     if out is not None:
-        check_apart(fast, "dequantize_backward", [("dy", dyr), ("scale", p.scale), ("zero_point", None),
-                                                  ("out", outr)], (3,), in_place=(0,))
-    _elementwise(fast, "dequantize_backward", p, ins, [(outr, rows_view(outr, "out"))], dyr.shape, scope,
+        check_apart(rec, {"dy": dyr, "scale": p.scale, "out": outr}, ("out",), in_place=("dy",))
+    _elementwise(rec, "dequantize_backward", p, ins, [(outr, rows_view(outr, "out"))], dyr.shape, scope,
                  group_size, dyr.kind, 0, 0)
-    fast.remember(outr.obj)
+    rec.remember(outr.obj)
     return outr.obj
+
+
+dequantize_backward = functional(DEQUANTIZE_BACKWARD, _dequantize_backward, __name__)
 
 
 # -- fake quantization ---------------------------------------------------------------------------
@@ -237,15 +232,6 @@ def check_mask_bits(mr: ArrayRef, shape) -> RowsView:
     return rows_view(mr, "mask")
 
 
-def fake_quantize(x, scale, zero_point=None, *, scope, axis=None, group_size=None, qmin=DEFAULT_QMIN,
-                  qmax=DEFAULT_QMAX, return_mask=False, out=None):
-    """``y = (clamp(rne(x / scale) + zp, qmin, qmax) - zp) * scale`` in x's dtype (PyTorch's
-    ``fake_quantize_per_*_affine``). With ``return_mask=True`` returns ``(y, mask)``, mask a bool
-    array ``qmin <= rne(x / scale) + zp <= qmax``; with ``return_mask="bits"`` the same mask
-    bit-packed (a uint8 array ``x.shape[:-1] + (ceil(D / 8),)``, what
-    :func:`fake_quantize_backward_from_mask` reads); either is written by the same kernel."""
-    return replay.call("fake_quantize", (scope, axis, group_size, qmin, qmax, return_mask), (x, scale, zero_point, out),
-                       _fake_quantize, 1)
 
 
 def _mask_stream(xr: ArrayRef, fmt: str):
@@ -261,7 +247,7 @@ def _mask_stream(xr: ArrayRef, fmt: str):
     return mask, (mref, rows_view(mref, "mask"))
 
 
-def _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, return_mask):
+def _fake_quantize(rec, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, return_mask):
     xr = _float_array(x, "x", "fake_quantize")
     fmt = mask_format(return_mask)
     qmin, qmax = fake_quant_range(qmin, qmax)
@@ -271,40 +257,34 @@ def _fake_quantize(fast, x, scale, zero_point, out, scope, axis, group_size, qmi
     outr = out_arg(out, xr, xr.shape, xr.kind)
     same_device(("x", xr), ("out", outr))
     if out is not None:
-        check_apart(fast, "fake_quantize", [("x", xr), ("scale", p.scale), ("zero_point", p.zp), ("out", outr)],
-                    (3,), in_place=(0,))
+        check_apart(rec, {"x": xr, "scale": p.scale, "zero_point": p.zp, "out": outr}, ("out",), in_place=("x",))
     mask, mstream = _mask_stream(xr, fmt)
-    _elementwise(fast, "fake_quantize", p, ins, [(outr, rows_view(outr, "out")), mstream], xr.shape, scope,
+    _elementwise(rec, "fake_quantize", p, ins, [(outr, rows_view(outr, "out")), mstream], xr.shape, scope,
                  group_size, xr.kind, qmin, qmax, bits=("mask",) if fmt == "bits" else ())
     result = outr.obj if fmt == "none" else (outr.obj, mask)
-    fast.remember(result, (qmin, qmax))
+    rec.remember(result, (qmin, qmax))
     return result
 
 
-def fake_quantize_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None,
-                           qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX, out=None):
-    """``dx = dy * mask`` with fake_quantize's mask, recomputed from x (a product, as PyTorch's)."""
-    return replay.call("fake_quantize_backward", (scope, axis, group_size, qmin, qmax), (dy, x, scale, zero_point, out),
-                       _fake_quantize_backward, 2)
+fake_quantize = functional(FAKE_QUANTIZE, _fake_quantize, __name__)
 
 
-def _fake_quantize_backward(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax):
+
+
+def _fake_quantize_backward(rec, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax):
     xr = _float_array(x, "x", "fake_quantize_backward")
     dyr = _grad_array(dy, xr)
     qmin, qmax = fake_quant_range(qmin, qmax)
     p = _params(xr, scale, zero_point, scope, axis, group_size, qmin, qmax, fake_quant_zero_point(qmin, qmax))
-    return _straight_through(fast, "fake_quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
+    return _straight_through(rec, "fake_quantize_backward", dyr, xr, p, out, scope, group_size, qmin, qmax)
 
 
-def fake_quantize_backward_from_mask(dy, mask, *, out=None):
-    """``dx = dy * bit`` with the bit-packed mask of ``fake_quantize(..., return_mask="bits")``: a
-    product, as PyTorch's ``dY * mask`` (a negative dy where the bit is 0 gives -0, a non-finite dy
-    NaN), in dy's dtype. ``mask``: uint8 of shape ``dy.shape[:-1] + (ceil(D / 8),)``, bit j of byte
-    b of a row holding element ``8 * b + j`` of that row."""
-    return replay.call("fake_quantize_backward_from_mask", (), (dy, mask, out), _from_mask)
+fake_quantize_backward = functional(FAKE_QUANTIZE_BACKWARD, _fake_quantize_backward, __name__)
 
 
-def _from_mask(fast, dy, mask, out):
+
+
+def _from_mask(rec, dy, mask, out):
     op = "fake_quantize_backward_from_mask"
     dyr = _float_array(dy, "dy", op)
     dyv = rows_view(dyr, "dy")
@@ -314,11 +294,14 @@ def _from_mask(fast, dy, mask, out):
     outr = out_arg(out, dyr, dyr.shape, dyr.kind)
     same_device(("dy", dyr), ("out", outr))
     if out is not None:
-        check_apart(fast, op, [("dy", dyr), ("mask", mr), ("out", outr)], (2,), in_place=(0,))
+        check_apart(rec, {"dy": dyr, "mask": mr, "out": outr}, ("out",), in_place=("dy",))
     launch_elementwise(op, None, dyr.kind, dyr.kind, [(dyr, dyv), (mr, mv)], [(outr, rows_view(outr, "out"))],
-                       0.0, None, 0, dyr.shape, None, None, None, 0, 0, fast, bits=("mask",))
-    fast.remember(outr.obj)
+                       0.0, None, 0, dyr.shape, None, None, None, 0, 0, rec, bits=("mask",))
+    rec.remember(outr.obj)
     return outr.obj
+
+
+fake_quantize_backward_from_mask = functional(FAKE_QUANTIZE_BACKWARD_FROM_MASK, _from_mask, __name__)
 
 
 # -- LSQ -----------------------------------------------------------------------------------------
@@ -460,26 +443,9 @@ def _zeros(like: ArrayRef, shape, kind: str):
     return arr
 
 
-def fake_quantize_learnable_backward(dy, x, scale, zero_point=None, *, scope, axis=None, group_size=None,
-                                     qmin=DEFAULT_QMIN, qmax=DEFAULT_QMAX, grad_factor=1.0, out=None,
-                                     _max_blocks=None):
-    """LSQ gradients ``(dx, dscale, dzero_point)`` (PyTorch's ``_fake_quantize_learnable_*`` terms).
-
-    ``dscale`` has the scale's shape and dtype, ``dzero_point`` the zero point's shape in float32
-    (``None`` when ``zero_point`` is None). The sums per scale element use one fixed order (no
-    atomics): the same inputs give the same bits on every run, whatever the launch configuration.
-
-    The kernel checks every scale element it loads (scale positive and finite; asymmetric: zero
-    point in [qmin, qmax]) without a host sync: an invalid one makes dx NaN over its elements and
-    its ds (and dz) NaN, and the next call on the device (or ``runtime.check()``) raises
-    :class:`runtime.DeviceValueError` (``op="fake_quantize_learnable_backward"``, ``arg="scale"`` or
-    ``"zero_point"``). Under ``runtime.sync_checks()`` the values are checked on the host first.
-    """
-    return replay.call("fake_quantize_learnable_backward", (scope, axis, group_size, qmin, qmax, grad_factor, _max_blocks),
-                       (dy, x, scale, zero_point, out), _lsq, 2)
 
 
-def _lsq(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, grad_factor, max_blocks):
+def _lsq(rec, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qmax, grad_factor, _max_blocks):
     xr = _float_array(x, "x", "fake_quantize_learnable_backward")
     dyr = _grad_array(dy, xr)
     qmin, qmax = fake_quant_range(qmin, qmax, learnable=True)
@@ -494,9 +460,8 @@ def _lsq(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qma
     ds_shape = tuple(p.scale.shape) if isinstance(p.scale, ArrayRef) else pshape
     dz_shape = tuple(p.zp.shape) if isinstance(p.zp, ArrayRef) else pshape
     if out is not None:
-        check_apart(fast, "fake_quantize_learnable_backward", [("dy", dyr), ("x", xr), ("scale", p.scale),
-                                                               ("zero_point", p.zp), ("out", outr)],
-                    (4,), in_place=(0, 1))
+        check_apart(rec, {"dy": dyr, "x": xr, "scale": p.scale, "zero_point": p.zp, "out": outr}, ("out",),
+                    in_place=("dy", "x"))
     if xr.size == 0:
         ds = _zeros(xr, ds_shape, mk)
         dz = None if zero_point is None else _zeros(xr, dz_shape, "f32")
@@ -520,14 +485,17 @@ def _lsq(fast, dy, x, scale, zero_point, out, scope, axis, group_size, qmin, qma
                    zp_value=p.zp_value, ds=ds, dz=dz, rows=xv.rows, cols=xv.cols,
                    seg_len=group_size if scope == "group" else xv.cols, chan_inner=inner, chan_count=count,
                    chan_last=last, qmin=qmin, qmax=qmax, grad_factor=g, ds_part=ds_part, dz_part=dz_part,
-                   max_blocks=max_blocks, status=status.pointer(dev))
+                   max_blocks=_max_blocks, status=status.pointer(dev))
     plan = cached_plan(Descriptor("fake_quantize_learnable_backward", scope, p.mode, xr.kind, xr.kind))
     plan.launcher.check(plan, args)
     stream = stream_handle(dyr)
     for k, prep in enumerate(plan.launcher.prepare(plan, args)):
         prep.launch(stream)
-        fast.add_launch(prep, dyr, params=("scale_value", "zp_value") if k == 0 else None,
+        rec.add_launch(prep, dyr, params=("scale_value", "zp_value") if k == 0 else None,
                         refs=tuple((prep.abi.slot[name], ref, off) for name, ref, off in refs))
     result = (outr.obj, ds.obj, None if dz is None else dz.obj)
-    fast.remember(result, (qmin, qmax))
+    rec.remember(result, (qmin, qmax))
     return result
+
+
+fake_quantize_learnable_backward = functional(FAKE_QUANTIZE_LEARNABLE_BACKWARD, _lsq, __name__)

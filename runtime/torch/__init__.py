@@ -25,10 +25,23 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("runtime.torch needs PyTorch (pip install torch); the functional API "
                       "(runtime.fake_quantize, ...) works without it") from e
 
-from .ops import (OPS, OUT_OPS, FakeQuantize, LearnableFakeQuantize, dequantize,  # noqa: E402
-                  dequantize_backward, dynamic_quantize, fake_quantize, fake_quantize_backward,
-                  fake_quantize_backward_from_mask, fake_quantize_learnable, fake_quantize_learnable_backward,
-                  grouped_matmul, grouped_matmul_backward, lsq_grad_factor, quantize, quantize_backward)
+from runtime.config import settings as _settings  # noqa: E402
+from runtime.moe.signatures import SIGNATURES as _MOE  # noqa: E402
+from runtime.quantization.signatures import SIGNATURES as _QUANTIZATION  # noqa: E402
+
+from . import library  # noqa: E402,F401
+from .moe import grouped_matmul, grouped_matmul_backward  # noqa: E402
+from .quantization import (FakeQuantize, LearnableFakeQuantize, dequantize, dequantize_backward,  # noqa: E402
+                           dynamic_quantize, fake_quantize, fake_quantize_backward, fake_quantize_backward_from_mask,
+                           fake_quantize_learnable, fake_quantize_learnable_backward, lsq_grad_factor, quantize,
+                           quantize_backward)
+
+# the settings are read now (if no call has read them yet): a first read under torch.compile, which
+# traces what the functional API reads, would make Dynamo trace the environment's parsing
+_settings()
+
+OPS = tuple(_QUANTIZATION) + tuple(_MOE)                        # torch.ops.skuforge.<op>
+OUT_OPS = tuple(n for n, s in {**_QUANTIZATION, **_MOE}.items() if s.out is not None)     # with a .out overload
 
 __all__ = ["quantize", "dequantize", "dynamic_quantize", "quantize_backward", "dequantize_backward",
            "fake_quantize", "fake_quantize_backward", "fake_quantize_backward_from_mask", "fake_quantize_learnable",

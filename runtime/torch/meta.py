@@ -204,8 +204,8 @@ def dequantize_spec(q, scale, zero_point, scope, axis, group_size, out_dtype, in
 
 
 @concrete_scalars
-def dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype):
-    """``(q, scale, zero_point)`` specs; zero_point None in symmetric mode."""
+def dynamic_quantize_spec(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype):
+    """``(q, scale, zero_point)`` specs; zero_point an empty (0,) int32 tensor in symmetric mode."""
     xr = _float_input(x, "x", "dynamic_quantize")
     qk = kind_of(out_dtype, "out_dtype")
     mx = lowbit.is_e8m0(scale_dtype)
@@ -213,17 +213,17 @@ def dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qma
     if qk in lowbit.KINDS or mx:
         if qk not in lowbit.KINDS:
             lowbit.check_mx(qk, scope, group_size)
-        if mode not in MODES:
-            raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
+        if range_mode not in MODES:
+            raise UnsupportedError(f"mode={range_mode!r}; supported: {', '.join(MODES)}")
         axis = check_scope(xr.shape, scope, axis, group_size)
         if qk in lowbit.FP8:
-            if mode != "symmetric":
-                raise InvalidProblemError(f"mode={mode!r}: {qk} has no zero point; fp8 dynamic quantization is "
+            if range_mode != "symmetric":
+                raise InvalidProblemError(f"mode={range_mode!r}: {qk} has no zero point; fp8 dynamic quantization is "
                                           "symmetric (scale = max(amax, eps) / fp8_max)")
             lowbit.check_fp8_args(qk, None, qmin, qmax)
         else:
             lowbit.check_int4(xr.shape, scope, group_size, qk, "x")
-            _resolve_range(qk, mode, qmin, qmax)
+            _resolve_range(qk, range_mode, qmin, qmax)
         positive_scalar(eps, "eps", m)
         if mx:
             lowbit.check_mx(qk, scope, group_size)
@@ -231,19 +231,19 @@ def dynamic_quantize_spec(x, scope, mode, axis, group_size, out_dtype, qmin, qma
             check_scale_dtype(scale_dtype, xr.kind)
         rows_view(xr, "x")
         pshape = param_shape(xr.shape, scope, axis, group_size)
-        zp = _dense(pshape, "i32") if mode == "asymmetric" else None
+        zp = _dense(pshape if range_mode == "asymmetric" else (0,), "i32")
         return _dense(lowbit.packed_shape(xr.shape, qk), qk), _dense(pshape, kinds.E8M0 if mx else m), zp
     if qk not in kinds.INT8:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dynamic_quantize produces {', '.join(kinds.INT8)}")
-    if mode not in MODES:
-        raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
+    if range_mode not in MODES:
+        raise UnsupportedError(f"mode={range_mode!r}; supported: {', '.join(MODES)}")
     axis = check_scope(xr.shape, scope, axis, group_size)
-    _resolve_range(qk, mode, qmin, qmax)
+    _resolve_range(qk, range_mode, qmin, qmax)
     positive_scalar(eps, "eps", m)
     check_scale_dtype(scale_dtype, xr.kind)
     rows_view(xr, "x")
     pshape = param_shape(xr.shape, scope, axis, group_size)
-    return _dense(xr.shape, qk), _dense(pshape, m), (_dense(pshape, "i32") if mode == "asymmetric" else None)
+    return _dense(xr.shape, qk), _dense(pshape, m), _dense(pshape if range_mode == "asymmetric" else (0,), "i32")
 
 
 # -- training ops ---------------------------------------------------------------------------------
@@ -286,7 +286,16 @@ def dequantize_backward_spec(dy, scale, scope, axis, group_size):
 
 
 @concrete_scalars
-def fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax, dy=None, op="fake_quantize"):
+def fake_quantize_spec(x, scale, zero_point, scope, axis, group_size, qmin, qmax):
+    return _fake_quantize(x, scale, zero_point, scope, axis, group_size, qmin, qmax)
+
+
+@concrete_scalars
+def fake_quantize_backward_spec(dy, x, scale, zero_point, scope, axis, group_size, qmin, qmax):
+    return _fake_quantize(x, scale, zero_point, scope, axis, group_size, qmin, qmax, dy, "fake_quantize_backward")
+
+
+def _fake_quantize(x, scale, zero_point, scope, axis, group_size, qmin, qmax, dy=None, op="fake_quantize"):
     xr = _float_input(x, "x", op)
     if dy is not None:
         _grad(dy, xr)
@@ -370,13 +379,14 @@ def _moe(x, w, dy, row_experts, offsets, strategy):
 
 
 @concrete_scalars
-def grouped_matmul_spec(x, w, row_experts, offsets, strategy):
+def grouped_matmul_spec(x, w, row_experts, offsets, strategy, trusted_offsets):
     xr, (M, N, K, E) = _moe(x, w, None, row_experts, offsets, strategy)
     return _dense((M, N), xr.kind)
 
 
 @concrete_scalars
-def grouped_matmul_backward_spec(x, w, dy, row_experts, offsets, strategy, need_input, need_weight, dw_dtype):
+def grouped_matmul_backward_spec(x, w, dy, row_experts, offsets, strategy, need_input, need_weight, dw_dtype,
+                                 trusted_offsets):
     """``(dx, dw)``; a gradient not asked for is an empty (0,) tensor of its dtype."""
     xr, (M, N, K, E) = _moe(x, w, dy, row_experts, offsets, strategy)
     dwk = _out_kind("grouped_matmul_backward_weight", xr.kind, dw_dtype)

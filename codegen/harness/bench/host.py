@@ -17,7 +17,7 @@ HOST_SHAPE = (16, 4096)
 
 
 def api_host_calls(device: int = 0) -> list:
-    """Repeated calls of each functional API that has a fast path on (16, 4096) inputs (target: TARGET_HOST_US per call):
+    """Repeated calls of each functional API that is replayed on (16, 4096) inputs (target: TARGET_HOST_US per call):
     quantize / dequantize / fake_quantize (channel, axis 0) / dynamic_quantize (token), bf16 data
     and float32 scales, quantize and dynamic_quantize also into preallocated outputs (``out=``),
     with CuPy arrays and (when importable) torch tensors, default settings; then the MoE calls

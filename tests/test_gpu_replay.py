@@ -1,9 +1,9 @@
-"""GPU: a replayed call (the repeated-call fast path) gives the same bits as the slow path.
+"""GPU: a replayed call (the replay of repeated calls) gives the same bits as the full path.
 
-Every functional API with a fast path runs on fresh arrays of a layout it has seen (the
-replay), then again on the same arrays with the cache cleared (the slow path); the results
+Every functional API with a replay runs on fresh arrays of a layout it has seen (the
+replay), then again on the same arrays with the cache cleared (the full path); the results
 must be identical, for CuPy and torch, aligned and misaligned (scalar path) inputs, device and
-Python-scalar parameters. CPU tests of the slot bookkeeping: tests/test_fast_path.py.
+Python-scalar parameters. CPU tests of the slot bookkeeping: tests/test_replay.py.
 """
 import numpy as np
 import pytest
@@ -84,7 +84,7 @@ def _zeros(fw, shape, dtype):
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("fw", ["cupy", "torch"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_replay_gives_the_slow_path_bits(name, fw, offset, rng, monkeypatch):
+def test_replay_gives_the_full_path_bits(name, fw, offset, rng, monkeypatch):
     if fw == "torch":
         pytest.importorskip("torch")
     hits = []
@@ -96,9 +96,9 @@ def test_replay_gives_the_slow_path_bits(name, fw, offset, rng, monkeypatch):
     assert replay.CACHE and not hits
     x = _data(rng, fw, shape, offset)
     fast = _host(call(np.random.default_rng(seed + 1), fw, x))               # replayed
-    assert any(hits), "the repeated call took the fast path"
+    assert any(hits), "the repeated call took the replay"
     replay.CACHE.clear()
-    slow = _host(call(np.random.default_rng(seed + 1), fw, x))               # slow path
+    slow = _host(call(np.random.default_rng(seed + 1), fw, x))               # full path
     fast, slow = (fast, slow) if isinstance(fast, tuple) else ((fast,), (slow,))
     assert len(fast) == len(slow)
     for f, s in zip(fast, slow):
@@ -120,11 +120,11 @@ def _cycle_call(name, r, fw, x):
 
 @pytest.mark.parametrize("fw", ["cupy", "torch"])
 @pytest.mark.parametrize("name", ["quantize token", "lsq channel", "dynamic group asymmetric"])
-def test_replays_cycling_through_addresses_give_the_slow_path_bits(name, fw, rng, monkeypatch):
+def test_replays_cycling_through_addresses_give_the_full_path_bits(name, fw, rng, monkeypatch):
     """Three inputs in turn (a loop of layers on their own activations), the results dropped: each
     input's set of parameter values comes back, gets an executable graph of its own
     (runtime/graphs.py), and from the third round on a replay instantiates and sets nothing. Then
-    the last three results kept alive (the outputs move too). Every result equals the slow path's."""
+    the last three results kept alive (the outputs move too). Every result equals the full path's."""
     if fw == "torch":
         pytest.importorskip("torch")
     from collections import deque
@@ -144,7 +144,7 @@ def test_replays_cycling_through_addresses_give_the_slow_path_bits(name, fw, rng
         if turn == 3:
             settled = len(made), len(sets)
         got += [(i, _host(c())) for i, c in enumerate(calls)]
-    assert sum(hits) >= 10, "the repeated calls took the fast path"
+    assert sum(hits) >= 10, "the repeated calls took the replay"
     assert len(made) >= 2 and (len(made), len(sets)) == settled, "the last round set nothing"
     ring = deque(maxlen=3)
     for _ in range(3):
@@ -152,7 +152,7 @@ def test_replays_cycling_through_addresses_give_the_slow_path_bits(name, fw, rng
             ring.append(c())
             got.append((i, _host(ring[-1])))
     replay.CACHE.clear()
-    want = [_host(c()) for c in calls]                                       # slow path
+    want = [_host(c()) for c in calls]                                       # full path
     for i, g in got:
         g, w = (g, want[i]) if isinstance(g, tuple) else ((g,), (want[i],))
         for f, s in zip(g, w):
@@ -166,7 +166,7 @@ def test_replays_cycling_through_addresses_give_the_slow_path_bits(name, fw, rng
                                              ("tensor", {}, ()), ("channel", {"axis": 0}, (48,))])
 def test_dynamic_out_is_written_and_returned(fw, scope, kw, pshape, rng):
     """dynamic_quantize(out=...) returns the given arrays, holding the bits of an allocating call,
-    on the slow path and on a replay; a replay whose q overlaps x is refused like the slow path."""
+    on the full path and on a replay; a replay whose q overlaps x is refused like the full path."""
     if fw == "torch":
         pytest.importorskip("torch")
     replay.CACHE.clear()

@@ -1,9 +1,9 @@
-"""The repeated-call fast path, on the CPU: fake device arrays, launches recorded instead of run.
+"""The replay of repeated calls, on the CPU: fake device arrays, launches recorded instead of run.
 
 A wrong slot launches a kernel on stale pointers (a bug of this kind was caught on the GPU: a
 pointer written into the scalar-scale slot). These tests run every functional API twice on
-same-layout arrays at new addresses and check that the replayed call (fast path) launches
-exactly what the slow path launches for the same arrays: the same kernels, grids, blocks and
+same-layout arrays at new addresses and check that the replayed call (replay) launches
+exactly what the full path launches for the same arrays: the same kernels, grids, blocks and
 every parameter value, with the same results returned.
 """
 import dataclasses
@@ -17,6 +17,7 @@ from runtime import replay, replay_code
 from runtime.abi import Abi
 from runtime import launch as launch_mod
 from runtime.quantization import lowbit
+from runtime.quantization.signatures import QUANTIZE
 from runtime import status
 from tests.fakes import D, FakeDevice, FakeDeviceArray, FakeFunction, count_replays, err
 
@@ -40,14 +41,14 @@ def _run(dev, call, base, sync=False):
     return dev.launches, _ptrs(result)
 
 
-def replay_matches_slow_path(dev, call):
+def replay_matches_full_path(dev, call):
     """Run ``call`` (miss), again at new addresses (hit), then without the cache at those same
-    addresses (slow path): the hit launches exactly what the slow path launches."""
+    addresses (full path): the hit launches exactly what the full path launches."""
     first = _run(dev, call, 0x7F0000000000)
-    assert dev.hits == 0 and first[0], "the first call launches through the slow path"
+    assert dev.hits == 0 and first[0], "the first call launches through the full path"
     assert len(replay.CACHE) == 1, "the call was remembered"
     fast = _run(dev, call, 0x7F4000000000)
-    assert dev.hits == 1, "the repeated call took the fast path"
+    assert dev.hits == 1, "the repeated call took the replay"
     replay.CACHE.clear()
     slow = _run(dev, call, 0x7F4000000000)
     assert dev.hits == 1
@@ -134,9 +135,9 @@ CALLS = {
 
 
 @pytest.mark.parametrize("name", list(CALLS))
-def test_replay_launches_what_the_slow_path_launches(dev, name):
+def test_replay_launches_what_the_full_path_launches(dev, name):
     call, device_params = CALLS[name]
-    replay_matches_slow_path(dev, call)
+    replay_matches_full_path(dev, call)
 
 
 @pytest.mark.parametrize("name", [n for n, (_, device_params) in CALLS.items() if device_params])
@@ -147,7 +148,7 @@ def test_device_parameters_replay_by_default_and_not_under_sync_checks(dev, unch
     _run(dev, call, 0x7F4000000000)
     assert dev.hits == 1
     _run(dev, call, 0x7F4000000000, sync=True)            # the debug mode checks them on the host
-    assert dev.hits == 1, "under sync_checks device values are checked again (the slow path)"
+    assert dev.hits == 1, "under sync_checks device values are checked again (the full path)"
     assert unchecked, "the synchronous host checks ran"
 
 
@@ -182,7 +183,7 @@ def test_device_scale_is_refilled_into_its_pointer_slot(dev, unchecked):
     assert (v[0], v[2], v[4], v[5], v[6]) == (x2.ptr, out2.ptr, s2.ptr, 0.0, 0)
 
 
-def test_bad_scalars_take_the_slow_path_and_its_errors(dev):
+def test_bad_scalars_take_the_full_path_and_its_errors(dev):
     x = D((8, 64))
     sf.quantize(x, 0.5, 3, scope="tensor")
     for scale, zp, words in ((-1.0, 3, ("scale",)), (float("inf"), 3, ("scale",)), (float("nan"), 3, ("scale",)),
@@ -230,10 +231,10 @@ def test_alignment_decides_the_vector_path_of_a_replay(dev, unchecked):
     """A misaligned x is another key: its launch (scalar path) is never replayed for an aligned x."""
     def call(off):
         return lambda d: sf.quantize(d.a((8, 64), offset=off), d.a((8,)), scope="token")
-    aligned = replay_matches_slow_path(dev, call(0))
+    aligned = replay_matches_full_path(dev, call(0))
     replay.CACHE.clear()
     dev.hits = 0
-    misaligned = replay_matches_slow_path(dev, call(4))
+    misaligned = replay_matches_full_path(dev, call(4))
     assert aligned[0][0][4][-2] != misaligned[0][0][4][-2]          # the vec_ok parameter (before status)
 
 
@@ -243,7 +244,7 @@ def test_dynamic_launch_configuration_is_part_of_the_key(dev, monkeypatch):
 
     def call(d):
         return sf.dynamic_quantize(d.a((16, 4096), "float16"), scope="token")
-    auto = replay_matches_slow_path(dev, call)
+    auto = replay_matches_full_path(dev, call)
     # swapped without runtime.config.override (which would also forget the remembered launches):
     # the key alone must tell the configurations apart
     monkeypatch.setattr(config, "_SETTINGS", dataclasses.replace(config.settings(), dynamic_config="block"))
@@ -275,7 +276,7 @@ ABI = Abi("test", [("x", "ptr"), ("x_rs", "i64"), ("q", "ptr"), ("q_rs", "i64"),
 def test_a_pointer_slot_that_matches_nothing_is_not_remembered(dev):
     """A launch parameter that is neither an argument nor an allocation (here, an offset pointer)
     would be replayed stale: the call is not remembered."""
-    call = replay.FastCall("quantize", ("tensor",), (D((8, 64)), 0.5, None, None), scale_at=1)
+    call = replay.Recording(QUANTIZE, ("tensor",), (D((8, 64)), 0.5, None, None))
     with call:
         prep = launch_mod.PreparedLaunch(K, (1,), (1,), ABI, [D((8, 64)).ptr + 64, 64, 0, 64, 0, 0.5, 0, 0])
         call.add_launch(prep, arrays.as_array(D((8, 64)), "x"), params=("scale_value", "zp_value"))
@@ -285,7 +286,7 @@ def test_a_pointer_slot_that_matches_nothing_is_not_remembered(dev):
 
 def test_a_misnamed_scalar_slot_is_not_remembered(dev):
     x = D((8, 64))
-    call = replay.FastCall("quantize", ("tensor",), (x, 0.5, None, None), scale_at=1)
+    call = replay.Recording(QUANTIZE, ("tensor",), (x, 0.5, None, None))
     with call:
         out = arrays.empty(arrays.as_array(x, "x"), (8, 64), "s8")
         prep = launch_mod.PreparedLaunch(K, (1,), (1,), ABI, [x.ptr, 64, out.ptr, 64, 0, 0.5, 0, 0])
@@ -300,11 +301,11 @@ def test_a_misnamed_scalar_slot_is_not_remembered(dev):
     assert len(replay.CACHE) == 1
 
 
-def test_unknown_array_types_have_no_fast_path():
+def test_unknown_array_types_have_no_replay():
     assert replay.describe(np.zeros(4)) == (None, None)
-    assert replay.describe(FakeDeviceArray((4,))) == (None, None)     # __cuda_array_interface__: the slow path
+    assert replay.describe(FakeDeviceArray((4,))) == (None, None)     # __cuda_array_interface__: the full path
     assert replay.describe(True) == (None, None)
-    assert replay.FastCall("quantize", ("tensor",), (np.zeros(4), 0.5, None, None), scale_at=1).key is None
+    assert replay.Recording(QUANTIZE, ("tensor",), (np.zeros(4), 0.5, None, None)).key is None
 
 
 def test_sync_checks_nests_and_decorates():
@@ -381,7 +382,7 @@ def test_a_reported_value_raises_once_at_the_next_call(dev, op, arg):
     path and on a replay, names the op and argument, and is cleared."""
     call = CALLS["quantize token"][0]
     _run(dev, call, 0x7F0000000000)
-    for base in (0x7F1000000000, 0x7F2000000000):       # a replay, then the slow path
+    for base in (0x7F1000000000, 0x7F2000000000):       # a replay, then the full path
         if base == 0x7F2000000000:
             replay.CACHE.clear()
         status.words().words[0] = status.code(op, arg)
@@ -451,7 +452,7 @@ def test_a_replay_of_several_launches_is_one_graph_launch(dev, monkeypatch, name
     graphs_used = []
     monkeypatch.setattr(replay_code, "bind_graph", fake_bind_graph(dev, graphs_used))
     call, _ = CALLS[name]
-    fast = replay_matches_slow_path(dev, call)
+    fast = replay_matches_full_path(dev, call)
     (entry,) = replay.CACHE.values()          # remembered again by the last (slow) call
     prepared = 0 if entry.runner is not None else len(entry.launches)
     if prepared:
@@ -471,7 +472,7 @@ def test_a_graph_replays_work_arrays_are_kept_per_stream(dev, monkeypatch, captu
     def call(d):
         return sf.fake_quantize_learnable_backward(d.a((9, 48)), d.a((9, 48)), d.a((48,)), d.a((48,), Z),
                                                    scope="channel", axis=1)
-    replay_matches_slow_path(dev, call)           # a hit launches what the slow path launches
+    replay_matches_full_path(dev, call)           # a hit launches what the full path launches
     (entry,) = replay.CACHE.values()
     assert len(entry.allocs) == 4                 # dx, ds, dz and the partial sums
 
@@ -494,9 +495,9 @@ def test_a_graph_replays_work_arrays_are_kept_per_stream(dev, monkeypatch, captu
 
 
 @pytest.mark.parametrize("shape, kind", [((3, 5), "s8"), ((7,), "f32"), ((2, 0, 4), "bf16")])
-def test_the_replay_allocator_makes_what_the_slow_path_allocates_torch(shape, kind):
+def test_the_replay_allocator_makes_what_the_full_path_allocates_torch(shape, kind):
     # a replay's allocation (arrays.allocator) must give the caller exactly what runtime.arrays.empty
-    # gives on the slow path: dtype, shape, C-order strides, device
+    # gives on the full path: dtype, shape, C-order strides, device
     torch = pytest.importorskip("torch")
     x = torch.empty((3, 5), dtype=torch.bfloat16)
     like = arrays.ArrayRef(x, x.data_ptr(), (3, 5), (5, 1), "bf16", 0, "torch")

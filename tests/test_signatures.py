@@ -1,0 +1,116 @@
+"""Each public op's signature is declared once (runtime/signatures.py, the families' signatures.py):
+the functional functions, the replay bindings, the torch schemas, fake implementations, ``.out``
+overloads and public torch functions follow it."""
+import inspect
+
+import pytest
+
+import runtime
+from runtime import signatures
+from runtime.moe.signatures import SIGNATURES as MOE
+from runtime.quantization.signatures import SIGNATURES as QUANTIZATION
+from runtime.signatures import REQUIRED, Signature, array, check_parameters, functional, value
+
+ALL = {**QUANTIZATION, **MOE}
+FUNCTIONAL = [s for s in ALL.values() if s.functional]
+
+
+def test_every_public_op_is_declared_once():
+    assert not set(QUANTIZATION) & set(MOE)
+    assert sorted(s.name for s in FUNCTIONAL) == sorted(
+        n for n in runtime.__all__ if n in ALL)
+    assert {n for n in runtime.__all__ if callable(getattr(runtime, n)) and n.islower() and n != "check"
+            and n != "sync_checks" and n != "default_registry"} == {s.name for s in FUNCTIONAL}
+
+
+@pytest.mark.parametrize("sig", FUNCTIONAL, ids=lambda s: s.name)
+def test_functional_functions_have_the_declared_parameters(sig):
+    fn = getattr(runtime, sig.name)
+    params = inspect.signature(fn).parameters
+    assert list(params) == [p.name for p in sig.params]
+    for p in sig.params:
+        got = params[p.name]
+        want_default = inspect.Parameter.empty if p.default is REQUIRED else p.default
+        if p.role == signatures.OUT:
+            want_default = None
+        assert got.default == want_default, p.name
+        keyword = p.role != signatures.ARRAY or p.keyword
+        assert (got.kind == got.KEYWORD_ONLY) == keyword, p.name
+    assert fn.__doc__ == sig.doc and fn.__doc__
+
+
+def test_replay_binding_follows_the_declaration():
+    sig = QUANTIZATION["quantize"]
+    assert sig.values == ("scope", "axis", "group_size", "out_dtype", "qmin", "qmax", "scale_dtype")
+    assert sig.arrays == ("x", "scale", "zero_point", "out")
+    assert sig.scalars == (1, 2)
+    assert QUANTIZATION["dequantize_backward"].scalars == (1, None)
+    assert QUANTIZATION["dynamic_quantize"].arrays == ("x", "q_out", "s_out", "z_out")
+    assert QUANTIZATION["dynamic_quantize"].scalars is None
+    assert MOE["grouped_matmul_backward"].arrays == ("x", "w", "dy", "row_experts", "offsets", "dx_out", "dw_out",
+                                                     "workspace")
+
+
+def test_a_first_call_path_is_checked_by_name():
+    sig = Signature("probe", (array("x"), array("scale"), value("scope", "str"),
+                              signatures.Param("out", signatures.OUT, None)))
+
+    def first(rec, x, scale, out, scope):
+        return x
+
+    fn = functional(sig, first, __name__)
+    assert "(x, scale, out)" in fn.__signature_source__ and "(scope,)" in fn.__signature_source__
+
+    def swapped(rec, scale, x, out, scope):
+        return x
+
+    with pytest.raises(TypeError, match=r"probe's first call .* takes \(scale, x, out, scope\); the signature "
+                                        r"declares \(x, scale, out, scope\)"):
+        functional(sig, swapped, __name__)
+
+
+def test_check_parameters_names_the_mismatch():
+    def f(a, b):
+        pass
+    check_parameters(f, ("a", "b"), "f")
+    with pytest.raises(TypeError, match=r"takes \(a, b\); the signature declares \(a, c\)"):
+        check_parameters(f, ("a", "c"), "f")
+
+
+def test_a_parameter_declared_twice_or_an_out_without_its_parts_is_refused():
+    with pytest.raises(ValueError, match="declared twice"):
+        Signature("probe", (array("x"), value("x", "str")), out=None)
+    with pytest.raises(ValueError, match="out= parameter"):
+        Signature("probe", (array("x"),))
+
+
+def test_torch_schemas_come_from_the_declarations():
+    torch = pytest.importorskip("torch")
+    import runtime.torch as sft
+    for name, sig in ALL.items():
+        op = getattr(torch.ops.skuforge, name)
+        parse = torch._C.parse_schema
+        assert op.default._schema == parse(f"skuforge::{name}{sig.schema()}")
+        if sig.out is not None:
+            assert op.out._schema == parse(f"skuforge::{name}.out{sig.out_schema()}")
+        else:
+            assert not hasattr(op, "out")
+    assert set(sft.OPS) == set(ALL)
+    assert set(sft.OUT_OPS) == {n for n, s in ALL.items() if s.out is not None}
+    # the one schema name that differs from the functional API's: ``mode`` is auto_functionalized's keyword
+    assert 'str range_mode="symmetric"' in ALL["dynamic_quantize"].schema()
+    assert "SymInt? axis=None" in ALL["quantize"].schema()
+    assert "Tensor? zero_point," in ALL["quantize"].schema()     # no default before a required argument
+
+
+def test_public_torch_functions_have_the_functional_parameters():
+    pytest.importorskip("torch")
+    import runtime.torch as sft
+    omitted = {"fake_quantize": {"return_mask"}, "fake_quantize_learnable_backward": {"_max_blocks"},
+               "grouped_matmul": {"workspace"}, "grouped_matmul_backward": {"workspace"}}
+    for sig in ALL.values():
+        if not hasattr(sft, sig.name):
+            continue
+        got = list(inspect.signature(getattr(sft, sig.name)).parameters)
+        assert got == [p.name for p in sig.params if p.name not in omitted.get(sig.name, ())], sig.name
+    assert inspect.signature(sft.fake_quantize_learnable).parameters["grad_factor"].default is None
