@@ -66,6 +66,7 @@ class Launcher:
 
     args_type: type = object
     main: str = "main"
+    one_launch: bool = False    # prepare(plan, args) gives the whole run as one PreparedLaunch (replayed by re-filling its slots)
 
     def check(self, plan: "Plan", args) -> None:
         """Raise InvalidProblemError when ``args`` do not fit ``plan``."""
@@ -75,6 +76,11 @@ class Launcher:
 
     def run(self, plan: "Plan", args, stream=None) -> None:
         raise NotImplementedError
+
+    def accesses(self, sku, launch: dict) -> dict:
+        """{entry-point group: the pointer parameters its kernels move in words wider than an
+        element (runtime.vectors.Access)} of the kernel ``sku`` with manifest ``launch`` metadata."""
+        return {}
 
 
 # launch kind -> its Launcher: the table of runtime/families.py, installed when the runtime is imported

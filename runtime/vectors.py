@@ -13,11 +13,12 @@ make such accesses in four ways:
   mma and wgmma epilogues (``store2``).
 * tensor maps (wgmma): 16-byte aligned addresses and row strides (runtime/tma.py checks the maps).
 
-:func:`accesses` lists them per launch kind and entry-point group, by the parameter names of the
-kernel ABI (its family's launch kind, codegen/families/<family>/launch.py), with the widths derived from the kernel's launch metadata (``vec``,
-``rvec``, ``pack``, stream kinds, backend, output kind). The MoE launcher names what a tensor-core
-backend cannot take from it (:func:`problems`); the CPU tests' fake launcher checks every launch
-against it.
+:class:`Access` is one such access. Each launcher declares its launch kind's accesses per entry-point
+group (``Launcher.accesses``, beside the launcher in its family), by the parameter names of the
+kernel ABI (codegen/families/<family>/launch.py), with the widths derived from the kernel's launch
+metadata (``vec``, ``rvec``, ``pack``, stream kinds, backend, output kind). The MoE launcher names
+what a tensor-core backend cannot take from it (:func:`problems`); the CPU tests' fake launcher
+checks every launch against it.
 """
 from __future__ import annotations
 
@@ -110,8 +111,8 @@ def problems(access, values: dict, names: Optional[dict] = None) -> list:
     return out
 
 
-# -- the accesses of each launch kind -------------------------------------------------------------
-def _streams(launch, vec: int, when=("vec_ok",)) -> list:
+# -- helpers of the launchers' declarations -------------------------------------------------------
+def streams(launch, vec: int, when=("vec_ok",)) -> list:
     """The data streams (``ins`` / ``outs`` of the launch), one vector of ``vec`` elements per
     access, rows strided by ``<name>_rs``. A bit-packed stream (launch ``bits``) moves one byte a
     vector, which any address takes: none where it is always bit-packed, none while its parameter
@@ -121,69 +122,3 @@ def _streams(launch, vec: int, when=("vec_ok",)) -> list:
                    f"{vec}-element vector accesses", (s["name"] + "_rs",), when,
                    (bits[s["name"]],) if s["name"] in bits else ())
             for s in launch["ins"] + launch["outs"] if not (s["name"] in bits and bits[s["name"]] is None)]
-
-
-def _elementwise(sku, launch) -> dict:
-    vec = launch["vec"]
-    main = _streams(launch, vec)
-    if sku.scope == "channel":       # the columns layout reads per-column parameters as vectors
-        m = kinds.SIZE[sku.precision.math]
-        how = f"{vec}-element vector loads"
-        main += [Access("scale", word(m, vec), m, how, (), ("vec_ok", "chan_last")),
-                 Access("zero_point", word(4, vec), 4, how, (), ("vec_ok", "chan_last"))]
-    return {"main": tuple(main)}
-
-
-def _data_streams(sku, launch) -> dict:    # low-bit static, LSQ: parameters are read element by element
-    return {"main": tuple(_streams(launch, launch["vec"]))}
-
-
-def _fused(sku, launch) -> dict:     # dynamic_fused, lowbit_dynamic_fused: the team kernels are vector-only
-    vec = launch["vec"]
-    return {"main": tuple(_streams(launch, vec)), "team": tuple(_streams(launch, vec, ()))}
-
-
-def _reduce(sku, launch) -> dict:
-    """Phase 0 reads x in vectors (vec_ok; flat: a contiguous x, its rows unused); the one-launch
-    kernels copy x 16 bytes at a time and store q in vectors (per channel: rows of ``cols``
-    elements, so a row is whole vectors)."""
-    rvec = launch["rvec"]
-    x, q = launch["ins"][0]["kind"], launch["outs"][0]["kind"]
-    item, how = kinds.SIZE[x], f"{rvec}-element vector loads"
-    main = (Access("x", stream_word(x, rvec), item, how, ("x_rs",), ("vec_ok",)),
-            Access("x", stream_word(x, rvec), item, how, (), ("flat",)))
-    coop = (Access("x", CP_ASYNC, item, "16-byte cp.async copies"),
-            Access("q", stream_word(q, rvec), kinds.SIZE[q], f"{rvec}-element vector stores"))
-    chan = (Access("x", CP_ASYNC, item, "16-byte cp.async copies and loads", ("cols",)),
-            Access("q", stream_word(q, rvec), kinds.SIZE[q], f"{rvec}-element vector stores", ("cols",)))
-    return {"main": main, "coop": coop, "chan": chan}
-
-
-def moe_gemm(backend: str, element: str, out_kind: str) -> tuple:
-    """The accesses of a grouped-matmul kernel of ``backend`` (the ``gemm`` group): the mma and
-    wgmma kernels copy their operands 16 bytes at a time (row strides too) and store accumulator
-    pairs as one word; the wgmma kernels store whole tiles through the output's tensor map."""
-    if backend == "simt":
-        return ()
-    item, out_item = kinds.SIZE[element], kinds.SIZE[out_kind]
-    copies = "the tensor-core kernels' 16-byte operand copies"
-    ops = tuple(Access(p, CP_ASYNC, item, copies, st)
-                for p, st in (("x", ("ldx",)), ("w", ("w_se", "w_sn")), ("dy", ("lddy",))))
-    if backend == "wgmma":
-        return ops + (Access("out", TMA, out_item, "the wgmma kernels' tensor-map stores"),)
-    pair = word(out_item, 2)
-    return ops + (Access("out", pair, out_item, f"the mma kernels' {pair}-byte stores of output pairs"),)
-
-
-def _moe(sku, launch) -> dict:       # the routing kernels move single elements
-    return {"gemm": moe_gemm(sku.backend, sku.element, launch["out"])}
-
-
-BUILDERS = {"elementwise": _elementwise, "lowbit_elementwise": _data_streams, "dynamic_fused": _fused,
-            "lowbit_dynamic_fused": _fused, "dynamic_reduce": _reduce, "lsq": _data_streams, "moe_gemm": _moe}
-
-
-def accesses(sku, launch: dict, group: str) -> tuple:
-    """The vector accesses of entry-point group ``group`` (its launch kind's names) of the kernel
-    ``sku``, from its manifest ``launch`` metadata."""
-    return BUILDERS[launch["kind"]](sku, launch).get(group, ())

@@ -44,13 +44,14 @@ def assert_aligned(fn, values):
     words wider than an element is aligned as that access needs, row strides included, as
     runtime/vectors.py declares the kernels' accesses (what a misaligned launch would fault on)."""
     import runtime as sf
-    from runtime import vectors
+    from runtime import plans, vectors
     reg = sf.default_registry()
     entry, group = entry_points(reg).get(fn, (None, None))
     assert entry is not None, f"a launch of {fn!r}, which is no entry point of the manifest"
     abi = reg.abi(entry.launch["abi"][group])
     assert len(values) == len(abi.names), f"{fn}: {len(values)} values for {abi}"
-    bad = vectors.problems(vectors.accesses(entry.sku, entry.launch, group), dict(zip(abi.names, values)))
+    accesses = plans.LAUNCHERS[entry.launch["kind"]].accesses(entry.sku, entry.launch).get(group, ())
+    bad = vectors.problems(accesses, dict(zip(abi.names, values)))
     assert not bad, f"{fn} launched with misaligned vector accesses: {bad}"
 
 

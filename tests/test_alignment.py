@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import runtime as sf
-from runtime import InvalidProblemError, replay, vectors
+from runtime import InvalidProblemError, plans, replay, vectors
 from tests import fuzz_cases as fc
 from tests.fakes import assert_aligned, entry_points, err
 from tests.test_replay import dev  # noqa: F401  (a fixture)
@@ -52,12 +52,12 @@ def test_every_access_names_pointer_and_integer_parameters_of_its_kernel():
     for entry in REG.entries.values():
         for group, abi_id in entry.launch["abi"].items():
             packing = dict(map(tuple, REG.manifest["abi"][abi_id]))
-            for a in vectors.accesses(entry.sku, entry.launch, group):
+            for a in plans.LAUNCHERS[entry.launch["kind"]].accesses(entry.sku, entry.launch).get(group, ()):
                 assert packing.get(a.param) == "ptr", (entry.sku, group, a)
                 assert all(packing.get(p) in ("i64", "i32") for p in a.strides + a.when), (entry.sku, group, a)
                 assert a.nbytes in (1, 2, 4, 8, 16) and a.nbytes >= a.item or a.nbytes == a.item, a
                 seen.add(entry.launch["kind"])
-    assert seen == set(vectors.BUILDERS), "every launch kind with vector accesses declares some"
+    assert seen == set(plans.LAUNCHERS), "every launch kind declares vector accesses"
 
 
 @pytest.mark.parametrize("item, n, want", [(2, 8, 16), (4, 4, 16), (8, 2, 16), (4, 8, 16), (1, 8, 8), (1, 4, 4),

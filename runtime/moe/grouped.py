@@ -63,7 +63,7 @@ from ..signatures import functional
 from ..tma import map_encoder
 
 from .problem import (COUNTER_SLOT, MAX_EXPERTS, MAX_ROWS, STRATEGIES, WGMMA_ARCH, WORKSPACE_ALIGN, MoeArgs, Routing,
-                      _dtype_name, check_problem, mma_blockers, route_chunks, tma_specs, wgmma_blockers,
+                      _dtype_name, check_problem, gemm_accesses, mma_blockers, route_chunks, tma_specs, wgmma_blockers,
                       workspace_layout)
 from .signatures import GROUPED_MATMUL, GROUPED_MATMUL_BACKWARD
 from .variants import CONFIG, variant_for
@@ -101,6 +101,11 @@ class MoeLauncher(Launcher):
 
     args_type = MoeArgs
     main = "gemm"
+
+    def accesses(self, sku, launch: dict) -> dict:
+        """The grouped-matmul kernel's operand copies and output stores; the routing kernels move
+        single elements."""
+        return {"gemm": gemm_accesses(sku.backend, sku.element, launch["out"])}
 
     def check(self, plan, args: MoeArgs) -> None:
         sku = plan.sku

@@ -162,6 +162,22 @@ def check_problem(x: ArrayRef, w: ArrayRef, dy: Optional[ArrayRef], row_experts,
     return M, N, K, E
 
 
+def gemm_accesses(backend: str, element: str, out_kind: str) -> tuple:
+    """The vector accesses of a grouped-matmul kernel of ``backend`` (the ``gemm`` group): the mma and
+    wgmma kernels copy their operands 16 bytes at a time (row strides too) and store accumulator
+    pairs as one word; the wgmma kernels store whole tiles through the output's tensor map."""
+    if backend == "simt":
+        return ()
+    item, out_item = kinds.SIZE[element], kinds.SIZE[out_kind]
+    copies = "the tensor-core kernels' 16-byte operand copies"
+    ops = tuple(vectors.Access(p, vectors.CP_ASYNC, item, copies, st)
+                for p, st in (("x", ("ldx",)), ("w", ("w_se", "w_sn")), ("dy", ("lddy",))))
+    if backend == "wgmma":
+        return ops + (vectors.Access("out", vectors.TMA, out_item, "the wgmma kernels' tensor-map stores"),)
+    pair = vectors.word(out_item, 2)
+    return ops + (vectors.Access("out", pair, out_item, f"the mma kernels' {pair}-byte stores of output pairs"),)
+
+
 def mma_blockers(args: MoeArgs, backend: str = "mma") -> list:
     """Why the mma kernels (``backend``: or the wgmma ones, as far as their pointers go) cannot
     take these arguments (empty: they can): extents, and every operand and output the kernel
@@ -178,7 +194,7 @@ def mma_blockers(args: MoeArgs, backend: str = "mma") -> list:
                   w_se=w.strides[0] if w is not None else 0, w_sn=w.strides[1] if w is not None else 0,
                   dy=_ptr(dy), lddy=dy.strides[0] if dy is not None else 0, out=args.out.ptr)
     element = (x if x is not None else dy).kind
-    return out + vectors.problems(vectors.moe_gemm(backend, element, args.out.kind), values,
+    return out + vectors.problems(gemm_accesses(backend, element, args.out.kind), values,
                                   {"out": OUT_ARG[args.op]})
 
 

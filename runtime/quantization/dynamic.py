@@ -173,7 +173,7 @@ def _dynamic_quantize(rec, x, q_out, s_out, z_out, scope, mode, axis, group_size
     args = DynamicArgs(xr, xv, qref, qv, sref, zref, scope, mode, qmin, qmax, zp_value, eps,
                        axis=axis, group_size=group_size)
     plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, qk), lowbit.preference(xr.device))
-    if plan.launch["kind"] in ("dynamic_fused", "lowbit_dynamic_fused"):
+    if plan.launcher.one_launch:         # per token / group: the fused kernel
         # one prepared launch: a repeated call re-allocates and re-fills its pointer slots
         plan.launcher.check(plan, args)
         prep = plan.launcher.prepare(plan, args)

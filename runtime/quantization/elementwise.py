@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from .. import kinds
 from ..arrays import ArrayRef, stream_handle
 from ..device import driver
 from ..errors import InvalidProblemError
 from ..launch import GRID_CAP, MAX_GRID_X, MAX_GRID_Y, PreparedLaunch, next_pow2, ptr, row_grid
 from ..plans import Launcher
 from ..tuning import schedule
-from ..vectors import fits, stream_word, word
+from ..vectors import Access, fits, streams, stream_word, word
 
 
 @dataclass
@@ -50,6 +51,8 @@ def stream_params(plan, args: ElementwiseArgs) -> dict:
 
 class ElementwiseLauncher(Launcher):
     """rows x cols kernels of templates/quantization/_elementwise.cu.j2."""
+
+    one_launch = True
 
     args_type = ElementwiseArgs
 
@@ -140,3 +143,15 @@ class ElementwiseLauncher(Launcher):
             return
         prep = self.prepare(plan, args)
         prep.launch(stream if stream is not None else stream_handle(args.ins[0][0]))
+
+    def accesses(self, sku, launch: dict) -> dict:
+        """The data streams as vectors; per channel on the last axis (the columns layout), the
+        per-column parameters as vectors too."""
+        vec = launch["vec"]
+        main = streams(launch, vec)
+        if sku.scope == "channel":
+            m = kinds.SIZE[sku.precision.math]
+            how = f"{vec}-element vector loads"
+            main += [Access("scale", word(m, vec), m, how, (), ("vec_ok", "chan_last")),
+                     Access("zero_point", word(4, vec), 4, how, (), ("vec_ok", "chan_last"))]
+        return {"main": tuple(main)}

@@ -18,7 +18,7 @@ from ..errors import InvalidProblemError, UnsupportedError
 from ..launch import PreparedLaunch, next_pow2, ptr, row_grid
 from ..plans import Launcher
 from ..tuning import schedule
-from ..vectors import fits, stream_word
+from ..vectors import fits, streams, stream_word
 from . import lowbit
 
 
@@ -268,6 +268,8 @@ class DynamicFusedLauncher(Launcher):
     """Per-token / per-group: one launch of a fused kernel (dynamic_fused.cu.j2), as runtime.config's
     ``dynamic_config`` says (a :class:`FusedConfig`; the low-bit fused launcher follows it too)."""
 
+    one_launch = True
+
     args_type = DynamicArgs
 
     def check(self, plan, args: DynamicArgs):
@@ -300,10 +302,19 @@ class DynamicFusedLauncher(Launcher):
         self.prepare(plan, args).launch(stream if stream is not None else stream_handle(args.x))
 
 
+    def accesses(self, sku, launch: dict) -> dict:
+        """The data streams as vectors; the team kernels take the vector path only."""
+        vec = launch["vec"]
+        return {"main": tuple(streams(launch, vec)), "team": tuple(streams(launch, vec, ()))}
+
 
 class LowBitFusedLauncher(Launcher):
     """Per-token / per-group low-bit dynamic quantization: one launch of the fused kernel
     (lowbit_dynamic_fused.cu.j2), configured as runtime.quantization.dynamic.DynamicFusedLauncher does."""
+
+    one_launch = True
+
+    accesses = DynamicFusedLauncher.accesses
 
     args_type = DynamicArgs
 

@@ -37,7 +37,7 @@ from ..params import check_param_shape, device_check
 from ..plans import Launcher, Preference
 from ..scopes import param_shape
 from ..tuning import schedule
-from ..vectors import fits, stream_word
+from ..vectors import fits, streams, stream_word
 from .elementwise import ElementwiseArgs, stream_params
 
 FP8 = kinds.FP8            # plain aliases of the kind groups (runtime/kinds.py)
@@ -177,6 +177,8 @@ class LowBitElementwiseLauncher(Launcher):
     """rows x cols kernels of lowbit_quantize / lowbit_dequantize.cu.j2 (cols = logical elements;
     the packed stream has cols / pack bytes per row)."""
 
+    one_launch = True
+
     args_type = ElementwiseArgs
 
     def check(self, plan, args: ElementwiseArgs):
@@ -220,3 +222,7 @@ class LowBitElementwiseLauncher(Launcher):
         if args.rows == 0 or args.cols == 0:
             return
         self.prepare(plan, args).launch(stream if stream is not None else stream_handle(args.ins[0][0]))
+
+    def accesses(self, sku, launch: dict) -> dict:
+        """The data streams as vectors; the parameters are read element by element."""
+        return {"main": tuple(streams(launch, launch["vec"]))}

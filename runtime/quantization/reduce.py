@@ -14,7 +14,7 @@ from ..launch import next_pow2, ptr
 from ..params import channel_params
 from ..plans import Descriptor, Launcher, Preference, cached_plan
 from ..tuning import schedule
-from ..vectors import CP_ASYNC, fits, require_aligned, stream_word
+from ..vectors import CP_ASYNC, Access, fits, require_aligned, stream_word
 from .elementwise import ElementwiseArgs
 from .fused import DynamicArgs, _check_kinds, _scalar, _vec_ok
 
@@ -270,3 +270,18 @@ class DynamicReduceLauncher(Launcher):
         qplan = cached_plan(Descriptor("quantize", args.scope, args.mode, plan.sku.element, plan.sku.aux_element),
                             Preference(arch=plan.sku.arch_number))
         qplan.run(qargs, stream=stream)
+
+    def accesses(self, sku, launch: dict) -> dict:
+        """Phase 0 reads x in vectors (vec_ok; flat: a contiguous x, its rows unused); the one-launch
+        kernels copy x 16 bytes at a time and store q in vectors (per channel: rows of ``cols``
+        elements, so a row is whole vectors)."""
+        rvec = launch["rvec"]
+        x, q = launch["ins"][0]["kind"], launch["outs"][0]["kind"]
+        item, how = kinds.SIZE[x], f"{rvec}-element vector loads"
+        main = (Access("x", stream_word(x, rvec), item, how, ("x_rs",), ("vec_ok",)),
+                Access("x", stream_word(x, rvec), item, how, (), ("flat",)))
+        coop = (Access("x", CP_ASYNC, item, "16-byte cp.async copies"),
+                Access("q", stream_word(q, rvec), kinds.SIZE[q], f"{rvec}-element vector stores"))
+        chan = (Access("x", CP_ASYNC, item, "16-byte cp.async copies and loads", ("cols",)),
+                Access("q", stream_word(q, rvec), kinds.SIZE[q], f"{rvec}-element vector stores", ("cols",)))
+        return {"main": main, "coop": coop, "chan": chan}

@@ -39,7 +39,7 @@ from ..params import channel_params, check_apart, out_arg, real_scalar, same_dev
 from ..plans import Descriptor, Launcher, cached_plan
 from ..signatures import functional
 from ..scopes import RowsView, check_range, check_scope, implied_zero_point, param_shape, rows_view
-from ..vectors import fits, stream_word
+from ..vectors import fits, streams, stream_word
 from .signatures import (DEFAULT_QMAX, DEFAULT_QMIN, DEQUANTIZE_BACKWARD, FAKE_QUANTIZE, FAKE_QUANTIZE_BACKWARD,
                          FAKE_QUANTIZE_BACKWARD_FROM_MASK, FAKE_QUANTIZE_LEARNABLE_BACKWARD, QUANTIZE_BACKWARD)
 from .static import launch_elementwise
@@ -434,6 +434,10 @@ class LsqLauncher(Launcher):
         stream = stream if stream is not None else stream_handle(args.dy[0])
         for prep in self.prepare(plan, args):
             prep.launch(stream)
+
+    def accesses(self, sku, launch: dict) -> dict:
+        """The data streams as vectors; the parameters are read element by element."""
+        return {"main": tuple(streams(launch, launch["vec"]))}
 
 
 def _zeros(like: ArrayRef, shape, kind: str):
