@@ -111,10 +111,11 @@ def test_gradients_modes_the_profiler_and_subclasses_take_the_dispatcher(direct)
     from torch.utils._python_dispatch import TorchDispatchMode
     x, s, z, dy, *_ = _data()
     xg = x.clone().requires_grad_(True)
-    y = sft.fake_quantize(xg, s, z, scope="token")                # a gradient to record
-    assert direct.get("_fake_quantize", 0) == 0 and y.grad_fn is not None
+    y = sft.fake_quantize(xg, s, z, scope="token")                # a gradient to record: the op with its mask
+    assert direct.get("_fake_quantize", 0) == 0 and direct.get("_fake_quantize_with_mask", 0) == 0
+    assert y.grad_fn is not None
     y.backward(dy)                                               # its backward formula needs none: direct
-    assert direct["_fake_quantize_backward"] == 1
+    assert direct["_fake_quantize_backward_from_mask"] == 1
     assert torch.equal(xg.grad, sft.fake_quantize_backward(dy, x, s, z, scope="token"))
     with torch.no_grad():                                        # grad mode off: nothing to record
         sft.fake_quantize(xg, s, z, scope="token")

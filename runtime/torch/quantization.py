@@ -31,9 +31,9 @@ from runtime.quantization.signatures import (DEFAULT_QMAX, DEFAULT_QMIN, DEQUANT
                                              FAKE_QUANTIZE_BACKWARD_FROM_MASK, FAKE_QUANTIZE_LEARNABLE,
                                              FAKE_QUANTIZE_LEARNABLE_BACKWARD, FAKE_QUANTIZE_WITH_MASK, QUANTIZE,
                                              QUANTIZE_BACKWARD)
-from runtime.scopes import check_range, implied_zero_point
 
 from . import meta
+from .gradients import dq_facts, dq_scale_grad, expand, mask_facts, scale_values
 from .library import TorchOp, call, call_out, define, dtype_name, grad_on, grads, named, new, public
 from .meta import E8M0_DTYPE
 
@@ -76,105 +76,11 @@ def _q_backward(ctx, grad):
 _quantize.register_autograd(_q_backward, setup_context=_q_setup)
 
 
-def _scale_values(scale: Tensor, m: torch.dtype) -> Tensor:
-    """Scale values in the math dtype: float scales as they are, e8m0 codes c as 2^(c - 127), built
-    from their float32 bits (exact; 2^-127 is the subnormal 0x00400000, code 255 NaN)."""
-    if scale.dtype not in (torch.uint8, E8M0_DTYPE):
-        return scale.to(m)
-    c = scale.view(torch.uint8).to(torch.int32)
-    bits = torch.where(c == 0, 0x00400000, torch.where(c == 255, 0x7FC00000, c << 23))
-    return bits.view(torch.float32).to(m)
-
-
-def _expand(p: Tensor, shape, scope: str, axis: Optional[int], group_size: Optional[int]) -> Tensor:
-    """A per-scope parameter broadcast to ``shape`` (x's logical shape)."""
-    shape = tuple(shape)
-    nd = len(shape)
-    if scope == "tensor":
-        return p.reshape(()).expand(shape)
-    if scope == "channel":
-        a = axis % nd
-        return p.reshape([1] * a + [shape[a]] + [1] * (nd - a - 1)).expand(shape)
-    if scope == "token":
-        return p.reshape(shape[:-1] + (1,)).expand(shape)
-    g = shape[-1] // group_size
-    return p.reshape(shape[:-1] + (g, 1)).expand(shape[:-1] + (g, group_size)).reshape(shape)
-
-
-
-def _sum_per_scale(t: Tensor, scope: str, axis: Optional[int], group_size: Optional[int], out_shape) -> Tensor:
-    """Sums of ``t`` (x's logical shape) per scale element, in the scale's shape."""
-    shape = tuple(t.shape)
-    nd = len(shape)
-    if scope == "tensor":
-        s = t.sum()
-    elif scope == "channel":
-        a = axis % nd
-        s = t.sum(dim=[i for i in range(nd) if i != a])
-    elif scope == "token":
-        s = t.sum(dim=-1)
-    else:
-        s = t.reshape(shape[:-1] + (shape[-1] // group_size, group_size)).sum(dim=-1)
-    return s.reshape(out_shape)
-
-
-def _unpack_int4(q: Tensor, signed: bool) -> Tensor:
-    """A packed int4 container (uint8, element 2i in the low nibble) as int16 values (..., 2 * D/2)."""
-    b = q.to(torch.int16)
-    lo, hi = b & 15, (b >> 4) & 15
-    if signed:
-        lo, hi = lo - ((lo & 8) << 1), hi - ((hi & 8) << 1)
-    return torch.stack([lo, hi], dim=-1).reshape(tuple(q.shape[:-1]) + (2 * q.shape[-1],))
-
-
-# Facts parsed from dtype names: constants of constant arguments, which torch.compile evaluates once
-# while tracing (assume_constant_result) instead of tracing the parsing.
-@torch.compiler.assume_constant_result
-def _e8m0(scale_dtype) -> bool:
-    """Whether ``scale_dtype`` names e8m0 scale codes."""
-    return lowbit.is_e8m0(scale_dtype)
-
-
-@torch.compiler.assume_constant_result
-def _dq_facts(q_dtype: torch.dtype, in_dtype, scale_dtype, s_dtype: torch.dtype) -> tuple:
-    """dequantize's (code kind, whether the scales are e8m0 codes, the implied zero point)."""
-    kind = kind_of(in_dtype, "in_dtype") if in_dtype is not None else kind_of(q_dtype, "q")
-    e8m0 = lowbit.is_e8m0(scale_dtype) or s_dtype in (E8M0_DTYPE, torch.uint8)
-    return kind, e8m0, 0 if kind in kinds.FP8 else implied_zero_point(kind)
-
-
-@torch.compiler.assume_constant_result
-def _mask_facts(out_dtype, qmin, qmax) -> tuple:
-    """quantize's clip mask for output kind ``out_dtype``: (fp8 max, None, None, None, 0) for fp8 codes;
-    else (None, the quantize_backward ``out_dtype``, qmin, qmax, the zero point of ``zero_point=None``
-    to pass explicitly, 0 where the kernel implies it): int4 through the int8 / uint8 kernel with
-    int4's range and zero point."""
-    qk = kind_of(out_dtype, "out_dtype")
-    k = kinds.kind(qk)
-    if k.max is not None:
-        return k.max, None, None, None, 0
-    if qk in kinds.INT4:
-        qmin, qmax = check_range(qk, qmin, qmax)
-        return None, "int8" if qk == "s4" else "uint8", qmin, qmax, implied_zero_point(qk)
-    return None, out_dtype, qmin, qmax, 0
-
 
 def _dq_setup(ctx, inputs, output):
     a = named(DEQUANTIZE, inputs)
     ctx.save_for_backward(a["q"], a["scale"], a["zero_point"])
     ctx.cfg = (a["scope"], a["axis"], a["group_size"], a["in_dtype"], a["scale_dtype"])
-
-
-def _dq_scale_grad(grad: Tensor, q: Tensor, scale: Tensor, zero_point: Optional[Tensor], scope: str,
-                   axis: Optional[int], group_size: Optional[int], kind: str, implied_zp: int) -> Tensor:
-    """``sum(dy * (q - zp))`` per scale element, in the scale's dtype (int4 codes unpacked)."""
-    m = scale.dtype
-    qm = (_unpack_int4(q, kind == "s4") if kind in kinds.INT4 else q).to(m)
-    if zero_point is None:
-        zp = torch.full((), float(implied_zp), dtype=m, device=q.device)
-    else:
-        zp = _expand(zero_point.to(m), qm.shape, scope, axis, group_size)
-    return _sum_per_scale(grad.to(m) * (qm - zp), scope, axis, group_size, scale.shape).to(m)
 
 
 def _dq_backward(ctx, grad):
@@ -183,12 +89,12 @@ def _dq_backward(ctx, grad):
     are integers and take none."""
     q, scale, zero_point = ctx.saved_tensors
     scope, axis, group_size, in_dtype, scale_dtype = ctx.cfg
-    kind, e8m0, implied_zp = _dq_facts(q.dtype, in_dtype, scale_dtype, scale.dtype)
+    kind, e8m0, implied_zp = dq_facts(q.dtype, in_dtype, scale_dtype, scale.dtype)
     if e8m0:
         return grads(DEQUANTIZE)
     dq = ds = None
     if ctx.needs_input_grad[1]:
-        ds = _dq_scale_grad(grad, q, scale, zero_point, scope, axis, group_size, kind, implied_zp)
+        ds = dq_scale_grad(grad, q, scale, zero_point, scope, axis, group_size, kind, implied_zp)
     if ctx.needs_input_grad[0] and kind in kinds.FP8 and q.is_floating_point():
         dq = call(_dequantize_backward, grad.contiguous(), scale, scope, axis, group_size).to(q.dtype)
     return grads(DEQUANTIZE, q=dq, scale=ds)
@@ -215,10 +121,10 @@ def _ste_dx(g: Tensor, x: Tensor, scale: Tensor, zero_point: Optional[Tensor], s
     quantize_backward's): integer codes ``qmin <= rne(x * inv) + zp <= qmax`` (the quantize_backward
     kernel), fp8 ``|x * inv| <= fp8_max`` (not saturated), ``inv = 1 / scale`` in the math precision."""
     dy = g.to(x.dtype).contiguous()
-    fp8_max, kernel_dtype, qmin, qmax, implied_zp = _mask_facts(out_dtype, qmin, qmax)
+    fp8_max, kernel_dtype, qmin, qmax, implied_zp = mask_facts(out_dtype, qmin, qmax)
     if fp8_max is not None:
         m = _math_dtype(x)
-        inv = _expand(torch.reciprocal(_scale_values(scale, m)), x.shape, scope, axis, group_size)
+        inv = expand(torch.reciprocal(scale_values(scale, m)), x.shape, scope, axis, group_size)
         return dy * ((x.to(m) * inv).abs() <= fp8_max)
     if zero_point is None and implied_zp:
         zero_point = torch.full(tuple(scale.shape), implied_zp, dtype=torch.int32, device=x.device)
@@ -255,10 +161,10 @@ class _DequantizeSTE(torch.autograd.Function):
     def backward(ctx, g):
         q, scale, zero_point = ctx.saved_tensors
         scope, axis, group_size, _out_dtype, in_dtype, scale_dtype = ctx.cfg
-        kind, e8m0, implied_zp = _dq_facts(q.dtype, in_dtype, scale_dtype, scale.dtype)
+        kind, e8m0, implied_zp = dq_facts(q.dtype, in_dtype, scale_dtype, scale.dtype)
         ds = None
         if ctx.needs_input_grad[2] and not e8m0:
-            ds = _dq_scale_grad(g, q, scale, zero_point, scope, axis, group_size, kind, implied_zp)
+            ds = dq_scale_grad(g, q, scale, zero_point, scope, axis, group_size, kind, implied_zp)
         return g.to(ctx.dtype), None, ds, None, None
 
 

@@ -18,7 +18,7 @@ from runtime.moe.signatures import SIGNATURES as _MOE
 from runtime.quantization.signatures import SIGNATURES as _QUANTIZATION
 from runtime.quantization.training import mask_format
 
-from . import moe, quantization
+from . import gradients, moe, quantization
 from .library import call as call_op
 from .library import call_out
 
@@ -48,7 +48,7 @@ def _dynamic_quantize(op, sig, a, extra):
     q_out, s_out, z_out = a.pop("q_out"), a.pop("s_out"), a.pop("z_out")
     a["out"] = None if no_out else ((q_out, s_out) if z_out is None else (q_out, s_out, z_out))
     q, s, z = _front(op, sig, a, extra)
-    if no_out and s.dtype != torch.uint8 and quantization._e8m0(a["scale_dtype"]):
+    if no_out and s.dtype != torch.uint8 and gradients.names_e8m0(a["scale_dtype"]):
         s = s.view(torch.uint8)         # the functional API's e8m0 scales are uint8 codes
     return q, s, z
 
