@@ -141,28 +141,42 @@ def entry_meta(path: Path) -> Optional[dict]:
 
 
 # -- faults: one warning each ------------------------------------------------------------------
-_state_lock = threading.Lock()
-_MEMORY: dict = {}        # (cache root, key) -> cubin, kept in memory (unusable folder or entry, busy lock)
-_UNUSABLE: dict = {}      # cache root -> why (warned once)
-_WARNED: set = set()      # corrupt entries / prebuilt folders / busy locks already warned about
-_CLEANED: set = set()     # folders already swept for orphans
+class _ProcessState:
+    """What this process remembers of the compile cache and the prebuilt folders: kernels kept in
+    memory, folders found unusable, warnings given, folders swept, prebuilt indexes read."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.memory: dict = {}      # (cache root, key) -> cubin, kept in memory (unusable folder or entry, busy lock)
+        self.unusable: dict = {}    # cache root -> why (warned once)
+        self.warned: set = set()    # corrupt entries / prebuilt folders / busy locks already warned about
+        self.cleaned: set = set()   # folders already swept for orphans
+        self.indexes: dict = {}     # index path -> (stat stamp, {cache key: entry}, problem or None)
+
+    def reset(self) -> None:
+        with self.lock:
+            for held in (self.memory, self.unusable, self.warned, self.cleaned, self.indexes):
+                held.clear()
+
+
+STATE = _ProcessState()
 
 
 def _disable(root: Path, err: BaseException) -> None:
-    with _state_lock:
-        if root in _UNUSABLE:
+    with STATE.lock:
+        if root in STATE.unusable:
             return
-        _UNUSABLE[root] = err
+        STATE.unusable[root] = err
     warnings.warn(f"skuforge compile cache {root} is not usable ({type(err).__name__}: {err}); compiled kernels "
                   f"are kept in memory for this process (set SKUFORGE_CACHE_DIR to a writable folder)",
                   CacheWarning, stacklevel=3)
 
 
 def _warn_once(tag, message: str) -> None:
-    with _state_lock:
-        if tag in _WARNED:
+    with STATE.lock:
+        if tag in STATE.warned:
             return
-        _WARNED.add(tag)
+        STATE.warned.add(tag)
     warnings.warn(message, CacheWarning, stacklevel=3)
 
 
@@ -186,12 +200,7 @@ def _fault(root: Path, path: Path, err: OSError) -> None:
 
 def reset_faults() -> None:
     """Forget the remembered faults (unusable folders, warnings given) and the in-memory kernels (tests)."""
-    with _state_lock:
-        _MEMORY.clear()
-        _UNUSABLE.clear()
-        _WARNED.clear()
-        _CLEANED.clear()
-        _INDEXES.clear()
+    STATE.reset()
 
 
 def clean_orphans(folder: Path, max_age_s: float = ORPHAN_AGE_S) -> list:
@@ -233,7 +242,6 @@ def _write_atomic(path: Path, blob: bytes) -> None:
 INDEX_SCHEMA = 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _ENTRY_FIELDS = (("unit", str), ("arch", int), ("cache_key", str), ("cubin_sha256", str), ("file", str))
-_INDEXES: dict = {}       # index path -> (stat stamp, {cache key: entry}, problem or None)
 
 
 def prebuilt_file(unit: str, arch: int, key: str) -> str:
@@ -287,7 +295,7 @@ def _load_index(folder: Path) -> tuple:
     except OSError as e:
         return {}, f"no readable {INDEX} ({e.strerror or e}): write it with `python -m codegen compile --out {folder}`"
     stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-    hit = _INDEXES.get(path)
+    hit = STATE.indexes.get(path)
     if hit is None or hit[0] != stamp:
         entries = {}
         try:
@@ -300,7 +308,7 @@ def _load_index(folder: Path) -> tuple:
                 entries = {e["cache_key"]: e for e in data["entries"]}
             else:
                 problem = f"{path}: {problem}"
-        hit = _INDEXES[path] = (stamp, entries, problem)
+        hit = STATE.indexes[path] = (stamp, entries, problem)
     return hit[1], hit[2]
 
 
@@ -434,7 +442,7 @@ def _not_prebuilt(name: str, arch: int, skus, s) -> KernelNotPrebuiltError:
 
 # -- compile_cached ------------------------------------------------------------------------------
 def _in_memory(root: Path, key: str, cubin: bytes) -> CompileResult:
-    _MEMORY[(root, key)] = cubin
+    STATE.memory[(root, key)] = cubin
     return CompileResult(cubin, None, False, "compiled")
 
 
@@ -477,8 +485,8 @@ def _compile_into_cache(source: str, name: str, arch: int, options, key: str, pa
             payload, _ = _read_entry(path, key, name, arch)  # another process may have finished meanwhile
             if payload is not None:
                 return CompileResult(payload, path, True, "cache")
-            if path.parent not in _CLEANED:
-                _CLEANED.add(path.parent)
+            if path.parent not in STATE.cleaned:
+                STATE.cleaned.add(path.parent)
                 clean_orphans(path.parent)
             cubin = nvrtc_compile(source, name, arch, options)
         try:
@@ -501,7 +509,7 @@ def compile_cached(source: str, name: str, arch: int, options=(), *, skus=()) ->
         if hit is not None:
             return CompileResult(hit[1], hit[0], True, "prebuilt")
     root = cache_dir()
-    mem = _MEMORY.get((root, key))
+    mem = STATE.memory.get((root, key))
     if mem is not None:
         return CompileResult(mem, None, True, "memory")
     path = _entry_path(name, arch, key)
@@ -513,7 +521,7 @@ def compile_cached(source: str, name: str, arch: int, options=(), *, skus=()) ->
         _warn_once(("corrupt", str(path)), f"corrupt compile-cache entry {path} ({problem}): rebuilding it")
     if s.disable_jit:
         raise _not_prebuilt(name, arch, list(skus), s)
-    if root not in _UNUSABLE and not blocked:
+    if root not in STATE.unusable and not blocked:
         res = _compile_into_cache(source, name, arch, options, key, path, s.lock_timeout)
         if res is not None:
             return res

@@ -1,4 +1,4 @@
-"""Fuzz problems over every public function (tests/test_fuzz.py on the CPU, tests/test_gpu_fuzz.py on a GPU).
+"""Fuzz problems over every public function (tests/core/test_fuzz.py on the CPU, tests/core/test_gpu_fuzz.py on a GPU).
 
 A :class:`Problem` is one call: the function, its positional and keyword arguments, where every
 array is an :class:`Arr` description (shape, dtype, layout, byte offset, aliasing, how its values are

@@ -3,8 +3,8 @@ docs/configuration.md). Each is read when a test asks for it, with the runtime's
 (runtime.config.env_int / env_flag: a bad value is a typed error naming the variable).
 
     SKUFORGE_SEED=N            the ``rng`` fixture's seed (default: fresh, printed with each test)
-    SKUFORGE_EXHAUSTIVE=1      tests/test_lowbit_host.py: f32 -> fp8 over all 2**32 bit patterns
-    SKUFORGE_FULL_COMPILE=1    tests/test_lowbit_build.py: every low-bit unit for every arch
+    SKUFORGE_EXHAUSTIVE=1      tests/quantization/test_lowbit_host.py: f32 -> fp8 over all 2**32 bit patterns
+    SKUFORGE_FULL_COMPILE=1    tests/quantization/test_lowbit_build.py: every low-bit unit for every arch
 """
 from typing import Optional
 

@@ -2,7 +2,7 @@
 against a PyTorch reference: W8A8 within int8 error, FP8 row-wise and 1x128 groups, QAT equal to
 PyTorch's fake-quant ops, the MoE layer vs a float64 reference and a falling loss, the
 expert-parallel layer in one process (world size 1 over NCCL) vs the one-process layer; on two GPUs
-under torchrun: tests/test_gpu_multi.py)."""
+under torchrun: tests/core/test_gpu_multi.py)."""
 import os
 import subprocess
 import sys

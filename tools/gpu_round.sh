@@ -17,7 +17,7 @@ for stage in "$@"; do
   echo "== $stage ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/round.log"
   case $stage in
     verify) timeout -s INT 300 python3 -m codegen verify --seed ${SEED:-1} --filter "${VERIFY_FILTER:-*}" > "$OUT/verify.txt" 2>&1; rc=$?; tail -40 "$OUT/verify.txt" >> "$OUT/round.log" ;;
-    tests)  timeout -s INT ${TESTS_LIMIT:-240} python3 -m pytest -q -x -p no:cacheprovider -m gpu ${TESTS:-tests/test_gpu_lowbit.py tests/test_gpu_static.py} -k "${TESTS_K-not bit_exact}" > "$OUT/tests.txt" 2>&1; rc=$?; tail -30 "$OUT/tests.txt" >> "$OUT/round.log" ;;
+    tests)  timeout -s INT ${TESTS_LIMIT:-240} python3 -m pytest -q -x -p no:cacheprovider -m gpu ${TESTS:-tests/quantization/test_gpu_lowbit.py tests/quantization/test_gpu_static.py} -k "${TESTS_K-not bit_exact}" > "$OUT/tests.txt" 2>&1; rc=$?; tail -30 "$OUT/tests.txt" >> "$OUT/round.log" ;;
     probe_*) eval "extra=\${ARGS_$stage:-}"; timeout -s INT 240 python3 tools/$stage.py --out "$OUT/$stage.json" $extra > "$OUT/$stage.txt" 2>&1; rc=$?; tail -45 "$OUT/$stage.txt" >> "$OUT/round.log" ;;
     sanitize) python3 tools/sanitize.py --tool ${SANITIZE_TOOL:-memcheck} --filter "${SANITIZE_FILTER:-*}" --seed ${SEED:-1} --jobs ${SANITIZE_JOBS:-4} --limit ${SANITIZE_LIMIT:-540} ${SANITIZE_ARGS:-} --out "$OUT/sanitize" > "$OUT/sanitize.txt" 2>&1; rc=$?; tail -25 "$OUT/sanitize.txt" >> "$OUT/round.log" ;;
     tune)   # the arch's tuning table into OUT (the tree's table untouched; copy it beside the matrix to keep it)

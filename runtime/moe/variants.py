@@ -16,13 +16,13 @@ CONFIG_ENV = "SKUFORGE_MOE_CONFIG"
 CONFIG: dict = {}           # pass ("fwd" / "dgrad" / "wgrad" / "*") -> variant name; wins over CONFIG_ENV
 
 # -- tile configurations (variants) -----------------------------------------------------------
-_parsed: dict = {}
+_PARSED = config.CACHES.new()     # configuration text -> its parsed form
 
 
 def parse_config(text: str) -> dict:
     """``"name"`` -> {"*": name}; ``"fwd=a,dgrad=b"`` -> {"fwd": "a", "dgrad": "b"}."""
     text = (text or "").strip()
-    got = _parsed.get(text)
+    got = _PARSED.get(text)
     if got is not None:
         return got
     out = {}
@@ -34,7 +34,7 @@ def parse_config(text: str) -> dict:
             out[key] = name
         else:
             out["*"] = part
-    _parsed[text] = out
+    _PARSED[text] = out
     return out
 
 

@@ -85,7 +85,7 @@ def all_to_all(x: Tensor, out_splits: list, in_splits: list, group=None) -> Tens
 def skuforge_experts(x, ids, counts, w1, w2, activation):
     """Two skuforge grouped matmuls (``torch.ops.skuforge.grouped_matmul``, autograd through
     ``grouped_matmul_backward``), rows routed by ``row_experts`` in the order they arrived."""
-    from .ops import grouped_matmul
+    from .moe import grouped_matmul
     h = activation(grouped_matmul(x, w1, row_experts=ids))
     return grouped_matmul(h, w2, row_experts=ids)
 

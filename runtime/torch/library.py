@@ -139,7 +139,8 @@ def _define_out(op: TorchOp, names: tuple, first: str) -> None:
         check_parameters(op.out_impl, names, f"{sig.name}.out's computation")
         impl = op.out_impl
     else:
-        impl = build(f"{sig.name}_out", f"{params}, *, out", f"return _f({_by_name(sig)}, out=out)",
+        # the overload returns nothing (its schema's ``-> ()``): the functional call's result is dropped
+        impl = build(f"{sig.name}_out", f"{params}, *, out", f"_f({_by_name(sig)}, out=out)",
                      {"_f": op.functional}, _MODULE)
     if op.out_fake is not None:
         check_parameters(op.out_fake, names, f"{sig.name}.out's fake")

@@ -32,7 +32,7 @@ def handles(sku) -> bool:
     return bool({sku.element, sku.aux_element} & KINDS)
 
 
-# -- device access (module functions, so that tests/test_lowbit_checks.py can run these checkers
+# -- device access (module functions, so that tests/quantization/test_lowbit_checks.py can run these checkers
 #    on the CPU against a reference "device") ----------------------------------------------------------
 def put(a: np.ndarray, fw: str, kind: str = None):
     """Host -> device; ``kind`` (fp8) with torch gives a float8 tensor, else uint8 codes stay uint8."""

@@ -6,7 +6,7 @@ path and replay) happens with device 1's context current and on device 1's curre
 status word read and passed is device 1's, and the caller's current context is unchanged after
 the call. Arguments on different devices raise :class:`DeviceMismatchError` naming each argument
 and its device, in the functional API and in the torch ops' fake implementations.
-The same on real GPUs: tests/test_gpu_multi.py.
+The same on real GPUs: tests/core/test_gpu_multi.py.
 """
 import ctypes
 import itertools
@@ -19,8 +19,8 @@ import runtime as sf
 from runtime import cuda_driver, device, replay, status
 from runtime.errors import DeviceMismatchError, InvalidProblemError, SkuforgeError
 from tests.fakes import CTX, FakeDevice, FakeDeviceArray, FakeFunction, count_replays, err
-from tests.test_replay import CALLS as FAST_CALLS
-from tests.test_moe_replay import CALLS as MOE_CALLS
+from tests.core.test_replay import CALLS as FAST_CALLS
+from tests.moe.test_moe_replay import CALLS as MOE_CALLS
 
 DEVICE1 = 0x7F8000000000            # fake arrays at or above this address live on cuda:1
 STREAM = {0: 100, 1: 101}           # each device's current stream

@@ -3,7 +3,7 @@
 Every functional API with a replay runs on fresh arrays of a layout it has seen (the
 replay), then again on the same arrays with the cache cleared (the full path); the results
 must be identical, for CuPy and torch, aligned and misaligned (scalar path) inputs, device and
-Python-scalar parameters. CPU tests of the slot bookkeeping: tests/test_replay.py.
+Python-scalar parameters. CPU tests of the slot bookkeeping: tests/core/test_replay.py.
 """
 import numpy as np
 import pytest

@@ -20,9 +20,9 @@ import runtime as sf
 from runtime import InvalidProblemError, plans, replay, vectors
 from tests import fuzz_cases as fc
 from tests.fakes import assert_aligned, entry_points, err
-from tests.test_replay import dev  # noqa: F401  (a fixture)
-from tests.test_fuzz import VALID, _launch_problems, _run_once, _settings, fz  # noqa: F401  (fz: a fixture)
-from tests.test_moe_replay import mdev  # noqa: F401  (a fixture)
+from tests.core.test_replay import dev  # noqa: F401  (a fixture)
+from tests.core.test_fuzz import VALID, _launch_problems, _run_once, _settings, fz  # noqa: F401  (fz: a fixture)
+from tests.moe.test_moe_replay import mdev  # noqa: F401  (a fixture)
 
 REG = sf.default_registry()
 M, N, K, E = 64, 64, 64, 4

@@ -74,7 +74,7 @@ def test_host_items_dedupe_by_label_and_record_errors():
 
 
 def test_probe_script_parses_its_arguments():
-    path = Path(__file__).resolve().parent.parent / "tools" / "probe_host.py"
+    path = Path(__file__).resolve().parents[2] / "tools" / "probe_host.py"
     spec = importlib.util.spec_from_file_location("probe_host", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)        # imports nothing heavy at module level

@@ -1,5 +1,5 @@
 """GPU: the real driver (runtime.device.CudaDriver) answers as CuPy and the driver API do, and a new one
-put in place with ``device.use`` runs the ops with state of its own (the CPU side: tests/test_device.py)."""
+put in place with ``device.use`` runs the ops with state of its own (the CPU side: tests/core/test_device.py)."""
 import numpy as np
 import pytest
 

@@ -7,8 +7,8 @@ right results; a CUDA graph captured on device 1 replays there equal to eager; e
 under torchrun on two GPUs (checks and a short bench). With one GPU: launches follow the current
 stream under torch.cuda.device(0) (a capture on a side stream holds every launch), a thread with no
 current context launches correctly, and the layer over NCCL with world size 1 equals the
-one-process layer bit for bit. CPU tests of the same logic: tests/test_multi_device.py,
-tests/test_ep.py.
+one-process layer bit for bit. CPU tests of the same logic: tests/core/test_multi_device.py,
+tests/moe/test_ep.py.
 """
 import os
 import subprocess
@@ -27,7 +27,7 @@ import runtime.torch as sft  # noqa: E402
 from runtime import device as sf_device  # noqa: E402
 from runtime import reference, replay  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs; {GPUS} visible")
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -1,5 +1,5 @@
 """The driver seam (runtime/device.py): one current driver, swapped by ``device.use``, reaching every
-caller; per-driver state; the caches forgotten on a swap. On the GPU: tests/test_gpu_device.py."""
+caller; per-driver state; the caches forgotten on a swap. On the GPU: tests/core/test_gpu_device.py."""
 import struct
 import subprocess
 import sys

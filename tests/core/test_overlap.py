@@ -14,8 +14,8 @@ from runtime import replay
 from runtime.arrays import as_array
 from runtime.params import same_array
 from tests.fakes import D, err
-from tests.test_replay import dev  # noqa: F401  (dev: a fixture)
-from tests.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
+from tests.core.test_replay import dev  # noqa: F401  (dev: a fixture)
+from tests.moe.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
 
 X0, S0, Z0, O0, G0 = 0x7F0000000000, 0x7F0001000000, 0x7F0002000000, 0x7F0003000000, 0x7F0004000000
 SHAPE = (8, 64)

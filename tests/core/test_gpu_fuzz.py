@@ -8,9 +8,9 @@ with one array moved off its alignment (``test_gpu_fuzz_misaligned_*``): at leas
 returning the reference's result or refused with a typed error about alignment, the context healthy after.
 
     python -m codegen compile --arch sm_90 --fill-cache      # once per machine: no NVRTC in the timing
-    python -m pytest -q -s tests/test_gpu_fuzz.py
+    python -m pytest -q -s tests/core/test_gpu_fuzz.py
 
-The arrays of one call live in one device buffer (an arena) laid out as on the CPU (tests/test_fuzz.py
+The arrays of one call live in one device buffer (an arena) laid out as on the CPU (tests/core/test_fuzz.py
 Space): an overlapping or adjacent out= stays inside memory the test owns, whatever the runtime
 decides. ``test_gpu_fuzz_harness_on_the_cpu`` runs this file's arena, views, values and reference
 comparison with NumPy arrays standing in for device arrays, so the harness is exercised without a GPU.
@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 import runtime as sf
 from runtime import DeviceValueError, InvalidProblemError, UnsupportedError
 from tests import fuzz_cases as fc
-from tests.test_alignment import may_refuse, misaligned_problems
-from tests.test_gpu_alignment import assert_context_healthy
+from tests.core.test_alignment import may_refuse, misaligned_problems
+from tests.core.test_gpu_alignment import assert_context_healthy
 
 ALLOWED = (UnsupportedError, InvalidProblemError)
 
@@ -179,7 +179,7 @@ class TorchBackend:
 
 
 def materialize(p: fc.Problem, host: dict, backend):
-    """(args, kw, arena) of ``p`` on ``backend``: every array placed in one arena as tests/test_fuzz.py's
+    """(args, kw, arena) of ``p`` on ``backend``: every array placed in one arena as tests/core/test_fuzz.py's
     Space places them (aliases relative to their target), inputs holding ``host``, outputs zeros."""
     arrs = p.arrays()
     place, nxt, margin = {}, 0, 0
@@ -334,7 +334,7 @@ def test_gpu_fuzz_made_enough_calls():
 
 # -- misaligned arrays -----------------------------------------------------------------------------------
 # Valid calls with one array (an output or workspace two times in three) moved a whole number of elements
-# off its 16-byte boundary (tests/test_alignment.py misaligned_problems): each returns the reference's
+# off its 16-byte boundary (tests/core/test_alignment.py misaligned_problems): each returns the reference's
 # result (quantization: the scalar path; MoE: simt, or the backend auto picks) or, where a tensor-core
 # strategy was asked for or the MoE workspace moved, raises an InvalidProblemError about alignment before
 # anything runs. A call that returns is made twice again on new arrays (replays). At least 5,000 calls;
@@ -409,7 +409,7 @@ for _op in MISALIGNED_EXAMPLES:
 @pytest.mark.gpu
 def test_gpu_fuzz_misaligned_made_enough_calls():
     """At least 5,000 calls with misaligned arrays, some refused and most run, and the context still
-    works (tests/test_gpu_alignment.py assert_context_healthy)."""
+    works (tests/core/test_gpu_alignment.py assert_context_healthy)."""
     assert_context_healthy()
     if MISALIGNED_DONE != set(MISALIGNED_EXAMPLES):
         pytest.skip("counted only when every misaligned GPU fuzz test of this file runs")

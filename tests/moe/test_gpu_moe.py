@@ -338,7 +338,7 @@ def test_more_than_2_pow_31_elements(rng):
     cp.get_default_memory_pool().free_all_blocks()
 
 
-# -- the replay of repeated calls and out= (runtime/replay.py; CPU twins in tests/test_moe_replay.py) --
+# -- the replay of repeated calls and out= (runtime/replay.py; CPU twins in tests/moe/test_moe_replay.py) --
 def _hits(monkeypatch):
     from runtime import replay
     hits = []

@@ -1,7 +1,7 @@
 """CPU fuzz of every public function: hypothesis draws calls (tests/fuzz_cases.py), valid and broken on
 purpose, and runs them through the whole call path (normalize -> plan -> launch, and the replay of
 repeated calls) on fake device arrays with a fake launcher (the ``dev`` / ``mdev`` fixtures of
-tests/test_replay.py and tests/test_moe_replay.py).
+tests/core/test_replay.py and tests/moe/test_moe_replay.py).
 
 The property, for every call: it returns, or it raises one of the project's typed argument errors
 (:data:`ALLOWED`); any other exception fails. When it returns:
@@ -52,9 +52,9 @@ from runtime.device import pack_params
 from runtime.kinds import SIZE
 from tests import fuzz_cases as fc
 from tests.fakes import D
-from tests.test_replay import dev  # noqa: F401  (dev: a fixture)
-from tests.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
-from tests.test_validation import without_driver
+from tests.core.test_replay import dev  # noqa: F401  (dev: a fixture)
+from tests.moe.test_moe_replay import mdev  # noqa: F401  (mdev: a fixture)
+from tests.quantization.test_validation import without_driver
 
 MAPS: dict = {}      # fake tensor map -> (address, MapSpec): what the wgmma launches can reach
 
@@ -81,7 +81,7 @@ RANDOMIZED = LONG_CALLS is not None or SEED is not None
 if RANDOMIZED and SEED is None:
     SEED = random.SystemRandom().randrange(2 ** 32)
 REPLAY = (f"replay: SKUFORGE_FUZZ_SEED={SEED}" + (f" SKUFORGE_FUZZ_CALLS={LONG_CALLS}" if LONG_CALLS else "")
-          + " python -m pytest tests/test_fuzz.py") if RANDOMIZED else "CI mode (deterministic)"
+          + " python -m pytest tests/core/test_fuzz.py") if RANDOMIZED else "CI mode (deterministic)"
 
 # examples per op: about 15,000 calls of the ten ops (a call that returns is made three times)
 EXAMPLES = {"quantize": 850, "dequantize": 750, "dynamic_quantize": 850, "quantize_backward": 500,
@@ -116,7 +116,7 @@ def _announce_mode(request):
     """Print the mode (and in the long mode the seed that replays it), whatever pytest captures."""
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"tests/test_fuzz.py: {'randomized, ' + REPLAY if RANDOMIZED else REPLAY}")
+        reporter.write_line(f"tests/core/test_fuzz.py: {'randomized, ' + REPLAY if RANDOMIZED else REPLAY}")
     yield
 
 
@@ -380,7 +380,7 @@ for _op in fc.OPS:
 @pytest.fixture
 def nodriver(monkeypatch):
     """Every CUDA runtime call answers cudaErrorInsufficientDriver (a machine whose driver is older
-    than the runtime, or none: tests/test_validation.py ``without_driver``), on the real driver (its
+    than the runtime, or none: tests/quantization/test_validation.py ``without_driver``), on the real driver (its
     allocation, device properties, status word and kernel loading), its launches recorded."""
     with without_driver(monkeypatch) as drv:
         yield drv

@@ -67,7 +67,7 @@ def test_the_default_cache_folder_follows_xdg(tmp_path, monkeypatch):
 
 
 def test_every_setting_is_documented():
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     import dataclasses
     for f in dataclasses.fields(config.Settings):
         assert f"`{f.metadata['env']}`" in doc, f.metadata["env"]

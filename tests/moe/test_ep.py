@@ -3,7 +3,7 @@ experts (a per-expert torch.matmul loop) in place of the GPU kernels: routing, t
 their autograd, the combine. One process (world size 1) and two processes (world size 2, spawned):
 each rank's outputs, input gradients, expert weight gradients and the summed router gradient equal
 the one-process layer's on all the tokens. The same layer with the skuforge kernels and NCCL:
-tests/test_gpu_multi.py and examples/ep_moe.py."""
+tests/core/test_gpu_multi.py and examples/ep_moe.py."""
 import os
 
 import pytest

@@ -8,7 +8,7 @@ backend that takes the array). After every test the CUDA context still works: no
 a CuPy kernel runs and the device synchronizes (a misaligned access would have left a sticky error
 there), and a small quantize is exact (docs/errors.md, "Alignment").
 
-    python -m pytest -q tests/test_gpu_alignment.py
+    python -m pytest -q tests/core/test_gpu_alignment.py
 """
 import numpy as np
 import pytest

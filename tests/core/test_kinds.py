@@ -13,7 +13,7 @@ from runtime import kinds
 from runtime.errors import InvalidProblemError
 from runtime.sku import KernelSku
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKU_KINDS = "f16 bf16 f32 f64 s8 u8 s4 u4 fp8_e4m3 fp8_e5m2 e8m0 i32 u32".split()    # the SKU element kinds (docs/api.md)
 
 

@@ -8,8 +8,8 @@ import runtime as sf
 from runtime import InvalidProblemError, UnsupportedError, device
 from tests.fakes import FakeDeviceArray as D
 from tests.fakes import err
-from tests.test_replay import dev  # noqa: F401  (a fixture of mdev)
-from tests.test_moe_replay import mdev  # noqa: F401  (a fixture)
+from tests.core.test_replay import dev  # noqa: F401  (a fixture of mdev)
+from tests.moe.test_moe_replay import mdev  # noqa: F401  (a fixture)
 
 
 X = D((8, 64), "float32")

@@ -1,5 +1,5 @@
 """The replay of repeated calls of the MoE grouped matmul, on the CPU (fake device arrays, launches
-recorded instead of run; the ``dev`` fixture of tests/test_replay.py).
+recorded instead of run; the ``dev`` fixture of tests/core/test_replay.py).
 
 A replay of grouped_matmul / grouped_matmul_backward must launch exactly what the full path
 launches for the same arrays: the routing kernels and the GEMM kernels, with the same grids,
@@ -14,7 +14,7 @@ from runtime import replay
 from runtime.moe import grouped as moe
 from runtime.tma import MapSpec
 from tests.fakes import err, fake_tensor_map
-from tests.test_replay import _run, dev, replay_matches_full_path  # noqa: F401  (dev: a fixture)
+from tests.core.test_replay import _run, dev, replay_matches_full_path  # noqa: F401  (dev: a fixture)
 
 
 @pytest.fixture

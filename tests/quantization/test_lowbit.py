@@ -228,6 +228,8 @@ class _Recorder:
                 pass
 
         class _Launcher:
+            one_launch = True       # the fused kernel: one prepared launch
+
             def check(self, plan, args):
                 pass
 

@@ -6,7 +6,7 @@ the autograd wiring on meta tensors (backward formulas reach the backward ops' f
 functional API traced into the custom ops (meta and fake tensors, ``torch.compile(fullgraph=True)``),
 and the straight-through estimator of quantize -> dequantize with CPU kernels computed by
 runtime.reference (the definition the CUDA kernels match bit for bit).
-The real kernels: tests/test_gpu_torch_ops.py, tests/test_gpu_torch_compile.py."""
+The real kernels: tests/pytorch/test_gpu_torch_ops.py, tests/pytorch/test_gpu_torch_compile.py."""
 import numpy as np
 import pytest
 

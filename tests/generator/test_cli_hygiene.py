@@ -16,7 +16,7 @@ from codegen import cli
 
 ONE = "quantization/quantize/token/symmetric/f32/s8/*"
 ONE_SKU = "quantization/quantize/token/symmetric/f32/s8/sm80/simt/f32.acc-f32.det.stable"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args, env=None, **kw):

@@ -23,7 +23,7 @@ from runtime import kinds  # noqa: E402
 from runtime import reference as ref  # noqa: E402
 from tests import knobs  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEADER_DIR = os.path.join(ROOT, "templates", "common")
 FORMATS = {"fp8_e4m3": 0, "fp8_e5m2": 1}
 ML = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
