@@ -23,8 +23,6 @@ from codegen.harness.bench.steps import example_module as _example  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
     import torch._dynamo as dynamo
     dynamo.reset()
     yield

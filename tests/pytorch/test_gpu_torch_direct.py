@@ -9,12 +9,6 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture(autouse=True)
-def _cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
-
-
 @pytest.fixture
 def direct(monkeypatch):
     """{implementation name: calls made directly}: every op's and .out overload's direct entry counted."""

@@ -13,12 +13,6 @@ torch = pytest.importorskip("torch")
 import runtime as sf  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
-
-
 def sft():
     import runtime.torch as m
     return m
