@@ -114,3 +114,38 @@ def test_public_torch_functions_have_the_functional_parameters():
         got = list(inspect.signature(getattr(sft, sig.name)).parameters)
         assert got == [p.name for p in sig.params if p.name not in omitted.get(sig.name, ())], sig.name
     assert inspect.signature(sft.fake_quantize_learnable).parameters["grad_factor"].default is None
+
+
+def test_the_api_page_shows_the_declared_signatures():
+    """docs/api.md's block of functional signatures names each op's parameters in declared order (``...``
+    stands for a run of them), with the declared defaults."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    block = text[text.index("## The functional API"):]
+    block = block[block.index("```python"):block.index("```\n", block.index("```python") + 3)]
+    seen = set()
+    for m in re.finditer(r"sf\.(\w+)\(", block):
+        name, depth, i = m.group(1), 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(block[i], 0)
+            i += 1
+        args = [a.strip() for a in re.sub(r"#[^\n]*", "", block[m.end():i - 1]).split(",")]
+        sig = ALL[name]
+        declared = {p.name: p for p in sig.params if not p.name.startswith("_")}
+        order = [p.name for p in sig.params if not p.name.startswith("_")]
+        at = 0
+        for a in (a for a in args if a and a != "*"):
+            if a == "...":
+                continue
+            pname, _, default = a.partition("=")
+            assert pname in declared, (name, pname)
+            at = order.index(pname, at) + 1                  # in declared order
+            p = declared[pname]
+            want = None if p.role == signatures.OUT else p.default
+            if default:
+                assert eval(default) == want, (name, pname, default)       # noqa: S307 - the doc's literal
+            else:
+                assert want is REQUIRED, (name, pname)
+        seen.add(name)
+    assert seen == {s.name for s in FUNCTIONAL}
