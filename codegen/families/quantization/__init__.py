@@ -26,6 +26,11 @@ LOCAL_MEMORY = (
                 "there (none on sm_90; a 2-step unroll instead of 4 would avoid it)"),
     LocalMemory("sf_dequantize_*_[su]4_*_sm80_simt", 8, "int4 dequantize with a step's scale elements (and zero "
                 "points) held beside its data: 4-16 B of spills on some scopes"),
+    # spills of the oldest supported NVRTC (13.0; none with 13.5): the build must pass with every NVRTC it accepts
+    LocalMemory("sf_dequantize_channel_symmetric_s8_f32_sm80_simt", 8, "s8 -> f32 per-channel dequantize built for "
+                "sm_80 by NVRTC 13.0: 12 B of spills"),
+    LocalMemory("sf_dynamic_quantize_group_symmetric_f16_fp8_e?m?_sm80_simt_t16", 8, "f16 -> fp8 group team kernel "
+                "(software conversion) built for sm_90 by NVRTC 13.0: 4 B of spills"),
 )
 
 FAMILY = Family("quantization", BLOCKS, LAUNCH_KINDS, LOCAL_MEMORY)
