@@ -65,6 +65,7 @@ class TorchOp:
 
 
 IMPL: dict = {}         # custom op -> the computation :func:`call` runs directly
+CUDA: dict = {}         # custom op -> its CUDA implementation (what the dispatcher runs)
 OUT: dict = {}          # op name -> (its .out overload, the overload's CUDA implementation)
 
 
@@ -87,7 +88,7 @@ def define(op: TorchOp):
     ns = {"_spec": spec_function(sig, names), "_new": new}
     custom.register_fake(build(f"{sig.name}_fake", signature, f"return _new(_spec({params}), {first}.device)", ns,
                                _MODULE))
-    IMPL[custom] = direct
+    IMPL[custom], CUDA[custom] = direct, impl
     if sig.out is not None:
         _define_out(op, names, first)
     return custom

@@ -149,3 +149,48 @@ def test_the_api_page_shows_the_declared_signatures():
                 assert want is REQUIRED, (name, pname)
         seen.add(name)
     assert seen == {s.name for s in FUNCTIONAL}
+
+
+def test_out_overloads_return_what_their_schema_says():
+    """A ``.out`` overload whose schema returns ``()`` returns None, whatever its computation's functional
+    call returns (a value there breaks the dispatcher's contract, and under torch.compile the error
+    once left grad mode off for the process); the others return their declared results."""
+    import types
+    torch = pytest.importorskip("torch")
+    from runtime.torch import library
+    for name, (_overload, cuda) in library.OUT.items():
+        sig = ALL[name]
+        impl = cuda.__globals__["_impl"]
+        if "_f" in impl.__globals__:                      # derived: the functional API called with out=
+            stub = types.FunctionType(impl.__code__, {**impl.__globals__, "_f": lambda *a, **k: torch.empty(1)})
+            args = [torch.empty(1) if p.role == signatures.ARRAY else p.default for p in sig.torch_params]
+            got = types.FunctionType(cuda.__code__, {**cuda.__globals__, "_impl": stub})(
+                *args, **{n: torch.empty(1) for n in ("out",)})
+            assert sig.out.returns == "()" and got is None, name
+        else:
+            assert sig.out.returns != "()" or name in ("dynamic_quantize", "grouped_matmul_backward"), name
+
+
+def test_results_the_schema_spells_as_empty_tensors():
+    """Where the direct computation returns None (a symmetric zero point, a gradient not asked for), the
+    op's CUDA implementation returns an empty (0,) tensor of the declared dtype."""
+    import types
+    torch = pytest.importorskip("torch")
+    from runtime.torch import library
+    ops = {op._qualname.split("::")[1]: op for op in library.CUDA}
+    want = {"dynamic_quantize": (None, None, torch.int32),
+            "fake_quantize_learnable_backward": (None, None, torch.float32),
+            "grouped_matmul_backward": (torch.float16, torch.bfloat16)}
+    for name, dtypes in want.items():
+        sig = ALL[name]
+        impl = library.CUDA[ops[name]]                     # the op's CUDA implementation (its source: the signature)
+        nones = tuple(None for _ in dtypes)
+        fn = types.FunctionType(impl.__code__, {**impl.__globals__, "_direct": lambda *a: nones})
+        args = {p.schema_name: p.default for p in sig.torch_params}
+        args.update({p.schema_name: torch.empty(2, dtype=torch.float16) for p in sig.torch_params
+                     if p.role == signatures.ARRAY})
+        if name == "grouped_matmul_backward":
+            args["dw_dtype"] = "bfloat16"
+        got = fn(*args.values())
+        assert [None if d is None else (tuple(t.shape), t.dtype) for t, d in zip(got, dtypes)] == \
+            [None if d is None else ((0,), d) for d in dtypes], name
