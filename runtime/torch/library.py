@@ -148,7 +148,7 @@ def _define_out(op: TorchOp, names: tuple, first: str) -> None:
         ns, body = {"_fake": op.out_fake}, f"return _fake({params}, {outs_args})"
     else:
         ns = {"_spec": spec_function(sig, names), "_check": _check_single_out, "_dense": op.dense_out}
-        body = f"_check(_spec({params}), {first}, out, _dense)"
+        body = f"_check(_spec({params}), {first!r}, {first}, out, _dense)"
     fake = build(f"{sig.name}_out_fake", f"{signature}, *, {kw}", body, ns, _MODULE)
     # the dispatcher bumps no version counter for an op defined this way: the implementation does, so
     # that autograd refuses a saved tensor that was overwritten (inference tensors have no counter)
@@ -161,8 +161,8 @@ def _define_out(op: TorchOp, names: tuple, first: str) -> None:
     OUT[sig.name] = (getattr(getattr(torch.ops, NAMESPACE), sig.name).out, cuda)
 
 
-def _check_single_out(spec, like, out, dense: bool) -> None:
-    meta.same_device(x=like, out=out)
+def _check_single_out(spec, name: str, like, out, dense: bool) -> None:
+    meta.same_device(**{name: like, "out": out})
     (meta.check_dense_out if dense else meta.check_out)(out, spec, "out")
 
 
