@@ -22,6 +22,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from . import replay
+
 ARRAY = "array"     # an array argument: part of the replay's arguments (re-filled by a replay)
 VALUE = "value"     # a keyword value: part of the replay's key
 OUT = "out"         # ``out=``: the arrays to write into (one, or a tuple unpacked by the binding)
@@ -217,7 +219,6 @@ def functional(sig: Signature, first_call: Callable, module: str, key: Optional[
     function of some of the op's parameters (by name) returning further values of the replay key
     (settings that choose the launch). ``unpack_out``: a function of ``out`` (and other parameters, by
     name) returning the tuple of ``out``'s parts (``Out.parts``), checking its form."""
-    from . import replay
     values = list(sig.values)
     ns = {"_call": replay.call, "_first": first_call, "_sig": sig}
     if key is not None:
