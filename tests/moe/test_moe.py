@@ -575,31 +575,18 @@ WGMMA_UNITS = ["moe/grouped_matmul_bf16_sm90a.cu", "moe/grouped_matmul_backward_
 
 
 def _sass_by_function(cubin: bytes) -> dict:
-    """{kernel: SASS text} of a cubin, by the cuobjdump of the nvidia-cuda-cuobjdump wheel."""
-    import shutil
-    import subprocess
-    import tempfile
+    """{kernel: SASS text} of a cubin (tools/sass_diff.py: the cuobjdump of the nvidia-cuda-cuobjdump wheel)."""
+    import importlib.util
     from pathlib import Path
-    tool = shutil.which("cuobjdump")
+    spec = importlib.util.spec_from_file_location("sass_diff", Path(__file__).resolve().parents[2] / "tools" /
+                                                  "sass_diff.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
     try:
-        import nvidia.cu13
-        for base in nvidia.cu13.__path__:
-            cand = Path(base) / "bin" / "cuobjdump"
-            if cand.is_file():
-                tool = str(cand)
-    except ImportError:
-        pass
-    if tool is None:
+        objdump = tool.cuobjdump()
+    except SystemExit:
         pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "unit.cubin"
-        path.write_bytes(cubin)
-        text = subprocess.run([tool, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
-    out = {}
-    for part in text.split("Function : ")[1:]:
-        name, _, body = part.partition("\n")
-        out[name.strip()] = body
-    return out
+    return {name: "\n".join(lines) for name, lines in tool.sass(cubin, objdump).items()}
 
 
 @pytest.mark.parametrize("unit", WGMMA_UNITS)
