@@ -25,19 +25,27 @@ from .render import ROOT, prelude, render, sha256
 GENERATED = ROOT / "generated"
 MANIFEST = "manifest.json"
 SCHEMA = 1
-TUNING = Path(__file__).resolve().parent / "tuning"    # per-arch tuning tables, <arch>.json (docs/tuning.md)
+FAMILY_DIR = Path(__file__).resolve().parent / "families"
 
 
-def tuning_tables(folder: Path = TUNING) -> dict:
-    """{arch: {"gpu", "commit", "choices": {key: {bucket: schedule}}}} of every table in ``folder``: what
-    the manifest carries for runtime/tuning.py (the measured times stay in the tables)."""
-    out = {}
-    for path in sorted(Path(folder).glob("sm*.json")):
-        table = json.loads(path.read_text())
-        out[path.stem] = {"gpu": table["gpu"], "commit": table["commit"],
-                          "choices": {key: {b: e["schedule"] for b, e in sorted(by_bucket.items())}
-                                      for key, by_bucket in sorted(table["entries"].items())}}
-    return out
+def tuning_folder(family: str) -> Path:
+    """Where a family keeps its per-arch tuning tables, ``<arch>.json`` (docs/tuning.md)."""
+    return FAMILY_DIR / family / "tuning"
+
+
+def tuning_tables(families=FAMILIES, folder=tuning_folder) -> dict:
+    """{arch: {family: {"gpu", "commit", "choices": {key: {bucket: schedule}}}}} of every family's
+    tables (``folder(name)``): what the manifest carries for runtime/tuning.py (the measured times stay
+    in the tables)."""
+    out: dict = {}
+    for fam in families:
+        for path in sorted(Path(folder(fam.name)).glob("sm*.json")):
+            table = json.loads(path.read_text())
+            out.setdefault(path.stem, {})[fam.name] = {
+                "gpu": table["gpu"], "commit": table["commit"],
+                "choices": {key: {b: e["schedule"] for b, e in sorted(by_bucket.items())}
+                            for key, by_bucket in sorted(table["entries"].items())}}
+    return {arch: out[arch] for arch in sorted(out)}
 
 
 def expected_files(families=FAMILIES) -> dict:
@@ -77,7 +85,7 @@ def expected_files(families=FAMILIES) -> dict:
         "abi": abi,           # parameter lists of the entry points (codegen/abi.py), by id
         "excluded": excluded,
         "units": unit_meta,
-        "tuning": tuning_tables(),    # schedule choices per arch (runtime/tuning.py)
+        "tuning": tuning_tables(families),    # schedule choices per arch and family (runtime/tuning.py)
     }
     files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     return files

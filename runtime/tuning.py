@@ -2,7 +2,8 @@
 
 A SKU whose launch kind has several schedules (manifest launch metadata ``schedules`` and
 ``default_schedule``) runs the one the tuning table names for its problem: the manifest's ``tuning`` section, one
-table per arch (``sm90``...), written by ``python -m codegen tune`` on a GPU of that arch. The rule,
+table per arch (``sm90``...) and family (the SKU's category), written by ``python -m codegen tune`` on a GPU of
+that arch into the family's folder (``codegen/families/<family>/tuning/<arch>.json``). The rule,
 in order:
 
 1. the ``schedule`` setting (``SKUFORGE_SCHEDULE``, or ``runtime.config.override(schedule=...)``):
@@ -64,7 +65,8 @@ def choose(plan, elements: int, cc: int) -> tuple:
             _check_forced(plan.registry, forced)
         name = forced if forced in sched else None
         if name is None:
-            table = plan.registry.tuning.get(arch_name(cc), {}).get("choices", {})
+            by_family = plan.registry.tuning.get(arch_name(cc), {})
+            table = by_family.get(plan.sku.category, {}).get("choices", {})
             for k in keys(plan):
                 name = table.get(k, {}).get(key[1])
                 if name in sched:

@@ -1,5 +1,6 @@
 """``python -m codegen tune``: time every schedule variant of the selected SKUs per size bucket on a
-GPU and write the arch's tuning table (``codegen/tuning/<arch>.json``; docs/tuning.md).
+GPU and write the arch's tuning table of the SKUs' family (``codegen/families/<family>/tuning/<arch>.json``;
+docs/tuning.md).
 
 For each SKU and each size bucket of runtime/tuning.py (one shape per bucket, :data:`BUCKET_SHAPES`)
 every schedule the SKU declares is timed in turns with the others (the bench's timer: CUDA events,
@@ -81,7 +82,7 @@ def choose(times: dict, default: str) -> str:
 def cmd_tune(args) -> int:
     from runtime.registry import Registry
 
-    from ..manifest import GENERATED, TUNING
+    from ..manifest import GENERATED, tuning_folder
     from ..terminal import console as new_console
     from .verify import _precompile, environment
     console = new_console(stderr=True)
@@ -104,7 +105,12 @@ def cmd_tune(args) -> int:
     buckets = [b for b in BUCKET_SHAPES if not args.buckets or b in args.buckets.split(",")]
     _precompile(reg, [s for s, _ in todo], cc, 16)
     arch = tuning.arch_name(cc)
-    path = Path(args.out) if args.out else TUNING / f"{arch}.json"
+    families = sorted({s.category for s, _ in todo})
+    if len(families) > 1:
+        console.print(f"tune: the selection spans the families {', '.join(families)}; tune one at a time "
+                      "(--filter): each family keeps its own table")
+        return 2
+    path = Path(args.out) if args.out else tuning_folder(families[0]) / f"{arch}.json"
     table = {"arch": arch, "entries": {}}
     if path.is_file():
         table = json.loads(path.read_text())
@@ -166,14 +172,15 @@ def add_parser(sub) -> None:
     sp = sub.add_parser("tune", help="time every schedule variant per size bucket on a GPU and write the arch's "
                                      "tuning table",
                         description="Time the schedule variants of the selected SKUs at one shape per size bucket "
-                                    "(CUDA events, in turns) and write codegen/tuning/<arch>.json (docs/tuning.md). "
-                                    "Needs a GPU; `python -m codegen` then folds the table into the manifest.")
+                                    "(CUDA events, in turns) and write their family's table, "
+                                    "codegen/families/<family>/tuning/<arch>.json (docs/tuning.md). Needs a GPU; "
+                                    "`python -m codegen` then folds the table into the manifest.")
     sp.add_argument("--filter", default="", help="glob on the SKU string (default: bf16 / s8 / s4 / fp8_e4m3 "
                                                  "representatives of every kind with variants)")
     sp.add_argument("--buckets", default="", help=f"comma-separated size buckets (default all: "
                                                   f"{', '.join(BUCKET_SHAPES)})")
     sp.add_argument("--samples", type=int, default=30, help="timed calls per schedule and shape (default 30)")
-    sp.add_argument("--out", help="write the table here instead of codegen/tuning/<arch>.json (entries already "
-                                  "there are kept unless measured again)")
+    sp.add_argument("--out", help="write the table here instead of codegen/families/<family>/tuning/<arch>.json "
+                                  "(entries already there are kept unless measured again)")
     sp.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
     sp.set_defaults(func=cmd_tune)

@@ -29,7 +29,7 @@ def fake_plan(sku, choices, arch="sm90"):
     launch = {"kind": "elementwise", **KINDS["elementwise"].launch_schedules({})}
     entry = SimpleNamespace(launch=launch)
     other = SimpleNamespace(launch=KINDS["dynamic_fused"].launch_schedules({}))     # a kernel of another kind
-    reg = SimpleNamespace(tuning={arch: {"choices": choices}}, entries={sku: entry, "other": other})
+    reg = SimpleNamespace(tuning={arch: {sku.category: {"choices": choices}}}, entries={sku: entry, "other": other})
     return FakePlan(sku, launch, reg)
 
 
@@ -56,7 +56,7 @@ def test_rule_exact_key_then_sized_key_then_default(override_settings):
     assert tuning.choose(plan, 128 * 7168, 90)[0] == "b256-full"          # the sized key
     assert tuning.choose(plan, 16 * 4096, 90)[0] == "b256"                # no entry: the default
     assert tuning.choose(plan, 8192 * 8192, 80)[0] == "b256"              # no table for sm80: the default
-    f16 = fake_plan(F16, plan.registry.tuning["sm90"]["choices"])
+    f16 = fake_plan(F16, plan.registry.tuning["sm90"]["quantization"]["choices"])
     assert tuning.choose(f16, 8192 * 8192, 90)[0] == "b64"                # f16 takes bf16's sized entry
 
 
@@ -102,12 +102,17 @@ def test_schedule_names_are_unique_per_kind_and_threads_fit_the_launch_bounds():
 
 
 def test_tables_fold_into_the_manifest(tmp_path):
-    (tmp_path / "sm90.json").write_text(json.dumps({
+    (tmp_path / "quantization").mkdir()
+    (tmp_path / "quantization" / "sm90.json").write_text(json.dumps({
         "arch": "sm90", "gpu": "GPU", "commit": "abc", "entries": {
             "quantize/group/bf16/s8": {"gt32m": {"schedule": "b128", "us": {"b256": 2.0, "b128": 1.0}}}}}))
-    assert manifest.tuning_tables(tmp_path) == {
-        "sm90": {"gpu": "GPU", "commit": "abc", "choices": {"quantize/group/bf16/s8": {"gt32m": "b128"}}}}
+    assert manifest.tuning_tables(folder=lambda name: tmp_path / name) == {
+        "sm90": {"quantization": {"gpu": "GPU", "commit": "abc",
+                                  "choices": {"quantize/group/bf16/s8": {"gt32m": "b128"}}}}}
     assert json.loads(manifest.expected_files()[manifest.MANIFEST])["tuning"] == manifest.tuning_tables()
+    # each family keeps its tables in its own folder
+    assert manifest.tuning_folder("quantization") == manifest.FAMILY_DIR / "quantization" / "tuning"
+    assert (manifest.tuning_folder("quantization") / "sm90.json").is_file()
 
 
 def test_tune_keeps_the_default_within_the_margin():

@@ -5,7 +5,7 @@ A SKU is what a kernel computes; a schedule is how one launch of it is laid out 
 grid shape, the launch configuration of its team kernels). Each launch kind that has more than one
 way to run declares its schedules here, as data, the first being its default; every SKU of that kind
 carries them all in its manifest launch metadata (``schedules``, ``default_schedule``), and the
-runtime picks one per problem from the tuning table (``codegen/tuning/<arch>.json``, written by
+runtime picks one per problem from the tuning table (``codegen/families/quantization/tuning/<arch>.json``, written by
 ``python -m codegen tune``; rule: docs/tuning.md). ``python -m codegen verify`` runs every SKU under
 each of its schedules.
 
