@@ -76,6 +76,15 @@ class Out:
     schema: str = "Tensor(a!) out"
     returns: str = "()"
 
+    @property
+    def names(self) -> tuple:
+        """The ``.out`` overload's output argument names, as its schema spells them."""
+        return tuple(arg.split()[-1].split("=")[0] for arg in self.schema.split(", "))
+
+    def keyword_parameters(self) -> str:
+        """Those arguments as Python keyword-only parameters (an optional one defaults to None)."""
+        return ", ".join(f"{n}=None" if "?" in arg else n for n, arg in zip(self.names, self.schema.split(", ")))
+
 
 @dataclass(frozen=True)
 class Signature:

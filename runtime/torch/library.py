@@ -131,9 +131,7 @@ def spec_function(sig: Signature, names: tuple) -> Callable:
 def _define_out(op: TorchOp, names: tuple, first: str) -> None:
     sig = op.sig
     _LIB.define(f"{sig.name}.out{sig.out_schema()}", tags=_PT2)
-    parts = sig.out.schema.split(", ")
-    outs = [part.split()[-1].split("=")[0] for part in parts]
-    kw = ", ".join(f"{o}=None" if "?" in part else o for o, part in zip(outs, parts))
+    outs, kw = sig.out.names, sig.out.keyword_parameters()
     params, signature = ", ".join(names), sig.torch_parameters()
     outs_args = ", ".join(f"{o}={o}" for o in outs)
     if op.out_impl is not None:
