@@ -78,14 +78,25 @@ def environment() -> jinja2.Environment:
     )
 
 
+@lru_cache(maxsize=None)
+def header(name: str) -> str:
+    """A device-code header (``templates/**/*.cuh``): plain CUDA C++, taken verbatim (no Jinja), so
+    that it reads and compiles as written; :class:`TemplateError` when it is missing."""
+    path = TEMPLATES / name
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise TemplateError(f"header {name!r} not found under {TEMPLATES}") from None
+
+
 def prelude() -> str:
-    return _render(PRELUDE)
+    return header(PRELUDE)
 
 
 def headers(block: Block) -> str:
-    """The block's extra shared headers (``Block.headers``), each followed by a blank line;
+    """The block's extra shared headers (``Block.headers``, in order), each followed by a blank line;
     empty for blocks without any, whose units are then exactly prelude + kernels."""
-    return "".join(_render(h) + "\n" for h in block.headers)
+    return "".join(header(h) + "\n" for h in block.headers)
 
 
 def _stream_kind(stream, sku) -> str:
