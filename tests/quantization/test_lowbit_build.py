@@ -59,7 +59,7 @@ def test_lowbit_cells_and_counts():
 def test_lowbit_units(shipped_files):
     man = json.loads(shipped_files[manifest.MANIFEST])
     pre = render.prelude()
-    header = render.environment().get_template("common/lowbit.cuh").render()
+    header = render.header("common/lowbit.cuh")
     low_units = {u: m for u, m in man["units"].items() if m["block"].startswith("lowbit-")}
     assert len(low_units) == 68
     for unit, meta in low_units.items():
