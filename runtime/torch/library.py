@@ -150,9 +150,10 @@ def _define_out(op: TorchOp, names: tuple, first: str) -> None:
     fake = build(f"{sig.name}_out_fake", f"{signature}, *, {kw}", body, ns, _MODULE)
     # the dispatcher bumps no version counter for an op defined this way: the implementation does, so
     # that autograd refuses a saved tensor that was overwritten (inference tensors have no counter)
+    # (one list: _increment_version iterates its argument, and a tensor is iterated by rows)
     body = (f"r = _impl({params}, {outs_args})\n    "
-            + "\n    ".join(f"if {o} is not None and not {o}.is_inference(): _bump({o})" for o in outs)
-            + "\n    return r")
+            f"_bump([o for o in ({''.join(o + ', ' for o in outs)}) if o is not None and not o.is_inference()])\n    "
+            "return r")
     cuda = build(f"{sig.name}_out_cuda", f"{signature}, *, {kw}", body, {"_impl": impl, "_bump": _bump}, _MODULE)
     _LIB.impl(f"{sig.name}.out", cuda, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{sig.name}.out", fake, lib=_LIB)

@@ -194,3 +194,19 @@ def test_results_the_schema_spells_as_empty_tensors():
         got = fn(*args.values())
         assert [None if d is None else (tuple(t.shape), t.dtype) for t, d in zip(got, dtypes)] == \
             [None if d is None else ((0,), d) for d in dtypes], name
+
+
+def test_out_overloads_bump_each_output_once():
+    """The CUDA implementation of every ``.out`` overload bumps the version counter of each output it
+    writes once (the dispatcher does not for an op defined this way), of a 2-D output too: the counter
+    is shared by a tensor's rows, and a tensor handed to ``_increment_version`` alone is iterated by them."""
+    import types
+    torch = pytest.importorskip("torch")
+    from runtime.torch import library
+    for name, (_overload, cuda) in library.OUT.items():
+        sig = ALL[name]
+        args = [torch.empty(1) if p.role == signatures.ARRAY else p.default for p in sig.torch_params]
+        outs = {o: torch.empty(4, 3) for o in sig.out.names}
+        before = {o: t._version for o, t in outs.items()}
+        types.FunctionType(cuda.__code__, {**cuda.__globals__, "_impl": lambda *a, **k: None})(*args, **outs)
+        assert {o: t._version - before[o] for o, t in outs.items()} == {o: 1 for o in outs}, name
