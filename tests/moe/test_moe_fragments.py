@@ -1,7 +1,7 @@
 """CPU: the mma kernel's index maps and pipeline, emulated in NumPy with the PTX semantics of
 cp.async (zero fill), ldmatrix (.x4, .trans), mma.m16n8k16 and the accumulator layout.
 
-The formulas below are transcribed from templates/moe/_mma.cu.j2 (run<C>, the producers, Frag,
+The formulas below are transcribed from templates/moe/mma.cuh (run<S, C>, the producers, Frag,
 mainloop); a wrong swizzle, producer map, running pointer, tail predicate, fragment or epilogue
 index makes an emulated output tile disagree with the float64 product. Every tile configuration
 of the manifest (launch["variants"]) is emulated for the three operand layouts, on tiles with

@@ -20,7 +20,7 @@ MOE_TILES = {
     "mma": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 5, "THREADS": 128, "MIN_BLOCKS": 0},
 }
 
-# wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES, EPI); BK = 64 (one
+# wgmma tile configurations (templates/moe/wgmma.cuh), name: (BM, BN, STAGES, EPI); BK = 64 (one
 # 128-byte swizzle row of 16-bit elements). One producer warpgroup (TMA) and two consumer warpgroups:
 # with BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows
 # and half of the columns. Shared memory: the ring, STAGES * (BM + BN) * 64 * 2 bytes, + WGMMA_ALIGN
@@ -68,7 +68,7 @@ def _moe_context(cell, ctx):
     ``SKUFORGE_MOE_CONFIG``) without recompiling."""
     sku = cell.sku
     # name: (BM, BN, BK, STAGES, PIPE). Warps of 64 x 64 outputs: THREADS = 32 * BM * BN / 4096.
-    # PIPE (templates/moe/_mma.cu.j2 mainloop): 0 copies of the next slice before the mma,
+    # PIPE (templates/moe/mma.cuh mainloop): 0 copies of the next slice before the mma,
     # 1 ("i") interleaved with the mma, 2 ("p") interleaved and fragments double-buffered.
     mma_variants = {
         "128x128x32s5": (128, 128, 32, 5, 0),    # the first configuration measured
