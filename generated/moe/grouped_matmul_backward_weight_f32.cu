@@ -209,9 +209,10 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // Generic names inside the kernels: the output tile is BM x BN ("rows" x "cols"), the reduction
 // runs over R. FWD / DGRAD gather output rows (rows of x / dy) through the routing; WGRAD gathers
 // the reduction (rows of expert e) and tiles (e, n, k).
-// Every template here takes the SKU's traits S (a struct of the SKU's own namespace, from
+// The templates over the problem take the SKU's traits S (a struct of the SKU's own namespace, from
 // templates/moe/grouped_matmul.cu.j2): S::T (input storage), S::OutT (output storage), S::PASS,
-// S::ROUTE_WARPS. Each SKU of a unit thus has its own instantiations, as if written out for it.
+// S::ROUTE_WARPS. Each SKU of a unit thus has instantiations of its own, as if written out for it
+// (the simt and mma SKUs of a unit may share T, OutT and PASS).
 namespace moe {
 
 enum Pass { FWD = 0, DGRAD = 1, WGRAD = 2 };
@@ -339,6 +340,8 @@ __device__ void zero_rows(const Problem<S>& p, const i64_t* rows, int nrows, i64
 // mapped host memory, read by the host without a sync): the offsets entry points take it as their
 // last parameter (null: not reported) and pass the SKU's code status.code(op, "offsets") as
 // bad_code; the next call on the device raises DeviceValueError.
+// The kernels' bodies are templates over S even where they read nothing of it: each SKU of a unit
+// has instantiations of its own, so how a kernel is inlined does not depend on the unit's other SKUs.
 namespace moe {
 
 // Exclusive scan of one value per thread over the block (Op = sum or max); *total gets the
@@ -1014,7 +1017,7 @@ __device__ void run(const Problem<S>& p) {
             b_dst = C::A_BYTES + (unsigned)mnmaj_off<BN>(br0, bcc) * TS;
         }
         using MA = KMap<BM, BK, THREADS>;
-        constexpr int NA = MA::PASSES * MA::KCOLS, NC = NA + NB;
+        constexpr int NA = MA::CHUNKS, NC = NA + NB;
         const int kc = tid & 3, kr0 = tid >> 2;          // K-major producer: chunks kc + 4 j, rows kr0 + RPP i
         // (RPP is a multiple of 8, so row kr0 + RPP i has the swizzle of row kr0)
         unsigned k_dst[MA::KCOLS];

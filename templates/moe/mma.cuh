@@ -378,7 +378,7 @@ __device__ void run(const Problem<S>& p) {
             b_dst = C::A_BYTES + (unsigned)mnmaj_off<BN>(br0, bcc) * TS;
         }
         using MA = KMap<BM, BK, THREADS>;
-        constexpr int NA = MA::PASSES * MA::KCOLS, NC = NA + NB;
+        constexpr int NA = MA::CHUNKS, NC = NA + NB;
         const int kc = tid & 3, kr0 = tid >> 2;          // K-major producer: chunks kc + 4 j, rows kr0 + RPP i
         // (RPP is a multiple of 8, so row kr0 + RPP i has the swizzle of row kr0)
         unsigned k_dst[MA::KCOLS];

@@ -7,9 +7,10 @@
 // Generic names inside the kernels: the output tile is BM x BN ("rows" x "cols"), the reduction
 // runs over R. FWD / DGRAD gather output rows (rows of x / dy) through the routing; WGRAD gathers
 // the reduction (rows of expert e) and tiles (e, n, k).
-// Every template here takes the SKU's traits S (a struct of the SKU's own namespace, from
+// The templates over the problem take the SKU's traits S (a struct of the SKU's own namespace, from
 // templates/moe/grouped_matmul.cu.j2): S::T (input storage), S::OutT (output storage), S::PASS,
-// S::ROUTE_WARPS. Each SKU of a unit thus has its own instantiations, as if written out for it.
+// S::ROUTE_WARPS. Each SKU of a unit thus has instantiations of its own, as if written out for it
+// (the simt and mma SKUs of a unit may share T, OutT and PASS).
 namespace moe {
 
 enum Pass { FWD = 0, DGRAD = 1, WGRAD = 2 };

@@ -16,6 +16,8 @@
 // mapped host memory, read by the host without a sync): the offsets entry points take it as their
 // last parameter (null: not reported) and pass the SKU's code status.code(op, "offsets") as
 // bad_code; the next call on the device raises DeviceValueError.
+// The kernels' bodies are templates over S even where they read nothing of it: each SKU of a unit
+// has instantiations of its own, so how a kernel is inlined does not depend on the unit's other SKUs.
 namespace moe {
 
 // Exclusive scan of one value per thread over the block (Op = sum or max); *total gets the

@@ -161,7 +161,7 @@ def emulate_tile(op, tile, rng, R, rows_valid, cols_valid, perm=False):
     offs = {w: frag_offsets(BM, BN, BK, (w // WN) * 64, (w % WN) * 64, a_kmaj, b_kmaj) for w in range(warps)}
     for w in range(warps):
         accs[w] = np.zeros((4, 8, 32, 4))
-    # per-thread producer state (mirrors the registers of run<C>)
+    # per-thread producer state (mirrors the registers of run<S, C>)
     st = []
     for tid in range(THREADS):
         s = {}
