@@ -200,10 +200,149 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 }
 // ---- end of helpers ---------------------------------------------------------------------------
 
-// SKU: moe/grouped_matmul_backward_weight/-/-/f16/-/sm80/mma/f16.acc-f32.det
-namespace sf_grouped_matmul_backward_weight_f16_sm80_mma_ns {
-constexpr int ROUTE_THREADS = 1024;   // one block: E + 2 <= 1026 buckets
-constexpr int ROUTE_WARPS = 8;        // count / scatter: one chunk of rows per warp
+// ---- skuforge MoE grouped matmul: the problem (templates/moe/problem.cuh) --------------------
+// What every moe main kernel shares: the problem, the dynamic tile scheduler, the m-tile decoder
+// (routing -> rows of one expert), the NaN fill for invalid offsets and the paired output stores.
+//   grouped_matmul                  y[m, n]  = sum_k x[m, k] * w[e(m), n, k]      (NT, FWD)
+//   grouped_matmul_backward_input   dx[m, k] = sum_n dy[m, n] * w[e(m), n, k]     (NN, DGRAD)
+//   grouped_matmul_backward_weight  dw[e, n, k] = sum_{m in e} dy[m, n] * x[m, k] (TN, WGRAD)
+// Generic names inside the kernels: the output tile is BM x BN ("rows" x "cols"), the reduction
+// runs over R. FWD / DGRAD gather output rows (rows of x / dy) through the routing; WGRAD gathers
+// the reduction (rows of expert e) and tiles (e, n, k).
+// The templates over the problem take the SKU's traits S (a struct of the SKU's own namespace, from
+// templates/moe/grouped_matmul.cu.j2): S::T (input storage), S::OutT (output storage), S::PASS,
+// S::ROUTE_WARPS. Each SKU of a unit thus has instantiations of its own, as if written out for it
+// (the simt and mma SKUs of a unit may share T, OutT and PASS).
+namespace moe {
+
+enum Pass { FWD = 0, DGRAD = 1, WGRAD = 2 };
+
+template <class A, class B> constexpr bool same_type = false;
+template <class A> constexpr bool same_type<A, A> = true;
+
+template <class S>
+struct Problem {
+    using T = typename S::T;
+    using OutT = typename S::OutT;
+    const T* x; i64_t ldx;
+    const T* w; i64_t w_se, w_sn;
+    const T* dy; i64_t lddy;
+    OutT* out;
+    i64_t M, N, K; int E;
+    const i32_t* perm;        // sorted position -> row; null: rows are already in expert order
+    const i64_t* row_start;   // [E+2] sorted positions of each bucket (bucket E: padding rows)
+    const i64_t* tile_start;  // [E+2] m-tile schedule (fwd / bwd-input)
+    u64_t* counter;           // dynamic tile counter, 0 at launch
+};
+
+template <class S>
+__device__ __forceinline__ i64_t row_of(const Problem<S>& p, i64_t pos) { return p.perm ? (i64_t)p.perm[pos] : pos; }
+
+// Next tile for the whole block (integer atomic: which block runs a tile never changes its bits).
+__device__ __forceinline__ i64_t next_tile(u64_t* counter, i64_t* slot) {
+    __syncthreads();  // the block is done with the previous tile (shared memory, *slot)
+    if (threadIdx.x == 0) *slot = (i64_t)atomicAdd(counter, 1ull);
+    __syncthreads();
+    return *slot;
+}
+
+struct MTile { int bucket; i64_t p0, p1, nt; };
+
+// Tile t of the (m-tile, n-tile) grid, rasterised in groups of 8 m-tiles (L2 reuse of w);
+// m-tile -> bucket by binary search over tile_start; rows [p0, p1) in sorted positions.
+template <class S>
+__device__ __forceinline__ MTile decode_mtile(const Problem<S>& p, i64_t t, i64_t n_tiles, int bm) {
+    constexpr i64_t GROUP = 8;
+    const i64_t m_tiles = p.tile_start[p.E + 1];
+    const i64_t per_group = GROUP * n_tiles;
+    const i64_t first = (t / per_group) * GROUP;
+    const i64_t gsize = min(m_tiles - first, GROUP);
+    const i64_t in_group = t % per_group;
+    const i64_t mt = first + in_group % gsize;
+    MTile r;
+    r.nt = in_group / gsize;
+    int lo = 0, hi = p.E;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (p.tile_start[mid] <= mt) lo = mid; else hi = mid - 1;
+    }
+    r.bucket = lo;
+    r.p0 = p.row_start[lo] + (mt - p.tile_start[lo]) * bm;
+    r.p1 = min(r.p0 + bm, p.row_start[lo + 1]);
+    return r;
+}
+
+template <class S>
+__device__ __forceinline__ i64_t output_size(const Problem<S>& p) {
+    if constexpr (S::PASS == FWD) return p.M * p.N;
+    else if constexpr (S::PASS == DGRAD) return p.M * p.K;
+    else return (i64_t)p.E * p.N * p.K;
+}
+
+template <class S>
+__device__ void poison(const Problem<S>& p) {
+    using OutT = typename S::OutT;
+    const OutT nan = from_f32<OutT>(__int_as_float(0x7fc00000));
+    const i64_t n = output_size(p);
+    for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64_t)gridDim.x * blockDim.x)
+        p.out[i] = nan;
+}
+
+// Two adjacent outputs (an accumulator pair) rounded once to the 16-bit output type, packed in 32 bits.
+template <class OutT> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<bf16_t>(float lo, float hi) {
+    unsigned v;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
+    return v;
+}
+template <> __device__ __forceinline__ unsigned pack2<f16_t>(float lo, float hi) {
+    unsigned v;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
+    return v;
+}
+// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
+template <class OutT>
+__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
+    if constexpr (same_type<OutT, float>) *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+    else *reinterpret_cast<unsigned*>(p) = pack2<OutT>(lo, hi);
+}
+
+// Padding rows (bucket E) of an m-tile: zeros.
+template <class S>
+__device__ void zero_rows(const Problem<S>& p, const i64_t* rows, int nrows, i64_t c0, int bn, i64_t cols) {
+    using OutT = typename S::OutT;
+    const OutT zero = from_f32<OutT>(0.0f);
+    for (int i = threadIdx.x; i < nrows * bn; i += blockDim.x) {
+        const i64_t c = c0 + i % bn;
+        const i64_t r = rows[i / bn];
+        if (r >= 0 && c < cols) p.out[r * cols + c] = zero;
+    }
+}
+
+}  // namespace moe
+// ---- end of MoE problem ----------------------------------------------------------------------
+
+// ---- skuforge MoE routing prologue (templates/moe/routing.cuh) ------------------------------
+// Rows -> experts, on the device, no host sync; shared by every moe kernel. Each SKU's extern "C"
+// entry points (<symbol>_route_*, templates/moe/grouped_matmul.cu.j2) call these templates with
+// its traits S (S::ROUTE_WARPS: warps of the count / scatter blocks, one chunk of rows per warp;
+// the offsets and scan kernels run as one block of ROUTE_THREADS, codegen/families/moe/launch.py).
+//
+// Outputs (workspace, see runtime/moe/grouped.py):
+//   row_start[E+2]  bucket b holds the sorted positions [row_start[b], row_start[b+1]);
+//                   buckets 0..E-1 are the experts, bucket E the padding rows.
+//   tile_start[E+2] exclusive prefix sums of ceil(rows of bucket / bm): the m-tile schedule.
+//   perm[M]         (row_experts only) sorted position -> row index, stable (rows of one
+//                   expert in increasing row order), so every reduction has a fixed order.
+//   status          0, or 1 when offsets are invalid (the main kernels then write NaN).
+//   counters[4]     dynamic tile counters of the main kernels, reset to 0.
+// Invalid offsets (not trusted) are also reported to the device's status word (runtime/status.py,
+// mapped host memory, read by the host without a sync): the offsets entry points take it as their
+// last parameter (null: not reported) and pass the SKU's code status.code(op, "offsets") as
+// bad_code; the next call on the device raises DeviceValueError.
+// The kernels' bodies are templates over S even where they read nothing of it: each SKU of a unit
+// has instantiations of its own, so how a kernel is inlined does not depend on the unit's other SKUs.
+namespace moe {
 
 // Exclusive scan of one value per thread over the block (Op = sum or max); *total gets the
 // reduction of all values. Deterministic: integer math in a fixed tree.
@@ -241,6 +380,7 @@ struct SumOp { __device__ i64_t operator()(i64_t a, i64_t b) const { return a + 
 struct MaxOp { __device__ i64_t operator()(i64_t a, i64_t b) const { return a > b ? a : b; } };
 
 // tile_start[b] = sum over buckets < b of ceil(rows(b) / bm), b = 0..E+1. row_start is final.
+template <class S>
 __device__ void finish_tiles(int E, int bm, const i64_t* row_start, i64_t* tile_start, i64_t* smem) {
     const int n = E + 1;                                   // buckets 0..E
     const int per = (n + blockDim.x - 1) / blockDim.x;
@@ -259,7 +399,7 @@ __device__ void finish_tiles(int E, int bm, const i64_t* row_start, i64_t* tile_
 // Offsets mode: clamp into [0, M], make monotone (prefix max), validate unless trusted; invalid:
 // the workspace status is 1 (the main kernels poison their output) and `bad_code` goes to the
 // device status word `report` (when not null).
-template <typename OFF>
+template <class S, typename OFF>
 __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int bm, int trusted,
                               i32_t* status, i64_t* row_start, i64_t* tile_start, u64_t* counters,
                               u32_t* report, u32_t bad_code) {
@@ -288,18 +428,19 @@ __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int b
         if (bad && !trusted && report) *(volatile u32_t*)report = bad_code;
     }
     __syncthreads();
-    finish_tiles(E, bm, row_start, tile_start, smem);
+    finish_tiles<S>(E, bm, row_start, tile_start, smem);
 }
 
 __device__ __forceinline__ unsigned bucket_of(u32_t id, int E) { return id < (u32_t)E ? id : (unsigned)E; }
 
 // row_experts mode, pass 1: per chunk of rows, rows per bucket -> hist[bucket * chunks + chunk].
+template <class S>
 __device__ void route_count(const u32_t* __restrict__ ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks,
                             i32_t* __restrict__ hist) {
     extern __shared__ i32_t cnt_s[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     i32_t* cnt = cnt_s + warp * (E + 1);
-    for (i64_t c = (i64_t)blockIdx.x * ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * ROUTE_WARPS) {
+    for (i64_t c = (i64_t)blockIdx.x * S::ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * S::ROUTE_WARPS) {
         for (int b = lane; b <= E; b += 32) cnt[b] = 0;
         __syncwarp();
         const i64_t end = min(M, (c + 1) * chunk_rows);
@@ -316,6 +457,7 @@ __device__ void route_count(const u32_t* __restrict__ ids, i64_t M, int E, i64_t
 }
 
 // row_experts mode, pass 2 (one block): base = exclusive scan of hist in bucket-major order.
+template <class S>
 __device__ void route_scan(const i32_t* __restrict__ hist, int E, i64_t M, i64_t chunks, int bm,
                            u32_t* __restrict__ base, i64_t* row_start, i64_t* tile_start,
                            i32_t* status, u64_t* counters) {
@@ -336,17 +478,18 @@ __device__ void route_scan(const i32_t* __restrict__ hist, int E, i64_t M, i64_t
     }
     if (threadIdx.x == 0) row_start[E + 1] = M;
     __syncthreads();
-    finish_tiles(E, bm, row_start, tile_start, smem);
+    finish_tiles<S>(E, bm, row_start, tile_start, smem);
 }
 
 // row_experts mode, pass 3: stable scatter, perm[position] = row.
+template <class S>
 __device__ void route_scatter(const u32_t* __restrict__ ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks,
                               const u32_t* __restrict__ base, i32_t* __restrict__ perm) {
     extern __shared__ u32_t next_s[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32_t* next = next_s + warp * (E + 1);
     const unsigned below = (1u << lane) - 1u;
-    for (i64_t c = (i64_t)blockIdx.x * ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * ROUTE_WARPS) {
+    for (i64_t c = (i64_t)blockIdx.x * S::ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * S::ROUTE_WARPS) {
         for (int b = lane; b <= E; b += 32) next[b] = base[(i64_t)b * chunks + c];
         __syncwarp();
         const i64_t end = min(M, (c + 1) * chunk_rows);
@@ -362,98 +505,172 @@ __device__ void route_scatter(const u32_t* __restrict__ ids, i64_t M, int E, i64
     }
 }
 
-typedef f16_t T;        // input storage
-typedef f16_t OutT;   // output storage
+}  // namespace moe
+// ---- end of MoE routing ----------------------------------------------------------------------
 
-struct Problem {
-    const T* x; i64_t ldx;
-    const T* w; i64_t w_se, w_sn;
-    const T* dy; i64_t lddy;
-    OutT* out;
-    i64_t M, N, K; int E;
-    const i32_t* perm;        // sorted position -> row; null: rows are already in expert order
-    const i64_t* row_start;   // [E+2] sorted positions of each bucket (bucket E: padding rows)
-    const i64_t* tile_start;  // [E+2] m-tile schedule (fwd / bwd-input)
-    u64_t* counter;           // dynamic tile counter, 0 at launch
-};
+// ---- skuforge MoE grouped matmul, simt backend (templates/moe/simt.cuh) -----------------------
+// The reference-grade path for every dtype and any shape or alignment. fp32 math on CUDA cores;
+// tiles BM x BN, reduction steps of BK staged in shared memory as float; each of the 256 threads
+// owns a 4 x 4 block of outputs (rows ty + 16 i, cols tx + 16 j). Each output is summed over the
+// reduction in increasing order. The tile shape comes from the SKU's launch
+// (codegen/families/moe/blocks.py MOE_TILES) as template arguments.
+namespace moe {
+namespace simt {
 
-__device__ __forceinline__ i64_t row_of(const Problem& p, i64_t pos) { return p.perm ? (i64_t)p.perm[pos] : pos; }
-
-// Next tile for the whole block (integer atomic: which block runs a tile never changes its bits).
-__device__ __forceinline__ i64_t next_tile(u64_t* counter, i64_t* slot) {
-    __syncthreads();  // the block is done with the previous tile (shared memory, *slot)
-    if (threadIdx.x == 0) *slot = (i64_t)atomicAdd(counter, 1ull);
-    __syncthreads();
-    return *slot;
-}
-
-struct MTile { int bucket; i64_t p0, p1, nt; };
-
-// Tile t of the (m-tile, n-tile) grid, rasterised in groups of 8 m-tiles (L2 reuse of w);
-// m-tile -> bucket by binary search over tile_start; rows [p0, p1) in sorted positions.
-__device__ __forceinline__ MTile decode_mtile(const Problem& p, i64_t t, i64_t n_tiles, int bm) {
-    constexpr i64_t GROUP = 8;
-    const i64_t m_tiles = p.tile_start[p.E + 1];
-    const i64_t per_group = GROUP * n_tiles;
-    const i64_t first = (t / per_group) * GROUP;
-    const i64_t gsize = min(m_tiles - first, GROUP);
-    const i64_t in_group = t % per_group;
-    const i64_t mt = first + in_group % gsize;
-    MTile r;
-    r.nt = in_group / gsize;
-    int lo = 0, hi = p.E;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (p.tile_start[mid] <= mt) lo = mid; else hi = mid - 1;
-    }
-    r.bucket = lo;
-    r.p0 = p.row_start[lo] + (mt - p.tile_start[lo]) * bm;
-    r.p1 = min(r.p0 + bm, p.row_start[lo + 1]);
-    return r;
-}
-
-__device__ __forceinline__ i64_t output_size(const Problem& p) {
-    return (i64_t)p.E * p.N * p.K;
-}
-
-__device__ void poison(const Problem& p) {
-    const OutT nan = from_f32<OutT>(__int_as_float(0x7fc00000));
-    const i64_t n = output_size(p);
-    for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64_t)gridDim.x * blockDim.x)
-        p.out[i] = nan;
-}
-
-// Two adjacent outputs (an accumulator pair) rounded once to the output type, packed in 32 bits.
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    unsigned v;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
-    return v;
-}
-// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
-__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
-    *reinterpret_cast<unsigned*>(p) = pack2(lo, hi);
-}
-
-// Padding rows (bucket E) of an m-tile: zeros.
-__device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t c0, int bn, i64_t cols) {
-    const OutT zero = from_f32<OutT>(0.0f);
-    for (int i = threadIdx.x; i < nrows * bn; i += blockDim.x) {
-        const i64_t c = c0 + i % bn;
-        const i64_t r = rows[i / bn];
-        if (r >= 0 && c < cols) p.out[r * cols + c] = zero;
+template <int BM, int BN, int BK>
+__device__ __forceinline__ void fma_tile(float (&acc)[4][4], const float (*As)[BM + 1], const float (*Bs)[BN + 1],
+                                         int tx, int ty) {
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+        float a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
     }
 }
+
+template <class S, int BM, int BN, int BK, int THREADS>
+__device__ void run(const Problem<S>& p) {
+    static_assert(BM == 64 && BN == 64 && THREADS == 256, "4 x 4 outputs per thread");
+    using T = typename S::T;
+    using OutT = typename S::OutT;
+    __shared__ float As[BK][BM + 1];   // reduction-major: As[r][row]
+    __shared__ float Bs[BK][BN + 1];   // reduction-major: Bs[r][col]
+    __shared__ i64_t rows_s[BM > BK ? BM : BK];
+    __shared__ i64_t slot;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    if constexpr (S::PASS == WGRAD) {
+        // dw[e, n, k]: tiles (e, n-tile, k-tile); reduction over the rows of expert e, in order.
+        const i64_t tiles_n = (p.N + BM - 1) / BM, tiles_k = (p.K + BN - 1) / BN;
+        const i64_t per_expert = tiles_n * tiles_k, total = (i64_t)p.E * per_expert;
+        for (;;) {
+            const i64_t t = next_tile(p.counter, &slot);
+            if (t >= total) break;
+            const int e = (int)(t / per_expert);
+            const i64_t n0 = (t % per_expert) / tiles_k * BM, k0 = (t % per_expert) % tiles_k * BN;
+            const i64_t p0 = p.row_start[e], p1 = p.row_start[e + 1];
+            float acc[4][4] = {};
+            for (i64_t q0 = p0; q0 < p1; q0 += BK) {
+                if (tid < BK) rows_s[tid] = q0 + tid < p1 ? row_of(p, q0 + tid) : -1;
+                __syncthreads();
+                for (int idx = tid; idx < BK * BM; idx += THREADS) {
+                    const int kk = idx / BM, i = idx % BM;
+                    const i64_t r = rows_s[kk], n = n0 + i, kc = k0 + i;
+                    As[kk][i] = (r >= 0 && n < p.N) ? to_f32(p.dy[r * p.lddy + n]) : 0.0f;
+                    Bs[kk][i] = (r >= 0 && kc < p.K) ? to_f32(p.x[r * p.ldx + kc]) : 0.0f;
+                }
+                __syncthreads();
+                fma_tile<BM, BN, BK>(acc, As, Bs, tx, ty);
+                __syncthreads();
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const i64_t n = n0 + ty + 16 * i;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const i64_t kc = k0 + tx + 16 * j;
+                    if (n < p.N && kc < p.K) p.out[((i64_t)e * p.N + n) * p.K + kc] = from_f32<OutT>(acc[i][j]);
+                }
+            }
+        }
+    } else {
+        // FWD: y[m, n] = sum_k x[m, k] w[e, n, k]; DGRAD: dx[m, k] = sum_n dy[m, n] w[e, n, k]
+        constexpr bool F = S::PASS == FWD;
+        const T* A = F ? p.x : p.dy; const i64_t lda = F ? p.ldx : p.lddy;
+        const i64_t R = F ? p.K : p.N, COLS = F ? p.N : p.K;
+        const i64_t n_tiles = (COLS + BN - 1) / BN;
+        const i64_t total = p.tile_start[p.E + 1] * n_tiles;
+        for (;;) {
+            const i64_t t = next_tile(p.counter, &slot);
+            if (t >= total) break;
+            const MTile mt = decode_mtile(p, t, n_tiles, BM);
+            const i64_t c0 = mt.nt * BN;
+            const int nrows = (int)(mt.p1 - mt.p0);
+            if (tid < BM) rows_s[tid] = tid < nrows ? row_of(p, mt.p0 + tid) : -1;
+            __syncthreads();
+            if (mt.bucket == p.E) {   // padding rows: zeros
+                zero_rows(p, rows_s, nrows, c0, BN, COLS);
+                continue;
+            }
+            const T* B = p.w + (i64_t)mt.bucket * p.w_se;
+            float acc[4][4] = {};
+            for (i64_t r0 = 0; r0 < R; r0 += BK) {
+                for (int idx = tid; idx < BK * BM; idx += THREADS) {
+                    const int i = idx / BK, kk = idx % BK;    // consecutive threads walk the reduction
+                    const i64_t row = rows_s[i], r = r0 + kk;
+                    As[kk][i] = (row >= 0 && r < R) ? to_f32(A[row * lda + r]) : 0.0f;
+                }
+                for (int idx = tid; idx < BK * BN; idx += THREADS) {
+                    if constexpr (F) {
+                        const int j = idx / BK, kk = idx % BK;    // w[e, n, k]: k contiguous
+                        const i64_t c = c0 + j, r = r0 + kk;
+                        Bs[kk][j] = (c < COLS && r < R) ? to_f32(B[c * p.w_sn + r]) : 0.0f;
+                    } else {
+                        const int kk = idx / BN, j = idx % BN;    // w[e, n, k]: k (the output column) contiguous
+                        const i64_t c = c0 + j, r = r0 + kk;
+                        Bs[kk][j] = (c < COLS && r < R) ? to_f32(B[r * p.w_sn + c]) : 0.0f;
+                    }
+                }
+                __syncthreads();
+                fma_tile<BM, BN, BK>(acc, As, Bs, tx, ty);
+                __syncthreads();
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const i64_t row = rows_s[ty + 16 * i];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const i64_t c = c0 + tx + 16 * j;
+                    if (row >= 0 && c < COLS) p.out[row * COLS + c] = from_f32<OutT>(acc[i][j]);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace simt
+}  // namespace moe
+// ---- end of MoE simt backend -----------------------------------------------------------------
+
+// ---- skuforge MoE grouped matmul, mma backend (templates/moe/mma.cuh) -------------------------
+// sm_80+: tensor cores through mma.sync.aligned.m16n8k16 (f16/bf16 in, fp32 accumulate), fragments
+// with ldmatrix (.trans for operands whose contiguous axis is the output axis), a STAGES-deep
+// cp.async pipeline and XOR-swizzled shared memory (no bank conflicts for ldmatrix, no padding).
+// One body, instantiated per tile configuration (launch["variants"], Tile<S, BM, BN, BK, STAGES, PIPE>):
+// warps of 64 x 64 outputs in a (BM / 64) x (BN / 64) grid, so THREADS = 32 * BM * BN / 4096.
+// PIPE: the fragments of the next k16 step are loaded while the current one is multiplied,
+// across the stage boundary too (the barrier sits before the last k16 step of a slice).
+// Operand layouts by pass: A is K-major for FWD and DGRAD (rows of x / dy), MN-major for WGRAD (dy);
+// B is K-major for FWD (w[e] rows n), MN-major for DGRAD (w[e]) and WGRAD (x).
+// Shared tiles per stage, 8-element (16-byte) chunks:
+//   "K-major" [ROWS][BK]  : chunk (r, c) at r * BK + ((c ^ swz(r)) * 8),
+//                           swz(r) = r & 7 (BK = 64) or (r >> 1) & 3 (BK = 32)
+//   "MN-major" [BK][W]    : chunk (r, c) at r * W + ((c ^ (r & 7)) * 8), W = BM or BN
+// Producers keep 64-bit row pointers in registers and advance them by a constant per slice:
+// no per-slice 64-bit multiplies (the rows of an MN-major operand are consecutive, except
+// for backward-weight with a row permutation, which reads it per slice).
+// Needs (host-checked): the contiguous axis of every operand a multiple of 8 elements,
+// 16-byte aligned base pointers and row strides.
+namespace moe {
+namespace mma {
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-template <int BM_, int BN_, int BK_, int STAGES_, int PIPE_>
+template <class S, int BM_, int BN_, int BK_, int STAGES_, int PIPE_>
 struct Tile {
+    using T = typename S::T;
     static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_;
     static constexpr int PIPE = PIPE_;
     static constexpr int WARPS_N = BN / 64, THREADS = 32 * (BM / 64) * (BN / 64);
     static constexpr int KSTEPS = BK / 16;
     static constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK, STAGE_ELEMS = A_ELEMS + B_ELEMS;
     static constexpr unsigned STAGE_BYTES = STAGE_ELEMS * sizeof(T), A_BYTES = A_ELEMS * sizeof(T);
+    static constexpr bool A_KMAJ = S::PASS != WGRAD, B_KMAJ = S::PASS == FWD;   // operand layouts (above)
     static_assert(BM % 64 == 0 && BN % 64 == 0 && (BK == 32 || BK == 64) && STAGES >= 2 && PIPE >= 0 && PIPE <= 2,
                   "tile shape");
     static_assert(THREADS >= 128 && THREADS <= 256, "4 or 8 warps");
@@ -466,15 +683,19 @@ template <int W> __device__ __forceinline__ int mnmaj_off(int r, int c) { return
 
 // Producer maps. K-major [ROWS][BK]: 4 threads a row, BK / 32 chunks each (c = kc + 4 j),
 // rows kr0 + RPP i. MN-major [BK][W]: W / 8 threads a row, one chunk each (column cc), rows rr0 + RPP i.
+// CHUNKS: the copies of one thread per slice.
 template <int ROWS, int BK, int THREADS> struct KMap {
-    static constexpr int KCOLS = BK / 32, RPP = THREADS / 4, PASSES = ROWS / RPP;
+    static constexpr int KCOLS = BK / 32, RPP = THREADS / 4, PASSES = ROWS / RPP, CHUNKS = PASSES * KCOLS;
     static_assert(ROWS % RPP == 0 && RPP % 8 == 0, "K-major producer map");
 };
 template <int W, int BK, int THREADS> struct MNMap {
-    static constexpr int WCH = W / 8, RPP = THREADS / WCH, PASSES = BK / RPP;
+    static constexpr int WCH = W / 8, RPP = THREADS / WCH, PASSES = BK / RPP, CHUNKS = PASSES;
     static_assert(THREADS % WCH == 0 && BK % RPP == 0 && RPP % 8 == 0, "MN-major producer map");
 };
+template <bool K, class A, class B> struct PickMap { using type = A; };
+template <class A, class B> struct PickMap<false, A, B> { using type = B; };
 
+template <class T>
 __device__ __forceinline__ void cp_async16(unsigned dst, const T* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
@@ -489,11 +710,19 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 { %0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+// d += a b, inputs of type T (bf16_t or f16_t).
+template <class T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (same_type<T, bf16_t>)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{ %0, %1, %2, %3}, { %4, %5, %6, %7}, { %8, %9}, { %0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Per-lane byte offsets of the warp's ldmatrix reads inside a stage (stage-independent).
@@ -501,16 +730,27 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
 // only; row block i adds 16 i rows). MN-major: one per 16-wide column block (step ks adds 16 ks rows).
 template <class C>
 struct Frag {
-    unsigned a_off[4], b_off[4];
+    using T = typename C::T;
+    unsigned a_off[C::A_KMAJ ? C::KSTEPS : 4], b_off[C::B_KMAJ ? C::KSTEPS : 4];
     __device__ __forceinline__ Frag(int m_w, int n_w, int lane) {
         constexpr int BK = C::BK;
         const int li = lane & 7, lj = lane >> 3;
-        {   // A (.trans): rows 16 ks + li + 8 (lj >> 1), chunk (m_w + 16 mi) / 8 + (lj & 1)
+        if constexpr (C::A_KMAJ) {   // A: rows m_w + 16 mi + (lane & 15), chunk 2 ks + (lane >> 4)
+            const int lr = lane & 15;
+#pragma unroll
+            for (int ks = 0; ks < C::KSTEPS; ++ks)
+                a_off[ks] = (unsigned)(((m_w + lr) * BK + (((2 * ks + (lane >> 4)) ^ kmaj_swz<BK>(lr)) << 3)) * sizeof(T));
+        } else {   // A (.trans): rows 16 ks + li + 8 (lj >> 1), chunk (m_w + 16 mi) / 8 + (lj & 1)
 #pragma unroll
             for (int mi = 0; mi < 4; ++mi)
                 a_off[mi] = (unsigned)(mnmaj_off<C::BM>(li + ((lj >> 1) << 3), ((m_w + 16 * mi) >> 3) + (lj & 1)) * sizeof(T));
         }
-        {   // B (.trans): rows 16 ks + li + 8 (lj & 1), chunk (n_w + 16 np) / 8 + (lj >> 1)
+        if constexpr (C::B_KMAJ) {   // B: rows n_w + 16 np + li + 8 (lj >> 1), chunk 2 ks + (lj & 1)
+            const int lr = li + ((lj >> 1) << 3);
+#pragma unroll
+            for (int ks = 0; ks < C::KSTEPS; ++ks)
+                b_off[ks] = (unsigned)(((n_w + lr) * BK + (((2 * ks + (lj & 1)) ^ kmaj_swz<BK>(lr)) << 3)) * sizeof(T));
+        } else {   // B (.trans): rows 16 ks + li + 8 (lj & 1), chunk (n_w + 16 np) / 8 + (lj >> 1)
 #pragma unroll
             for (int np = 0; np < 4; ++np)
                 b_off[np] = (unsigned)(mnmaj_off<C::BN>(li + ((lj & 1) << 3), ((n_w + 16 * np) >> 3) + (lj >> 1)) * sizeof(T));
@@ -523,25 +763,27 @@ struct Frag {
         const unsigned sB = sA + C::A_BYTES;
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi) {
-            ldsm_x4_t(a[mi], sA + a_off[mi] + ks * 16 * C::BM * (unsigned)sizeof(T));
+            if constexpr (C::A_KMAJ) ldsm_x4(a[mi], sA + a_off[ks] + mi * 16 * C::BK * (unsigned)sizeof(T));
+            else ldsm_x4_t(a[mi], sA + a_off[mi] + ks * 16 * C::BM * (unsigned)sizeof(T));
         }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
-            ldsm_x4_t(b[np], sB + b_off[np] + ks * 16 * C::BN * (unsigned)sizeof(T));
+            if constexpr (C::B_KMAJ) ldsm_x4(b[np], sB + b_off[ks] + np * 16 * C::BK * (unsigned)sizeof(T));
+            else ldsm_x4_t(b[np], sB + b_off[np] + ks * 16 * C::BN * (unsigned)sizeof(T));
         }
     }
 };
 
 // One k16 step of the warp tile: 4 x 8 mma. hook(mi) runs after row mi: the producer's copies
 // of the next slice are issued between the tensor-core instructions instead of before them.
-template <class Hook>
+template <class T, class Hook>
 __device__ __forceinline__ void mma_step(float (&acc)[4][8][4], const unsigned (&a)[4][4], const unsigned (&b)[4][4],
                                          Hook& hook) {
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
         for (int nj = 0; nj < 8; ++nj)
-            mma16816(acc[mi][nj], a[mi], b[nj >> 1][(nj & 1) * 2], b[nj >> 1][(nj & 1) * 2 + 1]);
+            mma16816<T>(acc[mi][nj], a[mi], b[nj >> 1][(nj & 1) * 2], b[nj >> 1][(nj & 1) * 2 + 1]);
         hook(mi);
     }
 }
@@ -557,6 +799,7 @@ __device__ __forceinline__ void mma_step(float (&acc)[4][8][4], const unsigned (
 //           latency of the next slice's first step.
 template <class C, class Load>
 __device__ __forceinline__ void mainloop(float (&acc)[4][8][4], const Frag<C>& fr, unsigned s_base, int KT, Load& load) {
+    using T = typename C::T;
     constexpr unsigned RING = C::STAGES * C::STAGE_BYTES;
     auto none = [](int) {};
 #pragma unroll
@@ -590,11 +833,11 @@ __device__ __forceinline__ void mainloop(float (&acc)[4][8][4], const Frag<C>& f
                 if (ks == 0) {   // the slot of slice kt - 1 is free (barrier of the previous slice)
                     if (issue) load(wr, nk, -1);
                     auto copy = [&](int q) { if (issue) load(wr, nk, q); };
-                    mma_step(acc, a[ks & 1], b[ks & 1], copy);
+                    mma_step<T>(acc, a[ks & 1], b[ks & 1], copy);
                     cp_async_commit();
                     wr = wr + C::STAGE_BYTES == RING ? 0 : wr + C::STAGE_BYTES;
                 } else {
-                    mma_step(acc, a[ks & 1], b[ks & 1], none);
+                    mma_step<T>(acc, a[ks & 1], b[ks & 1], none);
                 }
             }
         }
@@ -615,9 +858,9 @@ __device__ __forceinline__ void mainloop(float (&acc)[4][8][4], const Frag<C>& f
                 fr.load(a, b, s_base + rd, ks);
                 if (C::PIPE == 1 && ks == 0) {
                     auto copy = [&](int q) { if (issue) load(wr, nk, q); };
-                    mma_step(acc, a, b, copy);
+                    mma_step<T>(acc, a, b, copy);
                 } else {
-                    mma_step(acc, a, b, none);
+                    mma_step<T>(acc, a, b, none);
                 }
             }
             cp_async_commit();
@@ -632,8 +875,10 @@ __device__ __forceinline__ void mainloop(float (&acc)[4][8][4], const Frag<C>& f
 template <int NC> __device__ __forceinline__ constexpr bool in_piece(int q, int piece) { return (q * 4) / NC == piece; }
 __device__ __forceinline__ int clamp_int(i64_t v) { return v < 0 ? 0 : (v > 0x7fffffff ? 0x7fffffff : (int)v); }
 
-template <class C>
-__device__ void run(const Problem& p) {
+template <class S, class C>
+__device__ void run(const Problem<S>& p) {
+    using T = typename S::T;
+    using OutT = typename S::OutT;
     constexpr int BM = C::BM, BN = C::BN, BK = C::BK, THREADS = C::THREADS;
     constexpr unsigned TS = sizeof(T);
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -643,592 +888,441 @@ __device__ void run(const Problem& p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int m_w = (warp / C::WARPS_N) * 64, n_w = (warp % C::WARPS_N) * 64;
     const Frag<C> fr(m_w, n_w, lane);
-    // dw[e, n, k]: tiles (e, n-tile, k-tile); the reduction walks the rows of expert e in order.
-    // Both operands MN-major: A = dy [BK rows][BM columns n], B = x [BK rows][BN columns k].
-    using MA = MNMap<BM, BK, THREADS>;
-    using MB = MNMap<BN, BK, THREADS>;
-    constexpr int NC = MA::PASSES + MB::PASSES;
-    const int acc_ = tid % MA::WCH, ar0 = tid / MA::WCH;
-    const int bcc = tid % MB::WCH, br0 = tid / MB::WCH;
-    const unsigned a_dst = (unsigned)mnmaj_off<BM>(ar0, acc_) * TS;
-    const unsigned b_dst = C::A_BYTES + (unsigned)mnmaj_off<BN>(br0, bcc) * TS;
-    const i64_t tiles_n = (p.N + BM - 1) / BM, tiles_k = (p.K + BN - 1) / BN;
-    const i64_t per_expert = tiles_n * tiles_k, total = (i64_t)p.E * per_expert;
-    (void)rows_s;
-    for (;;) {
-        const i64_t t = next_tile(p.counter, &slot);
-        if (t >= total) break;
-        float acc[4][8][4];
+    if constexpr (S::PASS == WGRAD) {
+        // dw[e, n, k]: tiles (e, n-tile, k-tile); the reduction walks the rows of expert e in order.
+        // Both operands MN-major: A = dy [BK rows][BM columns n], B = x [BK rows][BN columns k].
+        using MA = MNMap<BM, BK, THREADS>;
+        using MB = MNMap<BN, BK, THREADS>;
+        constexpr int NC = MA::PASSES + MB::PASSES;
+        const int acc_ = tid % MA::WCH, ar0 = tid / MA::WCH;
+        const int bcc = tid % MB::WCH, br0 = tid / MB::WCH;
+        const unsigned a_dst = (unsigned)mnmaj_off<BM>(ar0, acc_) * TS;
+        const unsigned b_dst = C::A_BYTES + (unsigned)mnmaj_off<BN>(br0, bcc) * TS;
+        const i64_t tiles_n = (p.N + BM - 1) / BM, tiles_k = (p.K + BN - 1) / BN;
+        const i64_t per_expert = tiles_n * tiles_k, total = (i64_t)p.E * per_expert;
+        (void)rows_s;
+        for (;;) {
+            const i64_t t = next_tile(p.counter, &slot);
+            if (t >= total) break;
+            float acc[4][8][4];
 #pragma unroll
-        for (int mi = 0; mi < 4; ++mi)
+            for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-            for (int nj = 0; nj < 8; ++nj)
+                for (int nj = 0; nj < 8; ++nj)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) acc[mi][nj][q] = 0.0f;
-        const int e = (int)(t / per_expert);
-        const i64_t row0 = (t % per_expert) / tiles_k * BM, col0 = (t % per_expert) % tiles_k * BN;
-        const i64_t p0 = p.row_start[e], p1 = p.row_start[e + 1];
-        const i64_t R = p1 - p0;
-        const bool a_col_ok = row0 + acc_ * 8 < p.N, b_col_ok = col0 + bcc * 8 < p.K;
-        const int KT = (int)((R + BK - 1) / BK);
-        i64_t left = R;   // rows of the expert from the next slice on
-        if (p.perm == nullptr) {
-            // Offsets routing: the rows of expert e are consecutive; running pointers at rows
-            // p0 + ar0 / br0 of the next slice.
-            const T* a_next = p.dy + (p0 + ar0) * p.lddy + row0 + acc_ * 8;
-            const T* b_next = p.x + (p0 + br0) * p.ldx + col0 + bcc * 8;
-            const i64_t a_step = (i64_t)MA::RPP * p.lddy, b_step = (i64_t)MB::RPP * p.ldx;
-            int a_left = 0, b_left = 0;   // per slice: rows left (0 past the columns of the operand)
+                    for (int q = 0; q < 4; ++q) acc[mi][nj][q] = 0.0f;
+            const int e = (int)(t / per_expert);
+            const i64_t row0 = (t % per_expert) / tiles_k * BM, col0 = (t % per_expert) % tiles_k * BN;
+            const i64_t p0 = p.row_start[e], p1 = p.row_start[e + 1];
+            const i64_t R = p1 - p0;
+            const bool a_col_ok = row0 + acc_ * 8 < p.N, b_col_ok = col0 + bcc * 8 < p.K;
+            const int KT = (int)((R + BK - 1) / BK);
+            i64_t left = R;   // rows of the expert from the next slice on
+            if (p.perm == nullptr) {
+                // Offsets routing: the rows of expert e are consecutive; running pointers at rows
+                // p0 + ar0 / br0 of the next slice.
+                const T* a_next = p.dy + (p0 + ar0) * p.lddy + row0 + acc_ * 8;
+                const T* b_next = p.x + (p0 + br0) * p.ldx + col0 + bcc * 8;
+                const i64_t a_step = (i64_t)MA::RPP * p.lddy, b_step = (i64_t)MB::RPP * p.ldx;
+                int a_left = 0, b_left = 0;   // per slice: rows left (0 past the columns of the operand)
+                auto load = [&](unsigned stage, int kt, int piece) {
+                    (void)kt;
+                    if (piece < 0) {
+                        const int l = clamp_int(left);
+                        a_left = a_col_ok ? l : 0;
+                        b_left = b_col_ok ? l : 0;
+                        return;
+                    }
+                    const unsigned sA = s_base + stage;
+#pragma unroll
+                    for (int q = 0; q < NC; ++q) {
+                        if (!in_piece<NC>(q, piece)) continue;
+                        if (q < MA::PASSES) {
+                            const int i = q;
+                            cp_async16(sA + a_dst + i * MA::RPP * BM * TS, a_next + i * a_step, ar0 + MA::RPP * i < a_left);
+                        } else {
+                            const int i = q - MA::PASSES;
+                            cp_async16(sA + b_dst + i * MB::RPP * BN * TS, b_next + i * b_step, br0 + MB::RPP * i < b_left);
+                        }
+                    }
+                    if (piece == 3) {
+                        a_next += BK * p.lddy;
+                        b_next += BK * p.ldx;
+                        left -= BK;
+                    }
+                };
+                mainloop<C>(acc, fr, s_base, KT, load);
+            } else {
+                // Row permutation (row_experts routing): rows through perm, read per slice.
+                int a_left = 0, b_left = 0;
+                i64_t pos0 = p0;
+                auto load = [&](unsigned stage, int kt, int piece) {
+                    if (piece < 0) {
+                        const int l = clamp_int(left);
+                        a_left = a_col_ok ? l : 0;
+                        b_left = b_col_ok ? l : 0;
+                        pos0 = p0 + (i64_t)kt * BK;
+                        return;
+                    }
+                    const unsigned sA = s_base + stage;
+#pragma unroll
+                    for (int q = 0; q < NC; ++q) {
+                        if (!in_piece<NC>(q, piece)) continue;
+                        if (q < MA::PASSES) {
+                            const int r = ar0 + MA::RPP * q;
+                            const bool ok = r < a_left;
+                            const T* src = ok ? p.dy + (i64_t)p.perm[pos0 + r] * p.lddy + row0 + acc_ * 8 : p.dy;
+                            cp_async16(sA + a_dst + q * MA::RPP * BM * TS, src, ok);
+                        } else {
+                            const int i = q - MA::PASSES, r = br0 + MB::RPP * i;
+                            const bool ok = r < b_left;
+                            const T* src = ok ? p.x + (i64_t)p.perm[pos0 + r] * p.ldx + col0 + bcc * 8 : p.x;
+                            cp_async16(sA + b_dst + i * MB::RPP * BN * TS, src, ok);
+                        }
+                    }
+                    if (piece == 3) left -= BK;
+                };
+                mainloop<C>(acc, fr, s_base, KT, load);
+            }
+
+            // Epilogue: accumulator (row lane / 4 (+8), columns 2 (lane % 4) + {0, 1}) -> output pairs.
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int lr = m_w + 16 * mi + (lane >> 2) + 8 * h;
+                    const i64_t n = row0 + lr;
+                    if (n >= p.N) continue;
+                    OutT* o = p.out + ((i64_t)e * p.N + n) * p.K;
+                    const i64_t COLS = p.K;
+#pragma unroll
+                    for (int nj = 0; nj < 8; ++nj) {
+                        const i64_t c = col0 + n_w + 8 * nj + 2 * (lane & 3);
+                        if (c < COLS) store2(o + c, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
+                    }
+                }
+            }
+        }
+    } else {
+        // FWD: A = x, B = w[e] rows n, both K-major. DGRAD: A = dy (K-major), B = w[e] (MN-major).
+        constexpr bool F = S::PASS == FWD;
+        const T* A = F ? p.x : p.dy; const i64_t lda = F ? p.ldx : p.lddy;
+        const i64_t R = F ? p.K : p.N, COLS = F ? p.N : p.K;
+        using MB = typename PickMap<F, KMap<BN, BK, THREADS>, MNMap<BN, BK, THREADS>>::type;
+        constexpr int NB = MB::CHUNKS;
+        int bcc = 0, br0 = 0;   // DGRAD: the MN-major producer of B (column chunk bcc, rows br0 + RPP i)
+        unsigned b_dst = 0;
+        if constexpr (!F) {
+            bcc = tid % MB::WCH, br0 = tid / MB::WCH;
+            b_dst = C::A_BYTES + (unsigned)mnmaj_off<BN>(br0, bcc) * TS;
+        }
+        using MA = KMap<BM, BK, THREADS>;
+        constexpr int NA = MA::CHUNKS, NC = NA + NB;
+        const int kc = tid & 3, kr0 = tid >> 2;          // K-major producer: chunks kc + 4 j, rows kr0 + RPP i
+        // (RPP is a multiple of 8, so row kr0 + RPP i has the swizzle of row kr0)
+        unsigned k_dst[MA::KCOLS];
+#pragma unroll
+        for (int j = 0; j < MA::KCOLS; ++j) k_dst[j] = (unsigned)kmaj_off<BK>(kr0, kc + 4 * j) * TS;
+        const i64_t n_tiles = (COLS + BN - 1) / BN;
+        const i64_t total = p.tile_start[p.E + 1] * n_tiles;
+        for (;;) {
+            const i64_t t = next_tile(p.counter, &slot);
+            if (t >= total) break;
+            float acc[4][8][4];
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+                for (int nj = 0; nj < 8; ++nj)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) acc[mi][nj][q] = 0.0f;
+            const MTile mt = decode_mtile(p, t, n_tiles, BM);
+            const i64_t col0 = mt.nt * BN;
+            const int nrows = (int)(mt.p1 - mt.p0);
+            for (int i = tid; i < BM; i += THREADS) rows_s[i] = i < nrows ? row_of(p, mt.p0 + i) : -1;
+            __syncthreads();
+            if (mt.bucket == p.E) {   // padding rows: zeros
+                zero_rows(p, rows_s, nrows, col0, BN, COLS);
+                continue;
+            }
+            const T* B = p.w + (i64_t)mt.bucket * p.w_se;
+            const int Rk = clamp_int(R);   // < 2^31 (host-checked)
+            // K-major producer rows, as pointers held in registers. A row past the tile's rows (or
+            // past N for w) reads row 0 instead: it only feeds outputs that are never stored, so
+            // only the reduction tail (k >= R, which feeds every output) needs the zero fill.
+            const T* a_row[MA::PASSES];
+#pragma unroll
+            for (int i = 0; i < MA::PASSES; ++i) {
+                const i64_t row = rows_s[kr0 + MA::RPP * i];
+                a_row[i] = A + (row >= 0 ? row : 0) * lda;
+            }
+            const T* b_row[MB::PASSES];   // FWD: B = w[e] rows n
+            // DGRAD: B = w[e] (MN-major: rows are the reduction index n, columns the output k): a
+            // running pointer at row br0 of the next slice.
+            bool b_col_ok = false;
+            const T* b_next = nullptr;
+            i64_t b_step = 0, left = 0;
+            if constexpr (F) {
+#pragma unroll
+                for (int i = 0; i < MB::PASSES; ++i) {
+                    const i64_t n = col0 + kr0 + MB::RPP * i;
+                    b_row[i] = B + (n < COLS ? n : 0) * p.w_sn;
+                }
+            } else {
+                b_col_ok = col0 + bcc * 8 < COLS;
+                b_next = B + br0 * p.w_sn + col0 + bcc * 8;
+                b_step = (i64_t)MB::RPP * p.w_sn;
+                left = R;
+            }
+            int kk0 = 0;                 // per slice: reduction index of this thread's chunk j = 0,
+            bool k_ok[MA::KCOLS] = {};   // and whether chunk j is inside the reduction
+            int b_left = 0;              // DGRAD, per slice: rows of B left (0 past its columns)
             auto load = [&](unsigned stage, int kt, int piece) {
-                (void)kt;
                 if (piece < 0) {
-                    const int l = clamp_int(left);
-                    a_left = a_col_ok ? l : 0;
-                    b_left = b_col_ok ? l : 0;
+                    kk0 = kt * BK + kc * 8;
+#pragma unroll
+                    for (int j = 0; j < MA::KCOLS; ++j) k_ok[j] = kk0 + 32 * j < Rk;
+                    if constexpr (!F) b_left = b_col_ok ? clamp_int(left) : 0;
                     return;
                 }
                 const unsigned sA = s_base + stage;
 #pragma unroll
                 for (int q = 0; q < NC; ++q) {
                     if (!in_piece<NC>(q, piece)) continue;
-                    if (q < MA::PASSES) {
-                        const int i = q;
-                        cp_async16(sA + a_dst + i * MA::RPP * BM * TS, a_next + i * a_step, ar0 + MA::RPP * i < a_left);
+                    if (q < NA) {   // A (rows of x / dy, K-major): a warp moves 8 rows x 64 contiguous bytes
+                        const int i = q / MA::KCOLS, j = q % MA::KCOLS;
+                        cp_async16(sA + k_dst[j] + i * MA::RPP * BK * TS, a_row[i] + kk0 + 32 * j, k_ok[j]);
+                    } else if constexpr (F) {
+                        // B = w[e] rows n (K-major): same map as A.
+                        const int i = (q - NA) / MB::KCOLS, j = (q - NA) % MB::KCOLS;
+                        cp_async16(sA + C::A_BYTES + k_dst[j] + i * MB::RPP * BK * TS, b_row[i] + kk0 + 32 * j, k_ok[j]);
                     } else {
-                        const int i = q - MA::PASSES;
+                        const int i = q - NA;
                         cp_async16(sA + b_dst + i * MB::RPP * BN * TS, b_next + i * b_step, br0 + MB::RPP * i < b_left);
                     }
                 }
-                if (piece == 3) {
-                    a_next += BK * p.lddy;
-                    b_next += BK * p.ldx;
-                    left -= BK;
-                }
-            };
-            mainloop<C>(acc, fr, s_base, KT, load);
-        } else {
-            // Row permutation (row_experts routing): rows through perm, read per slice.
-            int a_left = 0, b_left = 0;
-            i64_t pos0 = p0;
-            auto load = [&](unsigned stage, int kt, int piece) {
-                if (piece < 0) {
-                    const int l = clamp_int(left);
-                    a_left = a_col_ok ? l : 0;
-                    b_left = b_col_ok ? l : 0;
-                    pos0 = p0 + (i64_t)kt * BK;
-                    return;
-                }
-                const unsigned sA = s_base + stage;
-#pragma unroll
-                for (int q = 0; q < NC; ++q) {
-                    if (!in_piece<NC>(q, piece)) continue;
-                    if (q < MA::PASSES) {
-                        const int r = ar0 + MA::RPP * q;
-                        const bool ok = r < a_left;
-                        const T* src = ok ? p.dy + (i64_t)p.perm[pos0 + r] * p.lddy + row0 + acc_ * 8 : p.dy;
-                        cp_async16(sA + a_dst + q * MA::RPP * BM * TS, src, ok);
-                    } else {
-                        const int i = q - MA::PASSES, r = br0 + MB::RPP * i;
-                        const bool ok = r < b_left;
-                        const T* src = ok ? p.x + (i64_t)p.perm[pos0 + r] * p.ldx + col0 + bcc * 8 : p.x;
-                        cp_async16(sA + b_dst + i * MB::RPP * BN * TS, src, ok);
+                if constexpr (!F) {
+                    if (piece == 3) {
+                        b_next += BK * p.w_sn;
+                        left -= BK;
                     }
                 }
-                if (piece == 3) left -= BK;
             };
-            mainloop<C>(acc, fr, s_base, KT, load);
-        }
+            mainloop<C>(acc, fr, s_base, (int)((R + BK - 1) / BK), load);
 
-        // Epilogue: accumulator (row lane / 4 (+8), columns 2 (lane % 4) + {0, 1}) -> output pairs.
+            // Epilogue: accumulator (row lane / 4 (+8), columns 2 (lane % 4) + {0, 1}) -> output pairs.
 #pragma unroll
-        for (int mi = 0; mi < 4; ++mi) {
+            for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int lr = m_w + 16 * mi + (lane >> 2) + 8 * h;
-                const i64_t n = row0 + lr;
-                if (n >= p.N) continue;
-                OutT* o = p.out + ((i64_t)e * p.N + n) * p.K;
-                const i64_t COLS = p.K;
+                for (int h = 0; h < 2; ++h) {
+                    const int lr = m_w + 16 * mi + (lane >> 2) + 8 * h;
+                    const i64_t row = rows_s[lr];
+                    if (row < 0) continue;
+                    OutT* o = p.out + row * COLS;
 #pragma unroll
-                for (int nj = 0; nj < 8; ++nj) {
-                    const i64_t c = col0 + n_w + 8 * nj + 2 * (lane & 3);
-                    if (c < COLS) store2(o + c, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
+                    for (int nj = 0; nj < 8; ++nj) {
+                        const i64_t c = col0 + n_w + 8 * nj + 2 * (lane & 3);
+                        if (c < COLS) store2(o + c, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
+                    }
                 }
             }
         }
     }
 }
+
+}  // namespace mma
+}  // namespace moe
+// ---- end of MoE mma backend ------------------------------------------------------------------
+
+// SKU: moe/grouped_matmul_backward_weight/-/-/f16/-/sm80/mma/f16.acc-f32.det
+namespace sf_grouped_matmul_backward_weight_f16_sm80_mma_ns {
+struct Sku {
+    using T = f16_t;  // input storage
+    using OutT = f16_t;  // output storage
+    static constexpr moe::Pass PASS = moe::WGRAD;
+    static constexpr int ROUTE_WARPS = 8;   // count / scatter: one chunk of rows per warp
+};
 }  // namespace sf_grouped_matmul_backward_weight_f16_sm80_mma_ns
+
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_weight_f16_sm80_mma_route_offsets_i32(
     const i32_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
     i64_t* tile_start, u64_t* counters, u32_t* status) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+    moe::route_offsets<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku>(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
         163u /* status.code("grouped_matmul_backward_weight", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_weight_f16_sm80_mma_route_offsets_i64(
     const i64_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
     i64_t* tile_start, u64_t* counters, u32_t* status) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+    moe::route_offsets<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku>(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
         163u /* status.code("grouped_matmul_backward_weight", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma_route_count(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, i32_t* hist) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::route_count(ids, M, E, chunk_rows, chunks, hist);
+    moe::route_count<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku>(ids, M, E, chunk_rows, chunks, hist);
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_weight_f16_sm80_mma_route_scan(
     const i32_t* hist, int E, i64_t M, i64_t chunks, int bm, u32_t* base, i64_t* row_start,
     i64_t* tile_start, i32_t* ws_status, u64_t* counters) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::route_scan(hist, E, M, chunks, bm, base, row_start, tile_start, ws_status, counters);
+    moe::route_scan<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku>(hist, E, M, chunks, bm, base, row_start, tile_start, ws_status, counters);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
-}extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma(
+    moe::route_scatter<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku>(ids, M, E, chunk_rows, chunks, base, perm);
+}
+
+extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 128, 32, 5, 0>>(p);
+    moe::mma::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, moe::mma::Tile<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, 128, 128, 32, 5, 0>>(p);
 }
 extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x128x32s5i(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 128, 32, 5, 1>>(p);
+    moe::mma::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, moe::mma::Tile<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, 128, 128, 32, 5, 1>>(p);
 }
 extern "C" __global__ void __launch_bounds__(128) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x128x32s5p(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 128, 32, 5, 2>>(p);
+    moe::mma::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, moe::mma::Tile<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, 128, 128, 32, 5, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x32s4(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 0>>(p);
+    moe::mma::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, moe::mma::Tile<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, 128, 256, 32, 4, 0>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x32s4i(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 1>>(p);
+    moe::mma::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, moe::mma::Tile<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, 128, 256, 32, 4, 1>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x32s4p(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 4, 2>>(p);
+    moe::mma::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, moe::mma::Tile<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, 128, 256, 32, 4, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x32s6p(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 32, 6, 2>>(p);
+    moe::mma::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, moe::mma::Tile<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, 128, 256, 32, 6, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v128x256x64s3p(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<128, 256, 64, 3, 2>>(p);
+    moe::mma::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, moe::mma::Tile<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, 128, 256, 64, 3, 2>>(p);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_mma__v256x128x32s4p(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Tile<256, 128, 32, 4, 2>>(p);
+    moe::mma::run<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, moe::mma::Tile<sf_grouped_matmul_backward_weight_f16_sm80_mma_ns::Sku, 256, 128, 32, 4, 2>>(p);
 }
 
 // SKU: moe/grouped_matmul_backward_weight/-/-/f16/-/sm80/simt/f32.acc-f32.det
 namespace sf_grouped_matmul_backward_weight_f16_sm80_simt_ns {
-constexpr int ROUTE_THREADS = 1024;   // one block: E + 2 <= 1026 buckets
-constexpr int ROUTE_WARPS = 8;        // count / scatter: one chunk of rows per warp
-
-// Exclusive scan of one value per thread over the block (Op = sum or max); *total gets the
-// reduction of all values. Deterministic: integer math in a fixed tree.
-template <typename Op>
-__device__ __forceinline__ i64_t block_scan_excl(i64_t v, i64_t identity, Op op, i64_t* smem, i64_t* total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    i64_t incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const i64_t t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl = op(incl, t);
-    }
-    __syncthreads();  // smem may still be read by a previous scan
-    if (lane == 31) smem[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        const i64_t s = lane < nwarps ? smem[lane] : identity;
-        i64_t si = s;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const i64_t t = __shfl_up_sync(0xffffffffu, si, o);
-            if (lane >= o) si = op(si, t);
-        }
-        const i64_t prev = __shfl_up_sync(0xffffffffu, si, 1);
-        if (lane < nwarps) smem[lane] = lane == 0 ? identity : prev;
-        if (lane == 31) smem[32] = si;
-    }
-    __syncthreads();
-    const i64_t before_lane = __shfl_up_sync(0xffffffffu, incl, 1);
-    *total = smem[32];
-    return op(smem[warp], lane == 0 ? identity : before_lane);
-}
-
-struct SumOp { __device__ i64_t operator()(i64_t a, i64_t b) const { return a + b; } };
-struct MaxOp { __device__ i64_t operator()(i64_t a, i64_t b) const { return a > b ? a : b; } };
-
-// tile_start[b] = sum over buckets < b of ceil(rows(b) / bm), b = 0..E+1. row_start is final.
-__device__ void finish_tiles(int E, int bm, const i64_t* row_start, i64_t* tile_start, i64_t* smem) {
-    const int n = E + 1;                                   // buckets 0..E
-    const int per = (n + blockDim.x - 1) / blockDim.x;
-    const int lo = threadIdx.x * per, hi = min(n, lo + per);
-    i64_t local = 0;
-    for (int b = lo; b < hi; ++b) local += (row_start[b + 1] - row_start[b] + bm - 1) / bm;
-    i64_t total;
-    i64_t run = block_scan_excl(local, (i64_t)0, SumOp(), smem, &total);
-    for (int b = lo; b < hi; ++b) {
-        tile_start[b] = run;
-        run += (row_start[b + 1] - row_start[b] + bm - 1) / bm;
-    }
-    if (threadIdx.x == 0) tile_start[E + 1] = total;
-}
-
-// Offsets mode: clamp into [0, M], make monotone (prefix max), validate unless trusted; invalid:
-// the workspace status is 1 (the main kernels poison their output) and `bad_code` goes to the
-// device status word `report` (when not null).
-template <typename OFF>
-__device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int bm, int trusted,
-                              i32_t* status, i64_t* row_start, i64_t* tile_start, u64_t* counters,
-                              u32_t* report, u32_t bad_code) {
-    __shared__ i64_t smem[33];
-    if (threadIdx.x < 4) counters[threadIdx.x] = 0;
-    const int n = E + 1;
-    const int per = (n + blockDim.x - 1) / blockDim.x;
-    const int lo = threadIdx.x * per, hi = min(n, lo + per);
-    int bad = 0;
-    i64_t local = 0;
-    for (int i = lo; i < hi; ++i) {
-        const i64_t v = (i64_t)off[i];
-        bad |= (v < 0) | (v > M) | (i == 0 && v != 0) | (i == E && v != M) | (i > 0 && v < (i64_t)off[i - 1]);
-        local = max(local, min(max(v, (i64_t)0), M));
-    }
-    i64_t total;
-    i64_t run = block_scan_excl(local, (i64_t)0, MaxOp(), smem, &total);
-    for (int i = lo; i < hi; ++i) {
-        run = max(run, min(max((i64_t)off[i], (i64_t)0), M));
-        row_start[i] = i == 0 ? 0 : run;
-    }
-    if (threadIdx.x == 0) row_start[E + 1] = M;   // rows past off[E] (trusted only): padding
-    bad = __syncthreads_or(bad);
-    if (threadIdx.x == 0) {
-        *status = (bad && !trusted) ? 1 : 0;
-        if (bad && !trusted && report) *(volatile u32_t*)report = bad_code;
-    }
-    __syncthreads();
-    finish_tiles(E, bm, row_start, tile_start, smem);
-}
-
-__device__ __forceinline__ unsigned bucket_of(u32_t id, int E) { return id < (u32_t)E ? id : (unsigned)E; }
-
-// row_experts mode, pass 1: per chunk of rows, rows per bucket -> hist[bucket * chunks + chunk].
-__device__ void route_count(const u32_t* __restrict__ ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks,
-                            i32_t* __restrict__ hist) {
-    extern __shared__ i32_t cnt_s[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    i32_t* cnt = cnt_s + warp * (E + 1);
-    for (i64_t c = (i64_t)blockIdx.x * ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * ROUTE_WARPS) {
-        for (int b = lane; b <= E; b += 32) cnt[b] = 0;
-        __syncwarp();
-        const i64_t end = min(M, (c + 1) * chunk_rows);
-        for (i64_t r0 = c * chunk_rows; r0 < end; r0 += 32) {
-            const i64_t r = r0 + lane;
-            const unsigned b = r < end ? bucket_of(ids[r], E) : 0xffffffffu;
-            const unsigned same = __match_any_sync(0xffffffffu, b);
-            if (b != 0xffffffffu && lane == __ffs(same) - 1) cnt[b] += __popc(same);
-            __syncwarp();
-        }
-        for (int b = lane; b <= E; b += 32) hist[(i64_t)b * chunks + c] = cnt[b];
-        __syncwarp();
-    }
-}
-
-// row_experts mode, pass 2 (one block): base = exclusive scan of hist in bucket-major order.
-__device__ void route_scan(const i32_t* __restrict__ hist, int E, i64_t M, i64_t chunks, int bm,
-                           u32_t* __restrict__ base, i64_t* row_start, i64_t* tile_start,
-                           i32_t* status, u64_t* counters) {
-    __shared__ i64_t smem[33];
-    if (threadIdx.x < 4) counters[threadIdx.x] = 0;
-    if (threadIdx.x == 0) *status = 0;
-    const i64_t n = (i64_t)(E + 1) * chunks;
-    const i64_t per = (n + blockDim.x - 1) / blockDim.x;
-    const i64_t lo = threadIdx.x * per, hi = min(n, lo + per);
-    i64_t local = 0;
-    for (i64_t i = lo; i < hi; ++i) local += hist[i];
-    i64_t total;
-    i64_t run = block_scan_excl(local, (i64_t)0, SumOp(), smem, &total);
-    for (i64_t i = lo; i < hi; ++i) {
-        base[i] = (u32_t)run;
-        if (i % chunks == 0) row_start[i / chunks] = run;
-        run += hist[i];
-    }
-    if (threadIdx.x == 0) row_start[E + 1] = M;
-    __syncthreads();
-    finish_tiles(E, bm, row_start, tile_start, smem);
-}
-
-// row_experts mode, pass 3: stable scatter, perm[position] = row.
-__device__ void route_scatter(const u32_t* __restrict__ ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks,
-                              const u32_t* __restrict__ base, i32_t* __restrict__ perm) {
-    extern __shared__ u32_t next_s[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32_t* next = next_s + warp * (E + 1);
-    const unsigned below = (1u << lane) - 1u;
-    for (i64_t c = (i64_t)blockIdx.x * ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * ROUTE_WARPS) {
-        for (int b = lane; b <= E; b += 32) next[b] = base[(i64_t)b * chunks + c];
-        __syncwarp();
-        const i64_t end = min(M, (c + 1) * chunk_rows);
-        for (i64_t r0 = c * chunk_rows; r0 < end; r0 += 32) {
-            const i64_t r = r0 + lane;
-            const unsigned b = r < end ? bucket_of(ids[r], E) : 0xffffffffu;
-            const unsigned same = __match_any_sync(0xffffffffu, b);
-            if (b != 0xffffffffu) perm[next[b] + __popc(same & below)] = (i32_t)r;
-            __syncwarp();
-            if (b != 0xffffffffu && lane == __ffs(same) - 1) next[b] += __popc(same);
-            __syncwarp();
-        }
-    }
-}
-
-typedef f16_t T;        // input storage
-typedef f16_t OutT;   // output storage
-
-struct Problem {
-    const T* x; i64_t ldx;
-    const T* w; i64_t w_se, w_sn;
-    const T* dy; i64_t lddy;
-    OutT* out;
-    i64_t M, N, K; int E;
-    const i32_t* perm;        // sorted position -> row; null: rows are already in expert order
-    const i64_t* row_start;   // [E+2] sorted positions of each bucket (bucket E: padding rows)
-    const i64_t* tile_start;  // [E+2] m-tile schedule (fwd / bwd-input)
-    u64_t* counter;           // dynamic tile counter, 0 at launch
+struct Sku {
+    using T = f16_t;  // input storage
+    using OutT = f16_t;  // output storage
+    static constexpr moe::Pass PASS = moe::WGRAD;
+    static constexpr int ROUTE_WARPS = 8;   // count / scatter: one chunk of rows per warp
 };
-
-__device__ __forceinline__ i64_t row_of(const Problem& p, i64_t pos) { return p.perm ? (i64_t)p.perm[pos] : pos; }
-
-// Next tile for the whole block (integer atomic: which block runs a tile never changes its bits).
-__device__ __forceinline__ i64_t next_tile(u64_t* counter, i64_t* slot) {
-    __syncthreads();  // the block is done with the previous tile (shared memory, *slot)
-    if (threadIdx.x == 0) *slot = (i64_t)atomicAdd(counter, 1ull);
-    __syncthreads();
-    return *slot;
-}
-
-struct MTile { int bucket; i64_t p0, p1, nt; };
-
-// Tile t of the (m-tile, n-tile) grid, rasterised in groups of 8 m-tiles (L2 reuse of w);
-// m-tile -> bucket by binary search over tile_start; rows [p0, p1) in sorted positions.
-__device__ __forceinline__ MTile decode_mtile(const Problem& p, i64_t t, i64_t n_tiles, int bm) {
-    constexpr i64_t GROUP = 8;
-    const i64_t m_tiles = p.tile_start[p.E + 1];
-    const i64_t per_group = GROUP * n_tiles;
-    const i64_t first = (t / per_group) * GROUP;
-    const i64_t gsize = min(m_tiles - first, GROUP);
-    const i64_t in_group = t % per_group;
-    const i64_t mt = first + in_group % gsize;
-    MTile r;
-    r.nt = in_group / gsize;
-    int lo = 0, hi = p.E;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (p.tile_start[mid] <= mt) lo = mid; else hi = mid - 1;
-    }
-    r.bucket = lo;
-    r.p0 = p.row_start[lo] + (mt - p.tile_start[lo]) * bm;
-    r.p1 = min(r.p0 + bm, p.row_start[lo + 1]);
-    return r;
-}
-
-__device__ __forceinline__ i64_t output_size(const Problem& p) {
-    return (i64_t)p.E * p.N * p.K;
-}
-
-__device__ void poison(const Problem& p) {
-    const OutT nan = from_f32<OutT>(__int_as_float(0x7fc00000));
-    const i64_t n = output_size(p);
-    for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64_t)gridDim.x * blockDim.x)
-        p.out[i] = nan;
-}
-
-// Two adjacent outputs (an accumulator pair) rounded once to the output type, packed in 32 bits.
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    unsigned v;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
-    return v;
-}
-// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
-__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
-    *reinterpret_cast<unsigned*>(p) = pack2(lo, hi);
-}
-
-// Padding rows (bucket E) of an m-tile: zeros.
-__device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t c0, int bn, i64_t cols) {
-    const OutT zero = from_f32<OutT>(0.0f);
-    for (int i = threadIdx.x; i < nrows * bn; i += blockDim.x) {
-        const i64_t c = c0 + i % bn;
-        const i64_t r = rows[i / bn];
-        if (r >= 0 && c < cols) p.out[r * cols + c] = zero;
-    }
-}
-
-constexpr int BM = 64, BN = 64, BK = 16, THREADS = 256;
-static_assert(BM == 64 && BN == 64 && THREADS == 256, "4 x 4 outputs per thread");
-
-__device__ __forceinline__ void fma_tile(float (&acc)[4][4], const float (*As)[BM + 1], const float (*Bs)[BN + 1],
-                                         int tx, int ty) {
-#pragma unroll
-    for (int kk = 0; kk < BK; ++kk) {
-        float a[4], b[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx + 16 * j];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-    }
-}
-
-__device__ void run(const Problem& p) {
-    __shared__ float As[BK][BM + 1];   // reduction-major: As[r][row]
-    __shared__ float Bs[BK][BN + 1];   // reduction-major: Bs[r][col]
-    __shared__ i64_t rows_s[BM > BK ? BM : BK];
-    __shared__ i64_t slot;
-    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    // dw[e, n, k]: tiles (e, n-tile, k-tile); reduction over the rows of expert e, in order.
-    const i64_t tiles_n = (p.N + BM - 1) / BM, tiles_k = (p.K + BN - 1) / BN;
-    const i64_t per_expert = tiles_n * tiles_k, total = (i64_t)p.E * per_expert;
-    for (;;) {
-        const i64_t t = next_tile(p.counter, &slot);
-        if (t >= total) break;
-        const int e = (int)(t / per_expert);
-        const i64_t n0 = (t % per_expert) / tiles_k * BM, k0 = (t % per_expert) % tiles_k * BN;
-        const i64_t p0 = p.row_start[e], p1 = p.row_start[e + 1];
-        float acc[4][4] = {};
-        for (i64_t q0 = p0; q0 < p1; q0 += BK) {
-            if (tid < BK) rows_s[tid] = q0 + tid < p1 ? row_of(p, q0 + tid) : -1;
-            __syncthreads();
-            for (int idx = tid; idx < BK * BM; idx += THREADS) {
-                const int kk = idx / BM, i = idx % BM;
-                const i64_t r = rows_s[kk], n = n0 + i, kc = k0 + i;
-                As[kk][i] = (r >= 0 && n < p.N) ? to_f32(p.dy[r * p.lddy + n]) : 0.0f;
-                Bs[kk][i] = (r >= 0 && kc < p.K) ? to_f32(p.x[r * p.ldx + kc]) : 0.0f;
-            }
-            __syncthreads();
-            fma_tile(acc, As, Bs, tx, ty);
-            __syncthreads();
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const i64_t n = n0 + ty + 16 * i;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const i64_t kc = k0 + tx + 16 * j;
-                if (n < p.N && kc < p.K) p.out[((i64_t)e * p.N + n) * p.K + kc] = from_f32<OutT>(acc[i][j]);
-            }
-        }
-    }
-}
 }  // namespace sf_grouped_matmul_backward_weight_f16_sm80_simt_ns
+
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_weight_f16_sm80_simt_route_offsets_i32(
     const i32_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
     i64_t* tile_start, u64_t* counters, u32_t* status) {
-    sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+    moe::route_offsets<sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::Sku>(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
         163u /* status.code("grouped_matmul_backward_weight", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_weight_f16_sm80_simt_route_offsets_i64(
     const i64_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
     i64_t* tile_start, u64_t* counters, u32_t* status) {
-    sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+    moe::route_offsets<sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::Sku>(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
         163u /* status.code("grouped_matmul_backward_weight", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_simt_route_count(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, i32_t* hist) {
-    sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::route_count(ids, M, E, chunk_rows, chunks, hist);
+    moe::route_count<sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::Sku>(ids, M, E, chunk_rows, chunks, hist);
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_backward_weight_f16_sm80_simt_route_scan(
     const i32_t* hist, int E, i64_t M, i64_t chunks, int bm, u32_t* base, i64_t* row_start,
     i64_t* tile_start, i32_t* ws_status, u64_t* counters) {
-    sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::route_scan(hist, E, M, chunks, bm, base, row_start, tile_start, ws_status, counters);
+    moe::route_scan<sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::Sku>(hist, E, M, chunks, bm, base, row_start, tile_start, ws_status, counters);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_simt_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
-    sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
-}extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_simt(
+    moe::route_scatter<sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::Sku>(ids, M, E, chunk_rows, chunks, base, perm);
+}
+
+extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_backward_weight_f16_sm80_simt(
     const f16_t* __restrict__ x, i64_t ldx, const f16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const f16_t* __restrict__ dy, i64_t lddy, f16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter) {
-    sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::run(p);
+    moe::simt::run<sf_grouped_matmul_backward_weight_f16_sm80_simt_ns::Sku, 64, 64, 16, 256>(p);
 }

@@ -302,10 +302,149 @@ template <int R> __device__ __forceinline__ void regs_grow() { asm volatile("set
 template <int R> __device__ __forceinline__ void regs_shrink() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 // ---- end of Hopper helpers ---------------------------------------------------------------------
 
-// SKU: moe/grouped_matmul/-/-/bf16/-/sm90/wgmma/bf16.acc-f32.det
-namespace sf_grouped_matmul_bf16_sm90_wgmma_ns {
-constexpr int ROUTE_THREADS = 1024;   // one block: E + 2 <= 1026 buckets
-constexpr int ROUTE_WARPS = 8;        // count / scatter: one chunk of rows per warp
+// ---- skuforge MoE grouped matmul: the problem (templates/moe/problem.cuh) --------------------
+// What every moe main kernel shares: the problem, the dynamic tile scheduler, the m-tile decoder
+// (routing -> rows of one expert), the NaN fill for invalid offsets and the paired output stores.
+//   grouped_matmul                  y[m, n]  = sum_k x[m, k] * w[e(m), n, k]      (NT, FWD)
+//   grouped_matmul_backward_input   dx[m, k] = sum_n dy[m, n] * w[e(m), n, k]     (NN, DGRAD)
+//   grouped_matmul_backward_weight  dw[e, n, k] = sum_{m in e} dy[m, n] * x[m, k] (TN, WGRAD)
+// Generic names inside the kernels: the output tile is BM x BN ("rows" x "cols"), the reduction
+// runs over R. FWD / DGRAD gather output rows (rows of x / dy) through the routing; WGRAD gathers
+// the reduction (rows of expert e) and tiles (e, n, k).
+// The templates over the problem take the SKU's traits S (a struct of the SKU's own namespace, from
+// templates/moe/grouped_matmul.cu.j2): S::T (input storage), S::OutT (output storage), S::PASS,
+// S::ROUTE_WARPS. Each SKU of a unit thus has instantiations of its own, as if written out for it
+// (the simt and mma SKUs of a unit may share T, OutT and PASS).
+namespace moe {
+
+enum Pass { FWD = 0, DGRAD = 1, WGRAD = 2 };
+
+template <class A, class B> constexpr bool same_type = false;
+template <class A> constexpr bool same_type<A, A> = true;
+
+template <class S>
+struct Problem {
+    using T = typename S::T;
+    using OutT = typename S::OutT;
+    const T* x; i64_t ldx;
+    const T* w; i64_t w_se, w_sn;
+    const T* dy; i64_t lddy;
+    OutT* out;
+    i64_t M, N, K; int E;
+    const i32_t* perm;        // sorted position -> row; null: rows are already in expert order
+    const i64_t* row_start;   // [E+2] sorted positions of each bucket (bucket E: padding rows)
+    const i64_t* tile_start;  // [E+2] m-tile schedule (fwd / bwd-input)
+    u64_t* counter;           // dynamic tile counter, 0 at launch
+};
+
+template <class S>
+__device__ __forceinline__ i64_t row_of(const Problem<S>& p, i64_t pos) { return p.perm ? (i64_t)p.perm[pos] : pos; }
+
+// Next tile for the whole block (integer atomic: which block runs a tile never changes its bits).
+__device__ __forceinline__ i64_t next_tile(u64_t* counter, i64_t* slot) {
+    __syncthreads();  // the block is done with the previous tile (shared memory, *slot)
+    if (threadIdx.x == 0) *slot = (i64_t)atomicAdd(counter, 1ull);
+    __syncthreads();
+    return *slot;
+}
+
+struct MTile { int bucket; i64_t p0, p1, nt; };
+
+// Tile t of the (m-tile, n-tile) grid, rasterised in groups of 8 m-tiles (L2 reuse of w);
+// m-tile -> bucket by binary search over tile_start; rows [p0, p1) in sorted positions.
+template <class S>
+__device__ __forceinline__ MTile decode_mtile(const Problem<S>& p, i64_t t, i64_t n_tiles, int bm) {
+    constexpr i64_t GROUP = 8;
+    const i64_t m_tiles = p.tile_start[p.E + 1];
+    const i64_t per_group = GROUP * n_tiles;
+    const i64_t first = (t / per_group) * GROUP;
+    const i64_t gsize = min(m_tiles - first, GROUP);
+    const i64_t in_group = t % per_group;
+    const i64_t mt = first + in_group % gsize;
+    MTile r;
+    r.nt = in_group / gsize;
+    int lo = 0, hi = p.E;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (p.tile_start[mid] <= mt) lo = mid; else hi = mid - 1;
+    }
+    r.bucket = lo;
+    r.p0 = p.row_start[lo] + (mt - p.tile_start[lo]) * bm;
+    r.p1 = min(r.p0 + bm, p.row_start[lo + 1]);
+    return r;
+}
+
+template <class S>
+__device__ __forceinline__ i64_t output_size(const Problem<S>& p) {
+    if constexpr (S::PASS == FWD) return p.M * p.N;
+    else if constexpr (S::PASS == DGRAD) return p.M * p.K;
+    else return (i64_t)p.E * p.N * p.K;
+}
+
+template <class S>
+__device__ void poison(const Problem<S>& p) {
+    using OutT = typename S::OutT;
+    const OutT nan = from_f32<OutT>(__int_as_float(0x7fc00000));
+    const i64_t n = output_size(p);
+    for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64_t)gridDim.x * blockDim.x)
+        p.out[i] = nan;
+}
+
+// Two adjacent outputs (an accumulator pair) rounded once to the 16-bit output type, packed in 32 bits.
+template <class OutT> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<bf16_t>(float lo, float hi) {
+    unsigned v;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
+    return v;
+}
+template <> __device__ __forceinline__ unsigned pack2<f16_t>(float lo, float hi) {
+    unsigned v;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
+    return v;
+}
+// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
+template <class OutT>
+__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
+    if constexpr (same_type<OutT, float>) *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+    else *reinterpret_cast<unsigned*>(p) = pack2<OutT>(lo, hi);
+}
+
+// Padding rows (bucket E) of an m-tile: zeros.
+template <class S>
+__device__ void zero_rows(const Problem<S>& p, const i64_t* rows, int nrows, i64_t c0, int bn, i64_t cols) {
+    using OutT = typename S::OutT;
+    const OutT zero = from_f32<OutT>(0.0f);
+    for (int i = threadIdx.x; i < nrows * bn; i += blockDim.x) {
+        const i64_t c = c0 + i % bn;
+        const i64_t r = rows[i / bn];
+        if (r >= 0 && c < cols) p.out[r * cols + c] = zero;
+    }
+}
+
+}  // namespace moe
+// ---- end of MoE problem ----------------------------------------------------------------------
+
+// ---- skuforge MoE routing prologue (templates/moe/routing.cuh) ------------------------------
+// Rows -> experts, on the device, no host sync; shared by every moe kernel. Each SKU's extern "C"
+// entry points (<symbol>_route_*, templates/moe/grouped_matmul.cu.j2) call these templates with
+// its traits S (S::ROUTE_WARPS: warps of the count / scatter blocks, one chunk of rows per warp;
+// the offsets and scan kernels run as one block of ROUTE_THREADS, codegen/families/moe/launch.py).
+//
+// Outputs (workspace, see runtime/moe/grouped.py):
+//   row_start[E+2]  bucket b holds the sorted positions [row_start[b], row_start[b+1]);
+//                   buckets 0..E-1 are the experts, bucket E the padding rows.
+//   tile_start[E+2] exclusive prefix sums of ceil(rows of bucket / bm): the m-tile schedule.
+//   perm[M]         (row_experts only) sorted position -> row index, stable (rows of one
+//                   expert in increasing row order), so every reduction has a fixed order.
+//   status          0, or 1 when offsets are invalid (the main kernels then write NaN).
+//   counters[4]     dynamic tile counters of the main kernels, reset to 0.
+// Invalid offsets (not trusted) are also reported to the device's status word (runtime/status.py,
+// mapped host memory, read by the host without a sync): the offsets entry points take it as their
+// last parameter (null: not reported) and pass the SKU's code status.code(op, "offsets") as
+// bad_code; the next call on the device raises DeviceValueError.
+// The kernels' bodies are templates over S even where they read nothing of it: each SKU of a unit
+// has instantiations of its own, so how a kernel is inlined does not depend on the unit's other SKUs.
+namespace moe {
 
 // Exclusive scan of one value per thread over the block (Op = sum or max); *total gets the
 // reduction of all values. Deterministic: integer math in a fixed tree.
@@ -343,6 +482,7 @@ struct SumOp { __device__ i64_t operator()(i64_t a, i64_t b) const { return a + 
 struct MaxOp { __device__ i64_t operator()(i64_t a, i64_t b) const { return a > b ? a : b; } };
 
 // tile_start[b] = sum over buckets < b of ceil(rows(b) / bm), b = 0..E+1. row_start is final.
+template <class S>
 __device__ void finish_tiles(int E, int bm, const i64_t* row_start, i64_t* tile_start, i64_t* smem) {
     const int n = E + 1;                                   // buckets 0..E
     const int per = (n + blockDim.x - 1) / blockDim.x;
@@ -361,7 +501,7 @@ __device__ void finish_tiles(int E, int bm, const i64_t* row_start, i64_t* tile_
 // Offsets mode: clamp into [0, M], make monotone (prefix max), validate unless trusted; invalid:
 // the workspace status is 1 (the main kernels poison their output) and `bad_code` goes to the
 // device status word `report` (when not null).
-template <typename OFF>
+template <class S, typename OFF>
 __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int bm, int trusted,
                               i32_t* status, i64_t* row_start, i64_t* tile_start, u64_t* counters,
                               u32_t* report, u32_t bad_code) {
@@ -390,18 +530,19 @@ __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int b
         if (bad && !trusted && report) *(volatile u32_t*)report = bad_code;
     }
     __syncthreads();
-    finish_tiles(E, bm, row_start, tile_start, smem);
+    finish_tiles<S>(E, bm, row_start, tile_start, smem);
 }
 
 __device__ __forceinline__ unsigned bucket_of(u32_t id, int E) { return id < (u32_t)E ? id : (unsigned)E; }
 
 // row_experts mode, pass 1: per chunk of rows, rows per bucket -> hist[bucket * chunks + chunk].
+template <class S>
 __device__ void route_count(const u32_t* __restrict__ ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks,
                             i32_t* __restrict__ hist) {
     extern __shared__ i32_t cnt_s[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     i32_t* cnt = cnt_s + warp * (E + 1);
-    for (i64_t c = (i64_t)blockIdx.x * ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * ROUTE_WARPS) {
+    for (i64_t c = (i64_t)blockIdx.x * S::ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * S::ROUTE_WARPS) {
         for (int b = lane; b <= E; b += 32) cnt[b] = 0;
         __syncwarp();
         const i64_t end = min(M, (c + 1) * chunk_rows);
@@ -418,6 +559,7 @@ __device__ void route_count(const u32_t* __restrict__ ids, i64_t M, int E, i64_t
 }
 
 // row_experts mode, pass 2 (one block): base = exclusive scan of hist in bucket-major order.
+template <class S>
 __device__ void route_scan(const i32_t* __restrict__ hist, int E, i64_t M, i64_t chunks, int bm,
                            u32_t* __restrict__ base, i64_t* row_start, i64_t* tile_start,
                            i32_t* status, u64_t* counters) {
@@ -438,17 +580,18 @@ __device__ void route_scan(const i32_t* __restrict__ hist, int E, i64_t M, i64_t
     }
     if (threadIdx.x == 0) row_start[E + 1] = M;
     __syncthreads();
-    finish_tiles(E, bm, row_start, tile_start, smem);
+    finish_tiles<S>(E, bm, row_start, tile_start, smem);
 }
 
 // row_experts mode, pass 3: stable scatter, perm[position] = row.
+template <class S>
 __device__ void route_scatter(const u32_t* __restrict__ ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks,
                               const u32_t* __restrict__ base, i32_t* __restrict__ perm) {
     extern __shared__ u32_t next_s[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32_t* next = next_s + warp * (E + 1);
     const unsigned below = (1u << lane) - 1u;
-    for (i64_t c = (i64_t)blockIdx.x * ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * ROUTE_WARPS) {
+    for (i64_t c = (i64_t)blockIdx.x * S::ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * S::ROUTE_WARPS) {
         for (int b = lane; b <= E; b += 32) next[b] = base[(i64_t)b * chunks + c];
         __syncwarp();
         const i64_t end = min(M, (c + 1) * chunk_rows);
@@ -464,165 +607,198 @@ __device__ void route_scatter(const u32_t* __restrict__ ids, i64_t M, int E, i64
     }
 }
 
-typedef bf16_t T;        // input storage
-typedef bf16_t OutT;   // output storage
+}  // namespace moe
+// ---- end of MoE routing ----------------------------------------------------------------------
 
-struct Problem {
-    const T* x; i64_t ldx;
-    const T* w; i64_t w_se, w_sn;
-    const T* dy; i64_t lddy;
-    OutT* out;
-    i64_t M, N, K; int E;
-    const i32_t* perm;        // sorted position -> row; null: rows are already in expert order
-    const i64_t* row_start;   // [E+2] sorted positions of each bucket (bucket E: padding rows)
-    const i64_t* tile_start;  // [E+2] m-tile schedule (fwd / bwd-input)
-    u64_t* counter;           // dynamic tile counter, 0 at launch
-};
+// ---- skuforge MoE grouped matmul, wgmma backend (templates/moe/wgmma.cuh) ---------------------
+// sm_90a: Hopper warpgroup MMA fed by the copy engine (TMA), on the helpers of templates/common/hopper.cuh.
+// One body, instantiated per tile configuration (launch["variants"], WTile<S, BM, BN, STAGES, EPI>),
+// 384 threads:
+//   warpgroup 0  producer: one thread issues the TMA loads of every k-slice (BK = 64) of every
+//                tile into a STAGES-deep ring of 128-byte-swizzled shared-memory stages, each
+//                stage guarded by a "full" (transaction) and an "empty" mbarrier; 40 registers.
+//   warpgroups 1, 2  consumers: wgmma.mma_async m64nWNk16 from shared memory (descriptors), fp32
+//                accumulators in registers (232 registers): BM = 128: 64 rows each, all BN
+//                columns (WN = BN); BM = 64: all 64 rows, half of the columns each (WN = BN / 2).
+//                Each k-slice's wgmma group is committed and left in flight while the next
+//                slice's is issued (wgmma.wait_group 1): the tensor cores never drain between
+//                slices, and a stage goes back to the producer once the group reading it is done.
+// Persistent grid, static schedule: block b runs tiles b, b + grid, b + 2 grid, ... of the
+// routing's tile list (forward / input gradient: (m-tile of one expert, n-tile) from tile_start,
+// rasterised in groups of 8 m-tiles; weight gradient: (expert, n-tile, k-tile)). Each output is
+// one tile's sum over all k-slices in order: the same bits whichever block runs it.
+// Operand tiles, loaded at global coordinates through tensor maps of the whole arrays (nothing
+// is rewritten per expert):
+//   K-major [ROWS][64]        one box {64, ROWS}: x / dy rows (FWD, DGRAD), w[e] rows n (FWD)
+//   MN-major [64][W] as W/64 boxes {64, 64} of 8 KB: w[e] (DGRAD), dy and x (WGRAD)
+// Rows past an expert in an m-tile are computed and never stored (rows past M read as zeros);
+// the weight gradient zeroes the rows past its expert in the last k-slice's stage before the
+// wgmma reads it, so rows of the next expert never enter dw. Reduction tails past K (forward) or
+// N (input gradient) and columns past the arrays read as zeros (the tensor maps' bounds).
+// Needs (host-checked, runtime/moe/grouped.py wgmma_blockers): offsets routing (rows sorted by expert),
+// f16/bf16, N and K multiples of 8, 16-byte aligned operands with row strides of 16-byte multiples.
+namespace moe {
+namespace wgmma {
 
-__device__ __forceinline__ i64_t row_of(const Problem& p, i64_t pos) { return p.perm ? (i64_t)p.perm[pos] : pos; }
-
-// Next tile for the whole block (integer atomic: which block runs a tile never changes its bits).
-__device__ __forceinline__ i64_t next_tile(u64_t* counter, i64_t* slot) {
-    __syncthreads();  // the block is done with the previous tile (shared memory, *slot)
-    if (threadIdx.x == 0) *slot = (i64_t)atomicAdd(counter, 1ull);
-    __syncthreads();
-    return *slot;
-}
-
-struct MTile { int bucket; i64_t p0, p1, nt; };
-
-// Tile t of the (m-tile, n-tile) grid, rasterised in groups of 8 m-tiles (L2 reuse of w);
-// m-tile -> bucket by binary search over tile_start; rows [p0, p1) in sorted positions.
-__device__ __forceinline__ MTile decode_mtile(const Problem& p, i64_t t, i64_t n_tiles, int bm) {
-    constexpr i64_t GROUP = 8;
-    const i64_t m_tiles = p.tile_start[p.E + 1];
-    const i64_t per_group = GROUP * n_tiles;
-    const i64_t first = (t / per_group) * GROUP;
-    const i64_t gsize = min(m_tiles - first, GROUP);
-    const i64_t in_group = t % per_group;
-    const i64_t mt = first + in_group % gsize;
-    MTile r;
-    r.nt = in_group / gsize;
-    int lo = 0, hi = p.E;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (p.tile_start[mid] <= mt) lo = mid; else hi = mid - 1;
-    }
-    r.bucket = lo;
-    r.p0 = p.row_start[lo] + (mt - p.tile_start[lo]) * bm;
-    r.p1 = min(r.p0 + bm, p.row_start[lo + 1]);
-    return r;
-}
-
-__device__ __forceinline__ i64_t output_size(const Problem& p) {
-    return p.M * p.N;
-}
-
-__device__ void poison(const Problem& p) {
-    const OutT nan = from_f32<OutT>(__int_as_float(0x7fc00000));
-    const i64_t n = output_size(p);
-    for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64_t)gridDim.x * blockDim.x)
-        p.out[i] = nan;
-}
-
-// Two adjacent outputs (an accumulator pair) rounded once to the output type, packed in 32 bits.
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    unsigned v;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
-    return v;
-}
-// Two adjacent outputs (tensor-core accumulator pairs), rounded once to the output type, in one store.
-__device__ __forceinline__ void store2(OutT* p, float lo, float hi) {
-    *reinterpret_cast<unsigned*>(p) = pack2(lo, hi);
-}
-
-// Padding rows (bucket E) of an m-tile: zeros.
-__device__ void zero_rows(const Problem& p, const i64_t* rows, int nrows, i64_t c0, int bn, i64_t cols) {
-    const OutT zero = from_f32<OutT>(0.0f);
-    for (int i = threadIdx.x; i < nrows * bn; i += blockDim.x) {
-        const i64_t c = c0 + i % bn;
-        const i64_t r = rows[i / bn];
-        if (r >= 0 && c < cols) p.out[r * cols + c] = zero;
-    }
-}
-
-template <int BM_, int BN_, int STAGES_, int EPI_>
+template <class S, int BM_, int BN_, int STAGES_, int EPI_>
 struct WTile {
+    using T = typename S::T;
+    using OutT = typename S::OutT;
     static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_;
     static constexpr int WN = BM == 128 ? BN : BN / 2;     // columns of one consumer warpgroup
     static constexpr int EPI = EPI_;                       // output staging buffers of a consumer warpgroup
     static constexpr u32_t A_BYTES = BM * BK * sizeof(T), B_BYTES = BN * BK * sizeof(T);
     static constexpr u32_t STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr u32_t BOX_BYTES = 64 * 64 * sizeof(T);   // one 64 x 64 box of an MN-major operand
+    static constexpr u32_t ROW_BYTES = 64 * sizeof(T);        // one 128-byte swizzled row
+    static constexpr u32_t GROUP_BYTES = 8 * ROW_BYTES;       // 8 rows: one swizzle atom
+    static constexpr int OUT_CW = 128 / sizeof(OutT);         // output columns of one 128-byte swizzled row
     static_assert((BM == 64 || BM == 128) && BN % 64 == 0 && BN <= 256 && (WN == 64 || WN == 128 || WN == 256),
                   "tile shape");
     static_assert(EPI >= 1 && EPI <= 8, "one to eight staging buffers (bulk_wait_read takes EPI - 1)");
 };
-constexpr u32_t BOX_BYTES = 64 * 64 * sizeof(T);   // one 64 x 64 box of an MN-major operand
-constexpr u32_t ROW_BYTES = 64 * sizeof(T);        // one 128-byte swizzled row
-constexpr u32_t GROUP_BYTES = 8 * ROW_BYTES;       // 8 rows: one swizzle atom
-constexpr int OUT_CW = 128 / sizeof(OutT);         // output columns of one 128-byte swizzled row
 constexpr u32_t OUT_BUF_BYTES = 64 * 128;          // one staged output box: 64 rows x 128 bytes
 
-// wgmma.mma_async.m64nNk16, fp32 += bf16 x bf16, both operands from shared memory.
+// wgmma.mma_async.m64nNk16, fp32 += T x T (bf16_t or f16_t), both operands from shared memory.
 // TA / TB = 1: the operand is MN-major (its contiguous axis is the output axis).
-template <int TA, int TB>
+template <int TA, int TB, class T>
+__device__ __forceinline__ void wgmma_m64n64(float (&d)[32], u64_t da, u64_t db) {
+    if constexpr (same_type<T, bf16_t>)
+        asm volatile(
+            "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+            " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "},\n %32, %33, p, 1, 1, %35, %36;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+    else
+        asm volatile(
+            "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+            " wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16\n {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "},\n %32, %33, p, 1, 1, %35, %36;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+}
+template <int TA, int TB, class T>
 __device__ __forceinline__ void wgmma_m64n128(float (&d)[64], u64_t da, u64_t db) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "},\n %64, %65, p, 1, 1, %67, %68;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+    if constexpr (same_type<T, bf16_t>)
+        asm volatile(
+            "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+            " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+            "},\n %64, %65, p, 1, 1, %67, %68;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+    else
+        asm volatile(
+            "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+            " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16\n {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+            "},\n %64, %65, p, 1, 1, %67, %68;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
 }
-
-template <int TA, int TB>
+template <int TA, int TB, class T>
 __device__ __forceinline__ void wgmma_m64n256(float (&d)[128], u64_t da, u64_t db) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "},\n %128, %129, p, 1, 1, %131, %132;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+    if constexpr (same_type<T, bf16_t>)
+        asm volatile(
+            "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
+            " wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+            "},\n %128, %129, p, 1, 1, %131, %132;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+              "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+              "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+              "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+              "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+    else
+        asm volatile(
+            "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
+            " wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16\n {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+            "},\n %128, %129, p, 1, 1, %131, %132;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+              "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+              "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+              "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+              "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
 }
 
-template <int WN>
+// The consumer's wgmma of one k16 step: A is MN-major for WGRAD, B for DGRAD and WGRAD.
+template <class S, int WN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[WN / 2], u64_t da, u64_t db) {
-    if constexpr (WN == 128) wgmma_m64n128<0, 0>(d, da, db);
-    else if constexpr (WN == 256) wgmma_m64n256<0, 0>(d, da, db);
+    using T = typename S::T;
+    constexpr int TA = S::PASS == WGRAD ? 1 : 0, TB = S::PASS == FWD ? 0 : 1;
+    if constexpr (WN == 64) wgmma_m64n64<TA, TB, T>(d, da, db);
+    else if constexpr (WN == 128) wgmma_m64n128<TA, TB, T>(d, da, db);
+    else if constexpr (WN == 256) wgmma_m64n256<TA, TB, T>(d, da, db);
 }
 
 // One tile of the schedule, as both roles decode it.
@@ -633,41 +809,93 @@ struct WJob {
     i64_t r0, c0;    // first output row (weight gradient: n) and first output column
 };
 
-template <class C>
-__device__ __forceinline__ WJob job_of(const Problem& p, i64_t t, i64_t tiles_r, i64_t tiles_c) {
+template <class S, class C>
+__device__ __forceinline__ WJob job_of(const Problem<S>& p, i64_t t, i64_t tiles_r, i64_t tiles_c) {
     WJob j;
-    const MTile mt = decode_mtile(p, t, tiles_c, C::BM);
-    j.e = mt.bucket;
-    j.p0 = mt.p0;
-    j.rows = mt.p1 - mt.p0;
-    j.r0 = 0;
-    j.c0 = mt.nt * C::BN;
-    j.KT = j.e == p.E ? 0 : (int)((p.K + C::BK - 1) / C::BK);
+    if constexpr (S::PASS == WGRAD) {
+        const i64_t per = tiles_r * tiles_c;             // tiles (e, n-tile, k-tile)
+        j.e = (int)(t / per);
+        const i64_t in = t - (i64_t)j.e * per;
+        j.r0 = in / tiles_c * C::BM;
+        j.c0 = in % tiles_c * C::BN;
+        j.p0 = p.row_start[j.e];
+        j.rows = p.row_start[j.e + 1] - j.p0;
+        j.KT = (int)((j.rows + C::BK - 1) / C::BK);
+    } else {
+        const MTile mt = decode_mtile(p, t, tiles_c, C::BM);
+        j.e = mt.bucket;
+        j.p0 = mt.p0;
+        j.rows = mt.p1 - mt.p0;
+        j.r0 = 0;
+        j.c0 = mt.nt * C::BN;
+        if constexpr (S::PASS == FWD) j.KT = j.e == p.E ? 0 : (int)((p.K + C::BK - 1) / C::BK);
+        else j.KT = j.e == p.E ? 0 : (int)((p.N + C::BK - 1) / C::BK);
+    }
     return j;
 }
 
+// The TMA loads of k-slice k0 of tile j into the stage at sA (B at sB), announced to barrier full.
+template <class S, class C>
+__device__ __forceinline__ void load_stage(const CUtensorMap* ta, const CUtensorMap* tb, u32_t full, u32_t sA, u32_t sB,
+                                           const WJob& j, int k0) {
+    if constexpr (S::PASS == FWD) {
+        tma_load_2d(sA, ta, full, k0, (int)j.p0);                    // x [rows of the m-tile][k]
+        tma_load_3d(sB, tb, full, k0, (int)j.c0, j.e);               // w[e] [n][k]
+    } else if constexpr (S::PASS == DGRAD) {
+        tma_load_2d(sA, ta, full, k0, (int)j.p0);                    // dy [rows of the m-tile][n]
+#pragma unroll
+        for (int b = 0; b < C::BN / 64; ++b)                         // w[e] [n][k], 64 k-columns a box
+            tma_load_3d(sB + b * C::BOX_BYTES, tb, full, (int)j.c0 + 64 * b, k0, j.e);
+    } else {
+        const int m0 = (int)(j.p0 + k0);                             // rows m of expert e
+#pragma unroll
+        for (int b = 0; b < C::BM / 64; ++b)                         // dy [m][n], 64 n-columns a box
+            tma_load_2d(sA + b * C::BOX_BYTES, ta, full, (int)j.r0 + 64 * b, m0);
+#pragma unroll
+        for (int b = 0; b < C::BN / 64; ++b)                         // x [m][k], 64 k-columns a box
+            tma_load_2d(sB + b * C::BOX_BYTES, tb, full, (int)j.c0 + 64 * b, m0);
+    }
+}
+
 // The producer thread: every k-slice of every tile of this block into the ring, in order.
-template <class C>
-__device__ void produce(const Problem& p, const CUtensorMap* ta, const CUtensorMap* tb, u32_t ring, u32_t full0,
+template <class S, class C>
+__device__ void produce(const Problem<S>& p, const CUtensorMap* ta, const CUtensorMap* tb, u32_t ring, u32_t full0,
                         u32_t empty0, i64_t total, i64_t tiles_r, i64_t tiles_c) {
     u32_t s = 0, ph = 0;
     for (i64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const WJob j = job_of<C>(p, t, tiles_r, tiles_c);
+        const WJob j = job_of<S, C>(p, t, tiles_r, tiles_c);
         for (int kt = 0; kt < j.KT; ++kt) {
             mbar_wait(empty0 + 8 * s, ph ^ 1);             // the consumers are done with this stage
             const u32_t full = full0 + 8 * s, sA = ring + s * C::STAGE_BYTES, sB = sA + C::A_BYTES;
             mbar_expect_tx(full, C::STAGE_BYTES);          // whole boxes count, out-of-bounds parts too
-            const int k0 = kt * C::BK;
-            tma_load_2d(sA, ta, full, k0, (int)j.p0);                    // x [rows of the m-tile][k]
-            tma_load_3d(sB, tb, full, k0, (int)j.c0, j.e);               // w[e] [n][k]
+            load_stage<S, C>(ta, tb, full, sA, sB, j, kt * C::BK);
             if (++s == C::STAGES) { s = 0; ph ^= 1; }
         }
     }
 }
 
+// WGRAD: rows [valid, 64) of every box of a stage (the rows past the expert in its last k-slice)
+// become zeros, by all 256 consumer threads, visible to the tensor cores before any of them reads
+// the stage.
+template <class C>
+__device__ __forceinline__ void zero_tail(u32_t stage, int valid, int ctid) {
+    constexpr int BOXES = (C::BM + C::BN) / 64;      // A then B: consecutive boxes
+    const int chunks = (64 - valid) * (C::ROW_BYTES / 16);
+    for (int i = ctid; i < BOXES * chunks; i += 256) {
+        const u32_t at = stage + (i / chunks) * C::BOX_BYTES + valid * C::ROW_BYTES + (i % chunks) * 16;
+        asm volatile("st.shared.v4.u32 [%0], { %1, %1, %1, %1 };\n" ::"r"(at), "r"(0) : "memory");
+    }
+    fence_proxy_async();
+    named_sync(1, 256);
+}
+
 // Two adjacent outputs (an accumulator pair), rounded once to the output type, into shared memory.
+template <class OutT>
 __device__ __forceinline__ void store2_shared(u32_t at, float lo, float hi) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack2(lo, hi)) : "memory");
+    if constexpr (same_type<OutT, float>)
+        asm volatile("st.shared.v2.f32 [%0], { %1, %2 };\n" ::"r"(at), "f"(lo), "f"(hi) : "memory");
+    else
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack2<OutT>(lo, hi)) : "memory");
 }
 
 // A warpgroup's 64 x WN outputs through shared memory: boxes of 64 rows x 128 bytes (OUT_CW columns),
@@ -676,9 +904,11 @@ __device__ __forceinline__ void store2_shared(u32_t at, float lo, float hi) {
 // conflicts), then stored by one thread with one TMA store. C::EPI buffers a warpgroup, reused once
 // the copy engine has read them; the thread that issues the stores is the one that waits for them.
 // Output (c0, r0) (and e: the weight gradient's expert) is the box's first column and row.
-template <class C>
+template <class S, class C>
 __device__ __forceinline__ void store_tma(const float (&acc)[C::WN / 2], const CUtensorMap* tc, u32_t ebuf, int& eb,
                                           int wg, int tid, int c0, int r0, int e) {
+    using OutT = typename S::OutT;
+    constexpr int OUT_CW = C::OUT_CW;
     const int warp = tid >> 5, lane = tid & 31;
 #pragma unroll
     for (int box = 0; box < C::WN / OUT_CW; ++box) {
@@ -692,27 +922,32 @@ __device__ __forceinline__ void store_tma(const float (&acc)[C::WN / 2], const C
             for (int qq = 0; qq < OUT_CW / 8; ++qq) {
                 const int q = box * (OUT_CW / 8) + qq;     // accumulator column group (8 columns)
                 const u32_t byte = (8 * qq + 2 * (lane & 3)) * sizeof(OutT);
-                store2_shared(buf + r * 128 + ((((byte >> 4) ^ (r & 7))) << 4) + (byte & 15),
-                              acc[4 * q + 2 * h], acc[4 * q + 2 * h + 1]);
+                store2_shared<OutT>(buf + r * 128 + ((((byte >> 4) ^ (r & 7))) << 4) + (byte & 15),
+                                    acc[4 * q + 2 * h], acc[4 * q + 2 * h + 1]);
             }
         }
         fence_proxy_async();                               // visible to the copy engine
         named_sync(2 + wg, 128);
         if (tid == 0) {
-            tma_store_2d(tc, buf, c0 + box * OUT_CW, r0);
-            (void)e;
+            if constexpr (S::PASS == WGRAD) {
+                tma_store_3d(tc, buf, c0 + box * OUT_CW, r0, e, l2_evict_first());   // dw: E N K values, never re-read
+            } else {
+                tma_store_2d(tc, buf, c0 + box * OUT_CW, r0);
+                (void)e;
+            }
             bulk_commit();
         }
         eb = eb + 1 == C::EPI ? 0 : eb + 1;
     }
 }
 
-// A warpgroup's outputs from registers, rows past the tile's expert left out.
+// FWD / DGRAD: a warpgroup's outputs from registers, rows past the tile's expert left out.
 // Accumulator d[4 q + 2 h + c]: row 16 warp + lane / 4 + 8 h, column 8 q + 2 (lane % 4) + c.
-template <class C>
-__device__ __forceinline__ void store_regs(const Problem& p, const WJob& j, const float (&acc)[C::WN / 2], int m_off,
+template <class S, class C>
+__device__ __forceinline__ void store_regs(const Problem<S>& p, const WJob& j, const float (&acc)[C::WN / 2], int m_off,
                                            int n_off, int warp, int lane) {
-    const i64_t COLS = p.N;
+    using OutT = typename S::OutT;
+    const i64_t COLS = S::PASS == FWD ? p.N : p.K;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = m_off + 16 * warp + (lane >> 2) + 8 * h;
@@ -727,8 +962,8 @@ __device__ __forceinline__ void store_regs(const Problem& p, const WJob& j, cons
 }
 
 // A consumer warpgroup (wg 0 or 1; tid 0..127 inside it): its part of every tile of this block.
-template <class C>
-__device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32_t full0, u32_t empty0, i64_t total,
+template <class S, class C>
+__device__ void consume(const Problem<S>& p, const CUtensorMap* tc, u32_t ring, u32_t full0, u32_t empty0, i64_t total,
                         i64_t tiles_r, i64_t tiles_c, int wg, int tid) {
     constexpr int WN = C::WN;
     const int m_off = C::BM == 128 ? 64 * wg : 0, n_off = C::BM == 128 ? 0 : WN * wg;
@@ -738,7 +973,7 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
     int eb = 0;                                            // the staging buffer the next box uses
     u32_t s = 0, ph = 0;
     for (i64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const WJob j = job_of<C>(p, t, tiles_r, tiles_c);
+        const WJob j = job_of<S, C>(p, t, tiles_r, tiles_c);
         float acc[WN / 2];
 #pragma unroll
         for (int i = 0; i < WN / 2; ++i) acc[i] = 0.0f;
@@ -748,13 +983,23 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
         for (int kt = 0; kt < j.KT; ++kt) {
             mbar_wait(full0 + 8 * s, ph);                  // the stage's copies have landed
             const u32_t sA = ring + s * C::STAGE_BYTES, sB = sA + C::A_BYTES;
+            if constexpr (S::PASS == WGRAD) {
+                const i64_t valid = j.rows - (i64_t)kt * C::BK;
+                if (valid < C::BK) zero_tail<C>(sA, (int)valid, 128 * wg + tid);
+            }
             wg_fence_regs(acc);
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < C::BK / 16; ++ks) {
-                const u64_t da = wg_desc(sA + m_off * ROW_BYTES + ks * 32, 16, GROUP_BYTES);
-                const u64_t db = wg_desc(sB + n_off * ROW_BYTES + ks * 32, 16, GROUP_BYTES);
-                wgmma_tile<WN>(acc, da, db);
+                // K-major operands: the 64 rows of this warpgroup, 16 columns (32 bytes) a step;
+                // MN-major: the warpgroup's 64-column box, 16 rows (two swizzle atoms) a step.
+                const u64_t da = S::PASS == WGRAD
+                    ? wg_desc(sA + (m_off / 64) * C::BOX_BYTES + ks * 2 * C::GROUP_BYTES, C::BOX_BYTES, C::GROUP_BYTES)
+                    : wg_desc(sA + m_off * C::ROW_BYTES + ks * 32, 16, C::GROUP_BYTES);
+                const u64_t db = S::PASS == FWD
+                    ? wg_desc(sB + n_off * C::ROW_BYTES + ks * 32, 16, C::GROUP_BYTES)
+                    : wg_desc(sB + (n_off / 64) * C::BOX_BYTES + ks * 2 * C::GROUP_BYTES, C::BOX_BYTES, C::GROUP_BYTES);
+                wgmma_tile<S, WN>(acc, da, db);
             }
             wg_commit();
             wg_wait<1>();                                  // the previous k-slice's group has completed
@@ -771,14 +1016,18 @@ __device__ void consume(const Problem& p, const CUtensorMap* tc, u32_t ring, u32
         // them in shared memory and stores them by TMA, which overlaps the next tile's main loop;
         // one whose rows end inside the tile (an expert's last m-tile) stores from registers, rows
         // of the next expert computed and never stored.
-        if (j.rows >= m_off + 64) store_tma<C>(acc, tc, ebuf, eb, wg, tid, (int)(j.c0 + n_off), (int)(j.p0 + m_off), 0);
-        else store_regs<C>(p, j, acc, m_off, n_off, warp, lane);
+        if constexpr (S::PASS == WGRAD) {
+            store_tma<S, C>(acc, tc, ebuf, eb, wg, tid, (int)(j.c0 + n_off), (int)(j.r0 + m_off), j.e);
+        } else {
+            if (j.rows >= m_off + 64) store_tma<S, C>(acc, tc, ebuf, eb, wg, tid, (int)(j.c0 + n_off), (int)(j.p0 + m_off), 0);
+            else store_regs<S, C>(p, j, acc, m_off, n_off, warp, lane);
+        }
     }
     if (tid == 0) bulk_wait_all();                         // the staged stores have left shared memory
 }
 
-template <class C>
-__device__ void run(const Problem& p, const CUtensorMap* ta, const CUtensorMap* tb, const CUtensorMap* tc) {
+template <class S, class C>
+__device__ void run(const Problem<S>& p, const CUtensorMap* ta, const CUtensorMap* tb, const CUtensorMap* tc) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     __shared__ __align__(8) u64_t bars[2 * C::STAGES];
     const u32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;   // the swizzle atoms need 1024-byte alignment
@@ -794,55 +1043,78 @@ __device__ void run(const Problem& p, const CUtensorMap* ta, const CUtensorMap* 
         tma_prefetch(tc);
     }
     __syncthreads();
-    const i64_t tiles_r = 0, tiles_c = (p.N + C::BN - 1) / C::BN;
-    const i64_t total = p.tile_start[p.E + 1] * tiles_c;
+    // WGRAD: tiles (e, n-tile, k-tile); FWD / DGRAD: (m-tile, n-tile), the m-tiles from the routing.
+    i64_t tiles_r = 0, tiles_c, total;
+    if constexpr (S::PASS == WGRAD) {
+        tiles_r = (p.N + C::BM - 1) / C::BM, tiles_c = (p.K + C::BN - 1) / C::BN;
+        total = (i64_t)p.E * tiles_r * tiles_c;
+    } else {
+        tiles_c = ((S::PASS == FWD ? p.N : p.K) + C::BN - 1) / C::BN;
+        total = p.tile_start[p.E + 1] * tiles_c;
+    }
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
     if (wg == 0) {
         regs_shrink<40>();
-        if (tid == 0) produce<C>(p, ta, tb, ring, full0, empty0, total, tiles_r, tiles_c);
+        if (tid == 0) produce<S, C>(p, ta, tb, ring, full0, empty0, total, tiles_r, tiles_c);
     } else {
         regs_grow<232>();
-        consume<C>(p, tc, ring, full0, empty0, total, tiles_r, tiles_c, wg - 1, tid);
+        consume<S, C>(p, tc, ring, full0, empty0, total, tiles_r, tiles_c, wg - 1, tid);
     }
 }
+
+}  // namespace wgmma
+}  // namespace moe
+// ---- end of MoE wgmma backend ----------------------------------------------------------------
+
+// SKU: moe/grouped_matmul/-/-/bf16/-/sm90/wgmma/bf16.acc-f32.det
+namespace sf_grouped_matmul_bf16_sm90_wgmma_ns {
+struct Sku {
+    using T = bf16_t;  // input storage
+    using OutT = bf16_t;  // output storage
+    static constexpr moe::Pass PASS = moe::FWD;
+    static constexpr int ROUTE_WARPS = 8;   // count / scatter: one chunk of rows per warp
+};
 }  // namespace sf_grouped_matmul_bf16_sm90_wgmma_ns
+
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_bf16_sm90_wgmma_route_offsets_i32(
     const i32_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
     i64_t* tile_start, u64_t* counters, u32_t* status) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+    moe::route_offsets<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku>(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
         131u /* status.code("grouped_matmul", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_bf16_sm90_wgmma_route_offsets_i64(
     const i64_t* off, int E, i64_t M, int bm, int trusted, i32_t* ws_status, i64_t* row_start,
     i64_t* tile_start, u64_t* counters, u32_t* status) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::route_offsets(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
+    moe::route_offsets<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku>(off, E, M, bm, trusted, ws_status, row_start, tile_start, counters, status,
         131u /* status.code("grouped_matmul", "offsets") */);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_bf16_sm90_wgmma_route_count(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, i32_t* hist) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::route_count(ids, M, E, chunk_rows, chunks, hist);
+    moe::route_count<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku>(ids, M, E, chunk_rows, chunks, hist);
 }
 extern "C" __global__ void __launch_bounds__(1024) sf_grouped_matmul_bf16_sm90_wgmma_route_scan(
     const i32_t* hist, int E, i64_t M, i64_t chunks, int bm, u32_t* base, i64_t* row_start,
     i64_t* tile_start, i32_t* ws_status, u64_t* counters) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::route_scan(hist, E, M, chunks, bm, base, row_start, tile_start, ws_status, counters);
+    moe::route_scan<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku>(hist, E, M, chunks, bm, base, row_start, tile_start, ws_status, counters);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_grouped_matmul_bf16_sm90_wgmma_route_scatter(
     const u32_t* ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks, const u32_t* base, i32_t* perm) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::route_scatter(ids, M, E, chunk_rows, chunks, base, perm);
-}extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma(
+    moe::route_scatter<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku>(ids, M, E, chunk_rows, chunks, base, perm);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma(
     const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
     const bf16_t* __restrict__ dy, i64_t lddy, bf16_t* __restrict__ out, i64_t M, i64_t N, i64_t K,
     int E, const i32_t* __restrict__ perm, const i64_t* __restrict__ row_start,
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
     const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
     const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 256, 4, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
+    moe::wgmma::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku, moe::wgmma::WTile<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku, 128, 256, 4, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma__vwg128x128s6(
     const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -851,12 +1123,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
     const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
     const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<128, 128, 6, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
+    moe::wgmma::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku, moe::wgmma::WTile<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku, 128, 128, 6, 2>>(p, &tmap_a, &tmap_b, &tmap_c);
 }
 extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90_wgmma__vwg64x256s5(
     const bf16_t* __restrict__ x, i64_t ldx, const bf16_t* __restrict__ w, i64_t w_se, i64_t w_sn,
@@ -865,10 +1137,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) sf_grouped_matmul_bf16_sm90
     const i64_t* __restrict__ tile_start, const i32_t* __restrict__ ws_status, u64_t* counter,
     const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
     const __grid_constant__ CUtensorMap tmap_c) {
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::Problem p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
+    moe::Problem<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku> p{x, ldx, w, w_se, w_sn, dy, lddy, out, M, N, K, E, perm, row_start, tile_start, counter};
     if (*ws_status) {  // invalid offsets (validated on the device): the whole output becomes NaN
-        sf_grouped_matmul_bf16_sm90_wgmma_ns::poison(p);
+        moe::poison(p);
         return;
     }
-    sf_grouped_matmul_bf16_sm90_wgmma_ns::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::WTile<64, 256, 5, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
+    moe::wgmma::run<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku, moe::wgmma::WTile<sf_grouped_matmul_bf16_sm90_wgmma_ns::Sku, 64, 256, 5, 1>>(p, &tmap_a, &tmap_b, &tmap_c);
 }

@@ -9,7 +9,7 @@
 Rows go to experts by ``row_experts`` (int32/uint32 [M], any order, ids outside [0, E) are
 padding: zero rows in y/dx, nothing in dw) or ``offsets`` (int32/int64 [E+1] prefix sums over
 rows sorted by expert). Routing runs on the device in the same stream as the product, with
-no host round trip (templates/moe/_routing.cu.j2): a stable counting sort for ``row_experts``,
+no host round trip (templates/moe/routing.cuh): a stable counting sort for ``row_experts``,
 a validating clamp for ``offsets``. Invalid offsets (not starting at 0, not ending at M, or
 decreasing) make every element of the outputs NaN — checked on the device, never an
 out-of-bounds access — and the routing kernel writes ``status.code(op, "offsets")`` to the

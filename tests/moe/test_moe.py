@@ -297,7 +297,8 @@ def test_variants_in_manifest_and_sources():
                 ring = t["STAGES"] * (t["BM"] + t["BN"]) * 64 * 2 + 1024
                 assert meta["dynamic_smem"] == ring + 2 * t["EPI"] * 64 * 128 <= 227 * 1024 - 1024
                 assert (t["BM"], t["BN"], t["STAGES"], t["EPI"]) == WGMMA_VARIANTS[name]
-                assert f"WTile<{t['BM']}, {t['BN']}, {t['STAGES']}, {t['EPI']}>" in src
+                body = src.split(f" {meta['symbol']}(", 1)[1].split("\n}\n", 1)[0]   # the variant's entry point
+                assert f"WTile<{e.symbol}_ns::Sku, {t['BM']}, {t['BN']}, {t['STAGES']}, {t['EPI']}>" in body
             for key in ("short_variant", "narrow_variant"):
                 assert e.launch.get(key, "wg128x128s6") in v
             continue

@@ -1,7 +1,7 @@
 """CPU: the mma kernel's index maps and pipeline, emulated in NumPy with the PTX semantics of
 cp.async (zero fill), ldmatrix (.x4, .trans), mma.m16n8k16 and the accumulator layout.
 
-The formulas below are transcribed from templates/moe/_mma.cu.j2 (run<C>, the producers, Frag,
+The formulas below are transcribed from templates/moe/mma.cuh (run<S, C>, the producers, Frag,
 mainloop); a wrong swizzle, producer map, running pointer, tail predicate, fragment or epilogue
 index makes an emulated output tile disagree with the float64 product. Every tile configuration
 of the manifest (launch["variants"]) is emulated for the three operand layouts, on tiles with
@@ -161,7 +161,7 @@ def emulate_tile(op, tile, rng, R, rows_valid, cols_valid, perm=False):
     offs = {w: frag_offsets(BM, BN, BK, (w // WN) * 64, (w % WN) * 64, a_kmaj, b_kmaj) for w in range(warps)}
     for w in range(warps):
         accs[w] = np.zeros((4, 8, 32, 4))
-    # per-thread producer state (mirrors the registers of run<C>)
+    # per-thread producer state (mirrors the registers of run<S, C>)
     st = []
     for tid in range(THREADS):
         s = {}

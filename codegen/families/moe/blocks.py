@@ -20,7 +20,7 @@ MOE_TILES = {
     "mma": {"BM": 128, "BN": 128, "BK": 32, "STAGES": 5, "THREADS": 128, "MIN_BLOCKS": 0},
 }
 
-# wgmma tile configurations (templates/moe/_wgmma.cu.j2), name: (BM, BN, STAGES, EPI); BK = 64 (one
+# wgmma tile configurations (templates/moe/wgmma.cuh), name: (BM, BN, STAGES, EPI); BK = 64 (one
 # 128-byte swizzle row of 16-bit elements). One producer warpgroup (TMA) and two consumer warpgroups:
 # with BM = 128 each consumer takes 64 rows and all BN columns, with BM = 64 each takes the 64 rows
 # and half of the columns. Shared memory: the ring, STAGES * (BM + BN) * 64 * 2 bytes, + WGMMA_ALIGN
@@ -68,7 +68,7 @@ def _moe_context(cell, ctx):
     ``SKUFORGE_MOE_CONFIG``) without recompiling."""
     sku = cell.sku
     # name: (BM, BN, BK, STAGES, PIPE). Warps of 64 x 64 outputs: THREADS = 32 * BM * BN / 4096.
-    # PIPE (templates/moe/_mma.cu.j2 mainloop): 0 copies of the next slice before the mma,
+    # PIPE (templates/moe/mma.cuh mainloop): 0 copies of the next slice before the mma,
     # 1 ("i") interleaved with the mma, 2 ("p") interleaved and fragments double-buffered.
     mma_variants = {
         "128x128x32s5": (128, 128, 32, 5, 0),    # the first configuration measured
@@ -158,11 +158,17 @@ class ArchSpecificBlock(Block):
     def unit(self, sku: KernelSku) -> str:
         return f"{super().unit(sku)[:-3]}_{self.target.replace('_', '')}.cu"
 
+# The device code (templates/moe/*.cuh): the problem and the routing prologue of every SKU, then the
+# backends' bodies; the wgmma body (sm_90a units only) goes with the Hopper helpers.
+MOE_SHARED_HEADERS = ("moe/problem.cuh", "moe/routing.cuh")
+MOE_HEADERS = (*MOE_SHARED_HEADERS, "moe/simt.cuh", "moe/mma.cuh")
+
 MOE_GEMM = Block(
     name="moe-grouped-matmul",
     category="moe",
     ops=("grouped_matmul", "grouped_matmul_backward_input"),
     template="moe/grouped_matmul.cu.j2",
+    headers=MOE_HEADERS,
     pairs=tuple((el, None) for el in MOE_FLOATS),
     backends=("simt", "mma"),
     launch=MOE_GEMM_LAUNCH,
@@ -178,6 +184,7 @@ MOE_WGRAD = Block(
     category="moe",
     ops=("grouped_matmul_backward_weight",),
     template="moe/grouped_matmul.cu.j2",
+    headers=MOE_HEADERS,
     pairs=(("f32", None), ("f16", "f32"), ("f16", None), ("bf16", "f32"), ("bf16", None), ("f64", None)),
     backends=("simt", "mma"),
     launch=MOE_GEMM_LAUNCH,
@@ -190,6 +197,7 @@ MOE_WGRAD = Block(
 # The Hopper backend (docs/moe.md): warp-specialised wgmma + TMA kernels, built for sm_90a only.
 MOE_GEMM_WGMMA, MOE_WGRAD_WGMMA = (
     ArchSpecificBlock(name=f"{fam.name}-wgmma", category="moe", ops=fam.ops, template=fam.template,
+                       headers=("common/hopper.cuh", *MOE_SHARED_HEADERS, "moe/wgmma.cuh"),
                        pairs=tuple(p for p in fam.pairs if p[0] != "f64"), arches=("sm90",), backends=("wgmma",),
                        launch=MOE_GEMM_LAUNCH, nvrtc_options=("--gpu-architecture=sm_90a",), exclusions=_MOE_EXCLUSIONS,
                        extra_context=_moe_context, precision=_moe_precision)

@@ -1,21 +1,24 @@
-{#- Routing prologue shared by every moe kernel: rows -> experts, on the device, no host sync.
-    Rendered inside the SKU's own namespace; the extern "C" entry points carry the SKU symbol as
-    prefix (<symbol>_route_*), so several SKUs can share one translation unit.
-
-    Outputs (workspace, see runtime/moe/grouped.py):
-      row_start[E+2]  bucket b holds the sorted positions [row_start[b], row_start[b+1]);
-                      buckets 0..E-1 are the experts, bucket E the padding rows.
-      tile_start[E+2] exclusive prefix sums of ceil(rows of bucket / bm): the m-tile schedule.
-      perm[M]         (row_experts only) sorted position -> row index, stable (rows of one
-                      expert in increasing row order), so every reduction has a fixed order.
-      status          0, or 1 when offsets are invalid (the main kernels then write NaN).
-    Invalid offsets (not trusted) are also reported to the device's status word (runtime/status.py,
-    mapped host memory, read by the host without a sync): the offsets entry points take it as their
-    last parameter (null: not reported) and write the SKU's code status.code(op, "offsets"),
-    rendered as BAD_OFFSETS; the next call on the device raises DeviceValueError.
-      counters[4]     dynamic tile counters of the main kernels, reset to 0. -#}
-constexpr int ROUTE_THREADS = 1024;   // one block: E + 2 <= 1026 buckets
-constexpr int ROUTE_WARPS = {{ k.route_warps }};        // count / scatter: one chunk of rows per warp
+// ---- skuforge MoE routing prologue (templates/moe/routing.cuh) ------------------------------
+// Rows -> experts, on the device, no host sync; shared by every moe kernel. Each SKU's extern "C"
+// entry points (<symbol>_route_*, templates/moe/grouped_matmul.cu.j2) call these templates with
+// its traits S (S::ROUTE_WARPS: warps of the count / scatter blocks, one chunk of rows per warp;
+// the offsets and scan kernels run as one block of ROUTE_THREADS, codegen/families/moe/launch.py).
+//
+// Outputs (workspace, see runtime/moe/grouped.py):
+//   row_start[E+2]  bucket b holds the sorted positions [row_start[b], row_start[b+1]);
+//                   buckets 0..E-1 are the experts, bucket E the padding rows.
+//   tile_start[E+2] exclusive prefix sums of ceil(rows of bucket / bm): the m-tile schedule.
+//   perm[M]         (row_experts only) sorted position -> row index, stable (rows of one
+//                   expert in increasing row order), so every reduction has a fixed order.
+//   status          0, or 1 when offsets are invalid (the main kernels then write NaN).
+//   counters[4]     dynamic tile counters of the main kernels, reset to 0.
+// Invalid offsets (not trusted) are also reported to the device's status word (runtime/status.py,
+// mapped host memory, read by the host without a sync): the offsets entry points take it as their
+// last parameter (null: not reported) and pass the SKU's code status.code(op, "offsets") as
+// bad_code; the next call on the device raises DeviceValueError.
+// The kernels' bodies are templates over S even where they read nothing of it: each SKU of a unit
+// has instantiations of its own, so how a kernel is inlined does not depend on the unit's other SKUs.
+namespace moe {
 
 // Exclusive scan of one value per thread over the block (Op = sum or max); *total gets the
 // reduction of all values. Deterministic: integer math in a fixed tree.
@@ -53,6 +56,7 @@ struct SumOp { __device__ i64_t operator()(i64_t a, i64_t b) const { return a + 
 struct MaxOp { __device__ i64_t operator()(i64_t a, i64_t b) const { return a > b ? a : b; } };
 
 // tile_start[b] = sum over buckets < b of ceil(rows(b) / bm), b = 0..E+1. row_start is final.
+template <class S>
 __device__ void finish_tiles(int E, int bm, const i64_t* row_start, i64_t* tile_start, i64_t* smem) {
     const int n = E + 1;                                   // buckets 0..E
     const int per = (n + blockDim.x - 1) / blockDim.x;
@@ -71,7 +75,7 @@ __device__ void finish_tiles(int E, int bm, const i64_t* row_start, i64_t* tile_
 // Offsets mode: clamp into [0, M], make monotone (prefix max), validate unless trusted; invalid:
 // the workspace status is 1 (the main kernels poison their output) and `bad_code` goes to the
 // device status word `report` (when not null).
-template <typename OFF>
+template <class S, typename OFF>
 __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int bm, int trusted,
                               i32_t* status, i64_t* row_start, i64_t* tile_start, u64_t* counters,
                               u32_t* report, u32_t bad_code) {
@@ -100,18 +104,19 @@ __device__ void route_offsets(const OFF* __restrict__ off, int E, i64_t M, int b
         if (bad && !trusted && report) *(volatile u32_t*)report = bad_code;
     }
     __syncthreads();
-    finish_tiles(E, bm, row_start, tile_start, smem);
+    finish_tiles<S>(E, bm, row_start, tile_start, smem);
 }
 
 __device__ __forceinline__ unsigned bucket_of(u32_t id, int E) { return id < (u32_t)E ? id : (unsigned)E; }
 
 // row_experts mode, pass 1: per chunk of rows, rows per bucket -> hist[bucket * chunks + chunk].
+template <class S>
 __device__ void route_count(const u32_t* __restrict__ ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks,
                             i32_t* __restrict__ hist) {
     extern __shared__ i32_t cnt_s[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     i32_t* cnt = cnt_s + warp * (E + 1);
-    for (i64_t c = (i64_t)blockIdx.x * ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * ROUTE_WARPS) {
+    for (i64_t c = (i64_t)blockIdx.x * S::ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * S::ROUTE_WARPS) {
         for (int b = lane; b <= E; b += 32) cnt[b] = 0;
         __syncwarp();
         const i64_t end = min(M, (c + 1) * chunk_rows);
@@ -128,6 +133,7 @@ __device__ void route_count(const u32_t* __restrict__ ids, i64_t M, int E, i64_t
 }
 
 // row_experts mode, pass 2 (one block): base = exclusive scan of hist in bucket-major order.
+template <class S>
 __device__ void route_scan(const i32_t* __restrict__ hist, int E, i64_t M, i64_t chunks, int bm,
                            u32_t* __restrict__ base, i64_t* row_start, i64_t* tile_start,
                            i32_t* status, u64_t* counters) {
@@ -148,17 +154,18 @@ __device__ void route_scan(const i32_t* __restrict__ hist, int E, i64_t M, i64_t
     }
     if (threadIdx.x == 0) row_start[E + 1] = M;
     __syncthreads();
-    finish_tiles(E, bm, row_start, tile_start, smem);
+    finish_tiles<S>(E, bm, row_start, tile_start, smem);
 }
 
 // row_experts mode, pass 3: stable scatter, perm[position] = row.
+template <class S>
 __device__ void route_scatter(const u32_t* __restrict__ ids, i64_t M, int E, i64_t chunk_rows, i64_t chunks,
                               const u32_t* __restrict__ base, i32_t* __restrict__ perm) {
     extern __shared__ u32_t next_s[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32_t* next = next_s + warp * (E + 1);
     const unsigned below = (1u << lane) - 1u;
-    for (i64_t c = (i64_t)blockIdx.x * ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * ROUTE_WARPS) {
+    for (i64_t c = (i64_t)blockIdx.x * S::ROUTE_WARPS + warp; c < chunks; c += (i64_t)gridDim.x * S::ROUTE_WARPS) {
         for (int b = lane; b <= E; b += 32) next[b] = base[(i64_t)b * chunks + c];
         __syncwarp();
         const i64_t end = min(M, (c + 1) * chunk_rows);
@@ -173,3 +180,6 @@ __device__ void route_scatter(const u32_t* __restrict__ ids, i64_t M, int E, i64
         }
     }
 }
+
+}  // namespace moe
+// ---- end of MoE routing ----------------------------------------------------------------------
