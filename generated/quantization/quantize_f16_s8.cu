@@ -249,7 +249,14 @@ template <typename M> struct Params {
 };
 
 // What the per-element body sees of its scale element.
-template <typename M> struct Elem { M s, inv; int zp; bool bad; M qlo, qhi; int qmin, qmax; };
+// `bad` is a bool, or Known<false> / Known<true> where the skeleton knows it at compile time (the
+// deferred and unswitched paths): there the op's poison selects fold away in the front end.
+template <bool V> struct Known { __device__ constexpr operator bool() const { return V; } };
+template <typename M, typename B = bool> struct Elem { M s, inv; int zp; B bad; M qlo, qhi; int qmin, qmax; };
+// bad_u && bad: a step's known flag and one scale element's check.
+__device__ __forceinline__ Known<false> both(Known<false>, bool) { return {}; }
+__device__ __forceinline__ bool both(Known<true>, bool b) { return b; }
+__device__ __forceinline__ bool both(bool a, bool b) { return a && b; }
 
 // -- streams: a base pointer and a row stride (in elements) -----------------------------------
 // None: an unused slot (an op has one or two inputs and one or two outputs).
@@ -323,8 +330,8 @@ template <typename T, int VEC> __device__ __forceinline__ T elem_at(const Vec<T,
 }
 
 // The op's body on one element: its present streams only.
-template <class Op, class I0, class I1, class O0, class O1, typename M>
-__device__ __forceinline__ void apply(Elem<M> e, typename I0::T x0, typename I1::T x1,
+template <class Op, class I0, class I1, class O0, class O1, typename M, typename B>
+__device__ __forceinline__ void apply(Elem<M, B> e, typename I0::T x0, typename I1::T x1,
                                       typename O0::T& y0, typename O1::T& y1) {
     if constexpr (!I1::ON && !O1::ON) Op::apply(e, x0, y0);
     else if constexpr (!O1::ON) Op::apply(e, x0, x1, y0);
@@ -377,15 +384,15 @@ struct Kernel {
     __device__ __forceinline__ bool check(M s, int zp) const {
         return param_bad<ASYM>(a.status, s, zp, a.qmin, a.qmax, BAD_SCALE, BAD_ZP);
     }
-    __device__ __forceinline__ Elem<M> elem(M s, M inv, int zp, bool bad) const {
-        return Elem<M>{s, inv, zp, bad, qlo, qhi, a.qmin, a.qmax};
+    template <typename B> __device__ __forceinline__ Elem<M, B> elem(M s, M inv, int zp, B bad) const {
+        return Elem<M, B>{s, inv, zp, bad, qlo, qhi, a.qmin, a.qmax};
     }
 
     // -- rows layout: U column vectors of one row per step, one scale per row ------------------
     // One pass over a row's columns: U column vectors per step (loads, then compute and stores).
     // The reciprocal is taken after the data loads: its slow-path branch keeps the compiler from
     // moving loads above it.
-    __device__ __forceinline__ void row_pass(const Row& r, M s, int zp, bool bad) const {
+    template <typename B> __device__ __forceinline__ void row_pass(const Row& r, M s, int zp, B bad) const {
         for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < a.cols; c0 += (i64_t)TX * VEC * U) {
             Vec<T0, VEC> v0[U];
             Vec<T1, VEC> v1[U];
@@ -430,7 +437,7 @@ struct Kernel {
                 const i64_t srow = row_scale_base(row);
                 const M s = scale_at(srow);
                 const int zp = zp_at(srow);
-                row_pass(r, s, zp, false);
+                row_pass(r, s, zp, Known<false>{});
                 any_bad |= param_invalid<ASYM>(s, zp, a.qmin, a.qmax);
             }
             if (any_bad && a.status) {
@@ -441,7 +448,7 @@ struct Kernel {
                     const M s = scale_at(srow);
                     const int zp = zp_at(srow);
                     const bool bad = check(s, zp);
-                    if (bad) row_pass(r, s, zp, true);
+                    if (bad) row_pass(r, s, zp, Known<true>{});
                 }
             }
         } else {
@@ -460,11 +467,11 @@ struct Kernel {
     // The U rows of one step (c: the column vector, r0: the step's first row): s_c / inv_c / zp_c /
     // bad_c, the column's parameters (channel), or s_u / zp_u / bad_g, the U rows' group parameters
     // (group); v0 / v1, the rows' input vectors; bad_u: whether any of them failed its check.
-    __device__ __forceinline__ void columns_step(i64_t c, i64_t r0, const M (&s_c)[VEC], const M (&inv_c)[VEC],
+    template <typename B> __device__ __forceinline__ void columns_step(i64_t c, i64_t r0, const M (&s_c)[VEC], const M (&inv_c)[VEC],
                                                  const int (&zp_c)[VEC], const bool (&bad_c)[VEC],
                                                  const Vec<T0, VEC> (&v0)[U], const Vec<T1, VEC> (&v1)[U],
                                                  const M (&s_u)[U], const int (&zp_u)[U], const bool (&bad_g)[U],
-                                                 bool bad_u) const {
+                                                 B bad_u) const {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const i64_t row = r0 + u * row_step;
@@ -480,9 +487,9 @@ struct Kernel {
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
                 if constexpr (S == GROUP)
-                    apply<Op, I0, I1, O0, O1>(elem(s_g, inv_g, zp_g, bad_u && bad_g[u]), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
+                    apply<Op, I0, I1, O0, O1>(elem(s_g, inv_g, zp_g, both(bad_u, bad_g[u])), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
                 else
-                    apply<Op, I0, I1, O0, O1>(elem(s_c[i], inv_c[i], zp_c[i], bad_u && bad_c[i]), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
+                    apply<Op, I0, I1, O0, O1>(elem(s_c[i], inv_c[i], zp_c[i], both(bad_u, bad_c[i])), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
             }
             store_vector<VEC>(out0, out0.p + row * out0.rs, c, o0);
             store_vector<VEC>(out1, out1.p + row * out1.rs, c, o1);
@@ -557,8 +564,8 @@ struct Kernel {
                 // bandwidth; the f64 kernels spill with two copies.
                 const bool flag = S == GROUP ? bad_step : bad_any;
                 if constexpr (FLOAT) {
-                    if (!(flag)) columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, false);
-                    else columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, true);   // an invalid scale element: its outputs are poisoned
+                    if (!(flag)) columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, Known<false>{});
+                    else columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, Known<true>{});   // an invalid scale element: its outputs are poisoned
                 } else {
                     columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, flag);
                 }
@@ -639,13 +646,13 @@ __device__ __forceinline__ void elementwise(I0 in0, I1 in1, O0 out0, O1 out1, co
 // quantize: q = clamp(rne(x * inv) + zp, qmin, qmax); NaN -> zp; +-inf saturate (quant_code_bits:
 // no float -> int conversion instruction). An invalid scale element (bad) gives qmin.
 template <typename Q> struct Quantize {
-    template <typename M, typename T> static __device__ __forceinline__ void apply(Elem<M> e, T x, Q& q) {
+    template <typename M, typename B, typename T> static __device__ __forceinline__ void apply(Elem<M, B> e, T x, Q& q) {
         q = to_q<Q>(e.bad ? e.qmin : quant_code_bits(to_math<M>(x) * e.inv, quant_bounds<M>(e.zp, e.qmin, e.qmax)));
     }
 };
 // dequantize: y = (q - zp) * scale, rounded once to the output dtype; NaN for an invalid scale element.
 template <typename T> struct Dequantize {
-    template <typename M, typename Q> static __device__ __forceinline__ void apply(Elem<M> e, Q q, T& y) {
+    template <typename M, typename B, typename Q> static __device__ __forceinline__ void apply(Elem<M, B> e, Q q, T& y) {
         y = from_math<T>(e.bad ? poison_nan<M>() : (M)(q_to_int(q) - e.zp) * e.s);
     }
 };
@@ -655,14 +662,14 @@ template <typename T> struct Dequantize {
 // fake_quantize_backward recomputes the mask from x (PyTorch caches it); `dy * mask` is a product,
 // as in PyTorch, so a negative dy outside the range gives -0 and a non-finite dy gives NaN there.
 template <typename T> struct ClipBackward {
-    template <typename M> static __device__ __forceinline__ void apply(Elem<M> e, T dy, T x, T& dx) {
+    template <typename M, typename B> static __device__ __forceinline__ void apply(Elem<M, B> e, T dy, T x, T& dx) {
         const M v = rne_bounded(to_math<M>(x) * e.inv) + (M)e.zp;   // only compared or clamped
         dx = from_math<T>(e.bad ? poison_nan<M>() : to_math<M>(dy) * ((v >= e.qlo && v <= e.qhi) ? (M)1 : (M)0));   // NaN: invalid scale element
     }
 };
 // dequantize_backward (straight-through), docs/numerics.md: dq = dy * scale, rounded once to dy's dtype.
 template <typename T> struct DequantizeBackward {
-    template <typename M> static __device__ __forceinline__ void apply(Elem<M> e, T dy, T& dq) {
+    template <typename M, typename B> static __device__ __forceinline__ void apply(Elem<M, B> e, T dy, T& dq) {
         dq = from_math<T>(e.bad ? poison_nan<M>() : to_math<M>(dy) * e.s);   // NaN: invalid scale
     }
 };
@@ -672,7 +679,7 @@ template <typename T> struct DequantizeBackward {
 // NaN x: v is NaN, clamp keeps it, y is NaN and the mask is 0. An invalid scale element (bad):
 // y is NaN and the mask 0.
 template <typename T> struct FakeQuantize {
-    template <typename M> static __device__ __forceinline__ void apply(Elem<M> e, T x, T& y, u8_t& mask) {
+    template <typename M, typename B> static __device__ __forceinline__ void apply(Elem<M, B> e, T x, T& y, u8_t& mask) {
         const M v = rne_bounded(to_math<M>(x) * e.inv) + (M)e.zp;   // only compared or clamped
         y = from_math<T>(e.bad ? poison_nan<M>() : (clamp_q(v, e.qlo, e.qhi) - (M)e.zp) * e.s);
         mask = (u8_t)((!e.bad && v >= e.qlo && v <= e.qhi) ? 1 : 0);
