@@ -255,7 +255,7 @@ template <bool V> struct Known { __device__ constexpr operator bool() const { re
 template <typename M, typename B = bool> struct Elem { M s, inv; int zp; B bad; M qlo, qhi; int qmin, qmax; };
 // bad_u && bad: a step's known flag and one scale element's check.
 __device__ __forceinline__ Known<false> both(Known<false>, bool) { return {}; }
-__device__ __forceinline__ bool both(Known<true>, bool b) { return b; }
+__device__ __forceinline__ const bool& both(Known<true>, const bool& b) { return b; }
 __device__ __forceinline__ bool both(bool a, bool b) { return a && b; }
 
 // -- streams: a base pointer and a row stride (in elements) -----------------------------------
