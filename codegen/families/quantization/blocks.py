@@ -25,13 +25,14 @@ INTS = kinds.INT8
 LOW_BIT = kinds.LOW_BIT          # docs/lowbit.md
 
 
-# The static elementwise kernels (templates/quantization/elementwise.cuh): the layout of each entry
-# point, ``layouts`` {entry point: ew::Layout}: rows for tensor / token, columns for group, both for
-# channel (its symbol: channel on the last axis, columns; ``_rows``: another axis, rows).
+# The static elementwise kernels' device code (the skeleton ew::elementwise and the ops' bodies).
 ELEMENTWISE_HEADERS = ("quantization/elementwise.cuh",)
 
 
 def _layouts(cell, ctx) -> dict:
+    """``layouts``, {entry point: ew::Layout} of a static elementwise SKU: rows for tensor / token,
+    columns for group, both for channel (its symbol: channel on the last axis, columns; ``_rows``:
+    another axis, rows)."""
     scope = cell.sku.scope
     if scope == "channel":
         return {"layouts": {"main": "COLUMNS", "rows": "ROWS"}}
