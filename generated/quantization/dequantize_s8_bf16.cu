@@ -203,8 +203,10 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // ---- skuforge static elementwise quantization (templates/quantization/elementwise.cuh) -------
 // The skeleton shared by every static (elementwise) quantization op: quantize, dequantize, the
 // straight-through backward passes and fake_quantize. An entry point calls
-// ew::elementwise<Op, scope, asymmetric, layout, VEC, U, BAD_SCALE, BAD_ZP>(params, streams...)
-// with its kernel parameters; Op is one of the per-element bodies at the end of this file.
+// ew::elementwise<Op, scope, asymmetric, layout, VEC, U, BAD_SCALE, BAD_ZP>(in0, in1, out0, out1,
+// its quantization parameters...): Op is one of the per-element bodies at the end of this file, the
+// streams are its input and output arrays (None for an unused slot), BAD_SCALE / BAD_ZP the codes it
+// writes to the status word (runtime/status.py) for an invalid scale / zero point.
 // A kernel walks a rows x cols view: rows may be strided, the last axis is contiguous.
 // Threads: blockDim = (TX, TY); threadIdx.y picks a row, threadIdx.x walks its columns.
 // The grid strides over rows (x) and, in the columns layout, over column blocks (y), so any
@@ -253,7 +255,7 @@ template <typename M> struct Params {
 // deferred and unswitched paths): there the op's poison selects fold away in the front end.
 template <bool V> struct Known { __device__ constexpr operator bool() const { return V; } };
 template <typename M, typename B = bool> struct Elem { M s, inv; int zp; B bad; M qlo, qhi; int qmin, qmax; };
-// bad_u && bad: a step's known flag and one scale element's check.
+// bad_u && bad: a step's flag (known, or f64: a bool) and one scale element's check, read in place.
 __device__ __forceinline__ Known<false> both(Known<false>, bool) { return {}; }
 __device__ __forceinline__ const bool& both(Known<true>, const bool& b) { return b; }
 __device__ __forceinline__ bool both(bool a, bool b) { return a && b; }
@@ -339,6 +341,8 @@ __device__ __forceinline__ void apply(Elem<M, B> e, typename I0::T x0, typename 
     else Op::apply(e, x0, x1, y0, y1);
 }
 
+// One launch: its parameters, streams and thread coordinates; run() takes the vector path of its
+// layout or the scalar path.
 template <class Op, Scope S, bool ASYM, Layout L, int VEC, int U, u32_t BAD_SCALE, u32_t BAD_ZP,
           typename M, class I0, class I1, class O0, class O1>
 struct Kernel {
@@ -624,6 +628,8 @@ struct Kernel {
     }
 };
 
+// The body of a static elementwise entry point: its streams, then its other parameters in the
+// order of its signature.
 template <class Op, Scope S, bool ASYM, Layout L, int VEC, int U, u32_t BAD_SCALE, u32_t BAD_ZP,
           typename M, class I0, class I1, class O0, class O1>
 __device__ __forceinline__ void elementwise(I0 in0, I1 in1, O0 out0, O1 out1, const M* scale, M scale_value,
