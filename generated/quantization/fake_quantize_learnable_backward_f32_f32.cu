@@ -239,10 +239,11 @@ template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
 }
 
 // One element: reads x and dy (dy only for a valid scale element), writes dx, adds its terms to the
-// two sums.
+// two sums. Its operands are references to the caller's values (the compiler sees the same
+// expressions as in the caller's loop).
 template <bool ASYM, typename M, typename T>
-__device__ __forceinline__ void term(const T& xe, const T& dye, T& dxe, M s, M inv, int zp, M& acc_s, M& acc_z, bool bad,
-                                     M qlo, M qhi, int qmin, int qmax, M grad_factor) {
+__device__ __forceinline__ void term(const T& xe, const T& dye, T& dxe, const M& s, const M& inv, const int& zp, M& acc_s,
+                                     M& acc_z, const bool& bad, const M& qlo, const M& qhi, int qmin, int qmax, M grad_factor) {
     const M xv = to_math<M>(xe);
     const M gv = bad ? poison_nan<M>() : to_math<M>(dye);   // NaN: invalid scale element
     const M v = rne_bounded(xv * inv) + (M)zp;   // only compared or clamped
