@@ -200,9 +200,504 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 }
 // ---- end of helpers ---------------------------------------------------------------------------
 
+// ---- skuforge static elementwise quantization (templates/quantization/elementwise.cuh) -------
+// The skeleton shared by every static (elementwise) quantization op: quantize, dequantize, the
+// straight-through backward passes and fake_quantize. An entry point calls
+// ew::elementwise<Op, scope, asymmetric, layout, VEC, U, BAD_SCALE, BAD_ZP>(in0, in1, out0, out1,
+// its quantization parameters...): Op is one of the per-element bodies at the end of this file, the
+// streams are its input and output arrays (None for an unused slot), BAD_SCALE / BAD_ZP the codes it
+// writes to the status word (runtime/status.py) for an invalid scale / zero point.
+// A kernel walks a rows x cols view: rows may be strided, the last axis is contiguous.
+// Threads: blockDim = (TX, TY); threadIdx.y picks a row, threadIdx.x walks its columns.
+// The grid strides over rows (x) and, in the columns layout, over column blocks (y), so any
+// shape works with any grid size.
+// Two vector layouts (the launcher picks the grid for each):
+// - rows (tensor, token, channel on another axis than the last): a thread takes U column
+//   vectors of one row; one scale per row; one block per TY rows.
+// - columns (group, channel on the last axis): a thread owns one column vector and walks the
+//   rows, U rows per step, so what depends only on the column (the group, per-column
+//   parameters and their reciprocals) is computed once per column, not once per row; the
+//   grid is persistent. Group sizes that are not a multiple of VEC take the scalar path.
+// The channel scope has two entry points, each with the registers its own layout needs: the SKU's
+// symbol (axis = last, columns layout) and the symbol + "_rows" (another axis, rows layout).
+// The per-element body (Op::apply) sees an Elem: `s` (scale), `inv` (1/scale, computed once per
+// scale element), `zp` (zero point), `bad` (the scale element failed its device-side check: the
+// body writes its op's poison), `qlo`/`qhi` (qmin/qmax in the math precision) and `qmin`/`qmax`;
+// then the elements of its input streams and references to those of its output streams.
+namespace ew {
+
+enum Scope { TENSOR, TOKEN, GROUP, CHANNEL };
+enum Layout { ROWS, COLUMNS };
+
+template <typename A, typename B> struct same_t { static constexpr bool value = false; };
+template <typename A> struct same_t<A, A> { static constexpr bool value = true; };
+template <typename A, typename B> constexpr bool same = same_t<A, B>::value;
+
+// storage -> math precision, math precision -> storage (rounded once)
+template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
+    if constexpr (same<M, double>) return to_f64(v); else return to_f32(v);
+}
+template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
+    if constexpr (same<M, double>) return from_f64<T>(v); else return from_f32<T>(v);
+}
+
+// The kernel parameters every static elementwise entry point takes (codegen: the elementwise ABI).
+// status: this device's status word (runtime/status.py), or null (no value checks).
+template <typename M> struct Params {
+    const M* scale; M scale_value; const i32_t* zero_point; int zp_value;
+    i64_t rows, cols, group_size, chan_inner, chan_count;
+    int chan_last, qmin, qmax, vec_ok;
+    u32_t* status;
+};
+
+// What the per-element body sees of its scale element.
+// `bad` is a bool, or Known<false> / Known<true> where the skeleton knows it at compile time (the
+// deferred and unswitched paths): there the op's poison selects fold away in the front end.
+template <bool V> struct Known { __device__ constexpr operator bool() const { return V; } };
+template <typename M, typename B = bool> struct Elem { M s, inv; int zp; B bad; M qlo, qhi; int qmin, qmax; };
+// bad_u && bad: a step's flag (known, or f64: a bool) and one scale element's check, read in place.
+__device__ __forceinline__ Known<false> both(Known<false>, bool) { return {}; }
+__device__ __forceinline__ const bool& both(Known<true>, const bool& b) { return b; }
+__device__ __forceinline__ bool both(bool a, bool b) { return a && b; }
+
+// -- streams: a base pointer and a row stride (in elements) -----------------------------------
+// None: an unused slot (an op has one or two inputs and one or two outputs).
+struct None { using T = u8_t; static constexpr bool ON = false; static constexpr int STORE = 0; T* p; i64_t rs; int bits; };
+template <typename T_> struct In { using T = T_; static constexpr bool ON = true; const T* p; i64_t rs; };
+// An output's stores: PLAIN, or any of NULLABLE (a null pointer skips them: fake_quantize's mask)
+// and BITS (when its int parameter `bits` is set, the vector's 0/1 values are stored as the bits of
+// one byte: element 8b + j of a row is bit j of byte b, docs/numerics.md "Mask bits").
+enum Store { PLAIN = 0, NULLABLE = 1, BITS = 2 };
+template <typename T_, int STORE_ = PLAIN> struct Out {
+    using T = T_;
+    static constexpr bool ON = true;
+    static constexpr int STORE = STORE_;
+    T* p; i64_t rs; int bits;
+};
+
+// The stores of output `o`'s vector `v` at column c of the row at `base`: store_vec, or, for a BITS
+// stream when its parameter is set, the vector's 0/1 values as the bits of one byte (element i:
+// bit i; VEC == 8), gathered from the vector's two words (bytes 0/1 -> the top 4 bits of a product:
+// w * 0x01020408 >> 24).
+template <int VEC, class O>
+__device__ __forceinline__ void store_vector(const O& o, typename O::T* base, i64_t c, const Vec<typename O::T, VEC>& v) {
+    if constexpr (O::ON) {
+        if constexpr ((O::STORE & BITS) != 0) {
+            if (!(O::STORE & NULLABLE) || o.p) {
+                static_assert(VEC == 8, "one byte of bits a vector");
+                if (o.bits) {
+                    const u32_t* w = reinterpret_cast<const u32_t*>(&v);
+                    (base)[c >> 3] = (u8_t)(((w[0] * 0x01020408u) >> 24) | (((w[1] * 0x01020408u) >> 24) << 4));
+                } else {
+                    store_vec<typename O::T, VEC>(base + c, v);
+                }
+            }
+        } else if constexpr ((O::STORE & NULLABLE) != 0) {
+            if (o.p) store_vec<typename O::T, VEC>(base + c, v);
+        } else {
+            store_vec<typename O::T, VEC>(base + c, v);
+        }
+    }
+}
+// The scalar path's store of element c; a BITS stream gathers its thread's 8 consecutive elements
+// in `acc` (the scalar path's column loop takes them together) and writes their byte after the 8th
+// (or the row's last) one.
+template <class O>
+__device__ __forceinline__ void store_scalar(const O& o, typename O::T* row, i64_t c, i64_t cols, typename O::T e, u32_t& acc) {
+    if constexpr (O::ON) {
+        if constexpr ((O::STORE & BITS) != 0) {
+            if (!(O::STORE & NULLABLE) || o.p) {
+                if (o.bits) {
+                    acc |= (u32_t)e << (c & 7);
+                    if ((c & 7) == 7 || c + 1 == cols) {
+                        row[c >> 3] = (u8_t)acc;
+                        acc = 0;
+                    }
+                } else {
+                    row[c] = e;
+                }
+            }
+        } else if constexpr ((O::STORE & NULLABLE) != 0) {
+            if (o.p) row[c] = e;
+        } else {
+            row[c] = e;
+        }
+    }
+}
+
+// Element i of an input vector. A vector of 8-bit codes is read through vec_at: the codes stay in
+// words until used.
+template <typename T, int VEC> __device__ __forceinline__ T elem_at(const Vec<T, VEC>& v, int i) {
+    if constexpr (sizeof(T) == 1) return vec_at(v, i); else return v.v[i];
+}
+
+// The op's body on one element: its present streams only.
+template <class Op, class I0, class I1, class O0, class O1, typename M, typename B>
+__device__ __forceinline__ void apply(Elem<M, B> e, typename I0::T x0, typename I1::T x1,
+                                      typename O0::T& y0, typename O1::T& y1) {
+    if constexpr (!I1::ON && !O1::ON) Op::apply(e, x0, y0);
+    else if constexpr (!O1::ON) Op::apply(e, x0, x1, y0);
+    else if constexpr (!I1::ON) Op::apply(e, x0, y0, y1);
+    else Op::apply(e, x0, x1, y0, y1);
+}
+
+// One launch: its parameters, streams and thread coordinates; run() takes the vector path of its
+// layout or the scalar path.
+template <class Op, Scope S, bool ASYM, Layout L, int VEC, int U, u32_t BAD_SCALE, u32_t BAD_ZP,
+          typename M, class I0, class I1, class O0, class O1>
+struct Kernel {
+    using T0 = typename I0::T; using T1 = typename I1::T;
+    using R0 = typename O0::T; using R1 = typename O1::T;
+    static constexpr bool FLOAT = same<M, float>;
+    // Deferred checks for single-precision math; the check before the loads for f64 math and for
+    // kernels that turn 8-bit codes into float32 (16 float32 outputs a vector, 256 bytes of them in
+    // flight per thread), where the second sweep costs registers and spills (ptxas: up to 24 B of
+    // stack and 256 B of spills).
+    static constexpr bool DEFERRED = FLOAT &&
+        !((same<R0, float> || (O1::ON && same<R1, float>)) && (!same<T0, float> || (I1::ON && !same<T1, float>)));
+
+    const Params<M> a;
+    I0 in0; I1 in1; O0 out0; O1 out1;
+    int TX, TY;
+    bool narrow_rows;
+    M qlo, qhi;
+    i64_t row0, row_step;
+
+    // a row's stream pointers
+    struct Row { const T0* x0; const T1* x1; R0* y0; R1* y1; };
+    __device__ __forceinline__ Row row_at(i64_t row) const {
+        Row r;
+        if constexpr (I0::ON) r.x0 = in0.p + row * in0.rs;
+        if constexpr (I1::ON) r.x1 = in1.p + row * in1.rs;
+        if constexpr (O0::ON) r.y0 = out0.p + row * out0.rs;
+        if constexpr (O1::ON) r.y1 = out1.p + row * out1.rs;
+        return r;
+    }
+    // the index of a row's scale element (the scalar path adds the column's part)
+    __device__ __forceinline__ i64_t row_scale_base(i64_t row) const {
+        if constexpr (S == TENSOR) return 0;
+        else if constexpr (S == TOKEN) return row;
+        else if constexpr (S == GROUP) return row * (a.cols / a.group_size);
+        else return a.chan_last ? 0 : channel_of(row, a.chan_inner, a.chan_count, narrow_rows);
+    }
+    __device__ __forceinline__ M scale_at(i64_t idx) const { return a.scale ? a.scale[idx] : a.scale_value; }
+    __device__ __forceinline__ int zp_at(i64_t idx) const {
+        if constexpr (ASYM) return a.zero_point ? a.zero_point[idx] : a.zp_value;
+        else return a.zp_value;   // symmetric: the implied zero point
+    }
+    __device__ __forceinline__ bool check(M s, int zp) const {
+        return param_bad<ASYM>(a.status, s, zp, a.qmin, a.qmax, BAD_SCALE, BAD_ZP);
+    }
+    template <typename B> __device__ __forceinline__ Elem<M, B> elem(M s, M inv, int zp, B bad) const {
+        return Elem<M, B>{s, inv, zp, bad, qlo, qhi, a.qmin, a.qmax};
+    }
+
+    // -- rows layout: U column vectors of one row per step, one scale per row ------------------
+    // One pass over a row's columns: U column vectors per step (loads, then compute and stores).
+    // The reciprocal is taken after the data loads: its slow-path branch keeps the compiler from
+    // moving loads above it.
+    template <typename B> __device__ __forceinline__ void row_pass(const Row& r, M s, int zp, B bad) const {
+        for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < a.cols; c0 += (i64_t)TX * VEC * U) {
+            Vec<T0, VEC> v0[U];
+            Vec<T1, VEC> v1[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const i64_t c = c0 + (i64_t)u * TX * VEC;
+                if (c < a.cols) {
+                    if constexpr (I0::ON) v0[u] = load_vec<T0, VEC>(r.x0 + c);
+                    if constexpr (I1::ON) v1[u] = load_vec<T1, VEC>(r.x1 + c);
+                }
+            }
+            const M inv = recip(s);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const i64_t c = c0 + (i64_t)u * TX * VEC;
+                if (c >= a.cols) break;
+                Vec<R0, VEC> o0;
+                Vec<R1, VEC> o1;
+#pragma unroll
+                for (int i = 0; i < VEC; ++i)
+                    apply<Op, I0, I1, O0, O1>(elem(s, inv, zp, bad), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
+                store_vector<VEC>(out0, r.y0, c, o0);
+                store_vector<VEC>(out1, r.y1, c, o1);
+            }
+        }
+    }
+    // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes and stores
+    // them; the row's scale is loaded once, its reciprocal taken after the data loads are issued (so
+    // that one memory latency covers both: small shapes are latency-bound).
+    __device__ __forceinline__ void rows_layout() const {
+        if constexpr (DEFERRED) {
+            // Each row is computed as if its scale were valid and only tested (a few instructions, no
+            // branch): a check before the loads would make every row wait for its scale, and a poison
+            // pass behind every row costs the row's loop entry again. An invalid scale element (an
+            // error: rare) sends this thread over its rows a second time, where each failing row
+            // records its code in the status word and has its outputs overwritten with the op's poison
+            // (the same thread rewrites the same elements: program order makes the poison final).
+            bool any_bad = false;
+#pragma unroll 1
+            for (i64_t row = row0; row < a.rows; row += row_step) {
+                const Row r = row_at(row);
+                const i64_t srow = row_scale_base(row);
+                const M s = scale_at(srow);
+                const int zp = zp_at(srow);
+                row_pass(r, s, zp, Known<false>{});
+                any_bad |= param_invalid<ASYM>(s, zp, a.qmin, a.qmax);
+            }
+            if (any_bad && a.status) {
+#pragma unroll 1
+                for (i64_t row = row0; row < a.rows; row += row_step) {
+                    const Row r = row_at(row);
+                    const i64_t srow = row_scale_base(row);
+                    const M s = scale_at(srow);
+                    const int zp = zp_at(srow);
+                    const bool bad = check(s, zp);
+                    if (bad) row_pass(r, s, zp, Known<true>{});
+                }
+            }
+        } else {
+            for (i64_t row = row0; row < a.rows; row += row_step) {
+                const Row r = row_at(row);
+                const i64_t srow = row_scale_base(row);
+                const M s = scale_at(srow);
+                const int zp = zp_at(srow);
+                const bool bad = check(s, zp);
+                row_pass(r, s, zp, bad);
+            }
+        }
+    }
+
+    // -- columns layout: one column vector per thread, U rows per step --------------------------
+    // The U rows of one step (c: the column vector, r0: the step's first row): s_c / inv_c / zp_c /
+    // bad_c, the column's parameters (channel), or s_u / zp_u / bad_g, the U rows' group parameters
+    // (group); v0 / v1, the rows' input vectors; bad_u: whether any of them failed its check.
+    template <typename B> __device__ __forceinline__ void columns_step(i64_t c, i64_t r0, const M (&s_c)[VEC], const M (&inv_c)[VEC],
+                                                 const int (&zp_c)[VEC], const bool (&bad_c)[VEC],
+                                                 const Vec<T0, VEC> (&v0)[U], const Vec<T1, VEC> (&v1)[U],
+                                                 const M (&s_u)[U], const int (&zp_u)[U], const bool (&bad_g)[U],
+                                                 B bad_u) const {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const i64_t row = r0 + u * row_step;
+            if (row >= a.rows) break;
+            M s_g, inv_g;
+            int zp_g;
+            if constexpr (S == GROUP) {
+                s_g = s_u[u], inv_g = recip(s_g);
+                zp_g = zp_u[u];
+            }
+            Vec<R0, VEC> o0;
+            Vec<R1, VEC> o1;
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+                if constexpr (S == GROUP)
+                    apply<Op, I0, I1, O0, O1>(elem(s_g, inv_g, zp_g, both(bad_u, bad_g[u])), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
+                else
+                    apply<Op, I0, I1, O0, O1>(elem(s_c[i], inv_c[i], zp_c[i], both(bad_u, bad_c[i])), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
+            }
+            store_vector<VEC>(out0, out0.p + row * out0.rs, c, o0);
+            store_vector<VEC>(out1, out1.p + row * out1.rs, c, o1);
+        }
+    }
+    // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
+    // bytes in flight). What depends only on the column is computed once per column vector,
+    // not once per row; the launcher's grid is persistent, so each thread sees many rows.
+    // blockIdx.y picks the block's columns, so that a thread owns one column vector of a wide
+    // row rather than looping over several (each loop would end on a partial U-row step).
+    __device__ __forceinline__ void columns_layout() const {
+        for (i64_t c = ((i64_t)blockIdx.y * TX + threadIdx.x) * VEC; c < a.cols; c += (i64_t)gridDim.y * TX * VEC) {
+            i64_t ngroups, g;
+            M s_c[VEC], inv_c[VEC];
+            int zp_c[VEC];
+            bool bad_c[VEC], bad_any = false;
+            if constexpr (S == GROUP) {
+                // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
+                ngroups = a.cols / a.group_size, g = c / a.group_size;
+            } else {
+                // this vector's VEC per-column parameters, loaded once as vectors (the launcher
+                // checks their alignment)
+                const Vec<M, VEC> sv = load_vec<M, VEC>(a.scale + c);
+                Vec<i32_t, VEC> zv;
+                if constexpr (ASYM) zv = load_vec<i32_t, VEC>(a.zero_point + c);
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) {
+                    s_c[i] = sv.v[i];
+                    inv_c[i] = recip(sv.v[i]);
+                    zp_c[i] = ASYM ? zv.v[i] : a.zp_value;
+                    bad_c[i] = check(s_c[i], zp_c[i]);
+                    bad_any = bad_any || bad_c[i];
+                }
+            }
+            for (i64_t r0 = row0; r0 < a.rows; r0 += row_step * U) {
+                Vec<T0, VEC> v0[U];
+                Vec<T1, VEC> v1[U];
+                // the U rows' group scales are loaded with their data: one latency covers both
+                M s_u[U];
+                int zp_u[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t row = r0 + u * row_step;
+                    if constexpr (S == GROUP) {
+                        s_u[u] = a.scale_value;
+                        zp_u[u] = a.zp_value;
+                    }
+                    if (row < a.rows) {
+                        if constexpr (I0::ON) v0[u] = load_vec<T0, VEC>(in0.p + row * in0.rs + c);
+                        if constexpr (I1::ON) v1[u] = load_vec<T1, VEC>(in1.p + row * in1.rs + c);
+                        if constexpr (S == GROUP) {
+                            if (a.scale) s_u[u] = a.scale[row * ngroups + g];
+                            if constexpr (ASYM) {
+                                if (a.zero_point) zp_u[u] = a.zero_point[row * ngroups + g];
+                            }
+                        }
+                    }
+                }
+                bool bad_g[U], bad_step = false;
+                if constexpr (S == GROUP) {
+                    // the U group scales' checks, after the loads: one branch for the whole step
+#pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        bad_g[u] = r0 + u * row_step < a.rows && check(s_u[u], zp_u[u]);
+                        bad_step = bad_step || bad_g[u];
+                    }
+                }
+                // The common case first: every parameter of the step valid (the flag false), where
+                // bad_u is the constant false and the op's poison selects fold away; else the same
+                // step with it true. For single-precision math only: 16-bit kernels are issue-bound
+                // at full bandwidth and a select per element cost them up to 18 points of copy
+                // bandwidth; the f64 kernels spill with two copies.
+                const bool flag = S == GROUP ? bad_step : bad_any;
+                if constexpr (FLOAT) {
+                    if (!(flag)) columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, Known<false>{});
+                    else columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, Known<true>{});   // an invalid scale element: its outputs are poisoned
+                } else {
+                    columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, flag);
+                }
+            }
+        }
+    }
+
+    // -- scalar path: any cols, any alignment, any group size -----------------------------------
+    __device__ __forceinline__ void scalar_element(const Row& r, i64_t srow, i64_t c, u32_t& acc0, u32_t& acc1) const {
+        i64_t sidx;
+        if constexpr (S == GROUP) sidx = srow + c / a.group_size;
+        else if constexpr (S == CHANNEL) sidx = a.chan_last ? c : srow;
+        else sidx = srow;
+        const M s = scale_at(sidx);
+        const M inv = recip(s);
+        const int zp = zp_at(sidx);
+        const bool bad = check(s, zp);
+        T0 x0;
+        T1 x1;
+        if constexpr (I0::ON) x0 = r.x0[c];
+        if constexpr (I1::ON) x1 = r.x1[c];
+        R0 y0;
+        R1 y1;
+        apply<Op, I0, I1, O0, O1>(elem(s, inv, zp, bad), x0, x1, y0, y1);
+        store_scalar(out0, r.y0, c, a.cols, y0, acc0);
+        store_scalar(out1, r.y1, c, a.cols, y1, acc1);
+    }
+    __device__ __forceinline__ void scalar_path() const {
+        for (i64_t row = row0; row < a.rows; row += row_step) {
+            const Row r = row_at(row);
+            const i64_t srow = row_scale_base(row);
+            u32_t acc0 = 0, acc1 = 0;
+            if constexpr (((O0::STORE | O1::STORE) & BITS) != 0) {
+                // bit-packed outputs: a thread takes 8 consecutive columns (one byte of bits) at a time
+                const i64_t STEP = ((O0::STORE & BITS) && out0.bits) || ((O1::STORE & BITS) && out1.bits) ? 8 : 1;
+                for (i64_t c0 = (i64_t)threadIdx.x * STEP; c0 < a.cols; c0 += (i64_t)TX * STEP)
+#pragma unroll 1
+                for (i64_t c = c0; c < c0 + STEP && c < a.cols; ++c) scalar_element(r, srow, c, acc0, acc1);
+            } else {
+                for (i64_t c = threadIdx.x; c < a.cols; c += TX) scalar_element(r, srow, c, acc0, acc1);
+            }
+        }
+    }
+
+    __device__ __forceinline__ void run() const {
+        bool vec_path;
+        if constexpr (S != CHANNEL) vec_path = a.vec_ok;
+        else if constexpr (L == COLUMNS) vec_path = a.vec_ok && a.chan_last;
+        else vec_path = a.vec_ok && !a.chan_last;
+        if (vec_path) {
+            // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
+            if constexpr (L == ROWS) rows_layout(); else columns_layout();
+        } else {
+            scalar_path();
+        }
+    }
+};
+
+// The body of a static elementwise entry point: its streams, then its other parameters in the
+// order of its signature.
+template <class Op, Scope S, bool ASYM, Layout L, int VEC, int U, u32_t BAD_SCALE, u32_t BAD_ZP,
+          typename M, class I0, class I1, class O0, class O1>
+__device__ __forceinline__ void elementwise(I0 in0, I1 in1, O0 out0, O1 out1, const M* scale, M scale_value,
+                                            const i32_t* zero_point, int zp_value, i64_t rows, i64_t cols,
+                                            i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
+                                            int qmin, int qmax, int vec_ok, u32_t* status) {
+    static_assert(L == (S == TENSOR || S == TOKEN ? ROWS : S == GROUP ? COLUMNS : L), "the scope's layout");
+    const int TX = blockDim.x, TY = blockDim.y;
+    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
+    const M qlo = (M)qmin, qhi = (M)qmax;
+    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
+    const Kernel<Op, S, ASYM, L, VEC, U, BAD_SCALE, BAD_ZP, M, I0, I1, O0, O1> k{
+        {scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax,
+         vec_ok, status},
+        in0, in1, out0, out1, TX, TY, narrow_rows, qlo, qhi, row0, row_step};
+    k.run();
+}
+
+// -- the ops' per-element bodies ------------------------------------------------------------------
+// quantize: q = clamp(rne(x * inv) + zp, qmin, qmax); NaN -> zp; +-inf saturate (quant_code_bits:
+// no float -> int conversion instruction). An invalid scale element (bad) gives qmin.
+template <typename Q> struct Quantize {
+    template <typename M, typename B, typename T> static __device__ __forceinline__ void apply(Elem<M, B> e, T x, Q& q) {
+        q = to_q<Q>(e.bad ? e.qmin : quant_code_bits(to_math<M>(x) * e.inv, quant_bounds<M>(e.zp, e.qmin, e.qmax)));
+    }
+};
+// dequantize: y = (q - zp) * scale, rounded once to the output dtype; NaN for an invalid scale element.
+template <typename T> struct Dequantize {
+    template <typename M, typename B, typename Q> static __device__ __forceinline__ void apply(Elem<M, B> e, Q q, T& y) {
+        y = from_math<T>(e.bad ? poison_nan<M>() : (M)(q_to_int(q) - e.zp) * e.s);
+    }
+};
+// quantize_backward (straight-through estimator with clip mask) and fake_quantize_backward,
+// docs/numerics.md: dx = dy * (qmin <= v <= qmax), v = rne(x * inv) + zp (quantize's value before
+// the clamp). A NaN x compares false: its gradient is dy * 0. The product is rounded once (exact).
+// fake_quantize_backward recomputes the mask from x (PyTorch caches it); `dy * mask` is a product,
+// as in PyTorch, so a negative dy outside the range gives -0 and a non-finite dy gives NaN there.
+template <typename T> struct ClipBackward {
+    template <typename M, typename B> static __device__ __forceinline__ void apply(Elem<M, B> e, T dy, T x, T& dx) {
+        const M v = rne_bounded(to_math<M>(x) * e.inv) + (M)e.zp;   // only compared or clamped
+        dx = from_math<T>(e.bad ? poison_nan<M>() : to_math<M>(dy) * ((v >= e.qlo && v <= e.qhi) ? (M)1 : (M)0));   // NaN: invalid scale element
+    }
+};
+// dequantize_backward (straight-through), docs/numerics.md: dq = dy * scale, rounded once to dy's dtype.
+template <typename T> struct DequantizeBackward {
+    template <typename M, typename B> static __device__ __forceinline__ void apply(Elem<M, B> e, T dy, T& dq) {
+        dq = from_math<T>(e.bad ? poison_nan<M>() : to_math<M>(dy) * e.s);   // NaN: invalid scale
+    }
+};
+// fake_quantize, docs/numerics.md (PyTorch's fake_quantize_per_tensor_affine formula):
+// v = rne(x * inv) + zp;  y = (clamp(v, qmin, qmax) - zp) * scale, rounded once to x's dtype;
+// mask = (qmin <= v <= qmax) (a NULLABLE | BITS output: one byte an element, or one bit).
+// NaN x: v is NaN, clamp keeps it, y is NaN and the mask is 0. An invalid scale element (bad):
+// y is NaN and the mask 0.
+template <typename T> struct FakeQuantize {
+    template <typename M, typename B> static __device__ __forceinline__ void apply(Elem<M, B> e, T x, T& y, u8_t& mask) {
+        const M v = rne_bounded(to_math<M>(x) * e.inv) + (M)e.zp;   // only compared or clamped
+        y = from_math<T>(e.bad ? poison_nan<M>() : (clamp_q(v, e.qlo, e.qhi) - (M)e.zp) * e.s);
+        mask = (u8_t)((!e.bad && v >= e.qlo && v <= e.qhi) ? 1 : 0);
+    }
+};
+
+}  // namespace ew
+// ---- end of elementwise quantization ------------------------------------------------------------
+
 // SKU: quantization/fake_quantize_backward/channel/asymmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
-// Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
-// columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
+// Two entry points: the SKU's symbol (channel on the last axis: columns layout) and the symbol +
+// "_rows" (another axis: rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_asymmetric_f64_f64_sm80_simt(
     const double* __restrict__ dy, i64_t dy_rs, const double* __restrict__ x, i64_t x_rs,
     double* __restrict__ dx, i64_t dx_rs, const double* __restrict__ scale, double scale_value,
@@ -210,99 +705,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok && chan_last) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
-        // bytes in flight). What depends only on the column is computed once per column vector,
-        // not once per row; the launcher's grid is persistent, so each thread sees many rows.
-        // blockIdx.y picks the block's columns, so that a thread owns one column vector of a wide
-        // row rather than looping over several (each loop would end on a partial U-row step).
-        for (i64_t c = ((i64_t)blockIdx.y * TX + threadIdx.x) * VEC; c < cols; c += (i64_t)gridDim.y * TX * VEC) {
-            // this vector's VEC per-column parameters, loaded once as vectors (the launcher
-            // checks their alignment)
-            double s_c[VEC], inv_c[VEC];
-            int zp_c[VEC];
-            bool bad_c[VEC], bad_any = false;
-            {
-                const Vec<double, VEC> sv = load_vec<double, VEC>(scale + c);
-                const Vec<i32_t, VEC> zv = load_vec<i32_t, VEC>(zero_point + c);
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    s_c[i] = sv.v[i];
-                    inv_c[i] = recip(sv.v[i]);
-                    zp_c[i] = zv.v[i];
-                    bad_c[i] = param_bad<true>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
-                    bad_any = bad_any || bad_c[i];
-                }
-            }
-            for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row < rows) {
-                        dy_v[u] = load_vec<double, VEC>(dy + row * dy_rs + c);
-                        x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
-                    }
-                }
-                const bool bad_u = bad_any;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double s = s_c[i], inv = inv_c[i];
-                        const int zp = zp_c[i];
-                        const bool bad = bad_u && bad_c[i];
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-                }
-
-
-            }
-        }
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = chan_last ? c : srow;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zero_point ? zero_point[sidx] : zp_value;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::CHANNEL, true, ew::COLUMNS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_asymmetric_f64_f64_sm80_simt_rows(
     const double* __restrict__ dy, i64_t dy_rs, const double* __restrict__ x, i64_t x_rs,
@@ -311,90 +716,14 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok && !chan_last) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
-        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const double s = scale ? scale[srow] : scale_value;
-            const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            (void)s; (void)zp;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        x_v[u] = load_vec<double, VEC>(x_row + c);
-                    }
-                }
-                const double inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx_row + c, dx_o);
-                }
-            }
-        }
-
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = chan_last ? c : srow;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zero_point ? zero_point[sidx] : zp_value;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::CHANNEL, true, ew::ROWS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
 
 // SKU: quantization/fake_quantize_backward/channel/symmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
-// Two entry points, each with the registers its own layout needs: the SKU's symbol (axis = last,
-// columns layout) and the symbol + "_rows" (another axis, rows layout); the launcher picks one.
+// Two entry points: the SKU's symbol (channel on the last axis: columns layout) and the symbol +
+// "_rows" (another axis: rows layout); the launcher picks one.
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_symmetric_f64_f64_sm80_simt(
     const double* __restrict__ dy, i64_t dy_rs, const double* __restrict__ x, i64_t x_rs,
     double* __restrict__ dx, i64_t dx_rs, const double* __restrict__ scale, double scale_value,
@@ -402,98 +731,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok && chan_last) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
-        // bytes in flight). What depends only on the column is computed once per column vector,
-        // not once per row; the launcher's grid is persistent, so each thread sees many rows.
-        // blockIdx.y picks the block's columns, so that a thread owns one column vector of a wide
-        // row rather than looping over several (each loop would end on a partial U-row step).
-        for (i64_t c = ((i64_t)blockIdx.y * TX + threadIdx.x) * VEC; c < cols; c += (i64_t)gridDim.y * TX * VEC) {
-            // this vector's VEC per-column parameters, loaded once as vectors (the launcher
-            // checks their alignment)
-            double s_c[VEC], inv_c[VEC];
-            int zp_c[VEC];
-            bool bad_c[VEC], bad_any = false;
-            {
-                const Vec<double, VEC> sv = load_vec<double, VEC>(scale + c);
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) {
-                    s_c[i] = sv.v[i];
-                    inv_c[i] = recip(sv.v[i]);
-                    zp_c[i] = zp_value;
-                    bad_c[i] = param_bad<false>(status, s_c[i], zp_c[i], qmin, qmax, BAD_SCALE, BAD_ZP);
-                    bad_any = bad_any || bad_c[i];
-                }
-            }
-            for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row < rows) {
-                        dy_v[u] = load_vec<double, VEC>(dy + row * dy_rs + c);
-                        x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
-                    }
-                }
-                const bool bad_u = bad_any;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double s = s_c[i], inv = inv_c[i];
-                        const int zp = zp_c[i];
-                        const bool bad = bad_u && bad_c[i];
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-                }
-
-
-            }
-        }
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = chan_last ? c : srow;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zp_value;  // symmetric: the implied zero point
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::CHANNEL, false, ew::COLUMNS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
 extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_channel_symmetric_f64_f64_sm80_simt_rows(
     const double* __restrict__ dy, i64_t dy_rs, const double* __restrict__ x, i64_t x_rs,
@@ -502,85 +742,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_chan
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok && !chan_last) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
-        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            const double s = scale ? scale[srow] : scale_value;
-            const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            (void)s; (void)zp;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        x_v[u] = load_vec<double, VEC>(x_row + c);
-                    }
-                }
-                const double inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx_row + c, dx_o);
-                }
-            }
-        }
-
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = chan_last ? 0 : channel_of(row, chan_inner, chan_count, narrow_rows);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = chan_last ? c : srow;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zp_value;  // symmetric: the implied zero point
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::CHANNEL, false, ew::ROWS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
 
 // SKU: quantization/fake_quantize_backward/group/asymmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
@@ -591,101 +755,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
-        // bytes in flight). What depends only on the column is computed once per column vector,
-        // not once per row; the launcher's grid is persistent, so each thread sees many rows.
-        // blockIdx.y picks the block's columns, so that a thread owns one column vector of a wide
-        // row rather than looping over several (each loop would end on a partial U-row step).
-        for (i64_t c = ((i64_t)blockIdx.y * TX + threadIdx.x) * VEC; c < cols; c += (i64_t)gridDim.y * TX * VEC) {
-            // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
-            const i64_t ngroups = cols / group_size, g = c / group_size;
-            for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-                // the U rows' group scales are loaded with their data: one latency covers both
-                double s_u[U];
-                int zp_u[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    s_u[u] = scale_value;
-                    zp_u[u] = zp_value;
-                    if (row < rows) {
-                        dy_v[u] = load_vec<double, VEC>(dy + row * dy_rs + c);
-                        x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
-                        if (scale) s_u[u] = scale[row * ngroups + g];
-                        if (zero_point) zp_u[u] = zero_point[row * ngroups + g];
-                    }
-                }
-                // the U group scales' checks, after the loads: one branch for the whole step
-                bool bad_g[U], bad_step = false;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    bad_g[u] = r0 + u * row_step < rows
-                        && param_bad<true>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
-                    bad_step = bad_step || bad_g[u];
-                }
-                const bool bad_u = bad_step;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const double s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double s = s_g, inv = inv_g;
-                        const int zp = zp_g;
-                        const bool bad = bad_u && bad_g[u];
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-                }
-
-
-            }
-        }
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row * (cols / group_size);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = srow + c / group_size;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zero_point ? zero_point[sidx] : zp_value;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::GROUP, true, ew::COLUMNS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
 
 // SKU: quantization/fake_quantize_backward/group/symmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
@@ -696,100 +768,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_grou
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread owns one column vector at a time and walks the rows, U rows per step (U x 16
-        // bytes in flight). What depends only on the column is computed once per column vector,
-        // not once per row; the launcher's grid is persistent, so each thread sees many rows.
-        // blockIdx.y picks the block's columns, so that a thread owns one column vector of a wide
-        // row rather than looping over several (each loop would end on a partial U-row step).
-        for (i64_t c = ((i64_t)blockIdx.y * TX + threadIdx.x) * VEC; c < cols; c += (i64_t)gridDim.y * TX * VEC) {
-            // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
-            const i64_t ngroups = cols / group_size, g = c / group_size;
-            for (i64_t r0 = row0; r0 < rows; r0 += row_step * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-                // the U rows' group scales are loaded with their data: one latency covers both
-                double s_u[U];
-                int zp_u[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    s_u[u] = scale_value;
-                    zp_u[u] = zp_value;
-                    if (row < rows) {
-                        dy_v[u] = load_vec<double, VEC>(dy + row * dy_rs + c);
-                        x_v[u] = load_vec<double, VEC>(x + row * x_rs + c);
-                        if (scale) s_u[u] = scale[row * ngroups + g];
-                    }
-                }
-                // the U group scales' checks, after the loads: one branch for the whole step
-                bool bad_g[U], bad_step = false;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    bad_g[u] = r0 + u * row_step < rows
-                        && param_bad<false>(status, s_u[u], zp_u[u], qmin, qmax, BAD_SCALE, BAD_ZP);
-                    bad_step = bad_step || bad_g[u];
-                }
-                const bool bad_u = bad_step;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t row = r0 + u * row_step;
-                    if (row >= rows) break;
-                    const double s_g = s_u[u], inv_g = recip(s_g);
-                    const int zp_g = zp_u[u];
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double s = s_g, inv = inv_g;
-                        const int zp = zp_g;
-                        const bool bad = bad_u && bad_g[u];
-                        (void)s; (void)inv; (void)zp; (void)bad;
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx + row * dx_rs + c, dx_o);
-                }
-
-
-            }
-        }
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row * (cols / group_size);
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = srow + c / group_size;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zp_value;  // symmetric: the implied zero point
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::GROUP, false, ew::COLUMNS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
 
 // SKU: quantization/fake_quantize_backward/tensor/asymmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
@@ -800,85 +781,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
-        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;
-            const double s = scale ? scale[srow] : scale_value;
-            const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            (void)s; (void)zp;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        x_v[u] = load_vec<double, VEC>(x_row + c);
-                    }
-                }
-                const double inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx_row + c, dx_o);
-                }
-            }
-        }
-
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = srow;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zero_point ? zero_point[sidx] : zp_value;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::TENSOR, true, ew::ROWS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
 
 // SKU: quantization/fake_quantize_backward/tensor/symmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
@@ -889,85 +794,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_tens
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
-        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;
-            const double s = scale ? scale[srow] : scale_value;
-            const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            (void)s; (void)zp;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        x_v[u] = load_vec<double, VEC>(x_row + c);
-                    }
-                }
-                const double inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx_row + c, dx_o);
-                }
-            }
-        }
-
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = 0;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = srow;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zp_value;  // symmetric: the implied zero point
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::TENSOR, false, ew::ROWS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
 
 // SKU: quantization/fake_quantize_backward/token/asymmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
@@ -978,85 +807,9 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
-        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;
-            const double s = scale ? scale[srow] : scale_value;
-            const int zp = zero_point ? zero_point[srow] : zp_value;
-            const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            (void)s; (void)zp;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        x_v[u] = load_vec<double, VEC>(x_row + c);
-                    }
-                }
-                const double inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx_row + c, dx_o);
-                }
-            }
-        }
-
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = srow;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zero_point ? zero_point[sidx] : zp_value;
-                const bool bad = param_bad<true>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::TOKEN, true, ew::ROWS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
 
 // SKU: quantization/fake_quantize_backward/token/symmetric/f64/f64/sm80/simt/f64.acc-f32.det.stable
@@ -1067,83 +820,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_backward_toke
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    // status: this device's status word (runtime/status.py), or null (no value checks)
-    constexpr u32_t BAD_SCALE = 81, BAD_ZP = 82;
-    constexpr int VEC = 2;
-    constexpr int U = 4;   // vectors in flight per thread
-    const int TX = blockDim.x, TY = blockDim.y;
-    const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
-    const double qlo = (double)qmin, qhi = (double)qmax;
-    (void)qlo; (void)qhi; (void)group_size; (void)chan_inner; (void)chan_count; (void)chan_last; (void)narrow_rows;
-    const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
-    if (vec_ok) {
-        // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-        // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes
-        // and stores them; the row's scale is loaded once, its reciprocal taken after the data
-        // loads are issued (so that one memory latency covers both: small shapes are latency-bound).
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;
-            const double s = scale ? scale[srow] : scale_value;
-            const int zp = zp_value;  // symmetric: the implied zero point
-            const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-            (void)bad;
-            (void)s; (void)zp;
-            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
-                Vec<double, VEC> dy_v[U];
-                Vec<double, VEC> x_v[U];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c < cols) {
-                        dy_v[u] = load_vec<double, VEC>(dy_row + c);
-                        x_v[u] = load_vec<double, VEC>(x_row + c);
-                    }
-                }
-                const double inv = recip(s);
-                (void)inv;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const i64_t c = c0 + (i64_t)u * TX * VEC;
-                    if (c >= cols) break;
-                    Vec<double, VEC> dx_o;
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) {
-                        const double dy_e = dy_v[u].v[i];
-                        const double x_e = x_v[u].v[i];
-                        double& dx_e = dx_o.v[i];
-                        const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                        dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                    }
-                    store_vec<double, VEC>(dx_row + c, dx_o);
-                }
-            }
-        }
-
-    } else {
-        // Scalar path: any cols, any alignment, any group size.
-        for (i64_t row = row0; row < rows; row += row_step) {
-            const double* dy_row = dy + row * dy_rs;
-            const double* x_row = x + row * x_rs;
-            double* dx_row = dx + row * dx_rs;
-            const i64_t srow = row;
-            for (i64_t c = threadIdx.x; c < cols; c += TX) {
-                const i64_t sidx = srow;
-                const double s = scale ? scale[sidx] : scale_value;
-                const double inv = recip(s);
-                const int zp = zp_value;  // symmetric: the implied zero point
-                const bool bad = param_bad<false>(status, s, zp, qmin, qmax, BAD_SCALE, BAD_ZP);
-                (void)bad;
-                (void)s; (void)inv; (void)zp;
-                const double dy_e = dy_row[c];
-                const double x_e = x_row[c];
-                double dx_e;
-                const double v = rne_bounded(to_f64(x_e) * inv) + (double)zp;   // only compared or clamped
-                dx_e = from_f64<double>(bad ? poison_nan<double>() : to_f64(dy_e) * ((v >= qlo && v <= qhi) ? (double)1 : (double)0));   // NaN: invalid scale element
-                dx_row[c] = dx_e;
-            }
-        }
-    }
+    ew::elementwise<ew::ClipBackward<double>, ew::TOKEN, false, ew::ROWS, 2, 4, 81, 82>(
+        ew::In<double>{dy, dy_rs}, ew::In<double>{x, x_rs}, ew::Out<double>{dx, dx_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }

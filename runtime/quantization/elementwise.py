@@ -1,5 +1,5 @@
 """The static elementwise launcher (launch kind ``elementwise``): rows x cols kernels of
-templates/quantization/_elementwise.cu.j2 (static s8 / u8 quantize and dequantize, the
+templates/quantization/elementwise.cuh (static s8 / u8 quantize and dequantize, the
 straight-through and fake-quantize passes), and the stream parameters the low-bit launcher shares."""
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def stream_params(plan, args: ElementwiseArgs) -> dict:
 
 
 class ElementwiseLauncher(Launcher):
-    """rows x cols kernels of templates/quantization/_elementwise.cu.j2."""
+    """rows x cols kernels of templates/quantization/elementwise.cuh."""
 
     one_launch = True
 
@@ -103,7 +103,7 @@ class ElementwiseLauncher(Launcher):
         sched = schedule(plan, args.rows * args.cols, props)
         threads = sched.get("threads", plan.launch["block_threads"])
         if vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last)):
-            # columns layout (templates/quantization/_elementwise.cu.j2): a grid of (row blocks, column
+            # columns layout (templates/quantization/elementwise.cuh): a grid of (row blocks, column
             # blocks); a thread owns one column vector and walks its rows U at a time. A persistent grid
             # holds at most the resident blocks (one run of steps, a single partial step at its end); a
             # full one has a block per step of work.

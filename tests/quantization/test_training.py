@@ -2,6 +2,7 @@
 cells, and every bad input's typed error before any launch."""
 import importlib.util
 import itertools
+import re
 
 import ml_dtypes
 import numpy as np
@@ -220,7 +221,9 @@ def test_every_training_cell_is_generated():
         assert entry.launch["finish"] == (s.scope in ("tensor", "channel"))
         assert s.precision.accumulator == s.precision.math and s.precision.deterministic
         src = reg.source(s)
-        assert "atomic" not in src
+        # no atomic operation (an atomic*() call or an inline atom. instruction); the header's
+        # comments may name atomics
+        assert re.search(r"\batomic\w*\s*\(|\batom\.", src) is None
         assert (s.symbol + "_finish(") in src or not entry.launch["finish"]
     fq = reg.lookup(reg.query(op="fake_quantize")[0])
     assert [o["kind"] for o in fq.launch["outs"]][1] == "u8" and fq.launch["nullable"] == ["mask"]
@@ -534,10 +537,15 @@ def test_lsq_sources_check_scale_and_zero_point():
         body = src[src.index(s.symbol + "("):]
         code_s = status.code("fake_quantize_learnable_backward", "scale")
         code_z = status.code("fake_quantize_learnable_backward", "zero_point")
-        assert f"BAD_SCALE = {code_s}, BAD_ZP = {code_z};" in body
         asym = "true" if s.mode == "asymmetric" else "false"
-        assert f"param_bad<{asym}>(status, s" in body
-        assert "poison_nan<" in body
+        # the entry point instantiates the element pass with its op's codes and passes the status word
+        call = re.search(rf"lsq::backward<lsq::{s.scope.upper()}, {asym}, \d+, (\d+), (\d+)>\((.*?)\);", body, re.S)
+        assert call and call.groups()[:2] == (str(code_s), str(code_z))
+        assert call.group(3).split(",")[-1].strip() == "status"
+        # the element pass (templates/quantization/lsq.cuh, in the unit's source) checks each scale
+        # element it loads against the status word and poisons what depends on an invalid one
+        head = src[:src.index(s.symbol + "(")]
+        assert "param_bad<ASYM>(status, s" in head and "poison_nan<" in head
 
 
 def test_lsq_parameters_end_with_the_status_pointer():

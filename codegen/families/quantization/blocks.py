@@ -25,6 +25,20 @@ INTS = kinds.INT8
 LOW_BIT = kinds.LOW_BIT          # docs/lowbit.md
 
 
+# The static elementwise kernels' device code (the skeleton ew::elementwise and the ops' bodies).
+ELEMENTWISE_HEADERS = ("quantization/elementwise.cuh",)
+
+
+def _layouts(cell, ctx) -> dict:
+    """``layouts``, {entry point: ew::Layout} of a static elementwise SKU: rows for tensor / token,
+    columns for group, both for channel (its symbol: channel on the last axis, columns; ``_rows``:
+    another axis, rows)."""
+    scope = cell.sku.scope
+    if scope == "channel":
+        return {"layouts": {"main": "COLUMNS", "rows": "ROWS"}}
+    return {"layouts": {"main": "ROWS" if scope in ("tensor", "token") else "COLUMNS"}}
+
+
 STATIC_QUANTIZE = Block(
     name="static-quantize",
     category="quantization",
@@ -36,6 +50,8 @@ STATIC_QUANTIZE = Block(
     modes=MODES,
     ins=(Stream("x", "element"),),
     outs=(Stream("q", "aux"),),
+    headers=ELEMENTWISE_HEADERS,
+    extra_context=_layouts,
 )
 
 STATIC_DEQUANTIZE = Block(
@@ -49,6 +65,8 @@ STATIC_DEQUANTIZE = Block(
     modes=MODES,
     ins=(Stream("q", "element"),),
     outs=(Stream("y", "aux"),),
+    headers=ELEMENTWISE_HEADERS,
+    extra_context=_layouts,
 )
 
 
@@ -178,6 +196,8 @@ TRAINING_STE = Block(
     modes=MODES,
     ins=(Stream("dy", "aux"), Stream("x", "element")),
     outs=(Stream("dx", "aux"),),
+    headers=ELEMENTWISE_HEADERS,
+    extra_context=_layouts,
 )
 
 TRAINING_DEQUANTIZE_BACKWARD = Block(
@@ -190,6 +210,8 @@ TRAINING_DEQUANTIZE_BACKWARD = Block(
     scopes=SCOPES,
     ins=(Stream("dy", "element"),),
     outs=(Stream("dq", "aux"),),
+    headers=ELEMENTWISE_HEADERS,
+    extra_context=_layouts,
 )
 
 def _eight_wide(ctx) -> dict:
@@ -212,7 +234,8 @@ TRAINING_FAKE_QUANTIZE = Block(
     modes=MODES,
     ins=(Stream("x", "element"),),
     outs=(Stream("y", "aux"), Stream("mask", "u8")),
-    extra_context=lambda cell, ctx: {"nullable": ("mask",), "bits": {"mask": "mask_bits"}, **_eight_wide(ctx),
+    headers=ELEMENTWISE_HEADERS,
+    extra_context=lambda cell, ctx: {"bits": {"mask": "mask_bits"}, **_eight_wide(ctx), **_layouts(cell, ctx),
                                      "launch": {"nullable": ["mask"], "bits": {"mask": "mask_bits"}}},
 )
 
@@ -227,6 +250,7 @@ TRAINING_MASK_BACKWARD = Block(
     pairs=TRAINING_PAIRS,
     ins=(Stream("dy", "element"), Stream("mask", "u8")),
     outs=(Stream("dx", "aux"),),
+    headers=("quantization/mask_backward.cuh",),
     extra_context=lambda cell, ctx: {**_eight_wide(ctx), "launch": {"bits": {"mask": None}}},
 )
 
@@ -243,6 +267,7 @@ TRAINING_LSQ = Block(
     outs=(Stream("dx", "aux"),),
     # sums accumulate in the math precision (float64 for f64 inputs)
     precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)),
+    headers=("quantization/lsq.cuh",),
     extra_context=lambda cell, ctx: {"launch": {"finish": cell.sku.scope in ("tensor", "channel")}},
 )
 

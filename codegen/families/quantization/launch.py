@@ -37,7 +37,7 @@ from ...spec import LaunchKind, schedule
 
 def _elementwise_abi(k) -> dict:
     """Static quantize / dequantize and the straight-through / fake-quant ops
-    (templates/quantization/_elementwise.cu.j2): both entry points (channel ``_rows``) share it.
+    (templates/quantization/elementwise.cuh): both entry points (channel ``_rows``) share it.
     ``<stream>_bits``: the int parameter of each output the kernel may write bit-packed (context
     ``bits``). An op without a scope (fake_quantize_backward_from_mask) takes no quantization
     parameters: its streams, the shape and ``vec_ok``."""
@@ -114,7 +114,7 @@ def _dynamic_reduce_abi(k) -> dict:
 
 
 def _lsq_abi(k) -> dict:
-    """fake_quantize_learnable_backward (fake_quantize_learnable_backward.cu.j2): the element pass
+    """fake_quantize_learnable_backward (templates/quantization/lsq.cuh): the element pass
     (``main``) and the per-scale-element finish pass ``<symbol>_finish`` (``finish``)."""
     M, T = k["M"], k["out_ctype"]
     return {
