@@ -161,6 +161,7 @@ DYNAMIC_QUANTIZE = Block(
     shares=_dynamic_shares,
     # the reductions (min/max) run in the math precision too
     precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)),
+    headers=("quantization/dynamic.cuh", "quantization/dynamic_int8.cuh"),
 )
 
 # -- training ops: straight-through backward, fake-quant, LSQ (docs/training.md) -----------------
@@ -257,11 +258,11 @@ LOWBIT_ARCHES = ("sm80", "sm89")   # sm80: software conversion; sm89: the cvt e4
 
 @dataclass(frozen=True)
 class LowBitBlock(Block):
-    """Low-bit cells: templates/common/lowbit.cuh in their units, and the sm89 (hardware conversion)
-    kernels in units of their own (``..._sm89.cu``, min_arch sm89), so that an sm_80 build never
-    meets an sm_89 instruction."""
+    """Low-bit cells: templates/common/lowbit.cuh and templates/quantization/lowbit_kernels.cuh in
+    their units, and the sm89 (hardware conversion) kernels in units of their own (``..._sm89.cu``,
+    min_arch sm89), so that an sm_80 build never meets an sm_89 instruction."""
 
-    headers: tuple = ("common/lowbit.cuh",)
+    headers: tuple = ("common/lowbit.cuh", "quantization/lowbit_kernels.cuh")
 
     def unit(self, sku: KernelSku) -> str:
         base = super().unit(sku)
@@ -345,6 +346,7 @@ def lowbit_blocks() -> tuple:
         launch=lambda sku: LOWBIT_DYNAMIC_FUSED if sku.scope in ("token", "group") else DYNAMIC_REDUCE,
         ins=(Stream("x", "element"),), outs=(Stream("q", "aux"),), exclusions=ex,
         extra_context=_lowbit_dynamic_context, shares=_dynamic_shares,
+        headers=LowBitBlock.headers + ("quantization/dynamic.cuh", "quantization/lowbit_dynamic.cuh"),
         precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)))
     return quantize, dequantize, dynamic
 
