@@ -676,6 +676,7 @@ __device__ __forceinline__ void dequantize(
 }
 
 }  // namespace lowbit
+// ---- end of low-bit kernels -----------------------------------------------------------------
 
 // SKU: quantization/dequantize/channel/symmetric/fp8_e4m3/f64/sm89/simt/f64.acc-f32.det.stable
 // q: rows x cols / 1 bytes (row stride q_rs bytes); y: rows x cols (row stride y_rs elements).

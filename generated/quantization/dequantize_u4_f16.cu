@@ -676,6 +676,7 @@ __device__ __forceinline__ void dequantize(
 }
 
 }  // namespace lowbit
+// ---- end of low-bit kernels -----------------------------------------------------------------
 
 // SKU: quantization/dequantize/channel/asymmetric/u4/f16/sm80/simt/f32.acc-f32.det.stable
 // q: rows x cols / 2 bytes (row stride q_rs bytes); y: rows x cols (row stride y_rs elements).

@@ -676,6 +676,7 @@ __device__ __forceinline__ void dequantize(
 }
 
 }  // namespace lowbit
+// ---- end of low-bit kernels -----------------------------------------------------------------
 
 // ---- skuforge dynamic quantization (templates/quantization/dynamic.cuh) ---------------------
 // What the s8/u8 and the low-bit dynamic_quantize kernels share (docs/dynamic.md): the element math
@@ -1176,6 +1177,7 @@ __device__ __forceinline__ void team(
 }
 
 }  // namespace dyn
+// ---- end of dynamic quantization helpers ----------------------------------------------------
 
 // ---- skuforge low-bit dynamic quantization (templates/quantization/lowbit_dynamic.cuh) -----
 // The fused per-token / per-group low-bit dynamic_quantize kernels (docs/lowbit.md), after
@@ -1369,6 +1371,7 @@ template <class C> struct TeamCodes {
 };
 
 }  // namespace lowbit
+// ---- end of low-bit dynamic quantization kernels --------------------------------------------
 
 // SKU: quantization/dynamic_quantize/channel/asymmetric/bf16/s4/sm80/simt/f32.acc-f32.det.stable
 // phase 0: x (rows x cols, row stride x_rs) -> partial; phase 1: partial -> scale, zero_point

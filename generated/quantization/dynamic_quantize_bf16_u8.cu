@@ -699,6 +699,7 @@ __device__ __forceinline__ void team(
 }
 
 }  // namespace dyn
+// ---- end of dynamic quantization helpers ----------------------------------------------------
 
 // ---- skuforge s8 / u8 dynamic quantization (templates/quantization/dynamic_int8.cuh) -------
 // The dynamic_quantize kernels with s8 / u8 codes (docs/dynamic.md), after
@@ -1155,6 +1156,7 @@ __device__ __forceinline__ void chan(
 }
 
 }  // namespace dyn
+// ---- end of s8 / u8 dynamic quantization kernels --------------------------------------------
 
 // SKU: quantization/dynamic_quantize/channel/asymmetric/bf16/u8/sm80/simt/f32.acc-f32.det.stable
 // phase 0: x (rows x cols, row stride x_rs) -> partial; phase 1: partial -> scale, zero_point

@@ -676,6 +676,7 @@ __device__ __forceinline__ void dequantize(
 }
 
 }  // namespace lowbit
+// ---- end of low-bit kernels -----------------------------------------------------------------
 
 // SKU: quantization/quantize/channel/symmetric/bf16/fp8_e4m3/sm80/simt/f32.acc-f32.det.stable
 // x: rows x cols (row stride x_rs elements); q: rows x cols / 1 bytes (row stride q_rs bytes).

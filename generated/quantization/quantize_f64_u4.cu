@@ -676,6 +676,7 @@ __device__ __forceinline__ void dequantize(
 }
 
 }  // namespace lowbit
+// ---- end of low-bit kernels -----------------------------------------------------------------
 
 // SKU: quantization/quantize/channel/asymmetric/f64/u4/sm80/simt/f64.acc-f32.det.stable
 // x: rows x cols (row stride x_rs elements); q: rows x cols / 2 bytes (row stride q_rs bytes).

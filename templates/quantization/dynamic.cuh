@@ -497,3 +497,4 @@ __device__ __forceinline__ void team(
 }
 
 }  // namespace dyn
+// ---- end of dynamic quantization helpers ----------------------------------------------------

@@ -453,3 +453,4 @@ __device__ __forceinline__ void chan(
 }
 
 }  // namespace dyn
+// ---- end of s8 / u8 dynamic quantization kernels --------------------------------------------

@@ -190,3 +190,4 @@ template <class C> struct TeamCodes {
 };
 
 }  // namespace lowbit
+// ---- end of low-bit dynamic quantization kernels --------------------------------------------

@@ -310,3 +310,4 @@ __device__ __forceinline__ void dequantize(
 }
 
 }  // namespace lowbit
+// ---- end of low-bit kernels -----------------------------------------------------------------
