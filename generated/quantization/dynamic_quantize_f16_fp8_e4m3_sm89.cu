@@ -1407,7 +1407,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 16>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 16>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
@@ -1417,7 +1418,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
@@ -1428,7 +1430,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8, 2, 4>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8, 2, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
@@ -1439,7 +1442,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8, 4, 4>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8, 4, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
@@ -1450,7 +1454,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8, 8, 4>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8, 8, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1460,7 +1465,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 4>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1470,7 +1476,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 2>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
@@ -1481,7 +1488,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 2, 8, 2>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 2, 8, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/symmetric/f16/fp8_e4m3/sm89/simt/f32.acc-f32.det.stable
@@ -1509,7 +1517,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 16>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 16>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
@@ -1519,7 +1528,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 8>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1529,7 +1539,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 4>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1539,7 +1550,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 2>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
@@ -1550,5 +1562,6 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 2, 256, 2>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E4M3, true>>, false, 8, 2, 256, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E4M3, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }

@@ -1407,7 +1407,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 16>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 16>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
@@ -1417,7 +1418,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 8>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 8>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1427,7 +1429,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 4>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1437,7 +1440,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 2>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/symmetric/f16/fp8_e5m2/sm80/simt/f32.acc-f32.det.stable
@@ -1465,7 +1469,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 16>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 16>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
@@ -1475,7 +1480,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 8>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 8>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1485,7 +1491,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 4>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1495,5 +1502,6 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 2>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, false>>, false, 8, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }

@@ -1420,7 +1420,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 16>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 16>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
@@ -1430,7 +1431,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 8>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 8>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1440,7 +1442,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 4>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1450,7 +1453,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 2>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/group/symmetric/f16/u4/sm80/simt/f32.acc-f32.det.stable
@@ -1474,7 +1478,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 16>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 16>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
@@ -1484,7 +1489,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 8>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 8>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1494,7 +1500,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 4>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1504,7 +1511,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 2>(x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/asymmetric/f16/u4/sm80/simt/f32.acc-f32.det.stable

@@ -1226,7 +1226,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, true, 4, 16>(x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, true, 4, 16>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
@@ -1236,7 +1237,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, true, 4, 8>(x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, true, 4, 8>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
@@ -1247,7 +1249,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, true, 4, 8, 2, 4>(x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, true, 4, 8, 2, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
@@ -1258,7 +1261,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, true, 4, 8, 4, 4>(x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, true, 4, 8, 4, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
@@ -1269,7 +1273,8 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, true, 4, 8, 8, 4>(x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, true, 4, 8, 8, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1279,7 +1284,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, true, 4, 4>(x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, true, 4, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1289,7 +1295,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, true, 4, 2>(x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, true, 4, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
@@ -1300,7 +1307,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, true, 4, 2, 8, 2>(x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, true, 4, 2, 8, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
@@ -1311,7 +1319,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, true, 4, 2, 256, 2>(x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, true, 4, 2, 256, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/group/symmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
@@ -1334,7 +1343,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, false, 4, 16>(x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, false, 4, 16>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
@@ -1344,7 +1354,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, false, 4, 8>(x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, false, 4, 8>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
@@ -1355,7 +1366,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, false, 4, 8, 2, 4>(x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, false, 4, 8, 2, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
@@ -1366,7 +1378,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, false, 4, 8, 4, 4>(x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, false, 4, 8, 4, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
@@ -1377,7 +1390,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, false, 4, 8, 8, 4>(x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, false, 4, 8, 8, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1387,7 +1401,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, false, 4, 4>(x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, false, 4, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1397,7 +1412,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, false, 4, 2>(x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, false, 4, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
@@ -1408,7 +1424,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, false, 4, 2, 8, 2>(x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, false, 4, 2, 8, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
@@ -1419,7 +1436,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    dyn::team<dyn::IntCodes, false, 4, 2, 256, 2>(x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+    dyn::team<dyn::IntCodes, false, 4, 2, 256, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/asymmetric/f32/u8/sm80/simt/f32.acc-f32.det.stable
