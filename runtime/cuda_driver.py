@@ -63,7 +63,7 @@ def raise_no_device(e: BaseException) -> None:
 
 
 # -- cooperative launches (every block resident: grid-wide barriers are safe) -----------------
-# Used by the one-launch per-tensor dynamic quantize (templates/quantization/dynamic_tensor.cu.j2).
+# Used by the one-launch per-tensor dynamic quantize (``dyn::coop``, templates/quantization/dynamic_int8.cuh).
 CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97

@@ -200,38 +200,55 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 }
 // ---- end of helpers ---------------------------------------------------------------------------
 
-// SKU: quantization/dynamic_quantize/channel/asymmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
-namespace sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt_impl {
-typedef f16_t T;   // input element
-typedef u8_t Q;   // output element
-typedef float M;   // math precision
-constexpr bool ASYM = true;
+// ---- skuforge dynamic quantization (templates/quantization/dynamic.cuh) ---------------------
+// What the s8/u8 and the low-bit dynamic_quantize kernels share (docs/dynamic.md): the element math
+// (NaN-ignoring min / max, the running reduction, the (scale, zero point) formulas of
+// docs/numerics.md), the deterministic two-phase per-tensor / per-channel reduction, the row
+// reduction of the fused block kernels and the fused team kernels. Everything is a template over
+// the SKU's types: T (x), Q (q), M (math precision), ASYM (asymmetric mode); a team kernel also
+// takes its codes C (how a chunk of x becomes q: templates/quantization/dynamic_int8.cuh,
+// lowbit_dynamic.cuh) and its Sink (where a row group's scale / zero point go).
+namespace dyn {
 
-__device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision.
-template <int V>
-__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    return up(b.v[i]);
+template <typename A, typename B> struct same_type { static constexpr bool value = false; };
+template <typename A> struct same_type<A, A> { static constexpr bool value = true; };
+
+// -- element math ----------------------------------------------------------------------------------
+template <typename M, typename T> __device__ __forceinline__ M up(T v) {
+    if constexpr (same_type<M, double>::value) return to_f64(v);
+    else return to_f32(v);
 }
-struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
-struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
+// Element i of a chunk in the math precision (a bf16 pair of an even-length chunk is one 32-bit
+// word: a shift or a mask; a one-element chunk is 2 bytes, read as such).
+template <typename M, typename T, int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    if constexpr (same_type<T, bf16_t>::value && V % 2 == 0) {
+        const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
+        return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    } else {
+        return up<M>(b.v[i]);
+    }
+}
+template <typename M> struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
+template <typename M> struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
-struct Acc { M lo, hi; };
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
-template <bool SEE_NAN = false>
-__device__ __forceinline__ void accumulate(Acc& a, M v) {
+template <typename M> struct Acc { M lo, hi; };
+template <bool SEE_NAN = false, typename M> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false, typename M> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool ASYM, bool SEE_NAN = false, typename M>
+__device__ __forceinline__ void accumulate(Acc<M>& a, M v) {
     if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
-__device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
+template <bool ASYM, typename M>
+__device__ __forceinline__ void finish(const Acc<M>& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
         const M z = (M)qmin - rne(a.lo / s);
@@ -242,23 +259,19 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CHECKED>
-__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
-}
+// -- per-tensor / per-channel: the deterministic two-phase reduction -----------------------------
+// phase 0: every block reduces work items (a slice part) to partial[] (no atomics);
+// phase 1: one warp per scale element combines its parts in a fixed order and writes the
+//          scale (and zero point).
+// The runtime then runs the static quantize kernel with these scales (same bits by
+// construction). Blocks are 1-D (256 threads) seen as TX x TY with TX = tx_width.
+// partial layout (n = slots * parts; asymmetric keeps lo at partial[n + i]):
+//   slices (tensor: one slice; channel on a leading axis): partial[slot * parts + part]
+//   columns (channel on the last axis):                    partial[part * cols + col]
 
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
-}
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
 // (tensor: count = inner = 1). A part is a block of sub-rows x a chunk of columns.
-template <int V>
+template <bool ASYM, int V, typename T, typename M>
 __device__ __forceinline__ void reduce_slices(
     const T* __restrict__ x, i64_t x_rs, M* __restrict__ partial, i64_t rows, i64_t cols,
     i64_t inner, i64_t count, i64_t row_parts, i64_t col_chunk, int TX, M* smem)
@@ -275,7 +288,7 @@ __device__ __forceinline__ void reduce_slices(
         const i64_t rp = part / col_parts, cp = part - rp * col_parts;
         const i64_t r0 = sub * rp / row_parts, r1 = sub * (rp + 1) / row_parts;
         const i64_t c0 = cp * col_chunk, c1 = c0 + col_chunk < cols ? c0 + col_chunk : cols;
-        Acc a = {(M)0, (M)0};
+        Acc<M> a = {(M)0, (M)0};
         for (i64_t s = r0 + ty; s < r1; s += TY) {
             const i64_t row = (s / inner) * count * inner + c * inner + s % inner;
             const T* xr = x + row * x_rs;
@@ -283,11 +296,11 @@ __device__ __forceinline__ void reduce_slices(
             for (i64_t col = c0 + (i64_t)tx * V; col < c1; col += (i64_t)TX * V) {
                 const Vec<T, V> v = load_vec<T, V>(xr + col);
 #pragma unroll
-                for (int i = 0; i < V; ++i) accumulate(a, up(v.v[i]));
+                for (int i = 0; i < V; ++i) accumulate<ASYM>(a, up<M>(v.v[i]));
             }
         }
-        if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, smem);
-        a.hi = block_reduce(a.hi, MaxOp(), (M)0, smem);
+        if (ASYM) a.lo = block_reduce(a.lo, MinOp<M>(), (M)0, smem);
+        a.hi = block_reduce(a.hi, MaxOp<M>(), (M)0, smem);
         if (threadIdx.x == 0) {
             partial[w] = a.hi;
             if (ASYM) partial[items + w] = a.lo;
@@ -297,19 +310,19 @@ __device__ __forceinline__ void reduce_slices(
 
 // Flat (tensor scope, contiguous x, vector path): block b reduces the vectors b * 256 + t +
 // k * gridDim.x * 256 of the whole tensor, walking backwards, into partial[b]: a plain stream.
-template <int V>
+template <bool ASYM, int V, typename T, typename M>
 __device__ __forceinline__ void reduce_flat(const T* __restrict__ x, M* __restrict__ partial, i64_t n, M* smem)
 {
     const i64_t nvec = n / V, step = (i64_t)gridDim.x * blockDim.x;
-    Acc a = {(M)0, (M)0};
+    Acc<M> a = {(M)0, (M)0};
 #pragma unroll 4
     for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
         const Vec<T, V> v = load_vec<T, V>(x + (nvec - 1 - i) * V);
 #pragma unroll
-        for (int e = 0; e < V; ++e) accumulate(a, up(v.v[e]));
+        for (int e = 0; e < V; ++e) accumulate<ASYM>(a, up<M>(v.v[e]));
     }
-    if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, smem);
-    a.hi = block_reduce(a.hi, MaxOp(), (M)0, smem);
+    if (ASYM) a.lo = block_reduce(a.lo, MinOp<M>(), (M)0, smem);
+    a.hi = block_reduce(a.hi, MaxOp<M>(), (M)0, smem);
     if (threadIdx.x == 0) {
         partial[blockIdx.x] = a.hi;
         if (ASYM) partial[gridDim.x + blockIdx.x] = a.lo;
@@ -318,7 +331,7 @@ __device__ __forceinline__ void reduce_flat(const T* __restrict__ x, M* __restri
 
 // Columns (channel on the last axis): a thread owns V adjacent columns of a tile of TX * V and
 // walks the part's rows with stride TY; the TY partial results are combined in a fixed order.
-template <int V>
+template <bool ASYM, int V, typename T, typename M>
 __device__ __forceinline__ void reduce_columns(
     const T* __restrict__ x, i64_t x_rs, M* __restrict__ partial, i64_t rows, i64_t cols,
     i64_t row_parts, int TX, M (*red)[256])
@@ -331,15 +344,15 @@ __device__ __forceinline__ void reduce_columns(
         const i64_t rp = w / tiles, tile = w - rp * tiles;
         const i64_t r0 = rows * rp / row_parts, r1 = rows * (rp + 1) / row_parts;
         const i64_t col0 = (tile * TX + tx) * V;
-        Acc a[V];
+        Acc<M> a[V];
 #pragma unroll
-        for (int i = 0; i < V; ++i) a[i] = Acc{(M)0, (M)0};
+        for (int i = 0; i < V; ++i) a[i] = Acc<M>{(M)0, (M)0};
         if (col0 < cols) {
 #pragma unroll 4
             for (i64_t r = r0 + ty; r < r1; r += TY) {
                 const Vec<T, V> v = load_vec<T, V>(x + r * x_rs + col0);
 #pragma unroll
-                for (int i = 0; i < V; ++i) accumulate(a[i], up(v.v[i]));
+                for (int i = 0; i < V; ++i) accumulate<ASYM>(a[i], up<M>(v.v[i]));
             }
         }
 #pragma unroll
@@ -349,7 +362,7 @@ __device__ __forceinline__ void reduce_columns(
             red[1][threadIdx.x] = a[i].lo;
             __syncthreads();
             if (ty == 0 && col0 + i < cols) {
-                Acc r = a[i];
+                Acc<M> r = a[i];
                 for (int j = 1; j < TY; ++j) {     // fixed order over the TY row strands
                     r.hi = vmax(r.hi, red[0][j * TX + tx]);
                     if (ASYM) r.lo = vmin(r.lo, red[1][j * TX + tx]);
@@ -360,29 +373,27 @@ __device__ __forceinline__ void reduce_columns(
         }
     }
 }
-}  // namespace sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt_impl
 
+// The two-phase kernel (the entry point's parameters; RVEC: elements of a 16-byte access of x).
 // phase 0: x (rows x cols, row stride x_rs) -> partial; phase 1: partial -> scale, zero_point.
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
-// Launch with 1-D blocks of 256.
-extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
-    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
-    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
-    int zp_value, int vec_ok, int flat, int phase)
+// Launched with 1-D blocks of 256.
+template <bool ASYM, int RVEC, typename T, typename M>
+__device__ __forceinline__ void reduce(
+    const T* __restrict__ x, i64_t x_rs, M* __restrict__ partial, M* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, M eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
-    using namespace sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt_impl;
-    constexpr int RVEC = 8;         // 16 bytes of x per access
     __shared__ M red[2][256];
     if (phase == 0) {
         if (flat) {                            // launched with gridDim.x == row_parts, col_chunk == cols
-            reduce_flat<RVEC>(x, partial, rows * cols, red[0]);
+            reduce_flat<ASYM, RVEC>(x, partial, rows * cols, red[0]);
         } else if (chan_last) {
-            if (vec_ok) reduce_columns<RVEC>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
-            else        reduce_columns<1>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
+            if (vec_ok) reduce_columns<ASYM, RVEC>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
+            else        reduce_columns<ASYM, 1>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
         } else {
-            if (vec_ok) reduce_slices<RVEC>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
-            else        reduce_slices<1>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
+            if (vec_ok) reduce_slices<ASYM, RVEC>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
+            else        reduce_slices<ASYM, 1>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
         }
         return;
     }
@@ -393,637 +404,34 @@ extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_as
     const int lane = threadIdx.x & 31;
     const i64_t warps = (i64_t)gridDim.x * (blockDim.x >> 5);
     for (i64_t slot = ((i64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; slot < slots; slot += warps) {
-        Acc a = {(M)0, (M)0};
+        Acc<M> a = {(M)0, (M)0};
         for (i64_t p = lane; p < parts; p += 32) {
             const i64_t i = chan_last ? p * slots + slot : slot * parts + p;
             a.hi = vmax(a.hi, partial[i]);
             if (ASYM) a.lo = vmin(a.lo, partial[n + i]);
         }
-        a.hi = warp_reduce(a.hi, MaxOp());
-        if (ASYM) a.lo = warp_reduce(a.lo, MinOp());
+        a.hi = warp_reduce(a.hi, MaxOp<M>());
+        if (ASYM) a.lo = warp_reduce(a.lo, MinOp<M>());
         M s;
         int zp;
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
+        finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
         if (lane == 0) {
             scale[slot] = s;
             if (ASYM) zero_point[slot] = zp;
         }
     }
 }
-namespace sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt_impl {
-// 16 bytes global -> shared without registers (sm_80+), L2 only (.cg: x is not read again by this SM).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const u32_t s = (u32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Every block of a cooperative launch waits here until all have arrived; `count` is 0 at launch
-// (the launcher clears it) and each block adds 1 once.
-__device__ __forceinline__ void grid_barrier(u32_t* count) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();                       // this block's partial result is visible first
-        atomicAdd(count, 1u);
-        while (*reinterpret_cast<volatile u32_t*>(count) < gridDim.x) asm volatile("nanosleep.u32 100;");
-        __threadfence();
-    }
-    __syncthreads();
-}
+// -- per-token / per-group: the fused block kernels ----------------------------------------------
+// A "row group" is one scale element: a row (token) or one group of a row (group; token is the
+// case group_size == cols). Block = (TX, TY): TX threads share a row group, TY row groups per block;
+// the grid strides over row groups (no grid limit, 64-bit indices). Each thread loads its CH chunks
+// of V elements into registers, the row group is reduced (shuffles, then shared memory across
+// warps), and the same registers are quantized and stored. Row groups longer than TX * V * CH_max
+// take the CH == 0 path: a second read that is served from L2 for rows that fit there.
 
-typedef u32_t B;
-__device__ __forceinline__ B bits(float v) { return __float_as_uint(v); }
-__device__ __forceinline__ float from_bits(B b) { return __uint_as_float(b); }
-constexpr int MAX_TX = 128;                    // column vectors of a tile, at most (the launcher's limit)
-
-template <int V>
-__device__ __forceinline__ void accumulate_vec(Acc (&a)[V], const Vec<T, V>& v) {
-#pragma unroll
-    for (int e = 0; e < V; ++e) accumulate(a[e], elem(v, e));
-}
-
-// Folds the ranges of the lanes that share a column vector (lanes tx, tx + TX, ... of a warp, for
-// TX < 32), so that one lane per column vector folds into shared memory.
-__device__ __forceinline__ M warp_fold(M v, int tx_width) {
-    for (int o = tx_width; o < 32; o <<= 1) v = vmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// One vector of V columns quantized, each with its own reciprocal and zero point, and stored.
-template <int V, int NZ>
-__device__ __forceinline__ void quant_store_cols(Q* p, const Vec<T, V>& b, const M (&inv)[V], const int (&zp)[NZ],
-                                                 int qmin, int qmax) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<true>(elem(b, i), inv[i], quant_bounds<M>(zp[NZ == 1 ? 0 : i], qmin, qmax));
-    store_vec<Q, V>(p, o);
-}
-}  // namespace sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt_impl
-
-// x, q: rows x cols contiguous (x 16-byte aligned, cols a multiple of V, q aligned to V codes);
-// colmax: cols words (then cols more in asymmetric mode), zeroed, and count, a zeroed counter,
-// where row_parts > 1 (then launched cooperatively: col_tiles * row_parts blocks, all resident);
-// a thread's rows are first + k * step (step = row_parts x TY rows);
-// kept: keep_tiles x blockDim.x 16-byte vectors of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt_chan(
-    const f16_t* __restrict__ x, u8_t* __restrict__ q, u32_t* __restrict__ colmax,
-    u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, int tx_width, int col_tiles, int row_parts, int keep_tiles, float eps,
-    int qmin, int qmax, int zp_value)
-{
-    using namespace sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt_impl;
-    constexpr int V = 8;            // elements of a 16-byte vector
-    constexpr int U = 2;                       // streamed vectors in flight per thread
-    constexpr int NZ = ASYM ? V : 1;           // zero points: one per column, or the implied one
-    extern __shared__ uint4 kept[];
-    __shared__ B fold_hi[V * MAX_TX];          // the block's range, element e of column vector t at e * MAX_TX + t
-    __shared__ B fold_lo[ASYM ? V * MAX_TX : 1];
-    const int NT = blockDim.x, TY = NT / tx_width, tx = threadIdx.x % tx_width, ty = threadIdx.x / tx_width;
-    const i64_t ct = blockIdx.x % col_tiles, rp = blockIdx.x / col_tiles;
-    const i64_t cv = ct * tx_width + tx;       // this thread's column vector
-    const bool on = cv < cols / V;
-    // this thread's rows: first + k * step < rows; the first keep_tiles of them stay in shared memory
-    const i64_t step = (i64_t)row_parts * TY, first = rp * TY + ty, streamed = first + (i64_t)keep_tiles * step;
-    const T* __restrict__ xc = x + cv * V;
-    Q* __restrict__ qc = q + cv * V;
-    for (int i = threadIdx.x; i < V * MAX_TX; i += NT) {
-        fold_hi[i] = 0;
-        if (ASYM) fold_lo[i] = 0;
-    }
-    // 1. reduce: the kept rows in flight to shared memory, the others streamed, then the kept ones
-    if (on) {
-        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
-            cp_async16(&kept[t * NT + threadIdx.x], xc + (first + (i64_t)t * step) * cols);
-    }
-    Acc a[V];
-#pragma unroll
-    for (int e = 0; e < V; ++e) a[e] = Acc{(M)0, (M)0};
-    if (on) {
-        i64_t r = streamed;
-        for (; r + (U - 1) * step < rows; r += U * step) {
-            Vec<T, V> v[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r + u * step) * cols);
-#pragma unroll
-            for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
-        }
-        for (; r < rows; r += step) accumulate_vec<V>(a, load_vec<T, V>(xc + r * cols));
-    }
-    cp_async_wait_all();                       // a thread reads back only the vectors it copied
-    if (on) {
-        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
-            accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]));
-    }
-#pragma unroll
-    for (int e = 0; e < V; ++e) {              // (every lane: the shuffles take the whole warp)
-        a[e].hi = warp_fold(a[e].hi, tx_width);
-        if (ASYM) a[e].lo = (M)0 - warp_fold((M)0 - a[e].lo, tx_width);
-    }
-    __syncthreads();                           // the fold words are zero
-    if (on && (threadIdx.x & 31) < tx_width) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) {          // (+ 0 and 0 - turn a -0 into +0: its bits would be the largest)
-            atomicMax(&fold_hi[e * MAX_TX + tx], bits(a[e].hi + (M)0));
-            if (ASYM) atomicMax(&fold_lo[e * MAX_TX + tx], bits((M)0 - a[e].lo));
-        }
-    }
-    __syncthreads();
-    // 2. the columns' range over every row part
-    if (row_parts > 1) {
-        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
-            const int e = i / tx_width, t = i % tx_width;
-            const i64_t col = (ct * tx_width + t) * V + e;
-            if (col < cols) {
-                atomicMax(&colmax[col], fold_hi[e * MAX_TX + t]);
-                if (ASYM) atomicMax(&colmax[cols + col], fold_lo[e * MAX_TX + t]);
-            }
-        }
-        grid_barrier(count);
-        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
-            const int e = i / tx_width, t = i % tx_width;
-            const i64_t col = (ct * tx_width + t) * V + e;
-            if (col < cols) {
-                fold_hi[e * MAX_TX + t] = __ldcg(&colmax[col]);
-                if (ASYM) fold_lo[e * MAX_TX + t] = __ldcg(&colmax[cols + col]);
-            }
-        }
-        __syncthreads();
-    }
-    // 3. scale and zero point of this thread's V columns
-    M inv[V];
-    int zp[NZ];
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-        const Acc c = {ASYM ? (M)0 - from_bits(fold_lo[e * MAX_TX + tx]) : (M)0, from_bits(fold_hi[e * MAX_TX + tx])};
-        M s;
-        int z;
-        finish(c, eps, qmin, qmax, zp_value, s, z);
-        inv[e] = (M)1 / s;                     // as the static quantize kernel does
-        zp[ASYM ? e : 0] = z;
-        if (on && rp == 0 && ty == 0) {
-            scale[cv * V + e] = s;
-            if (ASYM) zero_point[cv * V + e] = z;
-        }
-    }
-    if (!on) return;
-    // 4. quantize: the streamed rows from the last one back, then the kept rows
-    if (streamed < rows) {
-        i64_t r = streamed + (rows - 1 - streamed) / step * step;
-        for (; r - (U - 1) * step >= streamed; r -= U * step) {
-            Vec<T, V> v[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r - u * step) * cols);
-#pragma unroll
-            for (int u = 0; u < U; ++u) quant_store_cols<V, NZ>(qc + (r - u * step) * cols, v[u], inv, zp, qmin, qmax);
-        }
-        for (; r >= streamed; r -= step) quant_store_cols<V, NZ>(qc + r * cols, load_vec<T, V>(xc + r * cols), inv, zp, qmin, qmax);
-    }
-    for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
-        quant_store_cols<V, NZ>(qc + (first + (i64_t)t * step) * cols,
-                                *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]), inv, zp, qmin, qmax);
-}
-
-// SKU: quantization/dynamic_quantize/channel/symmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
-namespace sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt_impl {
-typedef f16_t T;   // input element
-typedef u8_t Q;   // output element
-typedef float M;   // math precision
-constexpr bool ASYM = false;
-
-__device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision.
-template <int V>
-__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    return up(b.v[i]);
-}
-struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
-struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
-
-// Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
-// exact, so any combination order gives the same bits.
-// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
-// shows in the result, and only then is the slice reduced again ignoring NaN).
-struct Acc { M lo, hi; };
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
-template <bool SEE_NAN = false>
-__device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
-    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
-}
-
-// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
-__device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
-    if (ASYM) {
-        s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
-        const M z = (M)qmin - rne(a.lo / s);
-        zp = (int)vmax(vmin(z, (M)qmax), (M)qmin);   // NaN (only from min x = -inf) -> qmax
-    } else {
-        s = vmax(a.hi, eps) / (M)(qmax - zp_value);
-        zp = zp_value;
-    }
-}
-
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CHECKED>
-__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
-}
-
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
-}
-// Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
-// (tensor: count = inner = 1). A part is a block of sub-rows x a chunk of columns.
-template <int V>
-__device__ __forceinline__ void reduce_slices(
-    const T* __restrict__ x, i64_t x_rs, M* __restrict__ partial, i64_t rows, i64_t cols,
-    i64_t inner, i64_t count, i64_t row_parts, i64_t col_chunk, int TX, M* smem)
-{
-    const int TY = blockDim.x / TX, tx = threadIdx.x % TX, ty = threadIdx.x / TX;
-    const i64_t sub = rows / count;
-    const i64_t col_parts = (cols + col_chunk - 1) / col_chunk;
-    const i64_t parts = row_parts * col_parts, items = count * parts;
-    for (i64_t it = blockIdx.x; it < items; it += gridDim.x) {
-        // Walk the items backwards: the quantize pass that follows starts at row 0, which this
-        // pass read last and is still in L2.
-        const i64_t w = items - 1 - it;
-        const i64_t c = w / parts, part = w - c * parts;
-        const i64_t rp = part / col_parts, cp = part - rp * col_parts;
-        const i64_t r0 = sub * rp / row_parts, r1 = sub * (rp + 1) / row_parts;
-        const i64_t c0 = cp * col_chunk, c1 = c0 + col_chunk < cols ? c0 + col_chunk : cols;
-        Acc a = {(M)0, (M)0};
-        for (i64_t s = r0 + ty; s < r1; s += TY) {
-            const i64_t row = (s / inner) * count * inner + c * inner + s % inner;
-            const T* xr = x + row * x_rs;
-#pragma unroll 4
-            for (i64_t col = c0 + (i64_t)tx * V; col < c1; col += (i64_t)TX * V) {
-                const Vec<T, V> v = load_vec<T, V>(xr + col);
-#pragma unroll
-                for (int i = 0; i < V; ++i) accumulate(a, up(v.v[i]));
-            }
-        }
-        if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, smem);
-        a.hi = block_reduce(a.hi, MaxOp(), (M)0, smem);
-        if (threadIdx.x == 0) {
-            partial[w] = a.hi;
-            if (ASYM) partial[items + w] = a.lo;
-        }
-    }
-}
-
-// Flat (tensor scope, contiguous x, vector path): block b reduces the vectors b * 256 + t +
-// k * gridDim.x * 256 of the whole tensor, walking backwards, into partial[b]: a plain stream.
-template <int V>
-__device__ __forceinline__ void reduce_flat(const T* __restrict__ x, M* __restrict__ partial, i64_t n, M* smem)
-{
-    const i64_t nvec = n / V, step = (i64_t)gridDim.x * blockDim.x;
-    Acc a = {(M)0, (M)0};
-#pragma unroll 4
-    for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
-        const Vec<T, V> v = load_vec<T, V>(x + (nvec - 1 - i) * V);
-#pragma unroll
-        for (int e = 0; e < V; ++e) accumulate(a, up(v.v[e]));
-    }
-    if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, smem);
-    a.hi = block_reduce(a.hi, MaxOp(), (M)0, smem);
-    if (threadIdx.x == 0) {
-        partial[blockIdx.x] = a.hi;
-        if (ASYM) partial[gridDim.x + blockIdx.x] = a.lo;
-    }
-}
-
-// Columns (channel on the last axis): a thread owns V adjacent columns of a tile of TX * V and
-// walks the part's rows with stride TY; the TY partial results are combined in a fixed order.
-template <int V>
-__device__ __forceinline__ void reduce_columns(
-    const T* __restrict__ x, i64_t x_rs, M* __restrict__ partial, i64_t rows, i64_t cols,
-    i64_t row_parts, int TX, M (*red)[256])
-{
-    const int TY = blockDim.x / TX, tx = threadIdx.x % TX, ty = threadIdx.x / TX;
-    const i64_t tiles = (cols + (i64_t)TX * V - 1) / ((i64_t)TX * V);
-    const i64_t items = row_parts * tiles, n = row_parts * cols;
-    for (i64_t it = blockIdx.x; it < items; it += gridDim.x) {
-        const i64_t w = items - 1 - it;        // backwards, as in reduce_slices
-        const i64_t rp = w / tiles, tile = w - rp * tiles;
-        const i64_t r0 = rows * rp / row_parts, r1 = rows * (rp + 1) / row_parts;
-        const i64_t col0 = (tile * TX + tx) * V;
-        Acc a[V];
-#pragma unroll
-        for (int i = 0; i < V; ++i) a[i] = Acc{(M)0, (M)0};
-        if (col0 < cols) {
-#pragma unroll 4
-            for (i64_t r = r0 + ty; r < r1; r += TY) {
-                const Vec<T, V> v = load_vec<T, V>(x + r * x_rs + col0);
-#pragma unroll
-                for (int i = 0; i < V; ++i) accumulate(a[i], up(v.v[i]));
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-            __syncthreads();
-            red[0][threadIdx.x] = a[i].hi;
-            red[1][threadIdx.x] = a[i].lo;
-            __syncthreads();
-            if (ty == 0 && col0 + i < cols) {
-                Acc r = a[i];
-                for (int j = 1; j < TY; ++j) {     // fixed order over the TY row strands
-                    r.hi = vmax(r.hi, red[0][j * TX + tx]);
-                    if (ASYM) r.lo = vmin(r.lo, red[1][j * TX + tx]);
-                }
-                partial[rp * cols + col0 + i] = r.hi;
-                if (ASYM) partial[n + rp * cols + col0 + i] = r.lo;
-            }
-        }
-    }
-}
-}  // namespace sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt_impl
-
-// phase 0: x (rows x cols, row stride x_rs) -> partial; phase 1: partial -> scale, zero_point.
-// Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
-// Launch with 1-D blocks of 256.
-extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt(
-    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
-    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
-    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
-    int zp_value, int vec_ok, int flat, int phase)
-{
-    using namespace sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt_impl;
-    constexpr int RVEC = 8;         // 16 bytes of x per access
-    __shared__ M red[2][256];
-    if (phase == 0) {
-        if (flat) {                            // launched with gridDim.x == row_parts, col_chunk == cols
-            reduce_flat<RVEC>(x, partial, rows * cols, red[0]);
-        } else if (chan_last) {
-            if (vec_ok) reduce_columns<RVEC>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
-            else        reduce_columns<1>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
-        } else {
-            if (vec_ok) reduce_slices<RVEC>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
-            else        reduce_slices<1>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
-        }
-        return;
-    }
-    // phase 1: one warp per scale element; its lanes stride over the parts, then a fixed tree.
-    const i64_t slots = chan_last ? cols : chan_count;
-    const i64_t parts = chan_last ? row_parts : row_parts * ((cols + col_chunk - 1) / col_chunk);
-    const i64_t n = slots * parts;
-    const int lane = threadIdx.x & 31;
-    const i64_t warps = (i64_t)gridDim.x * (blockDim.x >> 5);
-    for (i64_t slot = ((i64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; slot < slots; slot += warps) {
-        Acc a = {(M)0, (M)0};
-        for (i64_t p = lane; p < parts; p += 32) {
-            const i64_t i = chan_last ? p * slots + slot : slot * parts + p;
-            a.hi = vmax(a.hi, partial[i]);
-            if (ASYM) a.lo = vmin(a.lo, partial[n + i]);
-        }
-        a.hi = warp_reduce(a.hi, MaxOp());
-        if (ASYM) a.lo = warp_reduce(a.lo, MinOp());
-        M s;
-        int zp;
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
-        if (lane == 0) {
-            scale[slot] = s;
-            if (ASYM) zero_point[slot] = zp;
-        }
-    }
-}
-namespace sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt_impl {
-// 16 bytes global -> shared without registers (sm_80+), L2 only (.cg: x is not read again by this SM).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const u32_t s = (u32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// Every block of a cooperative launch waits here until all have arrived; `count` is 0 at launch
-// (the launcher clears it) and each block adds 1 once.
-__device__ __forceinline__ void grid_barrier(u32_t* count) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();                       // this block's partial result is visible first
-        atomicAdd(count, 1u);
-        while (*reinterpret_cast<volatile u32_t*>(count) < gridDim.x) asm volatile("nanosleep.u32 100;");
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-typedef u32_t B;
-__device__ __forceinline__ B bits(float v) { return __float_as_uint(v); }
-__device__ __forceinline__ float from_bits(B b) { return __uint_as_float(b); }
-constexpr int MAX_TX = 128;                    // column vectors of a tile, at most (the launcher's limit)
-
-template <int V>
-__device__ __forceinline__ void accumulate_vec(Acc (&a)[V], const Vec<T, V>& v) {
-#pragma unroll
-    for (int e = 0; e < V; ++e) accumulate(a[e], elem(v, e));
-}
-
-// Folds the ranges of the lanes that share a column vector (lanes tx, tx + TX, ... of a warp, for
-// TX < 32), so that one lane per column vector folds into shared memory.
-__device__ __forceinline__ M warp_fold(M v, int tx_width) {
-    for (int o = tx_width; o < 32; o <<= 1) v = vmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// One vector of V columns quantized, each with its own reciprocal and zero point, and stored.
-template <int V, int NZ>
-__device__ __forceinline__ void quant_store_cols(Q* p, const Vec<T, V>& b, const M (&inv)[V], const int (&zp)[NZ],
-                                                 int qmin, int qmax) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<true>(elem(b, i), inv[i], quant_bounds<M>(zp[NZ == 1 ? 0 : i], qmin, qmax));
-    store_vec<Q, V>(p, o);
-}
-}  // namespace sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt_impl
-
-// x, q: rows x cols contiguous (x 16-byte aligned, cols a multiple of V, q aligned to V codes);
-// colmax: cols words (then cols more in asymmetric mode), zeroed, and count, a zeroed counter,
-// where row_parts > 1 (then launched cooperatively: col_tiles * row_parts blocks, all resident);
-// a thread's rows are first + k * step (step = row_parts x TY rows);
-// kept: keep_tiles x blockDim.x 16-byte vectors of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt_chan(
-    const f16_t* __restrict__ x, u8_t* __restrict__ q, u32_t* __restrict__ colmax,
-    u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, int tx_width, int col_tiles, int row_parts, int keep_tiles, float eps,
-    int qmin, int qmax, int zp_value)
-{
-    using namespace sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt_impl;
-    constexpr int V = 8;            // elements of a 16-byte vector
-    constexpr int U = 4;                       // streamed vectors in flight per thread
-    constexpr int NZ = ASYM ? V : 1;           // zero points: one per column, or the implied one
-    extern __shared__ uint4 kept[];
-    __shared__ B fold_hi[V * MAX_TX];          // the block's range, element e of column vector t at e * MAX_TX + t
-    __shared__ B fold_lo[ASYM ? V * MAX_TX : 1];
-    const int NT = blockDim.x, TY = NT / tx_width, tx = threadIdx.x % tx_width, ty = threadIdx.x / tx_width;
-    const i64_t ct = blockIdx.x % col_tiles, rp = blockIdx.x / col_tiles;
-    const i64_t cv = ct * tx_width + tx;       // this thread's column vector
-    const bool on = cv < cols / V;
-    // this thread's rows: first + k * step < rows; the first keep_tiles of them stay in shared memory
-    const i64_t step = (i64_t)row_parts * TY, first = rp * TY + ty, streamed = first + (i64_t)keep_tiles * step;
-    const T* __restrict__ xc = x + cv * V;
-    Q* __restrict__ qc = q + cv * V;
-    for (int i = threadIdx.x; i < V * MAX_TX; i += NT) {
-        fold_hi[i] = 0;
-        if (ASYM) fold_lo[i] = 0;
-    }
-    // 1. reduce: the kept rows in flight to shared memory, the others streamed, then the kept ones
-    if (on) {
-        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
-            cp_async16(&kept[t * NT + threadIdx.x], xc + (first + (i64_t)t * step) * cols);
-    }
-    Acc a[V];
-#pragma unroll
-    for (int e = 0; e < V; ++e) a[e] = Acc{(M)0, (M)0};
-    if (on) {
-        i64_t r = streamed;
-        for (; r + (U - 1) * step < rows; r += U * step) {
-            Vec<T, V> v[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r + u * step) * cols);
-#pragma unroll
-            for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
-        }
-        for (; r < rows; r += step) accumulate_vec<V>(a, load_vec<T, V>(xc + r * cols));
-    }
-    cp_async_wait_all();                       // a thread reads back only the vectors it copied
-    if (on) {
-        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
-            accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]));
-    }
-#pragma unroll
-    for (int e = 0; e < V; ++e) {              // (every lane: the shuffles take the whole warp)
-        a[e].hi = warp_fold(a[e].hi, tx_width);
-        if (ASYM) a[e].lo = (M)0 - warp_fold((M)0 - a[e].lo, tx_width);
-    }
-    __syncthreads();                           // the fold words are zero
-    if (on && (threadIdx.x & 31) < tx_width) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) {          // (+ 0 and 0 - turn a -0 into +0: its bits would be the largest)
-            atomicMax(&fold_hi[e * MAX_TX + tx], bits(a[e].hi + (M)0));
-            if (ASYM) atomicMax(&fold_lo[e * MAX_TX + tx], bits((M)0 - a[e].lo));
-        }
-    }
-    __syncthreads();
-    // 2. the columns' range over every row part
-    if (row_parts > 1) {
-        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
-            const int e = i / tx_width, t = i % tx_width;
-            const i64_t col = (ct * tx_width + t) * V + e;
-            if (col < cols) {
-                atomicMax(&colmax[col], fold_hi[e * MAX_TX + t]);
-                if (ASYM) atomicMax(&colmax[cols + col], fold_lo[e * MAX_TX + t]);
-            }
-        }
-        grid_barrier(count);
-        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
-            const int e = i / tx_width, t = i % tx_width;
-            const i64_t col = (ct * tx_width + t) * V + e;
-            if (col < cols) {
-                fold_hi[e * MAX_TX + t] = __ldcg(&colmax[col]);
-                if (ASYM) fold_lo[e * MAX_TX + t] = __ldcg(&colmax[cols + col]);
-            }
-        }
-        __syncthreads();
-    }
-    // 3. scale and zero point of this thread's V columns
-    M inv[V];
-    int zp[NZ];
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-        const Acc c = {ASYM ? (M)0 - from_bits(fold_lo[e * MAX_TX + tx]) : (M)0, from_bits(fold_hi[e * MAX_TX + tx])};
-        M s;
-        int z;
-        finish(c, eps, qmin, qmax, zp_value, s, z);
-        inv[e] = (M)1 / s;                     // as the static quantize kernel does
-        zp[ASYM ? e : 0] = z;
-        if (on && rp == 0 && ty == 0) {
-            scale[cv * V + e] = s;
-            if (ASYM) zero_point[cv * V + e] = z;
-        }
-    }
-    if (!on) return;
-    // 4. quantize: the streamed rows from the last one back, then the kept rows
-    if (streamed < rows) {
-        i64_t r = streamed + (rows - 1 - streamed) / step * step;
-        for (; r - (U - 1) * step >= streamed; r -= U * step) {
-            Vec<T, V> v[U];
-#pragma unroll
-            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r - u * step) * cols);
-#pragma unroll
-            for (int u = 0; u < U; ++u) quant_store_cols<V, NZ>(qc + (r - u * step) * cols, v[u], inv, zp, qmin, qmax);
-        }
-        for (; r >= streamed; r -= step) quant_store_cols<V, NZ>(qc + r * cols, load_vec<T, V>(xc + r * cols), inv, zp, qmin, qmax);
-    }
-    for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
-        quant_store_cols<V, NZ>(qc + (first + (i64_t)t * step) * cols,
-                                *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]), inv, zp, qmin, qmax);
-}
-
-// SKU: quantization/dynamic_quantize/group/asymmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
-namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl {
-typedef f16_t T;   // input element
-typedef u8_t Q;   // output element
-typedef float M;   // math precision
-constexpr bool ASYM = true;
-
-__device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision.
-template <int V>
-__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    return up(b.v[i]);
-}
-struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
-struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
-
-// Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
-// exact, so any combination order gives the same bits.
-// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
-// shows in the result, and only then is the slice reduced again ignoring NaN).
-struct Acc { M lo, hi; };
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
-template <bool SEE_NAN = false>
-__device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
-    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
-}
-
-// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
-__device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
-    if (ASYM) {
-        s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
-        const M z = (M)qmin - rne(a.lo / s);
-        zp = (int)vmax(vmin(z, (M)qmax), (M)qmin);   // NaN (only from min x = -inf) -> qmax
-    } else {
-        s = vmax(a.hi, eps) / (M)(qmax - zp_value);
-        zp = zp_value;
-    }
-}
-
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CHECKED>
-__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
-}
-
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
-}
 // Reduces v over the TX threads of this row group; every one of them gets the result.
-template <typename Op>
+template <typename M, typename Op>
 __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
     const int TX = blockDim.x;
     const int width = TX < 32 ? TX : 32;    // TX is a power of two: segments never straddle a warp
@@ -1039,94 +447,29 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
     return v;
 }
 
-// V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
-// CH > 0: the thread's CH chunks stay in registers (loaded, reduced, then quantized from there);
-// CH == 0: loop over the row group, then read it a second time to quantize.
-// (Double buffering the next row group was measured slower: twice the data registers halve the
-// resident blocks, and more resident warps hide the latency better.)
-template <int V, int CH>
-__device__ __forceinline__ void row_groups(
-    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs,
-    M* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
-{
-    const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
-    for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
-        const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
-        const bool live = vr < vrows;
-        const i64_t row = vr / ngroups, grp = vr - row * ngroups;
-        const T* xr = x + row * x_rs + grp * gs;
-        Q* qr = q + row * q_rs + grp * gs;
-        Vec<T, V> buf[CH > 0 ? CH : 1];
-        Acc a = {(M)0, (M)0};
-        if (live) {
-            if constexpr (CH > 0) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    const int c = (j * TX + tx) * V;   // < 512 * 16 * 16: int is enough here
-                    if (c < gs) buf[j] = load_vec<T, V>(xr + c);
-                }
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    if ((j * TX + tx) * V < gs) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate(a, up(buf[j].v[i]));
-                    }
-                }
-            } else {
-                for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {
-                    const Vec<T, V> v = load_vec<T, V>(xr + c);
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate(a, up(v.v[i]));
-                }
-            }
-        }
-        if (ASYM) a.lo = row_reduce(a.lo, MinOp(), smem);
-        a.hi = row_reduce(a.hi, MaxOp(), smem);
-        M s;
-        int zp;
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
-        const M inv = (M)1 / s;                // once per scale element, as the static kernel does
-        const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
-        if (live) {
-            if (tx == 0) {
-                scale[vr] = s;
-                if (ASYM) zero_point[vr] = zp;
-            }
-            if constexpr (CH > 0) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    const int c = (j * TX + tx) * V;
-                    if (c < gs) quant_store<V>(qr + c, buf[j], inv, qb);
-                }
-            } else {
-                for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
-                    quant_store<V>(qr + c, load_vec<T, V>(xr + c), inv, qb);
-                }
-            }
-        }
-    }
+// The chunk counts CH a block kernel is compiled for (the SKU's ch_vec / ch_scalar), ascending.
+template <int... CH> struct Chunks {};
+// R::run<V, CH>(args...) with the first CH of the list that holds per <= CH chunks per thread,
+// else with CH = 0 (a loop over the row group, read twice).
+template <class R, int V, int CH, int... MORE, typename... A>
+__device__ __forceinline__ void by_chunks(Chunks<CH, MORE...>, i64_t per, A... args) {
+    if (per <= CH) R::template run<V, CH>(args...);
+    else by_chunks<R, V>(Chunks<MORE...>(), per, args...);
 }
+template <class R, int V, typename... A>
+__device__ __forceinline__ void by_chunks(Chunks<>, i64_t, A... args) { R::template run<V, 0>(args...); }
 
-// -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
-constexpr int PACK = 1;                    // elements per Q
-// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
-struct Sink {
-    M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
-    __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
-        M s;
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
-        if (lead) {
-            scale[vr] = s;
-            if (ASYM) zero_point[vr] = zp;
-        }
-        return s;
-    }
-};
-// Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
-// fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
-constexpr bool UNCHECKED_PATH = true;
+// -- per-token / per-group: the team kernels -----------------------------------------------------
+// One entry point `<symbol>_t<P>` per chunk budget P (16-byte chunks of x per thread, held in
+// registers), and fixed-TX ones `<symbol>_t<P>_tx<TX>` (docs/dynamic.md). Parameters: those of the
+// block kernel with vec_ok replaced by tx (threads per row group, a power of two <= 512), ch (chunks
+// per thread and row group: P or P / 2), dense (rows of x and q contiguous) and ngroups
+// (cols / group_size). The launcher only picks them on the vector path (group_size % VEC == 0,
+// aligned rows). C, the codes: C::PACK (elements per Q), C::UNCHECKED_PATH (integer codes have an
+// unchecked quantize path, no clamp and no NaN test, for row groups that allow it; fp8 codes do not:
+// the conversion saturates and keeps NaN itself, so their kernels keep one path), and
+// C::quant_store<V, CHECKED>(q, chunk, inv, bounds).
+
 // log2 of a power of two, at compile time
 __device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -1138,8 +481,8 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
 // shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
 // TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
 // slots, so one barrier per exchange is enough.
-template <bool SEE_NAN>
-__device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
+template <bool ASYM, bool SEE_NAN, typename M>
+__device__ __forceinline__ void team_reduce(Acc<M>& a, int TX, M (*xch)[2][16], int& parity) {
     const int width = TX < 32 ? TX : 32;
     for (int o = width >> 1; o > 0; o >>= 1) {
         if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
@@ -1162,14 +505,42 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
 
 // The range of a thread's CH chunks of one row group (zeros past its end change nothing);
 // SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
-template <bool SEE_NAN, int V, int CH>
-__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
-    Acc a = {(M)0, (M)0};
+template <bool ASYM, bool SEE_NAN, typename M, typename T, int V, int CH>
+__device__ __forceinline__ Acc<M> chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc<M> a = {(M)0, (M)0};
+#if __CUDA_ARCH__ >= 900
+    if constexpr (!ASYM && (same_type<T, bf16_t>::value || same_type<T, f16_t>::value)) {
+        // Symmetric 16-bit floats, first pass: max |x| on the bit patterns, two elements per
+        // instruction (sm_90 has a 16x2 integer max). With the sign bit cleared, the unsigned order of
+        // a bf16 / f16 bit pattern is the order of |x|, and every NaN pattern lies above infinity, so
+        // the result is max |x| exactly, or a NaN when the slice holds one (what the NaN-propagating
+        // max gives); starting from 0 as the float reduction does.
+        if (SEE_NAN) {
+            u32_t m = 0;
+            if (live) {
+#pragma unroll
+                for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                    for (int w = 0; w < V / 2; ++w) m = __vmaxu2(m, reinterpret_cast<const u32_t*>(&b[j])[w] & 0x7fff7fffu);
+                }
+            }
+            const u32_t h = max(m & 0xffffu, m >> 16);
+            if constexpr (same_type<T, bf16_t>::value) {
+                a.hi = __uint_as_float(h << 16);
+            } else {
+                f16_t hv;
+                hv.bits = (unsigned short)h;
+                a.hi = to_f32(hv);
+            }
+            return a;
+        }
+    }
+#endif
     if (live) {
 #pragma unroll
         for (int j = 0; j < CH; ++j) {
 #pragma unroll
-            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+            for (int i = 0; i < V; ++i) accumulate<ASYM, SEE_NAN>(a, elem<M>(b[j], i));
         }
     }
     return a;
@@ -1177,12 +548,12 @@ __device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live)
 
 // Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
 // CHECKED = false: the unchecked path (quant_code_bits).
-template <bool CHECKED, int V, int CH>
+template <class C, bool CHECKED, typename Q, typename T, typename M, int V, int CH>
 __device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
                                              const QuantBounds<M>& qb) {
 #pragma unroll
     for (int j = 0; j < CH; ++j, p += step) {
-        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+        if (j < nch) C::template quant_store<V, CHECKED>(p, b[j], inv, qb);
     }
 }
 
@@ -1209,11 +580,13 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
 // groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
 // element, about a third of them per row group, where this matters most).
-template <int V, int CH, int RG, int TXC>
+template <class C, bool ASYM, int V, int CH, int RG, int TXC, typename T, typename Q, typename M, class Sink>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
     i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
+    constexpr int PACK = C::PACK;
+    constexpr bool UNCHECKED_PATH = C::UNCHECKED_PATH;
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
     static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
     const int TX = TXC ? TXC : tx_n;
@@ -1258,11 +631,11 @@ __device__ __forceinline__ void team_row_groups(
         i64_t vr = first;
 #pragma unroll
         for (int r0 = 0; r0 < RG; r0 += G, vr += G * S) {
-            Acc a[G];
+            Acc<M> a[G];
 #pragma unroll
-            for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
+            for (int g = 0; g < G; ++g) a[g] = chunks_range<ASYM, UNCHECKED_PATH, M>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
-            for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
+            for (int g = 0; g < G; ++g) team_reduce<ASYM, UNCHECKED_PATH>(a[g], TX, xch, parity);
             // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
@@ -1273,8 +646,8 @@ __device__ __forceinline__ void team_row_groups(
             if (nan_seen) {
 #pragma unroll
                 for (int g = 0; g < G; ++g) {
-                    a[g] = chunks_range<false>(buf[r0 + g], vr + g * S < vrows);
-                    team_reduce<false>(a[g], TX, xch, parity);
+                    a[g] = chunks_range<ASYM, false, M>(buf[r0 + g], vr + g * S < vrows);
+                    team_reduce<ASYM, false>(a[g], TX, xch, parity);
                 }
             }
             M inv[G];
@@ -1294,16 +667,546 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
             for (int g = 0; g < G; ++g, qr += S * gsq) {
                 if (vr + g * S < vrows) {
-                    if (fast) store_chunks<false>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
-                    else      store_chunks<true>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
+                    if (fast) store_chunks<C, false>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
+                    else      store_chunks<C, true>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
                 }
             }
         }
     }
 }
 
-}  // namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl
+// The body of a team entry point with chunk budget P. TXC = 0: TX = tx at run time, and ch (P or
+// P / 2: one row group per thread, or two) picks the instance; TXC > 0: TX = TXC and ch = CHC fixed
+// at compile time.
+template <class C, bool ASYM, int V, int P, int TXC = 0, int CHC = P, typename T, typename Q, class Sink>
+__device__ __forceinline__ void team(
+    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
+    i64_t rows, i64_t ngroups, i64_t group_size, int tx, int ch, int dense)
+{
+    typedef decltype(Sink::eps) M;             // the math precision
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    if constexpr (TXC == 0) {
+        switch (ch) {
+        case P: team_row_groups<C, ASYM, V, P, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+        case P / 2: team_row_groups<C, ASYM, V, P / 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+        default: break;
+        }
+    } else {
+        (void)tx; (void)ch;
+        team_row_groups<C, ASYM, V, CHC, P / CHC, TXC>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, TXC, dense != 0, xch);
+    }
+}
 
+}  // namespace dyn
+// ---- end of dynamic quantization helpers ----------------------------------------------------
+
+// ---- skuforge s8 / u8 dynamic quantization (templates/quantization/dynamic_int8.cuh) -------
+// The dynamic_quantize kernels with s8 / u8 codes (docs/dynamic.md), after
+// templates/quantization/dynamic.cuh: the per-element quantize (the static kernel's expression),
+// the fused per-token / per-group block kernel and the team kernels' codes, and the one-launch
+// per-tensor (<symbol>_coop) and per-channel (<symbol>_chan) kernels with their cooperative-grid
+// helpers.
+namespace dyn {
+
+// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
+template <typename Q, bool CHECKED, typename M>
+__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
+    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
+}
+
+// The codes of the s8 / u8 kernels (the team kernels' C).
+struct IntCodes {
+    static constexpr int PACK = 1;             // elements per Q
+    static constexpr bool UNCHECKED_PATH = true;
+    // One chunk of V elements quantized and stored (V bytes of q).
+    template <int V, bool CHECKED = true, typename Q, typename T, typename M>
+    static __device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+        Vec<Q, V> o;
+#pragma unroll
+        for (int i = 0; i < V; ++i) o.v[i] = quant<Q, CHECKED>(elem<M>(b, i), inv, qb);
+        store_vec<Q, V>(p, o);
+    }
+};
+
+// -- per-token / per-group: the fused block kernel ------------------------------------------------
+// V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
+// CH > 0: the thread's CH chunks stay in registers (loaded, reduced, then quantized from there);
+// CH == 0: loop over the row group, then read it a second time to quantize.
+// (Double buffering the next row group was measured slower: twice the data registers halve the
+// resident blocks, and more resident warps hide the latency better.)
+template <bool ASYM> struct RowGroups {
+    template <int V, int CH, typename T, typename Q, typename M>
+    static __device__ __forceinline__ void run(
+        const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs,
+        M* __restrict__ scale, i32_t* __restrict__ zero_point,
+        i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
+    {
+        const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
+        // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
+        for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
+            const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
+            const bool live = vr < vrows;
+            const i64_t row = vr / ngroups, grp = vr - row * ngroups;
+            const T* xr = x + row * x_rs + grp * gs;
+            Q* qr = q + row * q_rs + grp * gs;
+            Vec<T, V> buf[CH > 0 ? CH : 1];
+            Acc<M> a = {(M)0, (M)0};
+            if (live) {
+                if constexpr (CH > 0) {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+                        const int c = (j * TX + tx) * V;   // < 512 * 16 * 16: int is enough here
+                        if (c < gs) buf[j] = load_vec<T, V>(xr + c);
+                    }
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+                        if ((j * TX + tx) * V < gs) {
+#pragma unroll
+                            for (int i = 0; i < V; ++i) accumulate<ASYM>(a, up<M>(buf[j].v[i]));
+                        }
+                    }
+                } else {
+                    for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {
+                        const Vec<T, V> v = load_vec<T, V>(xr + c);
+#pragma unroll
+                        for (int i = 0; i < V; ++i) accumulate<ASYM>(a, up<M>(v.v[i]));
+                    }
+                }
+            }
+            if (ASYM) a.lo = row_reduce(a.lo, MinOp<M>(), smem);
+            a.hi = row_reduce(a.hi, MaxOp<M>(), smem);
+            M s;
+            int zp;
+            finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
+            const M inv = (M)1 / s;                // once per scale element, as the static kernel does
+            const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
+            if (live) {
+                if (tx == 0) {
+                    scale[vr] = s;
+                    if (ASYM) zero_point[vr] = zp;
+                }
+                if constexpr (CH > 0) {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+                        const int c = (j * TX + tx) * V;
+                        if (c < gs) IntCodes::quant_store<V>(qr + c, buf[j], inv, qb);
+                    }
+                } else {
+                    for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
+                        IntCodes::quant_store<V>(qr + c, load_vec<T, V>(xr + c), inv, qb);
+                    }
+                }
+            }
+        }
+    }
+};
+
+// The block kernel: x rows x cols (row stride x_rs, last axis contiguous); q rows x cols;
+// scale / zero_point rows x (cols / group_size), contiguous. vec_ok: group_size % VEC == 0 and
+// 16-byte aligned rows (checked by the launcher), else the scalar path. CHV / CHS: the chunk
+// counts compiled for the vector / scalar path (Chunks<...>).
+template <bool ASYM, int VEC, class CHV, class CHS, typename T, typename Q, typename M>
+__device__ __forceinline__ void fused(
+    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, M* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t group_size, M eps, int qmin, int qmax,
+    int zp_value, int vec_ok)
+{
+    __shared__ M smem[16];                     // one slot per warp of a 512-thread block
+    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const int TX = blockDim.x;
+    if (vec_ok) {
+        const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
+        by_chunks<RowGroups<ASYM>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+    } else {
+        const i64_t per = (group_size + TX - 1) / TX;
+        by_chunks<RowGroups<ASYM>, 1>(CHS(), per, x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+    }
+}
+
+// Where a team kernel's row group parameters go: (scale, zero point) of docs/numerics.md, stored
+// at vr by `lead`.
+template <bool ASYM, typename M> struct Sink {
+    M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const Acc<M>& a, i64_t vr, bool lead, int& zp) const {
+        M s;
+        finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
+        if (lead) {
+            scale[vr] = s;
+            if (ASYM) zero_point[vr] = zp;
+        }
+        return s;
+    }
+};
+
+// -- the one-launch kernels' cooperative-grid helpers ---------------------------------------------
+// 16 bytes global -> shared without registers (sm_80+), L2 only (.cg: x is not read again by this SM).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32_t s = (u32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Every block of a cooperative launch waits here until all have arrived; `count` is 0 at launch
+// (the launcher clears it) and each block adds 1 once.
+__device__ __forceinline__ void grid_barrier(u32_t* count) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();                       // this block's partial result is visible first
+        atomicAdd(count, 1u);
+        while (*reinterpret_cast<volatile u32_t*>(count) < gridDim.x) asm volatile("nanosleep.u32 100;");
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// -- per-tensor in one cooperative launch (<symbol>_coop) ------------------------------------------
+// Every block is resident (cuLaunchCooperativeKernel), so a grid-wide barrier is safe:
+// 1. block b reduces its share of x (tiles of 16-byte vectors, grid-stride) to partial[b]; its
+//    first tiles are copied to shared memory on the way (cp.async), the rest streams;
+// 2. grid barrier;
+// 3. every block combines the G partial results in the same fixed order (the same scale in every
+//    block, the same bits on every run: no atomics on data), block 0 stores scale / zero point;
+// 4. every block quantizes its share: the streamed tiles again from memory, last-read first
+//    (they are the ones still in L2), then the kept tiles from shared memory.
+// x is read from DRAM once where it fits on chip (about 227 KB per block on an H200) and the
+// rest a second time, partly from L2. The quantize expression is the static kernel's.
+
+// Reduces the block's accumulators; every thread gets the result.
+template <bool ASYM, typename M>
+__device__ __forceinline__ Acc<M> block_acc(Acc<M> a, M* red) {
+    if (ASYM) a.lo = block_reduce(a.lo, MinOp<M>(), (M)0, red);
+    a.hi = block_reduce(a.hi, MaxOp<M>(), (M)0, red);
+    return a;
+}
+
+template <bool ASYM, int V, typename T, typename M>
+__device__ __forceinline__ void accumulate_vec(Acc<M>& a, const Vec<T, V>& v) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) accumulate<ASYM>(a, elem<M>(v, e));
+}
+
+// The streamed vectors i = from, from + stride, ... < end: U loads issued before any is used
+// (a loop with a bound test per vector keeps one 16-byte load in flight per thread: too few bytes
+// in flight for DRAM at the 32-register cap of two 1024-thread blocks per SM), then the rest.
+template <bool ASYM, int U, int V, typename T, typename M>
+__device__ __forceinline__ void reduce_streamed(Acc<M>& a, const T* __restrict__ x, i64_t i, i64_t end, i64_t stride) {
+    for (; i + (U - 1) * stride < end; i += U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i + u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) accumulate_vec<ASYM, V>(a, v[u]);
+    }
+    for (; i < end; i += stride) accumulate_vec<ASYM, V>(a, load_vec<T, V>(x + i * V));
+}
+
+// Quantizes the streamed vectors from `last` down to `first` (stride apart), U loads at a time.
+template <int U, int V, typename T, typename Q, typename M>
+__device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __restrict__ q, i64_t last, i64_t first,
+                                                  i64_t stride, M inv, const QuantBounds<M>& qb) {
+    i64_t i = last;
+    for (; i - (U - 1) * stride >= first; i -= U * stride) {
+        Vec<T, V> v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i - u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u) IntCodes::quant_store<V>(q + (i - u * stride) * V, v[u], inv, qb);
+    }
+    for (; i >= first; i -= stride) IntCodes::quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
+}
+
+// x, q: n contiguous elements (x 16-byte aligned, q aligned to V bytes); partial: 2 x gridDim.x
+// slots (hi, then lo); count: a zeroed counter; kept: keep_tiles x blockDim.x 16-byte vectors of
+// dynamic shared memory. Launched cooperatively with at most one wave of blocks.
+// The grid sweeps x as a grid-stride loop of tiles (a tile: one vector per thread of a block;
+// block b takes tiles b, b + G, ...), so all blocks read one contiguous window at a time (a
+// contiguous share per block measured 10-20 % slower: 132 separate streams). A tile is `width`
+// threads wide (blockDim.x, or fewer for small x, so that every block gets some of it). A block's
+// first keep_tiles tiles (the front of x) stay in shared memory.
+// V: elements of a 16-byte vector; U, UQ: streamed vectors in flight per thread (reduce, quantize).
+template <bool ASYM, int V, int U, int UQ, typename T, typename Q, typename M>
+__device__ __forceinline__ void coop(
+    const T* __restrict__ x, Q* __restrict__ q, M* __restrict__ partial, u32_t* __restrict__ count,
+    M* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t n, int keep_tiles, int width, M eps,
+    int qmin, int qmax, int zp_value)
+{
+    extern __shared__ uint4 kept[];
+    __shared__ M red[32];
+    const i64_t G = gridDim.x, NT = width, b = blockIdx.x, nvec = n / V;   // NT <= blockDim.x threads per tile
+    const bool on = threadIdx.x < width;
+    const i64_t first = on ? b * NT + threadIdx.x : nvec, stride = G * NT;   // this thread's vectors: first + k * stride
+    const i64_t streamed = first + (i64_t)keep_tiles * stride;  // ... from here on, not kept
+    const bool tail = b == G - 1;              // the n % V last elements, one at a time
+    // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
+    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
+        cp_async16(&kept[k * NT + threadIdx.x], x + (first + k * stride) * V);
+    Acc<M> a = {(M)0, (M)0};
+    reduce_streamed<ASYM, U, V>(a, x, streamed, nvec, stride);
+    if (tail) {
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate<ASYM>(a, up<M>(x[i]));
+    }
+    cp_async_wait_all();                       // a thread reads back only the vectors it copied
+    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
+        accumulate_vec<ASYM, V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]));
+    a = block_acc<ASYM>(a, red);
+    if (threadIdx.x == 0) {
+        partial[b] = a.hi;
+        if (ASYM) partial[G + b] = a.lo;
+    }
+    // 2. all partial results are written
+    grid_barrier(count);
+    // 3. the tensor's range, combined the same way in every block
+    Acc<M> t = {(M)0, (M)0};
+    for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
+        t.hi = vmax(t.hi, __ldcg(partial + i));
+        if (ASYM) t.lo = vmin(t.lo, __ldcg(partial + G + i));
+    }
+    t = block_acc<ASYM>(t, red);
+    M s;
+    int zp;
+    finish<ASYM>(t, eps, qmin, qmax, zp_value, s, zp);
+    if (b == 0 && threadIdx.x == 0) {
+        scale[0] = s;
+        if (ASYM) zero_point[0] = zp;
+    }
+    const M inv = (M)1 / s;                    // as the static quantize kernel does
+    const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
+    // 4. quantize: streamed vectors last-read first (the grid walks back through what L2 still
+    //    holds), then the kept ones
+    if (tail) {
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<Q, true>(up<M>(x[i]), inv, qb);
+    }
+    if (streamed < nvec) {
+        const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;
+        quantize_streamed<UQ, V>(x, q, last, streamed, stride, inv, qb);
+    }
+    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
+        IntCodes::quant_store<V>(q + (first + k * stride) * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
+}
+
+// -- per-channel along the last axis in one launch (<symbol>_chan) --------------------------------
+// One scale per column; x and q are rows x cols, contiguous. A block is TX x TY threads
+// (TX = tx_width column vectors of 16 bytes side by side, TY row strands) and owns column tile
+// b % col_tiles and row part p = b / col_tiles of row_parts: the tiles of TY rows p, p + row_parts,
+// ... (interleaved: all blocks sweep x from the top together, one window at a time):
+// 1. reduce: a thread keeps the running range of its V columns in registers while it walks its
+//    rows; its first keep_tiles rows go to shared memory on the way (cp.async), the others
+//    stream; the block folds its threads' ranges into shared memory;
+// 2. row_parts > 1 (a cooperative launch: every block resident): each block folds its tile's
+//    range into the column words `colmax` (zeroed by the launcher), a grid barrier, and every
+//    block reads its columns' range back; row_parts == 1: the block's range is the column's;
+// 3. every thread derives the scale (and zero point) of its V columns exactly as the two-pass
+//    path does; the blocks of row part 0 store them;
+// 4. quantize: the streamed rows again, last-read first (the ones L2 still holds), then the kept
+//    rows from shared memory, with the static quantize's expression (the grid walks back up
+//    through what L2 still holds).
+// Ranges travel as the bits of non-negative numbers (max |x|; asymmetric: max(x, 0) and
+// 0 - min(x, 0)), whose integer order is their numeric order: integer max folds them, and max
+// is exact, so the order of the folds never changes a bit (the same bits on every run).
+__device__ __forceinline__ u32_t bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ u64_t bits(double v) { return (u64_t)__double_as_longlong(v); }
+__device__ __forceinline__ float from_bits(u32_t b) { return __uint_as_float(b); }
+__device__ __forceinline__ double from_bits(u64_t b) { return __longlong_as_double((long long)b); }
+constexpr int MAX_TX = 128;                    // column vectors of a tile, at most (the launcher's limit)
+
+template <bool ASYM, int V, typename T, typename M>
+__device__ __forceinline__ void accumulate_cols(Acc<M> (&a)[V], const Vec<T, V>& v) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) accumulate<ASYM>(a[e], elem<M>(v, e));
+}
+
+// Folds the ranges of the lanes that share a column vector (lanes tx, tx + TX, ... of a warp, for
+// TX < 32), so that one lane per column vector folds into shared memory.
+template <typename M>
+__device__ __forceinline__ M warp_fold(M v, int tx_width) {
+    for (int o = tx_width; o < 32; o <<= 1) v = vmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// One vector of V columns quantized, each with its own reciprocal and zero point, and stored.
+template <int V, int NZ, typename T, typename Q, typename M>
+__device__ __forceinline__ void quant_store_cols(Q* p, const Vec<T, V>& b, const M (&inv)[V], const int (&zp)[NZ],
+                                                 int qmin, int qmax) {
+    Vec<Q, V> o;
+#pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = quant<Q, true>(elem<M>(b, i), inv[i], quant_bounds<M>(zp[NZ == 1 ? 0 : i], qmin, qmax));
+    store_vec<Q, V>(p, o);
+}
+
+// x, q: rows x cols contiguous (x 16-byte aligned, cols a multiple of V, q aligned to V codes);
+// colmax: cols words (then cols more in asymmetric mode), zeroed, and count, a zeroed counter,
+// where row_parts > 1 (then launched cooperatively: col_tiles * row_parts blocks, all resident);
+// a thread's rows are first + k * step (step = row_parts x TY rows);
+// kept: keep_tiles x blockDim.x 16-byte vectors of dynamic shared memory.
+// V: elements of a 16-byte vector; U: streamed vectors in flight per thread.
+template <bool ASYM, int V, int U, typename T, typename Q, typename B, typename M>
+__device__ __forceinline__ void chan(
+    const T* __restrict__ x, Q* __restrict__ q, B* __restrict__ colmax, u32_t* __restrict__ count,
+    M* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, int tx_width,
+    int col_tiles, int row_parts, int keep_tiles, M eps, int qmin, int qmax, int zp_value)
+{
+    constexpr int NZ = ASYM ? V : 1;           // zero points: one per column, or the implied one
+    extern __shared__ uint4 kept[];
+    __shared__ B fold_hi[V * MAX_TX];          // the block's range, element e of column vector t at e * MAX_TX + t
+    __shared__ B fold_lo[ASYM ? V * MAX_TX : 1];
+    const int NT = blockDim.x, TY = NT / tx_width, tx = threadIdx.x % tx_width, ty = threadIdx.x / tx_width;
+    const i64_t ct = blockIdx.x % col_tiles, rp = blockIdx.x / col_tiles;
+    const i64_t cv = ct * tx_width + tx;       // this thread's column vector
+    const bool on = cv < cols / V;
+    // this thread's rows: first + k * step < rows; the first keep_tiles of them stay in shared memory
+    const i64_t step = (i64_t)row_parts * TY, first = rp * TY + ty, streamed = first + (i64_t)keep_tiles * step;
+    const T* __restrict__ xc = x + cv * V;
+    Q* __restrict__ qc = q + cv * V;
+    for (int i = threadIdx.x; i < V * MAX_TX; i += NT) {
+        fold_hi[i] = 0;
+        if (ASYM) fold_lo[i] = 0;
+    }
+    // 1. reduce: the kept rows in flight to shared memory, the others streamed, then the kept ones
+    if (on) {
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
+            cp_async16(&kept[t * NT + threadIdx.x], xc + (first + (i64_t)t * step) * cols);
+    }
+    Acc<M> a[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) a[e] = Acc<M>{(M)0, (M)0};
+    if (on) {
+        i64_t r = streamed;
+        for (; r + (U - 1) * step < rows; r += U * step) {
+            Vec<T, V> v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r + u * step) * cols);
+#pragma unroll
+            for (int u = 0; u < U; ++u) accumulate_cols<ASYM, V>(a, v[u]);
+        }
+        for (; r < rows; r += step) accumulate_cols<ASYM, V>(a, load_vec<T, V>(xc + r * cols));
+    }
+    cp_async_wait_all();                       // a thread reads back only the vectors it copied
+    if (on) {
+        for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
+            accumulate_cols<ASYM, V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]));
+    }
+#pragma unroll
+    for (int e = 0; e < V; ++e) {              // (every lane: the shuffles take the whole warp)
+        a[e].hi = warp_fold(a[e].hi, tx_width);
+        if (ASYM) a[e].lo = (M)0 - warp_fold((M)0 - a[e].lo, tx_width);
+    }
+    __syncthreads();                           // the fold words are zero
+    if (on && (threadIdx.x & 31) < tx_width) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {          // (+ 0 and 0 - turn a -0 into +0: its bits would be the largest)
+            atomicMax(&fold_hi[e * MAX_TX + tx], bits(a[e].hi + (M)0));
+            if (ASYM) atomicMax(&fold_lo[e * MAX_TX + tx], bits((M)0 - a[e].lo));
+        }
+    }
+    __syncthreads();
+    // 2. the columns' range over every row part
+    if (row_parts > 1) {
+        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
+            const int e = i / tx_width, t = i % tx_width;
+            const i64_t col = (ct * tx_width + t) * V + e;
+            if (col < cols) {
+                atomicMax(&colmax[col], fold_hi[e * MAX_TX + t]);
+                if (ASYM) atomicMax(&colmax[cols + col], fold_lo[e * MAX_TX + t]);
+            }
+        }
+        grid_barrier(count);
+        for (int i = threadIdx.x; i < V * tx_width; i += NT) {
+            const int e = i / tx_width, t = i % tx_width;
+            const i64_t col = (ct * tx_width + t) * V + e;
+            if (col < cols) {
+                fold_hi[e * MAX_TX + t] = __ldcg(&colmax[col]);
+                if (ASYM) fold_lo[e * MAX_TX + t] = __ldcg(&colmax[cols + col]);
+            }
+        }
+        __syncthreads();
+    }
+    // 3. scale and zero point of this thread's V columns
+    M inv[V];
+    int zp[NZ];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+        const Acc<M> c = {ASYM ? (M)0 - from_bits(fold_lo[e * MAX_TX + tx]) : (M)0, from_bits(fold_hi[e * MAX_TX + tx])};
+        M s;
+        int z;
+        finish<ASYM>(c, eps, qmin, qmax, zp_value, s, z);
+        inv[e] = (M)1 / s;                     // as the static quantize kernel does
+        zp[ASYM ? e : 0] = z;
+        if (on && rp == 0 && ty == 0) {
+            scale[cv * V + e] = s;
+            if (ASYM) zero_point[cv * V + e] = z;
+        }
+    }
+    if (!on) return;
+    // 4. quantize: the streamed rows from the last one back, then the kept rows
+    if (streamed < rows) {
+        i64_t r = streamed + (rows - 1 - streamed) / step * step;
+        for (; r - (U - 1) * step >= streamed; r -= U * step) {
+            Vec<T, V> v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(xc + (r - u * step) * cols);
+#pragma unroll
+            for (int u = 0; u < U; ++u) quant_store_cols<V, NZ>(qc + (r - u * step) * cols, v[u], inv, zp, qmin, qmax);
+        }
+        for (; r >= streamed; r -= step) quant_store_cols<V, NZ>(qc + r * cols, load_vec<T, V>(xc + r * cols), inv, zp, qmin, qmax);
+    }
+    for (int t = 0; t < keep_tiles && first + (i64_t)t * step < rows; ++t)
+        quant_store_cols<V, NZ>(qc + (first + (i64_t)t * step) * cols,
+                                *reinterpret_cast<const Vec<T, V>*>(&kept[t * NT + threadIdx.x]), inv, zp, qmin, qmax);
+}
+
+}  // namespace dyn
+// ---- end of s8 / u8 dynamic quantization kernels --------------------------------------------
+
+// SKU: quantization/dynamic_quantize/channel/asymmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
+// phase 0: x (rows x cols, row stride x_rs) -> partial; phase 1: partial -> scale, zero_point
+// (dyn::reduce; 16-byte accesses: 8 elements). Launch with 1-D blocks of 256.
+extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt(
+    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
+{
+    dyn::reduce<true, 8>(x, x_rs, partial, scale, zero_point, rows, cols, chan_inner, chan_count, chan_last,
+        row_parts, col_chunk, tx_width, eps, qmin, qmax, zp_value, vec_ok, flat, phase);
+}
+
+// x, q: rows x cols contiguous; one launch, cooperative where row_parts > 1.
+extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt_chan(
+    const f16_t* __restrict__ x, u8_t* __restrict__ q, u32_t* __restrict__ colmax,
+    u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, int tx_width, int col_tiles, int row_parts, int keep_tiles, float eps,
+    int qmin, int qmax, int zp_value)
+{
+    dyn::chan<true, 8, 2>(x, q, colmax, count, scale, zero_point, rows, cols, tx_width, col_tiles, row_parts,
+        keep_tiles, eps, qmin, qmax, zp_value);
+}
+
+// SKU: quantization/dynamic_quantize/channel/symmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
+// phase 0: x (rows x cols, row stride x_rs) -> partial; phase 1: partial -> scale, zero_point
+// (dyn::reduce; 16-byte accesses: 8 elements). Launch with 1-D blocks of 256.
+extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt(
+    const f16_t* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
+{
+    dyn::reduce<false, 8>(x, x_rs, partial, scale, zero_point, rows, cols, chan_inner, chan_count, chan_last,
+        row_parts, col_chunk, tx_width, eps, qmin, qmax, zp_value, vec_ok, flat, phase);
+}
+
+// x, q: rows x cols contiguous; one launch, cooperative where row_parts > 1.
+extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt_chan(
+    const f16_t* __restrict__ x, u8_t* __restrict__ q, u32_t* __restrict__ colmax,
+    u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, int tx_width, int col_tiles, int row_parts, int keep_tiles, float eps,
+    int qmin, int qmax, int zp_value)
+{
+    dyn::chan<false, 8, 4>(x, q, colmax, count, scale, zero_point, rows, cols, tx_width, col_tiles, row_parts,
+        keep_tiles, eps, qmin, qmax, zp_value);
+}
+
+// SKU: quantization/dynamic_quantize/group/asymmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
 // x: rows x cols (row stride x_rs, last axis contiguous); q: rows x cols; scale / zero_point:
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
@@ -1312,24 +1215,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_a
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    constexpr int VEC = 8;
-    __shared__ M smem[16];                     // one slot per warp of a 512-thread block
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
-    const int TX = blockDim.x;
-    if (vec_ok) {
-        const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
-        if (per <= 1) row_groups<VEC, 1>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 2) row_groups<VEC, 2>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 4) row_groups<VEC, 4>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else row_groups<VEC, 0>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-    } else {
-        const i64_t per = (group_size + TX - 1) / TX;
-        if (per <= 1) row_groups<1, 1>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 4) row_groups<1, 4>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 8) row_groups<1, 8>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else row_groups<1, 0>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-    }
+    dyn::fused<true, 8, dyn::Chunks<1, 2, 4>, dyn::Chunks<1, 4, 8>>(
+        x, x_rs, q, q_rs, scale, zero_point, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
 }
 
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
@@ -1339,15 +1226,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 16: team_row_groups<8, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<8, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<dyn::IntCodes, true, 8, 16>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
@@ -1357,60 +1237,44 @@ extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 8: team_row_groups<8, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<8, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<dyn::IntCodes, true, 8, 8>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
-// compile time: row groups of up to 8 chunks (64 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8.
+// compile time: row groups of up to 8 chunks (64 elements).
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8_tx2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 2, dense != 0, xch);
+    dyn::team<dyn::IntCodes, true, 8, 8, 2, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
-// compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8.
+// compile time: row groups of up to 16 chunks (128 elements).
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8_tx4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 4, 2, 4>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 4, dense != 0, xch);
+    dyn::team<dyn::IntCodes, true, 8, 8, 4, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
-// compile time: row groups of up to 32 chunks (256 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8.
+// compile time: row groups of up to 32 chunks (256 elements).
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t8_tx8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 4, 2, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
+    dyn::team<dyn::IntCodes, true, 8, 8, 8, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1420,15 +1284,8 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 4: team_row_groups<8, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<8, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<dyn::IntCodes, true, 8, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
@@ -1438,407 +1295,35 @@ extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 2: team_row_groups<8, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<8, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<dyn::IntCodes, true, 8, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
-// compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t2.
+// compile time: row groups of up to 16 chunks (128 elements).
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t2_tx8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 2, 1, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
+    dyn::team<dyn::IntCodes, true, 8, 2, 8, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
-// compile time: row groups of up to 512 chunks (4096 elements); parameters as for sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t2.
+// compile time: row groups of up to 512 chunks (4096 elements).
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_t2_tx256(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_asymmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 2, 1, 256>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 256, dense != 0, xch);
+    dyn::team<dyn::IntCodes, true, 8, 2, 256, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/group/symmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
-namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl {
-typedef f16_t T;   // input element
-typedef u8_t Q;   // output element
-typedef float M;   // math precision
-constexpr bool ASYM = false;
-
-__device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision.
-template <int V>
-__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    return up(b.v[i]);
-}
-struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
-struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
-
-// Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
-// exact, so any combination order gives the same bits.
-// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
-// shows in the result, and only then is the slice reduced again ignoring NaN).
-struct Acc { M lo, hi; };
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
-template <bool SEE_NAN = false>
-__device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
-    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
-}
-
-// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
-__device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
-    if (ASYM) {
-        s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
-        const M z = (M)qmin - rne(a.lo / s);
-        zp = (int)vmax(vmin(z, (M)qmax), (M)qmin);   // NaN (only from min x = -inf) -> qmax
-    } else {
-        s = vmax(a.hi, eps) / (M)(qmax - zp_value);
-        zp = zp_value;
-    }
-}
-
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CHECKED>
-__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
-}
-
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
-}
-// Reduces v over the TX threads of this row group; every one of them gets the result.
-template <typename Op>
-__device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
-    const int TX = blockDim.x;
-    const int width = TX < 32 ? TX : 32;    // TX is a power of two: segments never straddle a warp
-    for (int o = width >> 1; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (TX > 32) {                          // uniform over the block
-        const int per_row = TX >> 5, base = threadIdx.y * per_row;
-        __syncthreads();                    // smem is free again
-        if ((threadIdx.x & 31) == 0) smem[base + (threadIdx.x >> 5)] = v;
-        __syncthreads();
-        v = smem[base];
-        for (int i = 1; i < per_row; ++i) v = op(v, smem[base + i]);   // fixed order
-    }
-    return v;
-}
-
-// V elements per access (VEC: 16-byte accesses, or 1: any shape and alignment);
-// CH > 0: the thread's CH chunks stay in registers (loaded, reduced, then quantized from there);
-// CH == 0: loop over the row group, then read it a second time to quantize.
-// (Double buffering the next row group was measured slower: twice the data registers halve the
-// resident blocks, and more resident warps hide the latency better.)
-template <int V, int CH>
-__device__ __forceinline__ void row_groups(
-    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs,
-    M* __restrict__ scale, i32_t* __restrict__ zero_point,
-    i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
-{
-    const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
-    for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
-        const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
-        const bool live = vr < vrows;
-        const i64_t row = vr / ngroups, grp = vr - row * ngroups;
-        const T* xr = x + row * x_rs + grp * gs;
-        Q* qr = q + row * q_rs + grp * gs;
-        Vec<T, V> buf[CH > 0 ? CH : 1];
-        Acc a = {(M)0, (M)0};
-        if (live) {
-            if constexpr (CH > 0) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    const int c = (j * TX + tx) * V;   // < 512 * 16 * 16: int is enough here
-                    if (c < gs) buf[j] = load_vec<T, V>(xr + c);
-                }
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    if ((j * TX + tx) * V < gs) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate(a, up(buf[j].v[i]));
-                    }
-                }
-            } else {
-                for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {
-                    const Vec<T, V> v = load_vec<T, V>(xr + c);
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate(a, up(v.v[i]));
-                }
-            }
-        }
-        if (ASYM) a.lo = row_reduce(a.lo, MinOp(), smem);
-        a.hi = row_reduce(a.hi, MaxOp(), smem);
-        M s;
-        int zp;
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
-        const M inv = (M)1 / s;                // once per scale element, as the static kernel does
-        const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
-        if (live) {
-            if (tx == 0) {
-                scale[vr] = s;
-                if (ASYM) zero_point[vr] = zp;
-            }
-            if constexpr (CH > 0) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    const int c = (j * TX + tx) * V;
-                    if (c < gs) quant_store<V>(qr + c, buf[j], inv, qb);
-                }
-            } else {
-                for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
-                    quant_store<V>(qr + c, load_vec<T, V>(xr + c), inv, qb);
-                }
-            }
-        }
-    }
-}
-
-// -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
-constexpr int PACK = 1;                    // elements per Q
-// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
-struct Sink {
-    M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
-    __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
-        M s;
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
-        if (lead) {
-            scale[vr] = s;
-            if (ASYM) zero_point[vr] = zp;
-        }
-        return s;
-    }
-};
-// Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
-// fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
-constexpr bool UNCHECKED_PATH = true;
-// log2 of a power of two, at compile time
-__device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
-// Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
-__device__ __forceinline__ void team_barrier(int id, int threads) {
-    asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
-}
-
-// Reduces `a` over the TX threads of a row group; every one of them gets the result. TX <= 32:
-// shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
-// TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
-// slots, so one barrier per exchange is enough.
-template <bool SEE_NAN>
-__device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
-    const int width = TX < 32 ? TX : 32;
-    for (int o = width >> 1; o > 0; o >>= 1) {
-        if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
-        a.hi = acc_max<SEE_NAN>(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
-    }
-    if (TX > 32) {
-        const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
-        if ((threadIdx.x & 31) == 0) {
-            xch[parity][0][threadIdx.x >> 5] = a.lo;
-            xch[parity][1][threadIdx.x >> 5] = a.hi;
-        }
-        team_barrier(1 + team, TX);
-        for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
-            if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, xch[parity][0][first + i]);
-            a.hi = acc_max<SEE_NAN>(a.hi, xch[parity][1][first + i]);
-        }
-        parity ^= 1;
-    }
-}
-
-// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
-// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
-template <bool SEE_NAN, int V, int CH>
-__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
-    Acc a = {(M)0, (M)0};
-#if __CUDA_ARCH__ >= 900
-    // Symmetric 16-bit floats, first pass: max |x| on the bit patterns, two elements per
-    // instruction (sm_90 has a 16x2 integer max). With the sign bit cleared, the unsigned order of
-    // a bf16 / f16 bit pattern is the order of |x|, and every NaN pattern lies above infinity, so
-    // the result is max |x| exactly, or a NaN when the slice holds one (what the NaN-propagating
-    // max gives); starting from 0 as the float reduction does.
-    if (SEE_NAN) {
-        u32_t m = 0;
-        if (live) {
-#pragma unroll
-            for (int j = 0; j < CH; ++j) {
-#pragma unroll
-                for (int w = 0; w < V / 2; ++w) m = __vmaxu2(m, reinterpret_cast<const u32_t*>(&b[j])[w] & 0x7fff7fffu);
-            }
-        }
-        const u32_t h = max(m & 0xffffu, m >> 16);
-        f16_t hv;
-        hv.bits = (unsigned short)h;
-        a.hi = to_f32(hv);
-        return a;
-    }
-#endif
-    if (live) {
-#pragma unroll
-        for (int j = 0; j < CH; ++j) {
-#pragma unroll
-            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
-        }
-    }
-    return a;
-}
-
-// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
-// CHECKED = false: the unchecked path (quant_code_bits).
-template <bool CHECKED, int V, int CH>
-__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
-                                             const QuantBounds<M>& qb) {
-#pragma unroll
-    for (int j = 0; j < CH; ++j, p += step) {
-        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
-    }
-}
-
-// Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
-// rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
-// one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
-// registers even when it is not taken).
-__device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t g, i64_t rs, bool dense) {
-    if (dense) return vr * g;
-    const u32_t row = (u32_t)vr / (u32_t)ngroups;
-    return (i64_t)row * rs + (vr - (i64_t)row * ngroups) * g;
-}
-
-// A unit (one warp when TX <= 32, else one team of TX / 32 warps) takes S * RG consecutive row
-// groups per step: S = 32 / TX side by side in the warp (TX <= 32), RG one after the other in each
-// thread (RG > 1: dense rows only). A thread holds CH chunks of V elements of each of its RG row
-// groups in registers (CH * RG = P chunks, all loaded before any is used), so x is read once;
-// chunk j of a row group starts at element (j * TX + tx) * V. No block barrier; the grid strides
-// over units. Addresses and row-group indices advance by steps and chunks are guarded by j < nch,
-// a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
-// subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
-// which change no reduction (it starts from 0), so the reduction needs no guard.
-// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
-// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
-// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
-// element, about a third of them per row group, where this matters most).
-template <int V, int CH, int RG, int TXC>
-__device__ __forceinline__ void team_row_groups(
-    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
-{
-    static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
-    const int TX = TXC ? TXC : tx_n;
-    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
-    const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
-    const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
-    const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
-    const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
-    const int step = TX * V;                                 // elements between a thread's chunks
-    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
-    // (a division here sat on every thread's path to its first load: latency at small sizes)
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
-    const i64_t gsq = gs / PACK;                             // a row group's length in q
-    int parity = 0;
-#pragma unroll 1
-    for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
-         first - slice < vrows; first += stride) {
-        Vec<T, V> buf[RG][CH];
-        {
-            const T* xr = x + row_group_offset(first, ngroups, gs, x_rs, dense) + tx * V;
-            i64_t vr = first;
-#pragma unroll
-            for (int r = 0; r < RG; ++r, vr += S, xr += S * gs) {
-                if (vr < vrows) {
-                    const T* p = xr;
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step) {   // zeros past the row group
-                        uint4 w = make_uint4(0u, 0u, 0u, 0u);
-                        if (j < nch) w = __ldg(reinterpret_cast<const uint4*>(p));
-                        buf[r][j] = *reinterpret_cast<const Vec<T, V>*>(&w);
-                    }
-                }
-            }
-        }
-        // G row groups at a time: their reductions, one NaN vote, their scales and reciprocals,
-        // one clamp-free test and their stores run side by side (one dependent chain per step:
-        // the shuffles and divisions of one hide the latency of the other's). G = RG in the
-        // fixed-TX entry points; 1 in the run-time-TX ones, where RG side by side made ptxas spill
-        // 8 bytes at the low-bit SKUs' t8 cap.
-        constexpr int G = TXC && !ASYM ? RG : 1;
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
-#pragma unroll
-        for (int r0 = 0; r0 < RG; r0 += G, vr += G * S) {
-            Acc a[G];
-#pragma unroll
-            for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
-#pragma unroll
-            for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
-            // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
-            // lane) and per team (its barrier needs every warp).
-            bool nan_here = false;
-#pragma unroll
-            for (int g = 0; g < G; ++g) nan_here = nan_here || is_nan(a[g].hi) || (ASYM && is_nan(a[g].lo));
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
-            if (nan_seen) {
-#pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    a[g] = chunks_range<false>(buf[r0 + g], vr + g * S < vrows);
-                    team_reduce<false>(a[g], TX, xch, parity);
-                }
-            }
-            M inv[G];
-            QuantBounds<M> qb[G];
-            // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
-            // (always, but for non-finite scales), the per-element clamp and NaN test are left out
-            // (a row group past the end has the range [0, 0]: it takes no part)
-            bool fast = UNCHECKED_PATH && !nan_seen;
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-                int zp;
-                const M s = sink.params(a[g], vr + g * S, vr + g * S < vrows && tx == 0, zp);
-                inv[g] = (M)1 / s;             // once per scale element, as the static kernel does
-                qb[g] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-                fast = fast && clamp_free(ASYM ? a[g].lo : -a[g].hi, a[g].hi, inv[g], qb[g]);
-            }
-#pragma unroll
-            for (int g = 0; g < G; ++g, qr += S * gsq) {
-                if (vr + g * S < vrows) {
-                    if (fast) store_chunks<false>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
-                    else      store_chunks<true>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
-                }
-            }
-        }
-    }
-}
-
-}  // namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl
-
 // x: rows x cols (row stride x_rs, last axis contiguous); q: rows x cols; scale / zero_point:
 // rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
@@ -1847,24 +1332,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    constexpr int VEC = 8;
-    __shared__ M smem[16];                     // one slot per warp of a 512-thread block
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
-    const int TX = blockDim.x;
-    if (vec_ok) {
-        const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
-        if (per <= 1) row_groups<VEC, 1>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 2) row_groups<VEC, 2>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 4) row_groups<VEC, 4>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else row_groups<VEC, 0>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-    } else {
-        const i64_t per = (group_size + TX - 1) / TX;
-        if (per <= 1) row_groups<1, 1>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 4) row_groups<1, 4>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 8) row_groups<1, 8>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else row_groups<1, 0>(x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-    }
+    dyn::fused<false, 8, dyn::Chunks<1, 2, 4>, dyn::Chunks<1, 4, 8>>(
+        x, x_rs, q, q_rs, scale, zero_point, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
 }
 
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
@@ -1874,15 +1343,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 16: team_row_groups<8, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<8, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<dyn::IntCodes, false, 8, 16>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
@@ -1892,60 +1354,44 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 8: team_row_groups<8, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<8, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<dyn::IntCodes, false, 8, 8>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
-// compile time: row groups of up to 8 chunks (64 elements); parameters as for sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8.
+// compile time: row groups of up to 8 chunks (64 elements).
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8_tx2(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 2, dense != 0, xch);
+    dyn::team<dyn::IntCodes, false, 8, 8, 2, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
-// compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8.
+// compile time: row groups of up to 16 chunks (128 elements).
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8_tx4(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 4, 2, 4>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 4, dense != 0, xch);
+    dyn::team<dyn::IntCodes, false, 8, 8, 4, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
-// compile time: row groups of up to 32 chunks (256 elements); parameters as for sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8.
+// compile time: row groups of up to 32 chunks (256 elements).
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t8_tx8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 4, 2, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
+    dyn::team<dyn::IntCodes, false, 8, 8, 8, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1955,15 +1401,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 4: team_row_groups<8, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<8, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<dyn::IntCodes, false, 8, 4>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1973,437 +1412,64 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 2: team_row_groups<8, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<8, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<dyn::IntCodes, false, 8, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
-// compile time: row groups of up to 16 chunks (128 elements); parameters as for sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t2.
+// compile time: row groups of up to 16 chunks (128 elements).
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t2_tx8(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 2, 1, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
+    dyn::team<dyn::IntCodes, false, 8, 2, 8, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
-// compile time: row groups of up to 512 chunks (4096 elements); parameters as for sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t2.
+// compile time: row groups of up to 512 chunks (4096 elements).
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_t2_tx256(
     const f16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
     i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
     i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f16_u8_sm80_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<8, 2, 1, 256>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 256, dense != 0, xch);
+    dyn::team<dyn::IntCodes, false, 8, 2, 256, 2>(
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/asymmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
-namespace sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt_impl {
-typedef f16_t T;   // input element
-typedef u8_t Q;   // output element
-typedef float M;   // math precision
-constexpr bool ASYM = true;
-
-__device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision.
-template <int V>
-__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    return up(b.v[i]);
-}
-struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
-struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
-
-// Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
-// exact, so any combination order gives the same bits.
-// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
-// shows in the result, and only then is the slice reduced again ignoring NaN).
-struct Acc { M lo, hi; };
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
-template <bool SEE_NAN = false>
-__device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
-    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
-}
-
-// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
-__device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
-    if (ASYM) {
-        s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
-        const M z = (M)qmin - rne(a.lo / s);
-        zp = (int)vmax(vmin(z, (M)qmax), (M)qmin);   // NaN (only from min x = -inf) -> qmax
-    } else {
-        s = vmax(a.hi, eps) / (M)(qmax - zp_value);
-        zp = zp_value;
-    }
-}
-
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CHECKED>
-__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
-}
-
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
-}
-}  // namespace sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt_impl
 // Launches the main entry points of quantization/dynamic_quantize/channel/asymmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
 // (sf_dynamic_quantize_channel_asymmetric_f16_u8_sm80_simt): the same device code, compiled once in this unit.
 
-namespace sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt_impl {
-// 16 bytes global -> shared without registers (sm_80+), L2 only (.cg: x is not read again by this SM).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const u32_t s = (u32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Every block of a cooperative launch waits here until all have arrived; `count` is 0 at launch
-// (the launcher clears it) and each block adds 1 once.
-__device__ __forceinline__ void grid_barrier(u32_t* count) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();                       // this block's partial result is visible first
-        atomicAdd(count, 1u);
-        while (*reinterpret_cast<volatile u32_t*>(count) < gridDim.x) asm volatile("nanosleep.u32 100;");
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-// Reduces the block's accumulators; every thread gets the result.
-__device__ __forceinline__ Acc block_acc(Acc a, M* red) {
-    if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, red);
-    a.hi = block_reduce(a.hi, MaxOp(), (M)0, red);
-    return a;
-}
-
-template <int V>
-__device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
-#pragma unroll
-    for (int e = 0; e < V; ++e) accumulate(a, elem(v, e));
-}
-
-// The streamed vectors i = from, from + stride, ... < end: U loads issued before any is used
-// (a loop with a bound test per vector keeps one 16-byte load in flight per thread: too few bytes
-// in flight for DRAM at the 32-register cap of two 1024-thread blocks per SM), then the rest.
-template <int U, int V>
-__device__ __forceinline__ void reduce_streamed(Acc& a, const T* __restrict__ x, i64_t i, i64_t end, i64_t stride) {
-    for (; i + (U - 1) * stride < end; i += U * stride) {
-        Vec<T, V> v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i + u * stride) * V);
-#pragma unroll
-        for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
-    }
-    for (; i < end; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
-}
-
-// Quantizes the streamed vectors from `last` down to `first` (stride apart), U loads at a time.
-template <int U, int V>
-__device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __restrict__ q, i64_t last, i64_t first,
-                                                  i64_t stride, M inv, const QuantBounds<M>& qb) {
-    i64_t i = last;
-    for (; i - (U - 1) * stride >= first; i -= U * stride) {
-        Vec<T, V> v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i - u * stride) * V);
-#pragma unroll
-        for (int u = 0; u < U; ++u) quant_store<V>(q + (i - u * stride) * V, v[u], inv, qb);
-    }
-    for (; i >= first; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
-}
-}  // namespace sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt_impl
-
-// x, q: n contiguous elements (x 16-byte aligned, q aligned to 8 bytes); partial: 2 x
-// gridDim.x slots (hi, then lo); count: a zeroed counter; kept: keep_tiles x blockDim.x 16-byte
-// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks.
-// The grid sweeps x as a grid-stride loop of tiles (a tile: one vector per thread of a block;
-// block b takes tiles b, b + G, ...), so all blocks read one contiguous window at a time (a
-// contiguous share per block measured 10-20 % slower: 132 separate streams). A tile is `width`
-// threads wide (blockDim.x, or fewer for small x, so that every block gets some of it). A block's
-// first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
-// whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
+// x, q: n contiguous elements (x 16-byte aligned, q aligned to 8 bytes); launched
+// cooperatively, at most one wave of blocks. Two blocks per SM (one for f64, whose registers do
+// not fit): 64 warps keep more bytes in flight than one block of 32.
 extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt_coop(
     const f16_t* __restrict__ x, u8_t* __restrict__ q, float* __restrict__ partial,
     u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t n,
     int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
 {
-    using namespace sf_dynamic_quantize_tensor_asymmetric_f16_u8_sm80_simt_impl;
-    constexpr int V = 8;            // elements of a 16-byte vector
-    constexpr int U = 4, UQ = 2;   // streamed vectors in flight per thread: reduce, quantize
-    extern __shared__ uint4 kept[];
-    __shared__ M red[32];
-    const i64_t G = gridDim.x, NT = width, b = blockIdx.x, nvec = n / V;   // NT <= blockDim.x threads per tile
-    const bool on = threadIdx.x < width;
-    const i64_t first = on ? b * NT + threadIdx.x : nvec, stride = G * NT;   // this thread's vectors: first + k * stride
-    const i64_t streamed = first + (i64_t)keep_tiles * stride;  // ... from here on, not kept
-    const bool tail = b == G - 1;              // the n % V last elements, one at a time
-    // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
-    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
-        cp_async16(&kept[k * NT + threadIdx.x], x + (first + k * stride) * V);
-    Acc a = {(M)0, (M)0};
-    reduce_streamed<U, V>(a, x, streamed, nvec, stride);
-    if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
-    }
-    cp_async_wait_all();                       // a thread reads back only the vectors it copied
-    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
-        accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]));
-    a = block_acc(a, red);
-    if (threadIdx.x == 0) {
-        partial[b] = a.hi;
-        if (ASYM) partial[G + b] = a.lo;
-    }
-    // 2. all partial results are written
-    grid_barrier(count);
-    // 3. the tensor's range, combined the same way in every block
-    Acc t = {(M)0, (M)0};
-    for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
-        t.hi = vmax(t.hi, __ldcg(partial + i));
-        if (ASYM) t.lo = vmin(t.lo, __ldcg(partial + G + i));
-    }
-    t = block_acc(t, red);
-    M s;
-    int zp;
-    finish(t, eps, qmin, qmax, zp_value, s, zp);
-    if (b == 0 && threadIdx.x == 0) {
-        scale[0] = s;
-        if (ASYM) zero_point[0] = zp;
-    }
-    const M inv = (M)1 / s;                    // as the static quantize kernel does
-    const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
-    // 4. quantize: streamed vectors last-read first (the grid walks back through what L2 still
-    //    holds), then the kept ones
-    if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<true>(up(x[i]), inv, qb);
-    }
-    if (streamed < nvec) {
-        const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;
-        quantize_streamed<UQ, V>(x, q, last, streamed, stride, inv, qb);
-    }
-    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
-        quant_store<V>(q + (first + k * stride) * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
+    dyn::coop<true, 8, 4, 2>(x, q, partial, count, scale, zero_point, n, keep_tiles, width, eps, qmin, qmax, zp_value);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/symmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
-namespace sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt_impl {
-typedef f16_t T;   // input element
-typedef u8_t Q;   // output element
-typedef float M;   // math precision
-constexpr bool ASYM = false;
-
-__device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision.
-template <int V>
-__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    return up(b.v[i]);
-}
-struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
-struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
-
-// Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
-// exact, so any combination order gives the same bits.
-// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
-// shows in the result, and only then is the slice reduced again ignoring NaN).
-struct Acc { M lo, hi; };
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
-template <bool SEE_NAN = false>
-__device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
-    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
-}
-
-// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
-__device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
-    if (ASYM) {
-        s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
-        const M z = (M)qmin - rne(a.lo / s);
-        zp = (int)vmax(vmin(z, (M)qmax), (M)qmin);   // NaN (only from min x = -inf) -> qmax
-    } else {
-        s = vmax(a.hi, eps) / (M)(qmax - zp_value);
-        zp = zp_value;
-    }
-}
-
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CHECKED>
-__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
-}
-
-// One chunk of V elements quantized and stored (V bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(Q* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    Vec<Q, V> o;
-#pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = quant<CHECKED>(elem(b, i), inv, qb);
-    store_vec<Q, V>(p, o);
-}
-}  // namespace sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt_impl
 // Launches the main entry points of quantization/dynamic_quantize/channel/symmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable
 // (sf_dynamic_quantize_channel_symmetric_f16_u8_sm80_simt): the same device code, compiled once in this unit.
 
-namespace sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt_impl {
-// 16 bytes global -> shared without registers (sm_80+), L2 only (.cg: x is not read again by this SM).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const u32_t s = (u32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Every block of a cooperative launch waits here until all have arrived; `count` is 0 at launch
-// (the launcher clears it) and each block adds 1 once.
-__device__ __forceinline__ void grid_barrier(u32_t* count) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();                       // this block's partial result is visible first
-        atomicAdd(count, 1u);
-        while (*reinterpret_cast<volatile u32_t*>(count) < gridDim.x) asm volatile("nanosleep.u32 100;");
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-// Reduces the block's accumulators; every thread gets the result.
-__device__ __forceinline__ Acc block_acc(Acc a, M* red) {
-    if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, red);
-    a.hi = block_reduce(a.hi, MaxOp(), (M)0, red);
-    return a;
-}
-
-template <int V>
-__device__ __forceinline__ void accumulate_vec(Acc& a, const Vec<T, V>& v) {
-#pragma unroll
-    for (int e = 0; e < V; ++e) accumulate(a, elem(v, e));
-}
-
-// The streamed vectors i = from, from + stride, ... < end: U loads issued before any is used
-// (a loop with a bound test per vector keeps one 16-byte load in flight per thread: too few bytes
-// in flight for DRAM at the 32-register cap of two 1024-thread blocks per SM), then the rest.
-template <int U, int V>
-__device__ __forceinline__ void reduce_streamed(Acc& a, const T* __restrict__ x, i64_t i, i64_t end, i64_t stride) {
-    for (; i + (U - 1) * stride < end; i += U * stride) {
-        Vec<T, V> v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i + u * stride) * V);
-#pragma unroll
-        for (int u = 0; u < U; ++u) accumulate_vec<V>(a, v[u]);
-    }
-    for (; i < end; i += stride) accumulate_vec<V>(a, load_vec<T, V>(x + i * V));
-}
-
-// Quantizes the streamed vectors from `last` down to `first` (stride apart), U loads at a time.
-template <int U, int V>
-__device__ __forceinline__ void quantize_streamed(const T* __restrict__ x, Q* __restrict__ q, i64_t last, i64_t first,
-                                                  i64_t stride, M inv, const QuantBounds<M>& qb) {
-    i64_t i = last;
-    for (; i - (U - 1) * stride >= first; i -= U * stride) {
-        Vec<T, V> v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) v[u] = load_vec<T, V>(x + (i - u * stride) * V);
-#pragma unroll
-        for (int u = 0; u < U; ++u) quant_store<V>(q + (i - u * stride) * V, v[u], inv, qb);
-    }
-    for (; i >= first; i -= stride) quant_store<V>(q + i * V, load_vec<T, V>(x + i * V), inv, qb);
-}
-}  // namespace sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt_impl
-
-// x, q: n contiguous elements (x 16-byte aligned, q aligned to 8 bytes); partial: 2 x
-// gridDim.x slots (hi, then lo); count: a zeroed counter; kept: keep_tiles x blockDim.x 16-byte
-// vectors of dynamic shared memory. Launched cooperatively with at most one wave of blocks.
-// The grid sweeps x as a grid-stride loop of tiles (a tile: one vector per thread of a block;
-// block b takes tiles b, b + G, ...), so all blocks read one contiguous window at a time (a
-// contiguous share per block measured 10-20 % slower: 132 separate streams). A tile is `width`
-// threads wide (blockDim.x, or fewer for small x, so that every block gets some of it). A block's
-// first keep_tiles tiles (the front of x) stay in shared memory. Two blocks per SM (one for f64,
-// whose registers do not fit): 64 warps keep more bytes in flight than one block of 32.
+// x, q: n contiguous elements (x 16-byte aligned, q aligned to 8 bytes); launched
+// cooperatively, at most one wave of blocks. Two blocks per SM (one for f64, whose registers do
+// not fit): 64 warps keep more bytes in flight than one block of 32.
 extern "C" __global__ void __launch_bounds__(1024, 2) sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt_coop(
     const f16_t* __restrict__ x, u8_t* __restrict__ q, float* __restrict__ partial,
     u32_t* __restrict__ count, float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t n,
     int keep_tiles, int width, float eps, int qmin, int qmax, int zp_value)
 {
-    using namespace sf_dynamic_quantize_tensor_symmetric_f16_u8_sm80_simt_impl;
-    constexpr int V = 8;            // elements of a 16-byte vector
-    constexpr int U = 4, UQ = 4;   // streamed vectors in flight per thread: reduce, quantize
-    extern __shared__ uint4 kept[];
-    __shared__ M red[32];
-    const i64_t G = gridDim.x, NT = width, b = blockIdx.x, nvec = n / V;   // NT <= blockDim.x threads per tile
-    const bool on = threadIdx.x < width;
-    const i64_t first = on ? b * NT + threadIdx.x : nvec, stride = G * NT;   // this thread's vectors: first + k * stride
-    const i64_t streamed = first + (i64_t)keep_tiles * stride;  // ... from here on, not kept
-    const bool tail = b == G - 1;              // the n % V last elements, one at a time
-    // 1. reduce: copy the kept vectors in flight, stream the others, then reduce the kept ones
-    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
-        cp_async16(&kept[k * NT + threadIdx.x], x + (first + k * stride) * V);
-    Acc a = {(M)0, (M)0};
-    reduce_streamed<U, V>(a, x, streamed, nvec, stride);
-    if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate(a, up(x[i]));
-    }
-    cp_async_wait_all();                       // a thread reads back only the vectors it copied
-    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
-        accumulate_vec<V>(a, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]));
-    a = block_acc(a, red);
-    if (threadIdx.x == 0) {
-        partial[b] = a.hi;
-        if (ASYM) partial[G + b] = a.lo;
-    }
-    // 2. all partial results are written
-    grid_barrier(count);
-    // 3. the tensor's range, combined the same way in every block
-    Acc t = {(M)0, (M)0};
-    for (i64_t i = threadIdx.x; i < G; i += blockDim.x) {
-        t.hi = vmax(t.hi, __ldcg(partial + i));
-        if (ASYM) t.lo = vmin(t.lo, __ldcg(partial + G + i));
-    }
-    t = block_acc(t, red);
-    M s;
-    int zp;
-    finish(t, eps, qmin, qmax, zp_value, s, zp);
-    if (b == 0 && threadIdx.x == 0) {
-        scale[0] = s;
-        if (ASYM) zero_point[0] = zp;
-    }
-    const M inv = (M)1 / s;                    // as the static quantize kernel does
-    const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
-    // 4. quantize: streamed vectors last-read first (the grid walks back through what L2 still
-    //    holds), then the kept ones
-    if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<true>(up(x[i]), inv, qb);
-    }
-    if (streamed < nvec) {
-        const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;
-        quantize_streamed<UQ, V>(x, q, last, streamed, stride, inv, qb);
-    }
-    for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
-        quant_store<V>(q + (first + k * stride) * V, *reinterpret_cast<const Vec<T, V>*>(&kept[k * NT + threadIdx.x]), inv, qb);
+    dyn::coop<false, 8, 4, 4>(x, q, partial, count, scale, zero_point, n, keep_tiles, width, eps, qmin, qmax, zp_value);
 }
 
 // SKU: quantization/dynamic_quantize/token/asymmetric/f16/u8/sm80/simt/f32.acc-f32.det.stable

@@ -364,38 +364,369 @@ template <class F> __device__ __forceinline__ void fp8x2_decode_hw(unsigned lo, 
 #endif
 // ---- end of low-bit helpers ------------------------------------------------------------------
 
-// SKU: quantization/dynamic_quantize/channel/symmetric/f32/fp8_e5m2/sm89/simt/f32.acc-f32.det.stable
-namespace sf_dynamic_quantize_channel_symmetric_f32_fp8_e5m2_sm89_simt_impl {
-typedef float T;   // input element
-typedef u8_t Q;   // output element
-typedef float M;   // math precision
-constexpr bool ASYM = false;
+// ---- skuforge low-bit kernels (templates/quantization/lowbit_kernels.cuh) -------------------
+// The low-bit static quantize / dequantize kernels and the codes every low-bit kernel writes
+// (docs/lowbit.md), after templates/common/lowbit.cuh (the conversion functions). Codes: Fp8<F, HW>
+// (F: Fp8E4M3 / Fp8E5M2; HW: the sm_89 cvt instructions, else the software conversion) and
+// Int4<SIGNED> (s4 / u4, two per byte: 2i low nibble, 2i + 1 high). Each has PACK (elements per byte
+// of q), encode / encode_vec (t = x * inv in the math precision M -> codes) and decode_vec (codes ->
+// values in M).
+namespace lowbit {
 
-__device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision.
-template <int V>
-__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    return up(b.v[i]);
+template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
+    if constexpr (sizeof(M) == 8) return to_f64(v);
+    else return to_f32(v);
 }
-struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
-struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
+template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
+    if constexpr (sizeof(M) == 8) return from_f64<T>(v);
+    else return from_f32<T>(v);
+}
+// e8m0 block scale (MX) in the math precision: 2^(code - 127), exact
+template <typename M> __device__ __forceinline__ M e8m0_to(unsigned code) {
+    if constexpr (sizeof(M) == 8) return e8m0_to_f64(code);
+    else return e8m0_to_f32(code);
+}
+
+// fp8 codes (one a byte): t -> the fp8 byte of t (round half to even, saturating, NaN -> 0x7F);
+// decoded exactly. Their kernels keep one quantize path (UNCHECKED_PATH false: the conversion
+// saturates and keeps NaN itself).
+template <class F, bool HW> struct Fp8 {
+    typedef F Format;
+    static constexpr int PACK = 1;
+    static constexpr bool UNCHECKED_PATH = false;
+    template <bool CHECKED = true, typename M>
+    static __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+        (void)qb;
+        if constexpr (HW) return fp8x2_encode_hw<F>(t, 0.0f) & 0xFFu;
+        else return fp8_encode<F>(t);
+    }
+    template <int V, bool CHECKED = true, typename M>
+    static __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
+        if constexpr (HW && V % 2 == 0) {
+#pragma unroll
+            for (int i = 0; i < V; i += 2) {    // one cvt.rn.satfinite.<f8>x2.f32 per pair
+                const unsigned d = fp8x2_encode_hw<F>(t[i], t[i + 1]);
+                out.v[i] = (u8_t)(d & 0xFFu);
+                out.v[i + 1] = (u8_t)(d >> 8);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode<CHECKED>(t[i], qb[i]);
+        }
+    }
+    template <int V, typename M>
+    static __device__ __forceinline__ void decode_vec(const Vec<u8_t, V / PACK>& in, const int (&zp)[V], M (&out)[V]) {
+        (void)zp;
+        if constexpr (HW) {
+            if constexpr (V % 2 == 0) {
+#pragma unroll
+                for (int i = 0; i < V; i += 2) {    // one cvt.rn.f16x2.<f8>x2 per pair (exact)
+                    float lo, hi;
+                    fp8x2_decode_hw<F>(in.v[i], in.v[i + 1], lo, hi);
+                    out[i] = (M)lo;
+                    out[i + 1] = (M)hi;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < V; ++i) { float lo, hi; fp8x2_decode_hw<F>(in.v[i], 0u, lo, hi); out[i] = (M)lo; }
+            }
+        } else if constexpr (sizeof(M) == 8) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) out[i] = fp8_decode_f64<F>(in.v[i]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < V; ++i) out[i] = fp8_decode_f32<F>(in.v[i]);
+        }
+    }
+};
+
+// int4 codes: t -> clamp(rne(t) + zp, qmin, qmax) (NaN -> zp), as a nibble; decoded as q - zp.
+template <bool SIGNED> struct Int4 {
+    static constexpr int PACK = 2;
+    static constexpr bool UNCHECKED_PATH = true;
+    template <bool CHECKED = true, typename M>
+    static __device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
+        return (unsigned)quant_code_bits<CHECKED>(t, qb) & 0xFu;
+    }
+    template <int V, bool CHECKED = true, typename M>
+    static __device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
+#pragma unroll
+        for (int i = 0; i < V; i += 2) out.v[i / 2] = int4_pack((int)encode<CHECKED>(t[i], qb[i]), (int)encode<CHECKED>(t[i + 1], qb[i + 1]));
+    }
+    static __device__ __forceinline__ int lo(unsigned b) { return SIGNED ? s4_lo(b) : u4_lo(b); }
+    static __device__ __forceinline__ int hi(unsigned b) { return SIGNED ? s4_hi(b) : u4_hi(b); }
+    template <int V, typename M>
+    static __device__ __forceinline__ void decode_vec(const Vec<u8_t, V / PACK>& in, const int (&zp)[V], M (&out)[V]) {
+#pragma unroll
+        for (int i = 0; i < V; i += 2) {
+            out[i] = (M)(lo(in.v[i / 2]) - zp[i]);
+            out[i + 1] = (M)(hi(in.v[i / 2]) - zp[i + 1]);
+        }
+    }
+};
+
+// -- the static kernels' scale / zero point ------------------------------------------------------
+enum class Scope { tensor, token, group, channel };
+
+// Per-element scale / zero point of the static kernels: index of the scale element of (row, c),
+// whether a vector of VEC elements shares one, and the parameter itself (inv = 1 / scale once
+// per scale element it is loaded for, as the s8/u8 kernels do), with its device-side check.
+// E8M0: fp8 group-scope kernels also accept e8m0 block scales (a byte pointer; the launcher passes
+// it for group 32). BAD_SCALE, BAD_ZP: the codes the kernel writes to the status word.
+template <typename M> struct Param { M s, inv; int zp; };
+template <Scope SCOPE, bool ASYM, bool E8M0, int VEC, u32_t BAD_SCALE, u32_t BAD_ZP, typename M>
+struct Params {
+    const M* scale; M scale_value; const u8_t* scale_e8m0; const i32_t* zero_point; int zp_value;
+    i64_t cols, group_size, chan_inner, chan_count; int chan_last;
+    u32_t* status; int qmin, qmax;   // status: the device's status word, or null (no value checks)
+
+    __device__ __forceinline__ i64_t index(i64_t row, i64_t c) const {
+        if constexpr (SCOPE == Scope::tensor) {
+            (void)row; (void)c; return 0;
+        } else if constexpr (SCOPE == Scope::token) {
+            (void)c; return row;
+        } else if constexpr (SCOPE == Scope::group) {
+            return row * (cols / group_size) + c / group_size;
+        } else {
+            // 32-bit division when every operand fits (a 64-bit one is a call: registers live across it spill)
+            return chan_last ? c : channel_of(row, chan_inner, chan_count, ((u64_t)row | (u64_t)chan_inner | (u64_t)chan_count) >> 32 == 0);
+        }
+    }
+    // One scale element for the VEC elements of a vector starting at a multiple of VEC.
+    __device__ __forceinline__ bool uniform() const {
+        if constexpr (SCOPE == Scope::tensor || SCOPE == Scope::token) return true;
+        else if constexpr (SCOPE == Scope::group) return group_size % VEC == 0;
+        else return !chan_last;
+    }
+    // The scale element (and zero point) of (row, c) as loaded: kernels load those of a step's
+    // vectors with their data, so that one memory latency covers both, and finish them after.
+    struct Raw { M s; int zp; };
+    __device__ __forceinline__ Raw raw(i64_t row, i64_t c) const {
+        const i64_t i = index(row, c);
+        Raw r;
+        if constexpr (E8M0) {
+            // e8m0 block scales (MX): 2^(code - 127), exact, so inv is exact too
+            r.s = scale_e8m0 ? e8m0_to<M>(scale_e8m0[i]) : (scale ? scale[i] : scale_value);
+        } else {
+            r.s = scale ? scale[i] : scale_value;
+        }
+        if constexpr (ASYM) r.zp = zero_point ? zero_point[i] : zp_value;
+        else r.zp = zp_value;
+        return r;
+    }
+    // The parameter of a loaded scale element, with its device-side check and reciprocal.
+    __device__ __forceinline__ Param<M> finish(const Raw& r) const {
+        Param<M> p;
+        p.s = r.s;
+        p.zp = r.zp;
+        // an invalid scale element (e8m0 code 255 is NaN) becomes s = NaN, zp = qmin: dequantize gives
+        // NaN, quantize's t = x * NaN gives NaN (fp8) or the zero point qmin (int4)
+        if (param_bad<ASYM>(status, p.s, p.zp, qmin, qmax, BAD_SCALE, BAD_ZP)) {
+            p.s = poison_nan<M>();
+            p.zp = qmin;
+        }
+        p.inv = recip(p.s);
+        return p;
+    }
+    __device__ __forceinline__ Param<M> at(i64_t row, i64_t c) const { return finish(raw(row, c)); }
+};
+
+// -- static quantize: x (float) -> q (codes C) -----------------------------------------------------
+// fp8: q = fp8_rne_satfinite(x * inv); int4: q = clamp(rne(x * inv) + zp, qmin, qmax), NaN -> zp.
+// rows x cols view: rows may be strided, the last axis is contiguous; q has cols / PACK bytes
+// per row. The grid strides over rows (any row count), 64-bit indices throughout.
+// vec_ok: cols % VEC == 0 and x, q rows aligned to their vector widths (checked by the launcher).
+// U: vectors each thread has in flight; SCOPE, ASYM, E8M0, BAD_SCALE, BAD_ZP: those of Params.
+template <class C, Scope SCOPE, bool ASYM, bool E8M0, u32_t BAD_SCALE, u32_t BAD_ZP, int VEC, int U, typename T, typename M>
+__device__ __forceinline__ void quantize(
+    const T* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs, const M* __restrict__ scale, M scale_value,
+    const u8_t* __restrict__ scale_e8m0, const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols,
+    i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok, u32_t* status)
+{
+    typedef Params<SCOPE, ASYM, E8M0, VEC, BAD_SCALE, BAD_ZP, M> Scales;
+    constexpr int PACK = C::PACK;
+    const Scales P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
+                   status, qmin, qmax};
+    const int TX = blockDim.x, TY = blockDim.y;
+    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * blockDim.y) {   // blockDim.y re-read: cheaper than a register across the loop
+        const T* xr = x + row * x_rs;
+        u8_t* qr = q + row * q_rs;
+        if (vec_ok) {
+            // Vector path: each thread loads U vectors of x (U x 16 bytes in flight), then encodes and
+            // stores VEC / PACK bytes per vector.
+            const bool uniform = P.uniform();
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<T, VEC> xv[U];
+                typename Scales::Raw pr[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        xv[u] = load_vec<T, VEC>(xr + c);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    M t[VEC];
+                    QuantBounds<M> qb[VEC];
+                    Param<M> p = uniform ? P.finish(pr[u]) : P.at(row, c);
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        if (!uniform && i) p = P.at(row, c + i);
+                        t[i] = to_math<M>(xv[u].v[i]) * p.inv;
+                        qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
+                    }
+                    Vec<u8_t, VEC / PACK> o;
+                    C::template encode_vec<VEC>(t, qb, o);
+                    store_vec<u8_t, VEC / PACK>(qr + c / PACK, o);
+                }
+            }
+        } else {
+            // Scalar path: PACK elements (one byte of q) per step; any cols (even for int4), any alignment.
+            for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
+                M t[PACK];
+                QuantBounds<M> qb[PACK];
+#pragma unroll
+                for (int i = 0; i < PACK; ++i) {
+                    const Param<M> p = P.at(row, c + i);
+                    t[i] = to_math<M>(xr[c + i]) * p.inv;
+                    qb[i] = quant_bounds<M>(p.zp, qmin, qmax);
+                }
+                Vec<u8_t, 1> o;
+                C::template encode_vec<PACK>(t, qb, o);
+                qr[c / PACK] = o.v[0];
+            }
+        }
+    }
+}
+
+// -- static dequantize: q (codes C) -> y (float) ---------------------------------------------------
+// y = (q - zp) * scale in the math precision, rounded once to y's dtype (fp8: zp = 0, the value
+// is decoded exactly). rows x cols view of y; q has cols / PACK bytes per row. An invalid scale
+// element's outputs are NaN. Parameters as for quantize.
+template <class C, Scope SCOPE, bool ASYM, bool E8M0, u32_t BAD_SCALE, u32_t BAD_ZP, int VEC, int U, typename T, typename M>
+__device__ __forceinline__ void dequantize(
+    const u8_t* __restrict__ q, i64_t q_rs, T* __restrict__ y, i64_t y_rs, const M* __restrict__ scale, M scale_value,
+    const u8_t* __restrict__ scale_e8m0, const i32_t* __restrict__ zero_point, int zp_value, i64_t rows, i64_t cols,
+    i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok, u32_t* status)
+{
+    typedef Params<SCOPE, ASYM, E8M0, VEC, BAD_SCALE, BAD_ZP, M> Scales;
+    constexpr int PACK = C::PACK;
+    const Scales P{scale, scale_value, scale_e8m0, zero_point, zp_value, cols, group_size, chan_inner, chan_count, chan_last,
+                   status, qmin, qmax};
+    const int TX = blockDim.x, TY = blockDim.y;
+    for (i64_t row = (i64_t)blockIdx.x * TY + threadIdx.y; row < rows; row += (i64_t)gridDim.x * blockDim.y) {   // blockDim.y re-read: cheaper than a register across the loop
+        const u8_t* qr = q + row * q_rs;
+        T* yr = y + row * y_rs;
+        if (vec_ok) {
+            const bool uniform = P.uniform();
+            for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < cols; c0 += (i64_t)TX * VEC * U) {
+                Vec<u8_t, VEC / PACK> qv[U];
+                typename Scales::Raw pr[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c < cols) {
+                        qv[u] = load_vec<u8_t, VEC / PACK>(qr + c / PACK);
+                        if (uniform) pr[u] = P.raw(row, c);   // one scale element per vector: loaded with it
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const i64_t c = c0 + (i64_t)u * TX * VEC;
+                    if (c >= cols) break;
+                    M s[VEC], v[VEC];
+                    int zp[VEC];
+                    Param<M> p = uniform ? P.finish(pr[u]) : P.at(row, c);
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        if (!uniform && i) p = P.at(row, c + i);
+                        s[i] = p.s;
+                        zp[i] = p.zp;
+                    }
+                    C::template decode_vec<VEC>(qv[u], zp, v);
+                    Vec<T, VEC> o;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) o.v[i] = from_math<T>(v[i] * s[i]);
+                    store_vec<T, VEC>(yr + c, o);
+                }
+            }
+        } else {
+            // Scalar path: one byte of q (PACK elements) per step; any alignment.
+            for (i64_t c = (i64_t)threadIdx.x * PACK; c < cols; c += (i64_t)TX * PACK) {
+                M s[PACK], v[PACK];
+                int zp[PACK];
+#pragma unroll
+                for (int i = 0; i < PACK; ++i) {
+                    const Param<M> p = P.at(row, c + i);
+                    s[i] = p.s;
+                    zp[i] = p.zp;
+                }
+                Vec<u8_t, 1> b;
+                b.v[0] = qr[c / PACK];
+                C::template decode_vec<PACK>(b, zp, v);
+#pragma unroll
+                for (int i = 0; i < PACK; ++i) yr[c + i] = from_math<T>(v[i] * s[i]);
+            }
+        }
+    }
+}
+
+}  // namespace lowbit
+// ---- end of low-bit kernels -----------------------------------------------------------------
+
+// ---- skuforge dynamic quantization (templates/quantization/dynamic.cuh) ---------------------
+// What the s8/u8 and the low-bit dynamic_quantize kernels share (docs/dynamic.md): the element math
+// (NaN-ignoring min / max, the running reduction, the (scale, zero point) formulas of
+// docs/numerics.md), the deterministic two-phase per-tensor / per-channel reduction, the row
+// reduction of the fused block kernels and the fused team kernels. Everything is a template over
+// the SKU's types: T (x), Q (q), M (math precision), ASYM (asymmetric mode); a team kernel also
+// takes its codes C (how a chunk of x becomes q: templates/quantization/dynamic_int8.cuh,
+// lowbit_dynamic.cuh) and its Sink (where a row group's scale / zero point go).
+namespace dyn {
+
+template <typename A, typename B> struct same_type { static constexpr bool value = false; };
+template <typename A> struct same_type<A, A> { static constexpr bool value = true; };
+
+// -- element math ----------------------------------------------------------------------------------
+template <typename M, typename T> __device__ __forceinline__ M up(T v) {
+    if constexpr (same_type<M, double>::value) return to_f64(v);
+    else return to_f32(v);
+}
+// Element i of a chunk in the math precision (a bf16 pair of an even-length chunk is one 32-bit
+// word: a shift or a mask; a one-element chunk is 2 bytes, read as such).
+template <typename M, typename T, int V>
+__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
+    if constexpr (same_type<T, bf16_t>::value && V % 2 == 0) {
+        const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
+        return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
+    } else {
+        return up<M>(b.v[i]);
+    }
+}
+template <typename M> struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
+template <typename M> struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
 
 // Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
 // hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
 // exact, so any combination order gives the same bits.
 // SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
 // shows in the result, and only then is the slice reduced again ignoring NaN).
-struct Acc { M lo, hi; };
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
-template <bool SEE_NAN = false>
-__device__ __forceinline__ void accumulate(Acc& a, M v) {
+template <typename M> struct Acc { M lo, hi; };
+template <bool SEE_NAN = false, typename M> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
+template <bool SEE_NAN = false, typename M> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
+template <bool ASYM, bool SEE_NAN = false, typename M>
+__device__ __forceinline__ void accumulate(Acc<M>& a, M v) {
     if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
     else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
 }
 
 // (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
-__device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
+template <bool ASYM, typename M>
+__device__ __forceinline__ void finish(const Acc<M>& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
     if (ASYM) {
         s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
         const M z = (M)qmin - rne(a.lo / s);
@@ -406,16 +737,19 @@ __device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, 
     }
 }
 
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CHECKED>
-__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
-}
+// -- per-tensor / per-channel: the deterministic two-phase reduction -----------------------------
+// phase 0: every block reduces work items (a slice part) to partial[] (no atomics);
+// phase 1: one warp per scale element combines its parts in a fixed order and writes the
+//          scale (and zero point).
+// The runtime then runs the static quantize kernel with these scales (same bits by
+// construction). Blocks are 1-D (256 threads) seen as TX x TY with TX = tx_width.
+// partial layout (n = slots * parts; asymmetric keeps lo at partial[n + i]):
+//   slices (tensor: one slice; channel on a leading axis): partial[slot * parts + part]
+//   columns (channel on the last axis):                    partial[part * cols + col]
 
-// (The reduction only writes scales and zero points; the low-bit static kernel quantizes.)
 // Slices: channel c owns rows (s / inner) * count * inner + c * inner + s % inner, s < rows / count
 // (tensor: count = inner = 1). A part is a block of sub-rows x a chunk of columns.
-template <int V>
+template <bool ASYM, int V, typename T, typename M>
 __device__ __forceinline__ void reduce_slices(
     const T* __restrict__ x, i64_t x_rs, M* __restrict__ partial, i64_t rows, i64_t cols,
     i64_t inner, i64_t count, i64_t row_parts, i64_t col_chunk, int TX, M* smem)
@@ -432,7 +766,7 @@ __device__ __forceinline__ void reduce_slices(
         const i64_t rp = part / col_parts, cp = part - rp * col_parts;
         const i64_t r0 = sub * rp / row_parts, r1 = sub * (rp + 1) / row_parts;
         const i64_t c0 = cp * col_chunk, c1 = c0 + col_chunk < cols ? c0 + col_chunk : cols;
-        Acc a = {(M)0, (M)0};
+        Acc<M> a = {(M)0, (M)0};
         for (i64_t s = r0 + ty; s < r1; s += TY) {
             const i64_t row = (s / inner) * count * inner + c * inner + s % inner;
             const T* xr = x + row * x_rs;
@@ -440,11 +774,11 @@ __device__ __forceinline__ void reduce_slices(
             for (i64_t col = c0 + (i64_t)tx * V; col < c1; col += (i64_t)TX * V) {
                 const Vec<T, V> v = load_vec<T, V>(xr + col);
 #pragma unroll
-                for (int i = 0; i < V; ++i) accumulate(a, up(v.v[i]));
+                for (int i = 0; i < V; ++i) accumulate<ASYM>(a, up<M>(v.v[i]));
             }
         }
-        if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, smem);
-        a.hi = block_reduce(a.hi, MaxOp(), (M)0, smem);
+        if (ASYM) a.lo = block_reduce(a.lo, MinOp<M>(), (M)0, smem);
+        a.hi = block_reduce(a.hi, MaxOp<M>(), (M)0, smem);
         if (threadIdx.x == 0) {
             partial[w] = a.hi;
             if (ASYM) partial[items + w] = a.lo;
@@ -454,19 +788,19 @@ __device__ __forceinline__ void reduce_slices(
 
 // Flat (tensor scope, contiguous x, vector path): block b reduces the vectors b * 256 + t +
 // k * gridDim.x * 256 of the whole tensor, walking backwards, into partial[b]: a plain stream.
-template <int V>
+template <bool ASYM, int V, typename T, typename M>
 __device__ __forceinline__ void reduce_flat(const T* __restrict__ x, M* __restrict__ partial, i64_t n, M* smem)
 {
     const i64_t nvec = n / V, step = (i64_t)gridDim.x * blockDim.x;
-    Acc a = {(M)0, (M)0};
+    Acc<M> a = {(M)0, (M)0};
 #pragma unroll 4
     for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
         const Vec<T, V> v = load_vec<T, V>(x + (nvec - 1 - i) * V);
 #pragma unroll
-        for (int e = 0; e < V; ++e) accumulate(a, up(v.v[e]));
+        for (int e = 0; e < V; ++e) accumulate<ASYM>(a, up<M>(v.v[e]));
     }
-    if (ASYM) a.lo = block_reduce(a.lo, MinOp(), (M)0, smem);
-    a.hi = block_reduce(a.hi, MaxOp(), (M)0, smem);
+    if (ASYM) a.lo = block_reduce(a.lo, MinOp<M>(), (M)0, smem);
+    a.hi = block_reduce(a.hi, MaxOp<M>(), (M)0, smem);
     if (threadIdx.x == 0) {
         partial[blockIdx.x] = a.hi;
         if (ASYM) partial[gridDim.x + blockIdx.x] = a.lo;
@@ -475,7 +809,7 @@ __device__ __forceinline__ void reduce_flat(const T* __restrict__ x, M* __restri
 
 // Columns (channel on the last axis): a thread owns V adjacent columns of a tile of TX * V and
 // walks the part's rows with stride TY; the TY partial results are combined in a fixed order.
-template <int V>
+template <bool ASYM, int V, typename T, typename M>
 __device__ __forceinline__ void reduce_columns(
     const T* __restrict__ x, i64_t x_rs, M* __restrict__ partial, i64_t rows, i64_t cols,
     i64_t row_parts, int TX, M (*red)[256])
@@ -488,15 +822,15 @@ __device__ __forceinline__ void reduce_columns(
         const i64_t rp = w / tiles, tile = w - rp * tiles;
         const i64_t r0 = rows * rp / row_parts, r1 = rows * (rp + 1) / row_parts;
         const i64_t col0 = (tile * TX + tx) * V;
-        Acc a[V];
+        Acc<M> a[V];
 #pragma unroll
-        for (int i = 0; i < V; ++i) a[i] = Acc{(M)0, (M)0};
+        for (int i = 0; i < V; ++i) a[i] = Acc<M>{(M)0, (M)0};
         if (col0 < cols) {
 #pragma unroll 4
             for (i64_t r = r0 + ty; r < r1; r += TY) {
                 const Vec<T, V> v = load_vec<T, V>(x + r * x_rs + col0);
 #pragma unroll
-                for (int i = 0; i < V; ++i) accumulate(a[i], up(v.v[i]));
+                for (int i = 0; i < V; ++i) accumulate<ASYM>(a[i], up<M>(v.v[i]));
             }
         }
 #pragma unroll
@@ -506,7 +840,7 @@ __device__ __forceinline__ void reduce_columns(
             red[1][threadIdx.x] = a[i].lo;
             __syncthreads();
             if (ty == 0 && col0 + i < cols) {
-                Acc r = a[i];
+                Acc<M> r = a[i];
                 for (int j = 1; j < TY; ++j) {     // fixed order over the TY row strands
                     r.hi = vmax(r.hi, red[0][j * TX + tx]);
                     if (ASYM) r.lo = vmin(r.lo, red[1][j * TX + tx]);
@@ -517,29 +851,27 @@ __device__ __forceinline__ void reduce_columns(
         }
     }
 }
-}  // namespace sf_dynamic_quantize_channel_symmetric_f32_fp8_e5m2_sm89_simt_impl
 
+// The two-phase kernel (the entry point's parameters; RVEC: elements of a 16-byte access of x).
 // phase 0: x (rows x cols, row stride x_rs) -> partial; phase 1: partial -> scale, zero_point.
 // Tensor scope: chan_count = chan_inner = 1, chan_last = 0 (flat = 1: contiguous x, vector path).
-// Launch with 1-D blocks of 256.
-extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f32_fp8_e5m2_sm89_simt(
-    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
-    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
-    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
-    int zp_value, int vec_ok, int flat, int phase)
+// Launched with 1-D blocks of 256.
+template <bool ASYM, int RVEC, typename T, typename M>
+__device__ __forceinline__ void reduce(
+    const T* __restrict__ x, i64_t x_rs, M* __restrict__ partial, M* __restrict__ scale, i32_t* __restrict__ zero_point,
+    i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count, int chan_last, i64_t row_parts, i64_t col_chunk,
+    int tx_width, M eps, int qmin, int qmax, int zp_value, int vec_ok, int flat, int phase)
 {
-    using namespace sf_dynamic_quantize_channel_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    constexpr int RVEC = 4;         // 16 bytes of x per access
     __shared__ M red[2][256];
     if (phase == 0) {
         if (flat) {                            // launched with gridDim.x == row_parts, col_chunk == cols
-            reduce_flat<RVEC>(x, partial, rows * cols, red[0]);
+            reduce_flat<ASYM, RVEC>(x, partial, rows * cols, red[0]);
         } else if (chan_last) {
-            if (vec_ok) reduce_columns<RVEC>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
-            else        reduce_columns<1>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
+            if (vec_ok) reduce_columns<ASYM, RVEC>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
+            else        reduce_columns<ASYM, 1>(x, x_rs, partial, rows, cols, row_parts, tx_width, red);
         } else {
-            if (vec_ok) reduce_slices<RVEC>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
-            else        reduce_slices<1>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
+            if (vec_ok) reduce_slices<ASYM, RVEC>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
+            else        reduce_slices<ASYM, 1>(x, x_rs, partial, rows, cols, chan_inner, chan_count, row_parts, col_chunk, tx_width, red[0]);
         }
         return;
     }
@@ -550,17 +882,17 @@ extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_sy
     const int lane = threadIdx.x & 31;
     const i64_t warps = (i64_t)gridDim.x * (blockDim.x >> 5);
     for (i64_t slot = ((i64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; slot < slots; slot += warps) {
-        Acc a = {(M)0, (M)0};
+        Acc<M> a = {(M)0, (M)0};
         for (i64_t p = lane; p < parts; p += 32) {
             const i64_t i = chan_last ? p * slots + slot : slot * parts + p;
             a.hi = vmax(a.hi, partial[i]);
             if (ASYM) a.lo = vmin(a.lo, partial[n + i]);
         }
-        a.hi = warp_reduce(a.hi, MaxOp());
-        if (ASYM) a.lo = warp_reduce(a.lo, MinOp());
+        a.hi = warp_reduce(a.hi, MaxOp<M>());
+        if (ASYM) a.lo = warp_reduce(a.lo, MinOp<M>());
         M s;
         int zp;
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
+        finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
         if (lane == 0) {
             scale[slot] = s;
             if (ASYM) zero_point[slot] = zp;
@@ -568,83 +900,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_sy
     }
 }
 
-// SKU: quantization/dynamic_quantize/group/symmetric/f32/fp8_e5m2/sm89/simt/f32.acc-f32.det.stable
-namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl {
-typedef float T;   // input element
-typedef u8_t Q;   // output element
-typedef float M;   // math precision
-constexpr bool ASYM = false;
-
-__device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision.
-template <int V>
-__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    return up(b.v[i]);
-}
-struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
-struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
-
-// Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
-// exact, so any combination order gives the same bits.
-// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
-// shows in the result, and only then is the slice reduced again ignoring NaN).
-struct Acc { M lo, hi; };
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
-template <bool SEE_NAN = false>
-__device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
-    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
-}
-
-// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
-__device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
-    if (ASYM) {
-        s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
-        const M z = (M)qmin - rne(a.lo / s);
-        zp = (int)vmax(vmin(z, (M)qmax), (M)qmin);   // NaN (only from min x = -inf) -> qmax
-    } else {
-        s = vmax(a.hi, eps) / (M)(qmax - zp_value);
-        zp = zp_value;
-    }
-}
-
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CHECKED>
-__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
-}
-
-// (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
-constexpr int VEC = 4;    // elements per vector access: 16 bytes of the float stream
-constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
-typedef Fp8E5M2 F;   // fp8_e5m2
-
-// One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
-template <bool CHECKED = true>
-__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    (void)qb;
-    return fp8x2_encode_hw<F>(t, 0.0f) & 0xFFu;
-}
-// V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
-    if constexpr (V % 2 == 0) {
-#pragma unroll
-        for (int i = 0; i < V; i += 2) {    // one cvt.rn.satfinite.e5m2x2.f32 per pair
-            const unsigned d = fp8x2_encode_hw<F>(t[i], t[i + 1]);
-            out.v[i] = (u8_t)(d & 0xFFu);
-            out.v[i + 1] = (u8_t)(d >> 8);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode<CHECKED>(t[i], qb[i]);
-    }
-}
+// -- per-token / per-group: the fused block kernels ----------------------------------------------
+// A "row group" is one scale element: a row (token) or one group of a row (group; token is the
+// case group_size == cols). Block = (TX, TY): TX threads share a row group, TY row groups per block;
+// the grid strides over row groups (no grid limit, 64-bit indices). Each thread loads its CH chunks
+// of V elements into registers, the row group is reduced (shuffles, then shared memory across
+// warps), and the same registers are quantized and stored. Row groups longer than TX * V * CH_max
+// take the CH == 0 path: a second read that is served from L2 for rows that fit there.
 
 // Reduces v over the TX threads of this row group; every one of them gets the result.
-template <typename Op>
+template <typename M, typename Op>
 __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
     const int TX = blockDim.x;
     const int width = TX < 32 ? TX : 32;    // TX is a power of two: segments never straddle a warp
@@ -660,147 +925,29 @@ __device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
     return v;
 }
 
-template <int V, bool VIO>
-__device__ __forceinline__ Vec<T, V> load_x(const T* p) {
-    if constexpr (VIO) {
-        return load_vec<T, V>(p);
-    } else {
-        Vec<T, V> r;
-#pragma unroll
-        for (int i = 0; i < V; ++i) r.v[i] = p[i];
-        return r;
-    }
+// The chunk counts CH a block kernel is compiled for (the SKU's ch_vec / ch_scalar), ascending.
+template <int... CH> struct Chunks {};
+// R::run<V, CH>(args...) with the first CH of the list that holds per <= CH chunks per thread,
+// else with CH = 0 (a loop over the row group, read twice).
+template <class R, int V, int CH, int... MORE, typename... A>
+__device__ __forceinline__ void by_chunks(Chunks<CH, MORE...>, i64_t per, A... args) {
+    if (per <= CH) R::template run<V, CH>(args...);
+    else by_chunks<R, V>(Chunks<MORE...>(), per, args...);
 }
+template <class R, int V, typename... A>
+__device__ __forceinline__ void by_chunks(Chunks<>, i64_t, A... args) { R::template run<V, 0>(args...); }
 
-// CH > 0: the thread's CH chunks of V elements stay in registers; CH == 0: loop over the row
-// group, then read it a second time (from L2) to quantize.
-template <int V, int CH, bool VIO>
-__device__ __forceinline__ void row_groups(
-    const T* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    M* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
-{
-    const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    (void)scale_e8m0;
-    // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
-    for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
-        const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
-        const bool live = vr < vrows;
-        const i64_t row = vr / ngroups, grp = vr - row * ngroups;
-        const T* xr = x + row * x_rs + grp * gs;
-        u8_t* qr = q + row * q_rs + grp * gs / PACK;
-        Vec<T, V> buf[CH > 0 ? CH : 1];
-        Acc a = {(M)0, (M)0};
-        if (live) {
-            if constexpr (CH > 0) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    const int c = (j * TX + tx) * V;   // < 512 * 16 * 8: int is enough here
-                    if (c < gs) buf[j] = load_x<V, VIO>(xr + c);
-                }
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    if ((j * TX + tx) * V < gs) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate(a, up(buf[j].v[i]));
-                    }
-                }
-            } else {
-                for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {
-                    const Vec<T, V> v = load_x<V, VIO>(xr + c);
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate(a, up(v.v[i]));
-                }
-            }
-        }
-        if (ASYM) a.lo = row_reduce(a.lo, MinOp(), smem);
-        a.hi = row_reduce(a.hi, MaxOp(), smem);
-        M s;
-        int zp;
-        unsigned char e8 = 0;
-        if (scale_e8m0) {                      // MX: scale = 2^(floor(log2(amax)) - emax_elem)
-            e8 = e8m0_from_amax<F>(a.hi);
-            s = e8m0_to_f32(e8);
-            zp = zp_value;
-        } else {
-            finish(a, eps, qmin, qmax, zp_value, s, zp);
-        }
-        const M inv = (M)1 / s;                // once per scale element, as the static kernel does
-        if (live) {
-            if (tx == 0) {
-                if (scale_e8m0) scale_e8m0[vr] = e8;
-                else scale[vr] = s;
-                if (ASYM) zero_point[vr] = zp;
-            }
-            QuantBounds<M> qv[V];
-#pragma unroll
-            for (int i = 0; i < V; ++i) qv[i] = quant_bounds<M>(zp, qmin, qmax);
-            if constexpr (CH > 0) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    const int c = (j * TX + tx) * V;
-                    if (c < gs) {
-                        M t[V];
-#pragma unroll
-                        for (int i = 0; i < V; ++i) t[i] = up(buf[j].v[i]) * inv;
-                        Vec<u8_t, V / PACK> o;
-                        encode_vec<V>(t, qv, o);
-                        store_vec<u8_t, V / PACK>(qr + c / PACK, o);
-                    }
-                }
-            } else {
-                for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
-                    const Vec<T, V> v = load_x<V, VIO>(xr + c);
-                    M t[V];
-#pragma unroll
-                    for (int i = 0; i < V; ++i) t[i] = up(v.v[i]) * inv;
-                    Vec<u8_t, V / PACK> o;
-                    encode_vec<V>(t, qv, o);
-                    store_vec<u8_t, V / PACK>(qr + c / PACK, o);
-                }
-            }
-        }
-    }
-}
+// -- per-token / per-group: the team kernels -----------------------------------------------------
+// One entry point `<symbol>_t<P>` per chunk budget P (16-byte chunks of x per thread, held in
+// registers), and fixed-TX ones `<symbol>_t<P>_tx<TX>` (docs/dynamic.md). Parameters: those of the
+// block kernel with vec_ok replaced by tx (threads per row group, a power of two <= 512), ch (chunks
+// per thread and row group: P or P / 2), dense (rows of x and q contiguous) and ngroups
+// (cols / group_size). The launcher only picks them on the vector path (group_size % VEC == 0,
+// aligned rows). C, the codes: C::PACK (elements per Q), C::UNCHECKED_PATH (integer codes have an
+// unchecked quantize path, no clamp and no NaN test, for row groups that allow it; fp8 codes do not:
+// the conversion saturates and keeps NaN itself, so their kernels keep one path), and
+// C::quant_store<V, CHECKED>(q, chunk, inv, bounds).
 
-// -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
-// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, or the MX e8m0 code when scale_e8m0 is set, stored at vr by `lead`.
-struct Sink {
-    M* scale; u8_t* scale_e8m0; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
-    __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
-        M s;
-        if (scale_e8m0) {                      // MX: scale = 2^(floor(log2(amax)) - emax_elem)
-            const unsigned char e8 = e8m0_from_amax<F>(a.hi);
-            s = e8m0_to_f32(e8);
-            zp = zp_value;
-            if (lead) scale_e8m0[vr] = e8;
-            return s;
-        }
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
-        if (lead) {
-            scale[vr] = s;
-            if (ASYM) zero_point[vr] = zp;
-        }
-        return s;
-    }
-};
-// One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    M t[V];
-    QuantBounds<M> qv[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        t[i] = elem(b, i) * inv;
-        qv[i] = qb;
-    }
-    Vec<u8_t, V / PACK> o;
-    encode_vec<V, CHECKED>(t, qv, o);
-    store_vec<u8_t, V / PACK>(p, o);
-}
-// Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
-// fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
-constexpr bool UNCHECKED_PATH = false;
 // log2 of a power of two, at compile time
 __device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
 // Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
@@ -812,8 +959,8 @@ __device__ __forceinline__ void team_barrier(int id, int threads) {
 // shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
 // TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
 // slots, so one barrier per exchange is enough.
-template <bool SEE_NAN>
-__device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
+template <bool ASYM, bool SEE_NAN, typename M>
+__device__ __forceinline__ void team_reduce(Acc<M>& a, int TX, M (*xch)[2][16], int& parity) {
     const int width = TX < 32 ? TX : 32;
     for (int o = width >> 1; o > 0; o >>= 1) {
         if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
@@ -836,14 +983,42 @@ __device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int
 
 // The range of a thread's CH chunks of one row group (zeros past its end change nothing);
 // SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
-template <bool SEE_NAN, int V, int CH>
-__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
-    Acc a = {(M)0, (M)0};
+template <bool ASYM, bool SEE_NAN, typename M, typename T, int V, int CH>
+__device__ __forceinline__ Acc<M> chunks_range(const Vec<T, V> (&b)[CH], bool live) {
+    Acc<M> a = {(M)0, (M)0};
+#if __CUDA_ARCH__ >= 900
+    if constexpr (!ASYM && (same_type<T, bf16_t>::value || same_type<T, f16_t>::value)) {
+        // Symmetric 16-bit floats, first pass: max |x| on the bit patterns, two elements per
+        // instruction (sm_90 has a 16x2 integer max). With the sign bit cleared, the unsigned order of
+        // a bf16 / f16 bit pattern is the order of |x|, and every NaN pattern lies above infinity, so
+        // the result is max |x| exactly, or a NaN when the slice holds one (what the NaN-propagating
+        // max gives); starting from 0 as the float reduction does.
+        if (SEE_NAN) {
+            u32_t m = 0;
+            if (live) {
+#pragma unroll
+                for (int j = 0; j < CH; ++j) {
+#pragma unroll
+                    for (int w = 0; w < V / 2; ++w) m = __vmaxu2(m, reinterpret_cast<const u32_t*>(&b[j])[w] & 0x7fff7fffu);
+                }
+            }
+            const u32_t h = max(m & 0xffffu, m >> 16);
+            if constexpr (same_type<T, bf16_t>::value) {
+                a.hi = __uint_as_float(h << 16);
+            } else {
+                f16_t hv;
+                hv.bits = (unsigned short)h;
+                a.hi = to_f32(hv);
+            }
+            return a;
+        }
+    }
+#endif
     if (live) {
 #pragma unroll
         for (int j = 0; j < CH; ++j) {
 #pragma unroll
-            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
+            for (int i = 0; i < V; ++i) accumulate<ASYM, SEE_NAN>(a, elem<M>(b[j], i));
         }
     }
     return a;
@@ -851,12 +1026,12 @@ __device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live)
 
 // Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
 // CHECKED = false: the unchecked path (quant_code_bits).
-template <bool CHECKED, int V, int CH>
+template <class C, bool CHECKED, typename Q, typename T, typename M, int V, int CH>
 __device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
                                              const QuantBounds<M>& qb) {
 #pragma unroll
     for (int j = 0; j < CH; ++j, p += step) {
-        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
+        if (j < nch) C::template quant_store<V, CHECKED>(p, b[j], inv, qb);
     }
 }
 
@@ -883,11 +1058,13 @@ __device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t
 // loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
 // groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
 // element, about a third of them per row group, where this matters most).
-template <int V, int CH, int RG, int TXC>
+template <class C, bool ASYM, int V, int CH, int RG, int TXC, typename T, typename Q, typename M, class Sink>
 __device__ __forceinline__ void team_row_groups(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
     i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
 {
+    constexpr int PACK = C::PACK;
+    constexpr bool UNCHECKED_PATH = C::UNCHECKED_PATH;
     static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
     static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
     const int TX = TXC ? TXC : tx_n;
@@ -932,11 +1109,11 @@ __device__ __forceinline__ void team_row_groups(
         i64_t vr = first;
 #pragma unroll
         for (int r0 = 0; r0 < RG; r0 += G, vr += G * S) {
-            Acc a[G];
+            Acc<M> a[G];
 #pragma unroll
-            for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
+            for (int g = 0; g < G; ++g) a[g] = chunks_range<ASYM, UNCHECKED_PATH, M>(buf[r0 + g], vr + g * S < vrows);
 #pragma unroll
-            for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
+            for (int g = 0; g < G; ++g) team_reduce<ASYM, UNCHECKED_PATH>(a[g], TX, xch, parity);
             // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
             // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
             // lane) and per team (its barrier needs every warp).
@@ -947,8 +1124,8 @@ __device__ __forceinline__ void team_row_groups(
             if (nan_seen) {
 #pragma unroll
                 for (int g = 0; g < G; ++g) {
-                    a[g] = chunks_range<false>(buf[r0 + g], vr + g * S < vrows);
-                    team_reduce<false>(a[g], TX, xch, parity);
+                    a[g] = chunks_range<ASYM, false, M>(buf[r0 + g], vr + g * S < vrows);
+                    team_reduce<ASYM, false>(a[g], TX, xch, parity);
                 }
             }
             M inv[G];
@@ -968,16 +1145,248 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
             for (int g = 0; g < G; ++g, qr += S * gsq) {
                 if (vr + g * S < vrows) {
-                    if (fast) store_chunks<false>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
-                    else      store_chunks<true>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
+                    if (fast) store_chunks<C, false>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
+                    else      store_chunks<C, true>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
                 }
             }
         }
     }
 }
 
-}  // namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl
+// The body of a team entry point with chunk budget P. TXC = 0: TX = tx at run time, and ch (P or
+// P / 2: one row group per thread, or two) picks the instance; TXC > 0: TX = TXC and ch = CHC fixed
+// at compile time.
+template <class C, bool ASYM, int V, int P, int TXC = 0, int CHC = P, typename T, typename Q, class Sink>
+__device__ __forceinline__ void team(
+    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
+    i64_t rows, i64_t ngroups, i64_t group_size, int tx, int ch, int dense)
+{
+    typedef decltype(Sink::eps) M;             // the math precision
+    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
+    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
+    if constexpr (TXC == 0) {
+        switch (ch) {
+        case P: team_row_groups<C, ASYM, V, P, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+        case P / 2: team_row_groups<C, ASYM, V, P / 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
+        default: break;
+        }
+    } else {
+        (void)tx; (void)ch;
+        team_row_groups<C, ASYM, V, CHC, P / CHC, TXC>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, TXC, dense != 0, xch);
+    }
+}
 
+}  // namespace dyn
+// ---- end of dynamic quantization helpers ----------------------------------------------------
+
+// ---- skuforge low-bit dynamic quantization (templates/quantization/lowbit_dynamic.cuh) -----
+// The fused per-token / per-group low-bit dynamic_quantize kernels (docs/lowbit.md), after
+// templates/quantization/dynamic.cuh and lowbit_kernels.cuh: the structure of the s8 / u8 fused
+// kernels (a row group = one scale element, TX threads each; its x stays in registers between the
+// reduction and the quantize, so x is read once from DRAM), with packed low-bit stores (codes C:
+// lowbit::Fp8 / lowbit::Int4) and, for fp8 group 32, MX e8m0 scales (MX; scale_e8m0 non-null: 2^e
+// with e from the OCP floor rule). Vector path: V = VEC elements per 16-byte load. Scalar path (any
+// alignment): V = PACK elements loaded one by one, one byte of q stored per step.
+namespace lowbit {
+
+template <int V, bool VIO, typename T>
+__device__ __forceinline__ Vec<T, V> load_x(const T* p) {
+    if constexpr (VIO) {
+        return load_vec<T, V>(p);
+    } else {
+        Vec<T, V> r;
+#pragma unroll
+        for (int i = 0; i < V; ++i) r.v[i] = p[i];
+        return r;
+    }
+}
+
+// The block kernel's row groups. CH > 0: the thread's CH chunks of V elements stay in registers;
+// CH == 0: loop over the row group, then read it a second time (from L2) to quantize.
+template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
+    template <int V, int CH, typename T, typename M>
+    static __device__ __forceinline__ void run(
+        const T* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
+        M* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+        i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
+    {
+        constexpr int PACK = C::PACK;
+        const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
+        (void)scale_e8m0;
+        // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
+        for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
+            const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
+            const bool live = vr < vrows;
+            const i64_t row = vr / ngroups, grp = vr - row * ngroups;
+            const T* xr = x + row * x_rs + grp * gs;
+            u8_t* qr = q + row * q_rs + grp * gs / PACK;
+            Vec<T, V> buf[CH > 0 ? CH : 1];
+            dyn::Acc<M> a = {(M)0, (M)0};
+            if (live) {
+                if constexpr (CH > 0) {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+                        const int c = (j * TX + tx) * V;   // < 512 * 16 * 8: int is enough here
+                        if (c < gs) buf[j] = load_x<V, VIO>(xr + c);
+                    }
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+                        if ((j * TX + tx) * V < gs) {
+#pragma unroll
+                            for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, dyn::up<M>(buf[j].v[i]));
+                        }
+                    }
+                } else {
+                    for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {
+                        const Vec<T, V> v = load_x<V, VIO>(xr + c);
+#pragma unroll
+                        for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, dyn::up<M>(v.v[i]));
+                    }
+                }
+            }
+            if (ASYM) a.lo = dyn::row_reduce(a.lo, dyn::MinOp<M>(), smem);
+            a.hi = dyn::row_reduce(a.hi, dyn::MaxOp<M>(), smem);
+            M s;
+            int zp;
+            unsigned char e8 = 0;
+            if constexpr (MX) {
+                if (scale_e8m0) {                      // MX: scale = 2^(floor(log2(amax)) - emax_elem)
+                    e8 = e8m0_from_amax<typename C::Format>(a.hi);
+                    s = e8m0_to<M>(e8);
+                    zp = zp_value;
+                } else {
+                    dyn::finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
+                }
+            } else {
+                dyn::finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
+            }
+            const M inv = (M)1 / s;                // once per scale element, as the static kernel does
+            if (live) {
+                if (tx == 0) {
+                    if constexpr (MX) {
+                        if (scale_e8m0) scale_e8m0[vr] = e8;
+                        else scale[vr] = s;
+                    } else {
+                        scale[vr] = s;
+                    }
+                    if (ASYM) zero_point[vr] = zp;
+                }
+                QuantBounds<M> qv[V];
+#pragma unroll
+                for (int i = 0; i < V; ++i) qv[i] = quant_bounds<M>(zp, qmin, qmax);
+                if constexpr (CH > 0) {
+#pragma unroll
+                    for (int j = 0; j < CH; ++j) {
+                        const int c = (j * TX + tx) * V;
+                        if (c < gs) {
+                            M t[V];
+#pragma unroll
+                            for (int i = 0; i < V; ++i) t[i] = dyn::up<M>(buf[j].v[i]) * inv;
+                            Vec<u8_t, V / PACK> o;
+                            C::template encode_vec<V>(t, qv, o);
+                            store_vec<u8_t, V / PACK>(qr + c / PACK, o);
+                        }
+                    }
+                } else {
+                    for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
+                        const Vec<T, V> v = load_x<V, VIO>(xr + c);
+                        M t[V];
+#pragma unroll
+                        for (int i = 0; i < V; ++i) t[i] = dyn::up<M>(v.v[i]) * inv;
+                        Vec<u8_t, V / PACK> o;
+                        C::template encode_vec<V>(t, qv, o);
+                        store_vec<u8_t, V / PACK>(qr + c / PACK, o);
+                    }
+                }
+            }
+        }
+    }
+};
+
+// The block kernel: x rows x cols (row stride x_rs elements, last axis contiguous); q rows x
+// cols / PACK bytes (row stride q_rs bytes); scale (or scale_e8m0 for MX) / zero_point rows x
+// (cols / group_size), contiguous. vec_ok: group_size % VEC == 0 and x, q rows aligned (checked by
+// the launcher). CHV / CHS: the chunk counts compiled for the vector / scalar path (dyn::Chunks).
+template <class C, bool ASYM, bool MX, int VEC, class CHV, class CHS, typename T, typename M>
+__device__ __forceinline__ void fused(
+    const T* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs, M* __restrict__ scale,
+    u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t group_size,
+    M eps, int qmin, int qmax, int zp_value, int vec_ok)
+{
+    constexpr int PACK = C::PACK;
+    __shared__ M smem[16];                     // one slot per warp of a 512-thread block
+    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const int TX = blockDim.x;
+    if (vec_ok) {
+        const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
+        dyn::by_chunks<RowGroups<C, ASYM, MX, true>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+    } else {
+        const i64_t per = ((group_size + PACK - 1) / PACK + TX - 1) / TX;
+        dyn::by_chunks<RowGroups<C, ASYM, MX, false>, PACK>(CHS(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+    }
+}
+
+// -- the team kernels' pieces (dyn::team) ---------------------------------------------------------
+// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, or (MX, scale_e8m0
+// set) the e8m0 code, stored at vr by `lead`.
+template <class C, bool ASYM, bool MX, typename M> struct Sink {
+    M* scale; u8_t* scale_e8m0; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const dyn::Acc<M>& a, i64_t vr, bool lead, int& zp) const {
+        M s;
+        if constexpr (MX) {
+            if (scale_e8m0) {                      // MX: scale = 2^(floor(log2(amax)) - emax_elem)
+                const unsigned char e8 = e8m0_from_amax<typename C::Format>(a.hi);
+                s = e8m0_to<M>(e8);
+                zp = zp_value;
+                if (lead) scale_e8m0[vr] = e8;
+                return s;
+            }
+        }
+        dyn::finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
+        if (lead) {
+            scale[vr] = s;
+            if (ASYM) zero_point[vr] = zp;
+        }
+        return s;
+    }
+};
+
+// The team kernels' codes: C with one chunk of V elements quantized and stored (V / PACK bytes of q).
+template <class C> struct TeamCodes {
+    static constexpr int PACK = C::PACK;
+    static constexpr bool UNCHECKED_PATH = C::UNCHECKED_PATH;
+    template <int V, bool CHECKED = true, typename T, typename M>
+    static __device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
+        M t[V];
+        QuantBounds<M> qv[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            t[i] = dyn::elem<M>(b, i) * inv;
+            qv[i] = qb;
+        }
+        Vec<u8_t, V / PACK> o;
+        C::template encode_vec<V, CHECKED>(t, qv, o);
+        store_vec<u8_t, V / PACK>(p, o);
+    }
+};
+
+}  // namespace lowbit
+// ---- end of low-bit dynamic quantization kernels --------------------------------------------
+
+// SKU: quantization/dynamic_quantize/channel/symmetric/f32/fp8_e5m2/sm89/simt/f32.acc-f32.det.stable
+// phase 0: x (rows x cols, row stride x_rs) -> partial; phase 1: partial -> scale, zero_point
+// (dyn::reduce; 16-byte accesses: 4 elements). Launch with 1-D blocks of 256.
+extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_symmetric_f32_fp8_e5m2_sm89_simt(
+    const float* __restrict__ x, i64_t x_rs, float* __restrict__ partial, float* __restrict__ scale,
+    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t chan_inner, i64_t chan_count,
+    int chan_last, i64_t row_parts, i64_t col_chunk, int tx_width, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok, int flat, int phase)
+{
+    dyn::reduce<false, 4>(x, x_rs, partial, scale, zero_point, rows, cols, chan_inner, chan_count, chan_last,
+        row_parts, col_chunk, tx_width, eps, qmin, qmax, zp_value, vec_ok, flat, phase);
+}
+
+// SKU: quantization/dynamic_quantize/group/symmetric/f32/fp8_e5m2/sm89/simt/f32.acc-f32.det.stable
 // x: rows x cols (row stride x_rs elements, last axis contiguous); q: rows x cols / 1 bytes
 // (row stride q_rs bytes); scale (or scale_e8m0 for MX) / zero_point: rows x (cols / group_size),
 // contiguous. vec_ok: group_size % 4 == 0 and x, q rows aligned (checked by the launcher).
@@ -987,23 +1396,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_s
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
     int vec_ok)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M smem[16];                     // one slot per warp of a 512-thread block
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
-    const int TX = blockDim.x;
-    if (vec_ok) {
-        const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
-        if (per <= 1) row_groups<VEC, 1, true>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 2) row_groups<VEC, 2, true>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 4) row_groups<VEC, 4, true>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else row_groups<VEC, 0, true>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-    } else {
-        const i64_t per = ((group_size + PACK - 1) / PACK + TX - 1) / TX;
-        if (per <= 1) row_groups<PACK, 1, false>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 4) row_groups<PACK, 4, false>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 8) row_groups<PACK, 8, false>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else row_groups<PACK, 0, false>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-    }
+    lowbit::fused<lowbit::Fp8<Fp8E5M2, true>, false, true, 4, dyn::Chunks<1, 2, 4>, dyn::Chunks<1, 4, 8>>(
+        x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
 }
 
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
@@ -1013,15 +1407,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 16: team_row_groups<4, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<4, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 16>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
@@ -1031,60 +1418,44 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 8: team_row_groups<4, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<4, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 8>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
-// compile time: row groups of up to 8 chunks (32 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8.
+// compile time: row groups of up to 8 chunks (32 elements).
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8_tx2(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<4, 4, 2, 2>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 2, dense != 0, xch);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 8, 2, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
-// compile time: row groups of up to 16 chunks (64 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8.
+// compile time: row groups of up to 16 chunks (64 elements).
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8_tx4(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<4, 4, 2, 4>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 4, dense != 0, xch);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 8, 4, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
-// compile time: row groups of up to 32 chunks (128 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8.
+// compile time: row groups of up to 32 chunks (128 elements).
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t8_tx8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<4, 4, 2, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 8, 8, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1094,15 +1465,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 4: team_row_groups<4, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<4, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1112,30 +1476,20 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 2: team_row_groups<4, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<4, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
-// compile time: row groups of up to 16 chunks (64 elements); parameters as for sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t2.
+// compile time: row groups of up to 16 chunks (64 elements).
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_t2_tx8(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_group_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<4, 2, 1, 8>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 8, dense != 0, xch);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 2, 8, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, true, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/symmetric/f32/fp8_e5m2/sm89/simt/f32.acc-f32.det.stable
@@ -1143,400 +1497,6 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_f
 // (sf_dynamic_quantize_channel_symmetric_f32_fp8_e5m2_sm89_simt): the same device code, compiled once in this unit.
 
 // SKU: quantization/dynamic_quantize/token/symmetric/f32/fp8_e5m2/sm89/simt/f32.acc-f32.det.stable
-namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl {
-typedef float T;   // input element
-typedef u8_t Q;   // output element
-typedef float M;   // math precision
-constexpr bool ASYM = false;
-
-__device__ __forceinline__ M up(T v) { return to_f32(v); }
-// Element i of a chunk in the math precision.
-template <int V>
-__device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    return up(b.v[i]);
-}
-struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
-struct MinOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmin(a, b); } };
-
-// Running reduction of one slice. Symmetric: hi = max |x|. Asymmetric: lo = min(x, 0),
-// hi = max(x, 0). Starting from 0 is exactly the "min(min x, 0)" of docs/numerics.md; min and max are
-// exact, so any combination order gives the same bits.
-// SEE_NAN: NaN-propagating min / max (the team kernels' first pass: a NaN anywhere in the slice
-// shows in the result, and only then is the slice reduced again ignoring NaN).
-struct Acc { M lo, hi; };
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_max(M a, M b) { return SEE_NAN ? vmax_nan(a, b) : vmax(a, b); }
-template <bool SEE_NAN = false> __device__ __forceinline__ M acc_min(M a, M b) { return SEE_NAN ? vmin_nan(a, b) : vmin(a, b); }
-template <bool SEE_NAN = false>
-__device__ __forceinline__ void accumulate(Acc& a, M v) {
-    if (ASYM) { a.lo = acc_min<SEE_NAN>(a.lo, v); a.hi = acc_max<SEE_NAN>(a.hi, v); }
-    else      { a.hi = acc_max<SEE_NAN>(a.hi, vabs(v)); }
-}
-
-// (scale, zero point) of one slice, docs/numerics.md, in the math precision (--fmad=false: no fused ops).
-__device__ __forceinline__ void finish(const Acc& a, M eps, int qmin, int qmax, int zp_value, M& s, int& zp) {
-    if (ASYM) {
-        s = vmax((a.hi - a.lo) / (M)(qmax - qmin), eps);
-        const M z = (M)qmin - rne(a.lo / s);
-        zp = (int)vmax(vmin(z, (M)qmax), (M)qmin);   // NaN (only from min x = -inf) -> qmax
-    } else {
-        s = vmax(a.hi, eps) / (M)(qmax - zp_value);
-        zp = zp_value;
-    }
-}
-
-// The static quantize's expression, bit for bit: q = clamp(rne(x * inv) + zp), NaN -> zp.
-template <bool CHECKED>
-__device__ __forceinline__ Q quant(M xv, M inv, const QuantBounds<M>& qb) {
-    return to_q<Q>(quant_code_bits<CHECKED>(xv * inv, qb));
-}
-
-// (dynamic_common's `quant` is the s8/u8 element quantize; the low-bit encode follows.)
-constexpr int VEC = 4;    // elements per vector access: 16 bytes of the float stream
-constexpr int PACK = 1;   // elements per byte of q (fp8 codes)
-typedef Fp8E5M2 F;   // fp8_e5m2
-
-// One element's code: the fp8 byte of t (round half to even, saturating, NaN -> 0x7F).
-template <bool CHECKED = true>
-__device__ __forceinline__ unsigned encode(M t, const QuantBounds<M>& qb) {
-    (void)qb;
-    return fp8x2_encode_hw<F>(t, 0.0f) & 0xFFu;
-}
-// V elements (V a multiple of PACK) -> V / PACK bytes of q.
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void encode_vec(const M (&t)[V], const QuantBounds<M> (&qb)[V], Vec<u8_t, V / PACK>& out) {
-    if constexpr (V % 2 == 0) {
-#pragma unroll
-        for (int i = 0; i < V; i += 2) {    // one cvt.rn.satfinite.e5m2x2.f32 per pair
-            const unsigned d = fp8x2_encode_hw<F>(t[i], t[i + 1]);
-            out.v[i] = (u8_t)(d & 0xFFu);
-            out.v[i + 1] = (u8_t)(d >> 8);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) out.v[i] = (u8_t)encode<CHECKED>(t[i], qb[i]);
-    }
-}
-
-// Reduces v over the TX threads of this row group; every one of them gets the result.
-template <typename Op>
-__device__ __forceinline__ M row_reduce(M v, Op op, M* smem) {
-    const int TX = blockDim.x;
-    const int width = TX < 32 ? TX : 32;    // TX is a power of two: segments never straddle a warp
-    for (int o = width >> 1; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (TX > 32) {                          // uniform over the block
-        const int per_row = TX >> 5, base = threadIdx.y * per_row;
-        __syncthreads();                    // smem is free again
-        if ((threadIdx.x & 31) == 0) smem[base + (threadIdx.x >> 5)] = v;
-        __syncthreads();
-        v = smem[base];
-        for (int i = 1; i < per_row; ++i) v = op(v, smem[base + i]);   // fixed order
-    }
-    return v;
-}
-
-template <int V, bool VIO>
-__device__ __forceinline__ Vec<T, V> load_x(const T* p) {
-    if constexpr (VIO) {
-        return load_vec<T, V>(p);
-    } else {
-        Vec<T, V> r;
-#pragma unroll
-        for (int i = 0; i < V; ++i) r.v[i] = p[i];
-        return r;
-    }
-}
-
-// CH > 0: the thread's CH chunks of V elements stay in registers; CH == 0: loop over the row
-// group, then read it a second time (from L2) to quantize.
-template <int V, int CH, bool VIO>
-__device__ __forceinline__ void row_groups(
-    const T* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    M* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
-{
-    const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
-    (void)scale_e8m0;
-    // `base` is uniform over the block, so every thread reaches the barriers in row_reduce.
-    for (i64_t base = (i64_t)blockIdx.x * TY; base < vrows; base += (i64_t)gridDim.x * TY) {
-        const i64_t vr = base + threadIdx.y;   // row group index = row * ngroups + group
-        const bool live = vr < vrows;
-        const i64_t row = vr / ngroups, grp = vr - row * ngroups;
-        const T* xr = x + row * x_rs + grp * gs;
-        u8_t* qr = q + row * q_rs + grp * gs / PACK;
-        Vec<T, V> buf[CH > 0 ? CH : 1];
-        Acc a = {(M)0, (M)0};
-        if (live) {
-            if constexpr (CH > 0) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    const int c = (j * TX + tx) * V;   // < 512 * 16 * 8: int is enough here
-                    if (c < gs) buf[j] = load_x<V, VIO>(xr + c);
-                }
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    if ((j * TX + tx) * V < gs) {
-#pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate(a, up(buf[j].v[i]));
-                    }
-                }
-            } else {
-                for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {
-                    const Vec<T, V> v = load_x<V, VIO>(xr + c);
-#pragma unroll
-                    for (int i = 0; i < V; ++i) accumulate(a, up(v.v[i]));
-                }
-            }
-        }
-        if (ASYM) a.lo = row_reduce(a.lo, MinOp(), smem);
-        a.hi = row_reduce(a.hi, MaxOp(), smem);
-        M s;
-        int zp;
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
-        const M inv = (M)1 / s;                // once per scale element, as the static kernel does
-        if (live) {
-            if (tx == 0) {
-                scale[vr] = s;
-                if (ASYM) zero_point[vr] = zp;
-            }
-            QuantBounds<M> qv[V];
-#pragma unroll
-            for (int i = 0; i < V; ++i) qv[i] = quant_bounds<M>(zp, qmin, qmax);
-            if constexpr (CH > 0) {
-#pragma unroll
-                for (int j = 0; j < CH; ++j) {
-                    const int c = (j * TX + tx) * V;
-                    if (c < gs) {
-                        M t[V];
-#pragma unroll
-                        for (int i = 0; i < V; ++i) t[i] = up(buf[j].v[i]) * inv;
-                        Vec<u8_t, V / PACK> o;
-                        encode_vec<V>(t, qv, o);
-                        store_vec<u8_t, V / PACK>(qr + c / PACK, o);
-                    }
-                }
-            } else {
-                for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {   // second read: L2
-                    const Vec<T, V> v = load_x<V, VIO>(xr + c);
-                    M t[V];
-#pragma unroll
-                    for (int i = 0; i < V; ++i) t[i] = up(v.v[i]) * inv;
-                    Vec<u8_t, V / PACK> o;
-                    encode_vec<V>(t, qv, o);
-                    store_vec<u8_t, V / PACK>(qr + c / PACK, o);
-                }
-            }
-        }
-    }
-}
-
-// -- the team kernels' pieces (dynamic_common.cu.j2 `team`) ---------------------------------------
-// Where a row group's parameters go: (scale, zero point) of docs/numerics.md, stored at vr by `lead`.
-struct Sink {
-    M* scale; u8_t* scale_e8m0; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
-    __device__ __forceinline__ M params(const Acc& a, i64_t vr, bool lead, int& zp) const {
-        M s;
-        finish(a, eps, qmin, qmax, zp_value, s, zp);
-        if (lead) {
-            scale[vr] = s;
-            if (ASYM) zero_point[vr] = zp;
-        }
-        return s;
-    }
-};
-// One chunk of V elements quantized and stored (V / PACK bytes of q).
-template <int V, bool CHECKED = true>
-__device__ __forceinline__ void quant_store(u8_t* p, const Vec<T, V>& b, M inv, const QuantBounds<M>& qb) {
-    M t[V];
-    QuantBounds<M> qv[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        t[i] = elem(b, i) * inv;
-        qv[i] = qb;
-    }
-    Vec<u8_t, V / PACK> o;
-    encode_vec<V, CHECKED>(t, qv, o);
-    store_vec<u8_t, V / PACK>(p, o);
-}
-// Integer codes have an unchecked quantize path (no clamp, no NaN test) for row groups that allow it;
-// fp8 codes do not (the conversion saturates and keeps NaN itself), so their kernels keep one path.
-constexpr bool UNCHECKED_PATH = false;
-// log2 of a power of two, at compile time
-__device__ constexpr int ilog2(int v) { return v > 1 ? 1 + ilog2(v >> 1) : 0; }
-// Named barrier of the TX threads (TX / 32 whole warps) of team `id` (ids 1.., 0 is __syncthreads).
-__device__ __forceinline__ void team_barrier(int id, int threads) {
-    asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
-}
-
-// Reduces `a` over the TX threads of a row group; every one of them gets the result. TX <= 32:
-// shuffles inside aligned lane segments. TX > 32: then shared memory `xch` across the team's
-// TX / 32 warps, behind the team's own barrier (no block-wide barrier); `parity` alternates the
-// slots, so one barrier per exchange is enough.
-template <bool SEE_NAN>
-__device__ __forceinline__ void team_reduce(Acc& a, int TX, M (*xch)[2][16], int& parity) {
-    const int width = TX < 32 ? TX : 32;
-    for (int o = width >> 1; o > 0; o >>= 1) {
-        if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, __shfl_xor_sync(0xffffffffu, a.lo, o));
-        a.hi = acc_max<SEE_NAN>(a.hi, __shfl_xor_sync(0xffffffffu, a.hi, o));
-    }
-    if (TX > 32) {
-        const int nw = TX >> 5, team = threadIdx.x / TX, first = team * nw;
-        if ((threadIdx.x & 31) == 0) {
-            xch[parity][0][threadIdx.x >> 5] = a.lo;
-            xch[parity][1][threadIdx.x >> 5] = a.hi;
-        }
-        team_barrier(1 + team, TX);
-        for (int i = 0; i < nw; ++i) {          // fixed order (min / max are exact anyway)
-            if (ASYM) a.lo = acc_min<SEE_NAN>(a.lo, xch[parity][0][first + i]);
-            a.hi = acc_max<SEE_NAN>(a.hi, xch[parity][1][first + i]);
-        }
-        parity ^= 1;
-    }
-}
-
-// The range of a thread's CH chunks of one row group (zeros past its end change nothing);
-// SEE_NAN: NaN-propagating (the first pass), else NaN-ignoring.
-template <bool SEE_NAN, int V, int CH>
-__device__ __forceinline__ Acc chunks_range(const Vec<T, V> (&b)[CH], bool live) {
-    Acc a = {(M)0, (M)0};
-    if (live) {
-#pragma unroll
-        for (int j = 0; j < CH; ++j) {
-#pragma unroll
-            for (int i = 0; i < V; ++i) accumulate<SEE_NAN>(a, elem(b[j], i));
-        }
-    }
-    return a;
-}
-
-// Quantizes and stores a thread's first nch chunks of one row group, `step` codes apart in q;
-// CHECKED = false: the unchecked path (quant_code_bits).
-template <bool CHECKED, int V, int CH>
-__device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int nch, int step, M inv,
-                                             const QuantBounds<M>& qb) {
-#pragma unroll
-    for (int j = 0; j < CH; ++j, p += step) {
-        if (j < nch) quant_store<V, CHECKED>(p, b[j], inv, qb);
-    }
-}
-
-// Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
-// rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
-// one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
-// registers even when it is not taken).
-__device__ __forceinline__ i64_t row_group_offset(i64_t vr, i64_t ngroups, i64_t g, i64_t rs, bool dense) {
-    if (dense) return vr * g;
-    const u32_t row = (u32_t)vr / (u32_t)ngroups;
-    return (i64_t)row * rs + (vr - (i64_t)row * ngroups) * g;
-}
-
-// A unit (one warp when TX <= 32, else one team of TX / 32 warps) takes S * RG consecutive row
-// groups per step: S = 32 / TX side by side in the warp (TX <= 32), RG one after the other in each
-// thread (RG > 1: dense rows only). A thread holds CH chunks of V elements of each of its RG row
-// groups in registers (CH * RG = P chunks, all loaded before any is used), so x is read once;
-// chunk j of a row group starts at element (j * TX + tx) * V. No block barrier; the grid strides
-// over units. Addresses and row-group indices advance by steps and chunks are guarded by j < nch,
-// a count per thread (per-chunk or per-row-group offsets would be loop invariants or common
-// subexpressions that the compiler keeps in registers); chunks past the row group hold zeros,
-// which change no reduction (it starts from 0), so the reduction needs no guard.
-// TXC: TX as a compile-time constant (0: TX = tx_n, known at run time only). With it the shuffle
-// loop unrolls, the TX > 32 branch and the lane arithmetic fold away, and the steps of the RG row
-// groups interleave (the fixed-TX entry points, for short row groups: 8-10 instructions per
-// element, about a third of them per row group, where this matters most).
-template <int V, int CH, int RG, int TXC>
-__device__ __forceinline__ void team_row_groups(
-    const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, const Sink& sink,
-    i64_t vrows, i64_t ngroups, i64_t gs, int tx_n, bool dense, M (*xch)[2][16])
-{
-    static_assert(sizeof(Vec<T, V>) == 16, "a chunk is 16 bytes");
-    static_assert(TXC == 0 || (TXC & (TXC - 1)) == 0, "TX is a power of two");
-    const int TX = TXC ? TXC : tx_n;
-    const int tx = threadIdx.x & (TX - 1), ltx = TXC ? ilog2(TXC) : __ffs(TX) - 1;
-    const int S = TX < 32 ? 32 >> ltx : 1, slice = TX < 32 ? (threadIdx.x & 31) >> ltx : 0;
-    const int lspan = TX < 32 ? 5 : ltx;                     // log2 of the threads of a unit
-    const i64_t per = (i64_t)S * RG;                         // row groups of a unit per step
-    const i64_t stride = (i64_t)gridDim.x * (blockDim.x >> lspan) * per;
-    const int step = TX * V;                                 // elements between a thread's chunks
-    // its chunks in a row group (gs < 2^31 here); step is a power of two: a shift, not a division
-    // (a division here sat on every thread's path to its first load: latency at small sizes)
-    const int nch = min(CH, ((int)gs - tx * V + step - 1) >> (__ffs(step) - 1));
-    const i64_t gsq = gs / PACK;                             // a row group's length in q
-    int parity = 0;
-#pragma unroll 1
-    for (i64_t first = ((i64_t)blockIdx.x * (blockDim.x >> lspan) + (threadIdx.x >> lspan)) * per + slice;
-         first - slice < vrows; first += stride) {
-        Vec<T, V> buf[RG][CH];
-        {
-            const T* xr = x + row_group_offset(first, ngroups, gs, x_rs, dense) + tx * V;
-            i64_t vr = first;
-#pragma unroll
-            for (int r = 0; r < RG; ++r, vr += S, xr += S * gs) {
-                if (vr < vrows) {
-                    const T* p = xr;
-#pragma unroll
-                    for (int j = 0; j < CH; ++j, p += step) {   // zeros past the row group
-                        uint4 w = make_uint4(0u, 0u, 0u, 0u);
-                        if (j < nch) w = __ldg(reinterpret_cast<const uint4*>(p));
-                        buf[r][j] = *reinterpret_cast<const Vec<T, V>*>(&w);
-                    }
-                }
-            }
-        }
-        // G row groups at a time: their reductions, one NaN vote, their scales and reciprocals,
-        // one clamp-free test and their stores run side by side (one dependent chain per step:
-        // the shuffles and divisions of one hide the latency of the other's). G = RG in the
-        // fixed-TX entry points; 1 in the run-time-TX ones, where RG side by side made ptxas spill
-        // 8 bytes at the low-bit SKUs' t8 cap.
-        constexpr int G = TXC && !ASYM ? RG : 1;
-        Q* qr = q + row_group_offset(first, ngroups, gsq, q_rs, dense) + tx * V / PACK;
-        i64_t vr = first;
-#pragma unroll
-        for (int r0 = 0; r0 < RG; r0 += G, vr += G * S) {
-            Acc a[G];
-#pragma unroll
-            for (int g = 0; g < G; ++g) a[g] = chunks_range<UNCHECKED_PATH>(buf[r0 + g], vr + g * S < vrows);
-#pragma unroll
-            for (int g = 0; g < G; ++g) team_reduce<UNCHECKED_PATH>(a[g], TX, xch, parity);
-            // A NaN in one of them (rare): reduce them again ignoring NaN, as docs/numerics.md says (without
-            // NaN both reductions give the same bits). Uniform per warp (the shuffles need every
-            // lane) and per team (its barrier needs every warp).
-            bool nan_here = false;
-#pragma unroll
-            for (int g = 0; g < G; ++g) nan_here = nan_here || is_nan(a[g].hi) || (ASYM && is_nan(a[g].lo));
-            const bool nan_seen = UNCHECKED_PATH && __any_sync(0xffffffffu, nan_here);
-            if (nan_seen) {
-#pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    a[g] = chunks_range<false>(buf[r0 + g], vr + g * S < vrows);
-                    team_reduce<false>(a[g], TX, xch, parity);
-                }
-            }
-            M inv[G];
-            QuantBounds<M> qb[G];
-            // the row groups' ranges are known: when they hold no NaN and map inside [qmin, qmax]
-            // (always, but for non-finite scales), the per-element clamp and NaN test are left out
-            // (a row group past the end has the range [0, 0]: it takes no part)
-            bool fast = UNCHECKED_PATH && !nan_seen;
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-                int zp;
-                const M s = sink.params(a[g], vr + g * S, vr + g * S < vrows && tx == 0, zp);
-                inv[g] = (M)1 / s;             // once per scale element, as the static kernel does
-                qb[g] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
-                fast = fast && clamp_free(ASYM ? a[g].lo : -a[g].hi, a[g].hi, inv[g], qb[g]);
-            }
-#pragma unroll
-            for (int g = 0; g < G; ++g, qr += S * gsq) {
-                if (vr + g * S < vrows) {
-                    if (fast) store_chunks<false>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
-                    else      store_chunks<true>(qr, buf[r0 + g], nch, step / PACK, inv[g], qb[g]);
-                }
-            }
-        }
-    }
-}
-
-}  // namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl
-
 // x: rows x cols (row stride x_rs elements, last axis contiguous); q: rows x cols / 1 bytes
 // (row stride q_rs bytes); scale (or scale_e8m0 for MX) / zero_point: rows x (cols / group_size),
 // contiguous. vec_ok: group_size % 4 == 0 and x, q rows aligned (checked by the launcher).
@@ -1546,23 +1506,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_token_s
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
     int vec_ok)
 {
-    using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M smem[16];                     // one slot per warp of a 512-thread block
-    const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
-    const int TX = blockDim.x;
-    if (vec_ok) {
-        const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
-        if (per <= 1) row_groups<VEC, 1, true>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 2) row_groups<VEC, 2, true>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 4) row_groups<VEC, 4, true>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else row_groups<VEC, 0, true>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-    } else {
-        const i64_t per = ((group_size + PACK - 1) / PACK + TX - 1) / TX;
-        if (per <= 1) row_groups<PACK, 1, false>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 4) row_groups<PACK, 4, false>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else if (per <= 8) row_groups<PACK, 8, false>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-        else row_groups<PACK, 0, false>(x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
-    }
+    lowbit::fused<lowbit::Fp8<Fp8E5M2, true>, false, false, 4, dyn::Chunks<1, 2, 4>, dyn::Chunks<1, 4, 8>>(
+        x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
 }
 
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
@@ -1572,15 +1517,8 @@ extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 16: team_row_groups<4, 16, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 8: team_row_groups<4, 8, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 16>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
@@ -1590,15 +1528,8 @@ extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 8: team_row_groups<4, 8, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 4: team_row_groups<4, 4, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 8>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1608,15 +1539,8 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 4: team_row_groups<4, 4, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 2: team_row_groups<4, 2, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 4>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
@@ -1626,28 +1550,18 @@ extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    switch (ch) {
-    case 2: team_row_groups<4, 2, 1, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    case 1: team_row_groups<4, 1, 2, 0>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, tx, dense != 0, xch); break;
-    default: break;
-    }
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
-// compile time: row groups of up to 512 chunks (2048 elements); parameters as for sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_t2.
+// compile time: row groups of up to 512 chunks (2048 elements).
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_t2_tx256(
     const float* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
     i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
     int ch, int dense, i64_t ngroups)
 {
-    using namespace sf_dynamic_quantize_token_symmetric_f32_fp8_e5m2_sm89_simt_impl;
-    __shared__ M xch[2][2][16];                // [parity][lo, hi][warp of a 512-thread block]
-    const Sink sink{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value};
-    const i64_t vrows = rows * ngroups;        // ngroups = cols / group_size, from the launcher (no division here)
-    team_row_groups<4, 2, 1, 256>(x, x_rs, q, q_rs, sink, vrows, ngroups, group_size, 256, dense != 0, xch);
+    dyn::team<lowbit::TeamCodes<lowbit::Fp8<Fp8E5M2, true>>, false, 4, 2, 256, 2>(
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Fp8<Fp8E5M2, true>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }

@@ -12,10 +12,10 @@ Two launch kinds:
   partial results into a workspace; phase 1: one warp per scale element combines them in a
   fixed order), then the static ``quantize`` kernel of the same scope applies the scales.
   Per-tensor over a contiguous x (s8 / u8 outputs) takes one cooperative launch instead
-  (``<symbol>_coop``, dynamic_tensor.cu.j2): reduce with part of x kept in shared memory, a
+  (``<symbol>_coop``, ``dyn::coop``): reduce with part of x kept in shared memory, a
   grid-wide barrier, the scale combined identically in every block, then quantize. Per-channel
   on the last axis of a contiguous x (s8 / u8) takes one launch too (``<symbol>_chan``,
-  dynamic_channel.cu.j2): column tiles x row parts, the parts' ranges folded by integer max on
+  ``dyn::chan``): column tiles x row parts, the parts' ranges folded by integer max on
   the bits of non-negative numbers (exact: any order gives the same bits), a grid barrier where
   there are several parts. The schedule ``two-pass`` (runtime/tuning.py) forces the two passes.
   The same input gives the same bits on every run. The workspace is allocated by the caller's

@@ -124,7 +124,7 @@ class FusedConfig:
 
 @dataclass(frozen=True)
 class TeamLaunch:
-    """A resolved launch of a team kernel (dynamic_common.cu.j2 ``team``)."""
+    """A resolved launch of a team kernel (``dyn::team``, templates/quantization/dynamic.cuh)."""
 
     chunks: int            # P: the entry point <symbol>_t<P>
     tx: int                # threads per row group (a power of two <= 512)
@@ -265,7 +265,7 @@ def fused_launch(launcher, plan, args, pack: int):
 
 
 class DynamicFusedLauncher(Launcher):
-    """Per-token / per-group: one launch of a fused kernel (dynamic_fused.cu.j2), as runtime.config's
+    """Per-token / per-group: one launch of a fused kernel (templates/quantization/dynamic_int8.cuh), as runtime.config's
     ``dynamic_config`` says (a :class:`FusedConfig`; the low-bit fused launcher follows it too)."""
 
     one_launch = True
@@ -310,7 +310,7 @@ class DynamicFusedLauncher(Launcher):
 
 class LowBitFusedLauncher(Launcher):
     """Per-token / per-group low-bit dynamic quantization: one launch of the fused kernel
-    (lowbit_dynamic_fused.cu.j2), configured as runtime.quantization.dynamic.DynamicFusedLauncher does."""
+    (templates/quantization/lowbit_dynamic.cuh), configured as runtime.quantization.dynamic.DynamicFusedLauncher does."""
 
     one_launch = True
 

@@ -313,7 +313,7 @@ def _entry(symbol, shared=None):
     return KernelEntry(None, "u.cu", symbol, "fam", "", {"entries": entries})
 
 
-# -- the one-launch per-tensor kernel (<symbol>_coop, dynamic_tensor.cu.j2) ------------------------
+# -- the one-launch per-tensor kernel (<symbol>_coop, dyn::coop in dynamic_int8.cuh) ----------
 def _coop_plan(element="bf16", mode="symmetric"):
     plan = _Plan("tensor", mode=mode, element=element)
     plan.launch["coop"] = True
@@ -396,7 +396,7 @@ def test_coop_on_chip_share_8192_bf16(fake_device):
     assert 0.2 < 264 * cfg.smem / (8192 * 8192 * 2) < 0.25
 
 
-# -- the one-launch per-channel kernel (<symbol>_chan, dynamic_channel.cu.j2) ---------------------
+# -- the one-launch per-channel kernel (<symbol>_chan, dyn::chan in dynamic_int8.cuh) -------
 def _chan_plan(element="bf16", mode="symmetric"):
     plan = _Plan("channel", mode=mode, element=element)
     plan.launch["chan"] = True
@@ -611,10 +611,14 @@ def test_every_fixed_team_entry_point_is_generated():
         want = [] if sku.element == "f64" else [list(f) for f in TEAM_FIXED.get(sku.scope, ())]
         assert e.launch.get("team_fixed", []) == want, sku
         src = reg.unit_source(e.unit)                  # a token SKU's team kernels: its group SKU's
+        asym = "true" if sku.mode == "asymmetric" else "false"
         for p, ch, tx in want:
             assert f" {e.entry_point(f't{p}_tx{tx}')}(" in src, (sku, p, tx)
             assert f" {e.entry_point(f't{p}')}(" in src
-            assert f"team_row_groups<{e.launch['vec']}, {ch}, {p // ch}, {tx}>" in src
+            # its body: dyn::team with TX and CH as compile-time constants (templates/quantization/dynamic.cuh)
+            body = src[src.index(f" {e.entry_point(f't{p}_tx{tx}')}("):]
+            body = body[:body.index("\n}\n")]
+            assert f"dyn::team<dyn::IntCodes, {asym}, {e.launch['vec']}, {p}, {tx}, {ch}>(" in body, (sku, p, tx)
             seen += 1
     assert seen > 0
 

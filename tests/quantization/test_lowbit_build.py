@@ -7,6 +7,7 @@ with ``SKUFORGE_FULL_COMPILE=1`` (184 compiles, about 2-3 minutes on 2 cores).
 """
 import json
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -60,6 +61,7 @@ def test_lowbit_units(shipped_files):
     man = json.loads(shipped_files[manifest.MANIFEST])
     pre = render.prelude()
     header = render.header("common/lowbit.cuh")
+    block_headers = {b.name: render.headers(b) for b in lowbit_blocks()}   # lowbit.cuh first, then the kernels'
     low_units = {u: m for u, m in man["units"].items() if m["block"].startswith("lowbit-")}
     assert len(low_units) == 68
     for unit, meta in low_units.items():
@@ -69,15 +71,18 @@ def test_lowbit_units(shipped_files):
         archs = {KernelSku.parse(s).arch for s in meta["skus"]}
         assert archs == ({"sm89"} if unit.endswith("_sm89.cu") else {"sm80"}) and meta["min_arch"] == archs.pop()
         assert meta["nvrtc_options"] == ["--fmad=false"]
-        # the instructions are used (instantiated) by sm89 kernels only
-        assert ("fp8x2_encode_hw<F>" in text or "fp8x2_decode_hw<F>" in text) == unit.endswith("_sm89.cu")
+        # the instructions are used (instantiated) by sm89 kernels only: their fp8 codes are
+        # lowbit::Fp8<format, true> (hardware conversion), the sm80 kernels' lowbit::Fp8<format, false>
+        hw = re.findall(r"lowbit::Fp8<Fp8E[45]M[23], (true|false)>", text[text.index("// SKU: "):])
+        sm89 = unit.endswith("_sm89.cu")
+        assert ("true" in hw) == sm89 and set(hw) <= ({"true"} if sm89 else {"false"}), unit
     for sku, e in man["kernels"].items():
         if not _is_low(KernelSku.parse(sku)):
             continue
         text = shipped_files[e["unit"]]
         shares = e["launch"].get("shares") or {}              # the host SKUs whose entry points it launches
         own, *hosts = (_section(text, s) for s in (sku, *dict.fromkeys(shares.values())))
-        assert render.sha256(pre + header + "\n" + own + "".join(hosts)) == e["sha256"]   # what it runs
+        assert render.sha256(pre + block_headers[man["units"][e["unit"]]["block"]] + own + "".join(hosts)) == e["sha256"]   # what it runs
         main = KernelSku.parse(shares["main"]).symbol if "main" in shares else e["symbol"]
         assert f" {main}(" in (hosts[0] if "main" in shares else own)
         kind = e["launch"]["kind"]

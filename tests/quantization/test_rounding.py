@@ -83,7 +83,7 @@ def test_an_odd_magic_would_break_ties():
 @pytest.mark.parametrize("mode", ["symmetric", "asymmetric"])
 @pytest.mark.parametrize("eps", [1e-8, 1e-45])
 def test_unchecked_path_of_the_dynamic_team_kernels(mode, eps, rng):
-    """dynamic_common.cu.j2: a row group without NaN for which ``clamp_free`` holds is quantized
+    """dynamic.cuh ``team_row_groups``: a row group without NaN for which ``clamp_free`` holds is quantized
     without the clamp (t + MAGIC, low bits + zp). Replayed per token row in float32: wherever the
     predicate holds, those codes equal the reference's; rows with NaN never take the path, and tiny
     eps (inv = inf) or infinite values make the predicate false."""

@@ -70,7 +70,7 @@ STATIC_DEQUANTIZE = Block(
 )
 
 
-# Team kernels of the fused per-token / per-group pass (dynamic_common.cu.j2 `team`): one entry point
+# Team kernels of the fused per-token / per-group pass (dyn::team, templates/quantization/dynamic.cuh): one entry point
 # `<symbol>_t<P>` per chunk budget P (16-byte chunks of x per thread, held in registers), each capped
 # at the register count (__maxnreg__) ptxas meets without spills on sm_80 and sm_90; the heavier
 # element code of asymmetric and of software fp8 (sm80 SKUs) needs more. Not for f64 inputs
@@ -90,10 +90,10 @@ TEAM_FIXED = {"group": ((8, 4, 2), (8, 4, 4), (8, 4, 8), (2, 2, 8)), "token": ((
 
 
 # Streamed 16-byte vectors a thread of the cooperative per-tensor kernel loads before it uses any
-# (dynamic_tensor.cu.j2), (reduce, quantize): the bytes in flight per thread at its 32-register cap;
+# (dyn::coop, templates/quantization/dynamic_int8.cuh), (reduce, quantize): the bytes in flight per thread at its 32-register cap;
 # the asymmetric quantize (zero point) fits two without spilling.
 COOP_BATCH = {"symmetric": (4, 4), "asymmetric": (4, 2)}
-# The same for the per-channel kernel (dynamic_channel.cu.j2, both passes) at its 64-register cap
+# The same for the per-channel kernel (dyn::chan, both passes) at its 64-register cap
 # (one 1024-thread block per SM); the asymmetric one holds V zero points and fits two unspilled.
 CHAN_BATCH = {"symmetric": 4, "asymmetric": 2}
 
@@ -144,8 +144,8 @@ def _dynamic_context(cell, ctx):
     """dynamic_quantize: token/group are one fused pass (launch kind ``dynamic_fused``),
     tensor/channel a two-phase deterministic reduction + the static quantize kernel
     (``dynamic_reduce``); ``coop``: s8/u8 per-tensor SKUs also carry the one-launch cooperative
-    kernel ``<symbol>_coop`` (dynamic_tensor.cu.j2), ``chan``: s8/u8 per-channel SKUs the one-launch
-    kernel ``<symbol>_chan`` for channels on the last axis (dynamic_channel.cu.j2). ``ch_*``: chunks of a row a thread keeps in registers (64 bytes of x);
+    kernel ``<symbol>_coop`` (dyn::coop), ``chan``: s8/u8 per-channel SKUs the one-launch
+    kernel ``<symbol>_chan`` for channels on the last axis (dyn::chan). ``ch_*``: chunks of a row a thread keeps in registers (64 bytes of x);
     ``min_blocks``: 2 (64 registers, 4 resident 256-thread blocks) where ptxas fits it unspilled."""
     el = cell.sku.element
     if cell.sku.scope in ("token", "group"):
@@ -179,6 +179,7 @@ DYNAMIC_QUANTIZE = Block(
     shares=_dynamic_shares,
     # the reductions (min/max) run in the math precision too
     precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)),
+    headers=("quantization/dynamic.cuh", "quantization/dynamic_int8.cuh"),
 )
 
 # -- training ops: straight-through backward, fake-quant, LSQ (docs/training.md) -----------------
@@ -282,11 +283,11 @@ LOWBIT_ARCHES = ("sm80", "sm89")   # sm80: software conversion; sm89: the cvt e4
 
 @dataclass(frozen=True)
 class LowBitBlock(Block):
-    """Low-bit cells: templates/common/lowbit.cuh in their units, and the sm89 (hardware conversion)
-    kernels in units of their own (``..._sm89.cu``, min_arch sm89), so that an sm_80 build never
-    meets an sm_89 instruction."""
+    """Low-bit cells: templates/common/lowbit.cuh and templates/quantization/lowbit_kernels.cuh in
+    their units, and the sm89 (hardware conversion) kernels in units of their own (``..._sm89.cu``,
+    min_arch sm89), so that an sm_80 build never meets an sm_89 instruction."""
 
-    headers: tuple = ("common/lowbit.cuh",)
+    headers: tuple = ("common/lowbit.cuh", "quantization/lowbit_kernels.cuh")
 
     def unit(self, sku: KernelSku) -> str:
         base = super().unit(sku)
@@ -370,6 +371,7 @@ def lowbit_blocks() -> tuple:
         launch=lambda sku: LOWBIT_DYNAMIC_FUSED if sku.scope in ("token", "group") else DYNAMIC_REDUCE,
         ins=(Stream("x", "element"),), outs=(Stream("q", "aux"),), exclusions=ex,
         extra_context=_lowbit_dynamic_context, shares=_dynamic_shares,
+        headers=LowBitBlock.headers + ("quantization/dynamic.cuh", "quantization/lowbit_dynamic.cuh"),
         precision=lambda op, scope, mode, el, aux, arch, backend: Precision(kinds.math_kind(el), kinds.math_kind(el)))
     return quantize, dequantize, dynamic
 

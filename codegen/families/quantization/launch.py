@@ -75,7 +75,7 @@ def _fused_head(k, q_ctype, e8m0: bool) -> list:
 
 
 def _dynamic_fused_abi(k) -> dict:
-    """Per-token / per-group dynamic quantization in one pass (dynamic_fused.cu.j2): the block
+    """Per-token / per-group dynamic quantization in one pass (dyn::fused and dyn::team): the block
     kernel (``main``) and the team kernels ``<symbol>_t<P>[_tx<TX>]`` (``team``)."""
     head = _fused_head(k, k["out_ctype"], False)
     return {"main": head + ints("vec_ok"),
@@ -83,16 +83,16 @@ def _dynamic_fused_abi(k) -> dict:
 
 
 def _lowbit_dynamic_fused_abi(k) -> dict:
-    """The low-bit fused pass (lowbit_dynamic_fused.cu.j2): codes are bytes, MX scales a byte array."""
+    """The low-bit fused pass (lowbit::fused and dyn::team): codes are bytes, MX scales a byte array."""
     head = _fused_head(k, "u8_t", True)
     return {"main": head + ints("vec_ok"),
             "team": head + ints("tx", "ch", "dense") + i64s("ngroups")}
 
 
 def _dynamic_reduce_abi(k) -> dict:
-    """Per-tensor / per-channel ranges, two phases (dynamic_reduce.cu.j2); ``coop``: the per-tensor
-    cooperative kernel ``<symbol>_coop`` (dynamic_tensor.cu.j2), ``chan``: the one-launch per-channel
-    kernel ``<symbol>_chan`` (dynamic_channel.cu.j2), where the SKU has them."""
+    """Per-tensor / per-channel ranges, two phases (dyn::reduce); ``coop``: the per-tensor
+    cooperative kernel ``<symbol>_coop`` (dyn::coop), ``chan``: the one-launch per-channel
+    kernel ``<symbol>_chan`` (dyn::chan), where the SKU has them."""
     M, T = k["M"], k["ins"][0]["ctype"]
     out = {"main": [
         ptr("x", T, const=True), Param("x_rs", "i64_t"), ptr("partial", M), ptr("scale", M),
