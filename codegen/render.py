@@ -28,6 +28,7 @@ from .spec import Block
 ROOT = data_root()               # the repository root, or runtime/_data in an installed wheel
 TEMPLATES = ROOT / "templates"
 PRELUDE = "common/prelude.cuh"
+END_OF_HEADER = "// ---- end of "   # the last line of every header (runtime/registry.py reads it)
 
 
 def _template_line(tb, fallback: str):
@@ -84,9 +85,15 @@ def header(name: str) -> str:
     that it reads and compiles as written; :class:`TemplateError` when it is missing."""
     path = TEMPLATES / name
     try:
-        return path.read_text()
+        text = path.read_text()
     except FileNotFoundError:
         raise TemplateError(f"header {name!r} not found under {TEMPLATES}") from None
+    # its last line closes it: the registry finds where a unit's shared helpers end by that line
+    last = text.rstrip("\n").rsplit("\n", 1)[-1]
+    if f"(templates/{name})" not in text.split("\n", 1)[0] or not last.startswith(END_OF_HEADER):
+        raise TemplateError(f"header {name!r}: its first line must name it ('(templates/{name})') and its last line "
+                            f"must start with {END_OF_HEADER!r}")
+    return text
 
 
 def prelude() -> str:

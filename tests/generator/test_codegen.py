@@ -7,6 +7,7 @@ import pytest
 
 from codegen import manifest, matrix, render, spec
 from codegen.families import KINDS
+from runtime.errors import TemplateError
 from runtime.sku import KernelSku
 
 
@@ -136,3 +137,19 @@ def test_every_axis_value_in_use_is_declared_once():
     m = json.loads((manifest.GENERATED / "manifest.json").read_text())
     assert {e["launch"]["kind"] for e in m["kernels"].values()} == set(axes.LAUNCH_KINDS)
     assert m["generator"].endswith(axes.GENERATOR_VERSION)
+
+
+def test_device_headers_are_plain_cuda_named_and_closed(tmp_path, monkeypatch):
+    """Every header under templates/ is read verbatim (no Jinja), names itself on its first line and
+    closes with the end-of-helpers line the registry cuts a kernel's source at; one that does not is a
+    TemplateError naming it."""
+    from codegen import render
+    headers = sorted(p.relative_to(render.TEMPLATES).as_posix() for p in render.TEMPLATES.rglob("*.cuh"))
+    assert len(headers) >= 10
+    for name in headers:
+        text = render.header(name)
+        assert "{{" not in text and "{%" not in text and "{#" not in text, name
+    (tmp_path / "x.cuh").write_text("// ---- x (templates/x.cuh) ----\nint a;\n")
+    monkeypatch.setattr(render, "TEMPLATES", tmp_path)
+    with pytest.raises(TemplateError, match="x.cuh.*end of"):
+        render.header("x.cuh")
