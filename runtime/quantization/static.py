@@ -24,7 +24,7 @@ from .signatures import DEQUANTIZE, QUANTIZE
 def launch_elementwise(op, mode, element, aux, ins, outs, scale, zp_array, zp_value, shape, scope, axis,
                        group_size, qmin, qmax, rec=None, scale_e8m0=None, cols=None, bits=()):
     """Plan and launch one static elementwise kernel (templates/quantization/elementwise.cuh, or
-    the low-bit lowbit_*.cu.j2 for fp8 / packed int4 / e8m0 scales: the plan's launch kind decides).
+    templates/quantization/lowbit_kernels.cuh for fp8 / packed int4 / e8m0 scales: the plan's launch kind decides).
 
     ``ins`` / ``outs``: ``(ArrayRef, RowsView)`` in the kernel's stream order; every argument check
     has passed. ``cols``: elements per row when the first stream is packed (int4). ``bits``: the
