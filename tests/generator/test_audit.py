@@ -563,9 +563,12 @@ def test_bench_chart_png(tmp_path):
     assert bench_report.chart({"results": big[1::2]}, tmp_path / "none.png") is None    # latency shapes only: no chart
 
 
-def test_bench_run_one_plumbing_with_a_fake_timer():
-    """run_one: rotation sets from make(), targets from the module, figures from the timer's median."""
-    made = []
+def test_bench_run_one_plumbing_with_a_fake_timer(monkeypatch):
+    """run_one: rotation sets from make(), targets from the module, figures from the timer's median,
+    % of copy against the copy of the same bytes (L2-rotated like the inputs), not the peak copy."""
+    made, copies = [], []
+    monkeypatch.setattr(bench_run, "same_size_copy",
+                        lambda timer, nbytes_, l2: copies.append((nbytes_, l2)) or {"gbps": 2000.0})
 
     def make(sku, shape):
         made.append(shape)
@@ -578,7 +581,8 @@ def test_bench_run_one_plumbing_with_a_fake_timer():
     r = bench_run.run_one(FakeTimer(), None, KernelSku.parse(S_TOK), mod, (16, 4096), 60 << 20, 4000.0, "sha")
     assert len(made) == r["sets"] == 80 and r["skuforge"]["samples"] == 80      # 4 x 60 MiB / 3 MiB
     assert r["target_pct"] == 85.0 and r["sha256"] == "sha" and r["shape"] == [16, 4096]
-    assert r["gbps"] == pytest.approx((3 << 20) / 1e-6 / 1e9) and r["pct_copy"] == pytest.approx(r["gbps"] / 40.0)
+    assert r["gbps"] == pytest.approx((3 << 20) / 1e-6 / 1e9) and r["pct_copy"] == pytest.approx(r["gbps"] / 20.0)
+    assert r["pct_copy_peak"] == pytest.approx(r["gbps"] / 40.0) and copies == [(3 << 20, 60 << 20)]
     assert "torch_eager" not in r and "speedup_compile" not in r
     assert bench_run.run_one(FakeTimer(), None, KernelSku.parse(S_TOK), types.SimpleNamespace(make=lambda s, sh: None),
                              (16, 4096), 60 << 20, 4000.0, "sha") is None
@@ -670,3 +674,36 @@ def test_cli_help(cmd, capsys):
     with pytest.raises(SystemExit) as e:
         main([cmd, "--help"])
     assert e.value.code == 0 and "--filter" in capsys.readouterr().out
+
+
+def test_same_bytes_copy_rotates_its_buffers_like_the_inputs():
+    """The copy a result is compared with moves the result's bytes through as many distinct
+    (source, destination) pairs as make 4 x L2, each pair copied in turn: not one pair served from L2."""
+    copied = []
+
+    class Arr:
+        def __init__(self):
+            self.data = types.SimpleNamespace(copy_from_device_async=lambda src, n, stream: copied.append((src, self, n)))
+
+        def copy(self):
+            return Arr()
+
+    cp = types.SimpleNamespace(random=types.SimpleNamespace(randint=lambda lo, hi, size, dtype: Arr()),
+                               uint8="u1", empty_like=lambda a: Arr(),
+                               get_default_memory_pool=lambda: types.SimpleNamespace(free_all_blocks=lambda: None))
+
+    class FakeTimer:
+        stream = None
+
+        def measure(self, calls):
+            for c in calls:
+                c()
+            return {"ms": 0.01, "samples": len(calls)}
+    timer = FakeTimer()
+    timer.cp = cp
+    bench_timing._SAME_COPY.clear()
+    r = bench_timing.same_size_copy(timer, 16 << 20, 50 << 20)     # 16 MiB moved, 50 MiB of L2: 13 pairs
+    assert r["sets"] == 13 and r["bytes"] == 8 << 20 and r["gbps"] == pytest.approx(2 * (8 << 20) / 1e-5 / 1e9)
+    assert len(copied) == 13 and len({id(s) for s, _, _ in copied}) == len({id(d) for _, d, _ in copied}) == 13
+    assert all(n == 8 << 20 for _, _, n in copied)
+    bench_timing._SAME_COPY.clear()

@@ -29,7 +29,7 @@ def to_markdown(rec: dict) -> str:
              f"({rec.get('copy', {}).get('bytes', 0) / 2**30:.0f} GiB read + written). "
              "Bandwidth = bytes (inputs read once + outputs written once, scales included) / median time "
              "(CUDA events). `% copy` is relative to a copy of the same number of bytes measured in the same "
-             "run (the peak copy above for shapes that fit in 4 x L2); `pct_copy_peak` in the JSON is "
+             "run, its buffers rotated like the kernels' input sets (4 x L2); `pct_copy_peak` in the JSON is "
              "relative to the peak copy.", ""]
     t = targets(rec)
     if t:

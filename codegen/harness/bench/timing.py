@@ -144,25 +144,30 @@ class Timer:
         return out
 
 
-def copy_bandwidth(timer: "Timer", nbytes_: int = COPY_BYTES) -> dict:
-    """cudaMemcpyAsync device to device of ``nbytes_`` (random bytes): GB/s counting read + write."""
+def copy_bandwidth(timer: "Timer", nbytes_: int = COPY_BYTES, sets: int = 1) -> dict:
+    """cudaMemcpyAsync device to device of ``nbytes_`` (random bytes): GB/s counting read + write.
+    ``sets`` (source, destination) pairs are copied in turn, as the kernels' input sets rotate, so that
+    a copy smaller than the L2 cache is not read from it."""
     cp = timer.cp
-    bufs = {"src": cp.random.randint(1, 255, size=nbytes_, dtype=cp.uint8)}
-    bufs["dst"] = cp.empty_like(bufs["src"])
-    m = timer.measure([lambda: bufs["dst"].data.copy_from_device_async(bufs["src"].data, nbytes_, timer.stream)])
-    bufs.clear()
+    src = cp.random.randint(1, 255, size=nbytes_, dtype=cp.uint8)
+    bufs = [(src if i == 0 else src.copy(), cp.empty_like(src)) for i in range(sets)]
+    calls = [lambda s=s_, d=d_: d.data.copy_from_device_async(s.data, nbytes_, timer.stream) for s_, d_ in bufs]
+    m = timer.measure(calls)
+    del src, bufs, calls
     cp.get_default_memory_pool().free_all_blocks()
     return {"bytes": nbytes_, "ms": m["ms"], "gbps": gbps(2 * nbytes_, m["ms"]), "samples": m["samples"],
-            "method": "cudaMemcpyAsync device-to-device; bytes = read + written"}
+            "sets": sets, "method": "cudaMemcpyAsync device-to-device; bytes = read + written"
+                                    + (f"; {sets} buffer pairs in turn (L2-rotated)" if sets > 1 else "")}
 
 
 _SAME_COPY: dict = {}
 
 
-def same_size_copy(timer, nbytes_: int) -> dict:
-    """A device copy moving ``nbytes_`` in total (half read, half written), measured once per size."""
+def same_size_copy(timer, nbytes_: int, l2_bytes: int) -> dict:
+    """A device copy moving ``nbytes_`` in total (half read, half written), its buffers rotated over
+    as many pairs as make 4x the L2 cache (as the kernels' input sets are); measured once per size."""
     if nbytes_ not in _SAME_COPY:
-        _SAME_COPY[nbytes_] = copy_bandwidth(timer, max(1, nbytes_ // 2))
+        _SAME_COPY[nbytes_] = copy_bandwidth(timer, max(1, nbytes_ // 2), rotation_sets(nbytes_, l2_bytes))
     return _SAME_COPY[nbytes_]
 
 
