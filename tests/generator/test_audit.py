@@ -594,15 +594,22 @@ class _FakeClock:
     calls enqueued before it (what ``Timer.measure_turns`` times)."""
 
     def __init__(self):
-        self.now, self.log = 0.0, []
+        self.now, self.log, self.drains = 0.0, [], 0
         clock = self
 
         class Event:
+            def __init__(self, disable_timing=False):
+                pass
+
             def record(self, stream=None):
                 self.t = clock.now
 
             def synchronize(self):
                 pass
+
+            def query(self):                # the spin ended before the batch was enqueued
+                clock.drains -= 1
+                return clock.drains >= 0
 
         self.cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
             Event=Event, get_elapsed_time=lambda a, b: b.t - a.t))
@@ -612,6 +619,22 @@ class _FakeClock:
             self.log.append(name)
             self.now += ms
         return run
+
+
+def test_a_batch_the_gpu_may_have_waited_in_is_dropped_and_its_spin_doubled():
+    """measure_turns: when the spin ended before a batch was enqueued (the GPU may then have timed the
+    host's call path), the batch is not counted, the contender's spin is doubled, and the result says
+    how many batches were dropped; the samples still come to the number asked for."""
+    clock = _FakeClock()
+    timer = bench_timing.Timer.__new__(bench_timing.Timer)
+    timer.cp, timer.samples, timer.max_seconds = clock.cp, 40, 60.0
+    timer.stream = types.SimpleNamespace(synchronize=lambda: None)
+    spins = []
+    timer.spin_ns = spins.append
+    clock.drains = 2                                # the first two batches drain
+    got = timer.measure([clock.call("ours", 1.0)])
+    assert got["samples"] == 40 and got["dropped_batches"] == 2 and got["ms"] == 1.0
+    assert len(spins) == 3 and spins[1] > spins[0] and spins[2] > spins[1]     # one batch of 40, taken the third time
 
 
 def test_bench_times_contenders_in_turns():

@@ -46,6 +46,12 @@ def test_selection_plans_the_filtered_skus_with_their_modules(reg):
     assert [(str(s), m.__name__, sh) for s, m, sh in todo] == [(S_TOK, "codegen.harness.workloads.static", (16, 4096))]
 
 
+@pytest.fixture(autouse=True)
+def _same_bytes_copy(monkeypatch):
+    """The fake timer runs no copy: the copy of a result's bytes is a fixed figure."""
+    monkeypatch.setattr(bench_run, "same_size_copy", lambda timer, nbytes_, l2: {"gbps": 2000.0})
+
+
 class _FakeTimer:
     def measure(self, calls):
         return {"ms": 0.001, "samples": len(calls)}
@@ -54,7 +60,6 @@ class _FakeTimer:
 def test_run_all_measures_reports_failures_and_frees_between_runs(reg, monkeypatch):
     freed = []
     monkeypatch.setattr(cli, "free_memory", lambda: freed.append(1))
-    monkeypatch.setattr(bench_run, "same_size_copy", lambda timer, nbytes_, l2: {"gbps": 2000.0})
 
     def make(sku, shape):
         if sku.scope == "group":

@@ -14,6 +14,8 @@ MAX_SETS = 256
 WARMUP_MS = 30.0        # device time of back-to-back calls before timing: the clocks ramp back after
                         # idle stretches (a torch.compile of the previous workload takes seconds)
 TURN_MS = 10.0          # device time of one contender's batch when several are timed in turns
+MAX_SPIN_NS = 5e7       # the longest spin a batch is queued behind (a longer batch is cut)
+MAX_DROPPED = 8         # batches dropped per contender before its samples are taken as they come
 COPY_BYTES = 1 << 30
 
 SPIN_SRC = r"""
@@ -118,28 +120,44 @@ class Timer:
         times = [[] for _ in contenders]
         done = [0] * len(contenders)
         start = time.perf_counter()
+        # A batch counts only if the GPU was still in the spin when its last call was enqueued:
+        # otherwise the GPU may have waited for the host between two calls, and an event pair would
+        # time the host's call path, not the kernel. Such a batch is dropped and that contender's
+        # spin doubled (its calls took the host longer than the warm-up's estimate).
+        spin = [1.5] * len(contenders)
+        dropped = [0] * len(contenders)
         while any(len(t) < self.samples for t in times):
             for k, calls in enumerate(contenders):
                 b = min(batch[k], self.samples - len(times[k]))
                 if b <= 0:
                     continue
                 host_s = warm[k][1]
-                self.spin_ns(min(5e7, b * host_s * 1.5e9 + 2e4))   # keeps the GPU busy while we enqueue
+                b = max(1, min(b, int(MAX_SPIN_NS / max(host_s * spin[k] * 1e9, 1.0))))
+                self.spin_ns(min(MAX_SPIN_NS, b * host_s * spin[k] * 1e9 + 2e4))  # the GPU busy while we enqueue
+                in_spin = cp.cuda.Event(disable_timing=True)
+                in_spin.record(st)
                 for j in range(b):
                     e0, e1 = events[k][j]
                     e0.record(st)
                     calls[done[k] % len(calls)]()
                     e1.record(st)
                     done[k] += 1
+                drained = in_spin.query()       # the spin ended before the batch was enqueued
                 events[k][b - 1][1].synchronize()
+                if drained and dropped[k] < MAX_DROPPED:
+                    dropped[k] += 1
+                    spin[k] *= 2
+                    continue
                 times[k] += [cp.cuda.get_elapsed_time(e0, e1) for e0, e1 in events[k][:b]]
             if time.perf_counter() - start > self.max_seconds and all(len(t) >= 10 for t in times):
                 break
         out = []
-        for (first_s, host_s, _), t in zip(warm, times):
+        for (first_s, host_s, _), t, d in zip(warm, times, dropped):
             r = stats(t)
             r["first_call_s"] = round(first_s, 3)
             r["host_us"] = round(host_s * 1e6, 2)
+            if d:
+                r["dropped_batches"] = d
             out.append(r)
         return out
 
