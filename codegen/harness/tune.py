@@ -129,7 +129,9 @@ def cmd_tune(args) -> int:
                 if not times:
                     continue
                 pick = choose(times, default)
-                entry = {"schedule": pick, "us": times, "shape": list(BUCKET_SHAPES[b]), "sku": str(sku)}
+                # each entry names its GPU and commit: a table may hold entries of several runs
+                entry = {"schedule": pick, "us": times, "shape": list(BUCKET_SHAPES[b]), "sku": str(sku),
+                         "gpu": table["gpu"], "commit": table["commit"]}
                 for key in plan_keys:
                     table["entries"].setdefault(key, {})[b] = entry
                 console.print(f"[{i + 1}/{len(todo)}] {sku} {b}: {pick} "
