@@ -60,7 +60,7 @@ class LaunchKind:
     after the SKU's)}, the names under which the manifest records each entry point's symbol (a group
     the SKU launches from a host SKU, ``Block.shares``, has the host's symbols); ``schedules``: the
     named ways to launch one, default first (empty: one way), carried by the SKUs for which
-    ``scheduled(ctx)`` holds. The runtime launcher of the same name fills the parameters by name,
+    ``scheduled(ctx)`` holds (one whose parameter ``entry`` names an entry point: by the SKUs that have it). The runtime launcher of the same name fills the parameters by name,
     loads the entry points by their recorded symbols and reads the schedule parameters
     (docs/tuning.md)."""
 
@@ -91,7 +91,12 @@ class LaunchKind:
         or a SKU with one way to launch)."""
         if not self.schedules or not self.scheduled(ctx):
             return {}
-        return {"schedules": {s.name: s.as_dict() for s in self.schedules}, "default_schedule": self.schedules[0].name}
+        # a schedule that launches an entry point of its own (its parameter ``entry``) is one of the
+        # SKUs that have that entry point
+        named = {s.as_dict().get("entry", "main") for s in self.schedules} - {"main"}
+        entries = self.entries(ctx) if named else {}
+        own = [s for s in self.schedules if s.as_dict().get("entry", "main") in {"main", *entries}]
+        return {"schedules": {s.name: s.as_dict() for s in own}, "default_schedule": own[0].name}
 
 
 @dataclass(frozen=True)

@@ -218,8 +218,12 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 //   rows, U rows per step, so what depends only on the column (the group, per-column
 //   parameters and their reciprocals) is computed once per column, not once per row; the
 //   grid is persistent. Group sizes that are not a multiple of VEC take the scalar path.
+// - row vectors (group, channel on the last axis; the dequantize ops, which take no reciprocal): the
+//   rows layout with each vector's own parameters (its group's, or its VEC per-column ones) loaded
+//   with its data; a schedule variant beside the columns layout (docs/tuning.md).
 // The channel scope has two entry points, each with the registers its own layout needs: the SKU's
-// symbol (axis = last, columns layout) and the symbol + "_rows" (another axis, rows layout).
+// symbol (axis = last, columns layout) and the symbol + "_rows" (another axis, rows layout); the
+// row-vectors layout is a further entry point, symbol + "_vrows".
 // The per-element body (Op::apply) sees an Elem: `s` (scale), `inv` (1/scale, computed once per
 // scale element), `zp` (zero point), `bad` (the scale element failed its device-side check: the
 // body writes its op's poison), `qlo`/`qhi` (qmin/qmax in the math precision) and `qmin`/`qmax`;
@@ -227,7 +231,7 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 namespace ew {
 
 enum Scope { TENSOR, TOKEN, GROUP, CHANNEL };
-enum Layout { ROWS, COLUMNS };
+enum Layout { ROWS, COLUMNS, ROW_VECTORS };
 
 template <typename A, typename B> struct same_t { static constexpr bool value = false; };
 template <typename A> struct same_t<A, A> { static constexpr bool value = true; };
@@ -359,7 +363,7 @@ struct Kernel {
     const Params<M> a;
     I0 in0; I1 in1; O0 out0; O1 out1;
     int TX, TY;
-    bool narrow_rows;
+    bool narrow_rows, narrow_cols;
     M qlo, qhi;
     i64_t row0, row_step;
 
@@ -421,6 +425,83 @@ struct Kernel {
                 store_vector<VEC>(out0, r.y0, c, o0);
                 store_vector<VEC>(out1, r.y1, c, o1);
             }
+        }
+    }
+    // -- row-vectors layout: the rows layout, parameters per vector -------------------------------
+    // One pass over a row: U column vectors per step, each with its parameters (group: the vector's
+    // group element; channel on the last axis: its VEC per-column elements, vector loads), loaded with
+    // the step's data. CHECKED: each element's parameters are tested (status written, the op's poison
+    // where one fails); else they are assumed valid and the pass returns whether one was not.
+    template <bool CHECKED> __device__ __forceinline__ bool row_vectors_pass(const Row& r, i64_t srow) const {
+        bool any_bad = false;
+        for (i64_t c0 = (i64_t)threadIdx.x * VEC; c0 < a.cols; c0 += (i64_t)TX * VEC * U) {
+            Vec<T0, VEC> v0[U];
+            Vec<T1, VEC> v1[U];
+            M s_u[U];
+            int zp_u[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const i64_t c = c0 + (i64_t)u * TX * VEC;
+                if (c < a.cols) {
+                    if constexpr (I0::ON) v0[u] = load_vec<T0, VEC>(r.x0 + c);
+                    if constexpr (I1::ON) v1[u] = load_vec<T1, VEC>(r.x1 + c);
+                    if constexpr (S == GROUP) {
+                        // 32-bit division where the columns allow (a 64-bit one is a call)
+                        const i64_t g = srow + (narrow_cols ? (i64_t)((u32_t)c / (u32_t)a.group_size) : c / a.group_size);
+                        s_u[u] = scale_at(g);
+                        zp_u[u] = zp_at(g);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const i64_t c = c0 + (i64_t)u * TX * VEC;
+                if (c < a.cols) {
+                Vec<R0, VEC> o0;
+                Vec<R1, VEC> o1;
+                // channel: the vector's per-column parameters, read after the data (L1 hits after a
+                // thread's first row; loaded with the data they would hold U x VEC x 2 registers)
+                Vec<M, VEC> sv;
+                Vec<i32_t, VEC> zv;
+                if constexpr (S == CHANNEL) {
+                    sv = load_vec<M, VEC>(a.scale + c);
+                    if constexpr (ASYM) zv = load_vec<i32_t, VEC>(a.zero_point + c);
+                }
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) {
+                    M s;
+                    int zp;
+                    if constexpr (S == GROUP) s = s_u[u], zp = zp_u[u];
+                    else s = sv.v[i], zp = ASYM ? zv.v[i] : a.zp_value;
+                    const M inv = recip(s);   // unused by the dequantize ops: dead code there
+                    if constexpr (CHECKED) {
+                        const bool bad = check(s, zp);
+                        apply<Op, I0, I1, O0, O1>(elem(s, inv, zp, bad), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
+                    } else {
+                        if (S != GROUP || i == 0) any_bad |= param_invalid<ASYM>(s, zp, a.qmin, a.qmax);
+                        apply<Op, I0, I1, O0, O1>(elem(s, inv, zp, Known<false>{}), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
+                    }
+                }
+                store_vector<VEC>(out0, r.y0, c, o0);
+                store_vector<VEC>(out1, r.y1, c, o1);
+                }
+            }
+        }
+        return any_bad;
+    }
+    // As rows_layout: deferred checks (a checked second pass over the thread's rows where a
+    // parameter failed) for single-precision math, checked as it goes otherwise.
+    __device__ __forceinline__ void row_vectors_layout() const {
+        if constexpr (DEFERRED) {
+            bool any_bad = false;
+#pragma unroll 1
+            for (i64_t row = row0; row < a.rows; row += row_step) any_bad |= row_vectors_pass<false>(row_at(row), row_scale_base(row));
+            if (any_bad && a.status) {
+#pragma unroll 1
+                for (i64_t row = row0; row < a.rows; row += row_step) row_vectors_pass<true>(row_at(row), row_scale_base(row));
+            }
+        } else {
+            for (i64_t row = row0; row < a.rows; row += row_step) row_vectors_pass<true>(row_at(row), row_scale_base(row));
         }
     }
     // A thread loads U column vectors of its row (U x 16 bytes in flight), then computes and stores
@@ -617,11 +698,13 @@ struct Kernel {
     __device__ __forceinline__ void run() const {
         bool vec_path;
         if constexpr (S != CHANNEL) vec_path = a.vec_ok;
-        else if constexpr (L == COLUMNS) vec_path = a.vec_ok && a.chan_last;
-        else vec_path = a.vec_ok && !a.chan_last;
+        else if constexpr (L == ROWS) vec_path = a.vec_ok && !a.chan_last;
+        else vec_path = a.vec_ok && a.chan_last;
         if (vec_path) {
             // Vector path: cols % VEC == 0 and every row start is aligned to its vector width.
-            if constexpr (L == ROWS) rows_layout(); else columns_layout();
+            if constexpr (L == ROWS) rows_layout();
+            else if constexpr (L == COLUMNS) columns_layout();
+            else row_vectors_layout();
         } else {
             scalar_path();
         }
@@ -636,15 +719,16 @@ __device__ __forceinline__ void elementwise(I0 in0, I1 in1, O0 out0, O1 out1, co
                                             const i32_t* zero_point, int zp_value, i64_t rows, i64_t cols,
                                             i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
                                             int qmin, int qmax, int vec_ok, u32_t* status) {
-    static_assert(L == (S == TENSOR || S == TOKEN ? ROWS : S == GROUP ? COLUMNS : L), "the scope's layout");
+    static_assert(S == TENSOR || S == TOKEN ? L == ROWS : S == GROUP ? L != ROWS : true, "the scope's layout");
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
+    const bool narrow_cols = cols <= 0xFFFFFFFFll;
     const M qlo = (M)qmin, qhi = (M)qmax;
     const i64_t row0 = (i64_t)blockIdx.x * TY + threadIdx.y, row_step = (i64_t)gridDim.x * TY;
     const Kernel<Op, S, ASYM, L, VEC, U, BAD_SCALE, BAD_ZP, M, I0, I1, O0, O1> k{
         {scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax,
          vec_ok, status},
-        in0, in1, out0, out1, TX, TY, narrow_rows, qlo, qhi, row0, row_step};
+        in0, in1, out0, out1, TX, TY, narrow_rows, narrow_cols, qlo, qhi, row0, row_step};
     k.run();
 }
 
@@ -718,6 +802,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetr
         ew::In<s8_t>{q, q_rs}, ew::None{}, ew::Out<double>{y, y_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
+extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_asymmetric_s8_f64_sm80_simt_vrows(
+    const s8_t* __restrict__ q, i64_t q_rs, double* __restrict__ y, i64_t y_rs,
+    const double* __restrict__ scale, double scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+{
+    ew::elementwise<ew::Dequantize<double>, ew::CHANNEL, true, ew::ROW_VECTORS, 2, 4, 17, 18>(
+        ew::In<s8_t>{q, q_rs}, ew::None{}, ew::Out<double>{y, y_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
+}
 
 // SKU: quantization/dequantize/channel/symmetric/s8/f64/sm80/simt/f64.acc-f32.det.stable
 // Two entry points: the SKU's symbol (channel on the last axis: columns layout) and the symbol +
@@ -742,6 +836,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetri
         ew::In<s8_t>{q, q_rs}, ew::None{}, ew::Out<double>{y, y_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
+extern "C" __global__ void __launch_bounds__(256) sf_dequantize_channel_symmetric_s8_f64_sm80_simt_vrows(
+    const s8_t* __restrict__ q, i64_t q_rs, double* __restrict__ y, i64_t y_rs,
+    const double* __restrict__ scale, double scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+{
+    ew::elementwise<ew::Dequantize<double>, ew::CHANNEL, false, ew::ROW_VECTORS, 2, 4, 17, 18>(
+        ew::In<s8_t>{q, q_rs}, ew::None{}, ew::Out<double>{y, y_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
+}
 
 // SKU: quantization/dequantize/group/asymmetric/s8/f64/sm80/simt/f64.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric_s8_f64_sm80_simt(
@@ -754,6 +858,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric
         ew::In<s8_t>{q, q_rs}, ew::None{}, ew::Out<double>{y, y_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
+extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_asymmetric_s8_f64_sm80_simt_vrows(
+    const s8_t* __restrict__ q, i64_t q_rs, double* __restrict__ y, i64_t y_rs,
+    const double* __restrict__ scale, double scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+{
+    ew::elementwise<ew::Dequantize<double>, ew::GROUP, true, ew::ROW_VECTORS, 2, 4, 17, 18>(
+        ew::In<s8_t>{q, q_rs}, ew::None{}, ew::Out<double>{y, y_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
+}
 
 // SKU: quantization/dequantize/group/symmetric/s8/f64/sm80/simt/f64.acc-f32.det.stable
 extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_s8_f64_sm80_simt(
@@ -763,6 +877,16 @@ extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
     ew::elementwise<ew::Dequantize<double>, ew::GROUP, false, ew::COLUMNS, 2, 4, 17, 18>(
+        ew::In<s8_t>{q, q_rs}, ew::None{}, ew::Out<double>{y, y_rs}, ew::None{},
+        scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
+}
+extern "C" __global__ void __launch_bounds__(256) sf_dequantize_group_symmetric_s8_f64_sm80_simt_vrows(
+    const s8_t* __restrict__ q, i64_t q_rs, double* __restrict__ y, i64_t y_rs,
+    const double* __restrict__ scale, double scale_value, const i32_t* __restrict__ zero_point,
+    int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
+    int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
+{
+    ew::elementwise<ew::Dequantize<double>, ew::GROUP, false, ew::ROW_VECTORS, 2, 4, 17, 18>(
         ew::In<s8_t>{q, q_rs}, ew::None{}, ew::Out<double>{y, y_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }

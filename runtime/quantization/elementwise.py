@@ -93,16 +93,23 @@ class ElementwiseLauncher(Launcher):
         first = args.ins[0][0]
         vec, unroll = plan.launch["vec"], plan.launch.get("unroll", 1)
         vec_ok = self.vec_ok(plan, args)
-        if plan.sku.scope == "channel" and vec_ok and not args.chan_last:
-            # per-row parameters: the SKU's second entry point, the rows layout (like token)
-            fn = driver().load_function(plan.registry, plan.entry.unit, plan.entry.entry_point("rows"), first.device)
-        else:
-            fn = plan.registry.kernel(plan.sku, first.device)
-        # the schedule variant (runtime/tuning.py): threads per block, grid shape
+        # the schedule variant (runtime/tuning.py): threads per block, grid shape, entry point
         props = driver().properties(first.device)
         sched = schedule(plan, args.rows * args.cols, props)
         threads = sched.get("threads", plan.launch["block_threads"])
-        if vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last)):
+        # per-vector parameters (group, channel on the last axis): the columns layout, or the row-vectors
+        # one where the schedule names that entry point; per-row ones: the rows layout
+        per_vector = vec_ok and (plan.sku.scope == "group" or (plan.sku.scope == "channel" and args.chan_last))
+        entry = "main"
+        if per_vector and sched.get("entry"):
+            entry, per_vector = sched["entry"], False
+        elif vec_ok and plan.sku.scope == "channel" and not args.chan_last:
+            entry = "rows"
+        if entry == "main":
+            fn = plan.registry.kernel(plan.sku, first.device)
+        else:
+            fn = driver().load_function(plan.registry, plan.entry.unit, plan.entry.entry_point(entry), first.device)
+        if per_vector:
             # columns layout (templates/quantization/elementwise.cuh): a grid of (row blocks, column
             # blocks); a thread owns one column vector and walks its rows U at a time. A persistent grid
             # holds at most the resident blocks (one run of steps, a single partial step at its end); a

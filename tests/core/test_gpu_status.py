@@ -193,6 +193,53 @@ def test_planted_bad_value_poisons_and_raises_at_the_next_call(name):
     assert all(_same(x, y) or True for x, y in zip(_flat(call(a)), good))
 
 
+# The dequantize ops' row-vectors layout (schedules r256 / r128, group and channel on the last axis):
+# each element's parameters are its own, so a bad one poisons exactly the elements it governs, and
+# the rest equal the columns layout's output. (name: call, key, index, arg, bad value, poisoned
+# elements as (rows, columns))
+ROW_VECTORS = {
+    "dequantize group, scale": (lambda a: sf.dequantize(a["q8"], a["s_grp"], scope="group", group_size=64,
+                                                        out_dtype="bfloat16"),
+                                "s_grp", (5, 2), "scale", NAN, (slice(5, 6), slice(128, 192))),
+    "dequantize group, zero point": (lambda a: sf.dequantize(a["q8"], a["s_grp"], a["zp_grp"], scope="group",
+                                                             group_size=64, out_dtype="float32"),
+                                     "zp_grp", (9, 1), "zero_point", 1000, (slice(9, 10), slice(64, 128))),
+    "dequantize channel, scale": (lambda a: sf.dequantize(a["q8"], a["s_chan"], a["zp_chan"] - 100, scope="channel",
+                                                          axis=1, out_dtype="bfloat16"),
+                                  "s_chan", 37, "scale", 0.0, (slice(None), slice(37, 38))),
+    "dequantize_backward group, scale": (lambda a: sf.dequantize_backward(a["dy"], a["s_grp"], scope="group",
+                                                                          group_size=64),
+                                         "s_grp", (0, 3), "scale", -1.0, (slice(0, 1), slice(192, 256))),
+    "dequantize_backward channel, scale": (lambda a: sf.dequantize_backward(a["dy"], a["s_chan"], scope="channel",
+                                                                            axis=1),
+                                           "s_chan", 255, "scale", math.inf, (slice(None), slice(255, 256))),
+}
+
+
+@pytest.mark.parametrize("schedule", ["r256", "r128"])
+@pytest.mark.parametrize("name", list(ROW_VECTORS))
+def test_row_vectors_layout_poisons_only_the_bad_elements(name, schedule):
+    from runtime.config import override
+    call, key, idx, arg, value, (rows, cols) = ROW_VECTORS[name]
+    a = _inputs()
+    columns = _flat(call(a))[0]                 # the default schedule at this size: the columns layout
+    with override(schedule=schedule):
+        assert _same(_flat(call(a))[0], columns), f"{name}: {schedule} against the columns layout"
+        torch.cuda.synchronize()
+        sf.check()
+        a[key][idx] = value
+        out = _flat(call(a))[0]
+        torch.cuda.synchronize()
+        want = columns.clone()
+        want[rows, cols] = float("nan")
+        assert _same(out, want), f"{name}: {schedule} poisons exactly the governed elements"
+        with pytest.raises(sf.DeviceValueError) as e:
+            call(a)
+        assert e.value.arg == arg and e.value.op == name.split()[0]
+        torch.cuda.synchronize()
+        sf.check()
+
+
 def test_check_is_the_explicit_check_point():
     a = _inputs()
     a["s_tok"][0] = NAN

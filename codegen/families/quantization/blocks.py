@@ -32,11 +32,20 @@ ELEMENTWISE_HEADERS = ("quantization/elementwise.cuh",)
 def _layouts(cell, ctx) -> dict:
     """``layouts``, {entry point: ew::Layout} of a static elementwise SKU: rows for tensor / token,
     columns for group, both for channel (its symbol: channel on the last axis, columns; ``_rows``:
-    another axis, rows)."""
+    another axis, rows). The dequantize ops' group and channel SKUs also have the row-vectors layout
+    (``_vrows``), which their schedules ``r256`` / ``r128`` launch."""
     scope = cell.sku.scope
+    layouts = {"main": "ROWS" if scope in ("tensor", "token") else "COLUMNS"}
     if scope == "channel":
-        return {"layouts": {"main": "COLUMNS", "rows": "ROWS"}}
-    return {"layouts": {"main": "ROWS" if scope in ("tensor", "token") else "COLUMNS"}}
+        layouts["rows"] = "ROWS"
+    if scope in ("group", "channel") and cell.sku.op in ROW_VECTOR_OPS:
+        layouts["vrows"] = "ROW_VECTORS"
+    return {"layouts": layouts}
+
+
+# The ops whose group and channel SKUs have the row-vectors layout: those without a reciprocal
+# (docs/perf-notes.md, "Static quantize and dequantize": the others lose with it at every size).
+ROW_VECTOR_OPS = ("dequantize", "dequantize_backward")
 
 
 STATIC_QUANTIZE = Block(

@@ -137,6 +137,8 @@ _ELEMENTWISE = (
     schedule("b128-full", threads=128, grid="full", columns="2d"),
     schedule("b256-1d", threads=256, grid="persistent", columns="1d"),
     schedule("b64", threads=64, grid="full", columns="2d"),
+    schedule("r256", threads=256, entry="vrows"),                     # the row-vectors layout, where
+    schedule("r128", threads=128, entry="vrows"),                     # the SKU has it
 )
 # the low-bit static kernels walk rows only (one block per row group: the grid is always full)
 _ROWS = (
@@ -160,9 +162,11 @@ _REDUCE = (
 
 # -- entry points: {name: (ABI group, symbol suffix)} -------------------------------------------------
 def _elementwise_entries(k) -> dict:
-    """Per channel, two entry points of one parameter list: ``main`` (axis = last: the columns layout)
-    and ``rows`` (another axis: the rows layout), each with the registers its own layout needs."""
-    return {"main": ("main", ""), **({"rows": ("main", "_rows")} if k["scope"] == "channel" else {})}
+    """One entry point per layout of one parameter list (``layouts``, codegen/families/quantization/
+    blocks.py): ``main`` (the SKU's layout; channel: axis = last, the columns layout), ``rows`` (channel,
+    another axis: the rows layout) and ``vrows`` (the row-vectors layout), each with the registers its
+    own layout needs."""
+    return {name: ("main", "" if name == "main" else f"_{name}") for name in k.get("layouts", ("main",))}
 
 
 def _fused_entries(k) -> dict:
