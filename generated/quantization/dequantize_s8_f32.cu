@@ -29,6 +29,16 @@ template <> __device__ __forceinline__ f16_t  from_f32<f16_t>(float v)  { f16_t 
 template <typename T> __device__ __forceinline__ T from_f64(double v);
 template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
 
+// -- compile-time type tests, and the conversions of a kernel templated on its math precision M ----
+template <typename A, typename B> constexpr bool same_type = false;
+template <typename A> constexpr bool same_type<A, A> = true;
+template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {   // storage -> M
+    if constexpr (same_type<M, double>) return to_f64(v); else return to_f32(v);
+}
+template <typename T, typename M> __device__ __forceinline__ T from_math(M v) { // M -> storage, rounded once
+    if constexpr (same_type<M, double>) return from_f64<T>(v); else return from_f32<T>(v);
+}
+
 // -- rounding and saturation (NaN handled by the caller: it never reaches a float->int cast) ----
 __device__ __forceinline__ float  rne(float v)  { return rintf(v); }
 __device__ __forceinline__ double rne(double v) { return rint(v); }
@@ -229,18 +239,6 @@ namespace ew {
 enum Scope { TENSOR, TOKEN, GROUP, CHANNEL };
 enum Layout { ROWS, COLUMNS };
 
-template <typename A, typename B> struct same_t { static constexpr bool value = false; };
-template <typename A> struct same_t<A, A> { static constexpr bool value = true; };
-template <typename A, typename B> constexpr bool same = same_t<A, B>::value;
-
-// storage -> math precision, math precision -> storage (rounded once)
-template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
-    if constexpr (same<M, double>) return to_f64(v); else return to_f32(v);
-}
-template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
-    if constexpr (same<M, double>) return from_f64<T>(v); else return from_f32<T>(v);
-}
-
 // The kernel parameters every static elementwise entry point takes (codegen: the elementwise ABI).
 // status: this device's status word (runtime/status.py), or null (no value checks).
 template <typename M> struct Params {
@@ -348,13 +346,13 @@ template <class Op, Scope S, bool ASYM, Layout L, int VEC, int U, u32_t BAD_SCAL
 struct Kernel {
     using T0 = typename I0::T; using T1 = typename I1::T;
     using R0 = typename O0::T; using R1 = typename O1::T;
-    static constexpr bool FLOAT = same<M, float>;
+    static constexpr bool FLOAT = same_type<M, float>;
     // Deferred checks for single-precision math; the check before the loads for f64 math and for
     // kernels that turn 8-bit codes into float32 (16 float32 outputs a vector, 256 bytes of them in
     // flight per thread), where the second sweep costs registers and spills (ptxas: up to 24 B of
     // stack and 256 B of spills).
     static constexpr bool DEFERRED = FLOAT &&
-        !((same<R0, float> || (O1::ON && same<R1, float>)) && (!same<T0, float> || (I1::ON && !same<T1, float>)));
+        !((same_type<R0, float> || (O1::ON && same_type<R1, float>)) && (!same_type<T0, float> || (I1::ON && !same_type<T1, float>)));
 
     const Params<M> a;
     I0 in0; I1 in1; O0 out0; O1 out1;
