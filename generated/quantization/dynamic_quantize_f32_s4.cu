@@ -383,14 +383,6 @@ template <class F> __device__ __forceinline__ void fp8x2_decode_hw(unsigned lo, 
 // values in M).
 namespace lowbit {
 
-template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
-    if constexpr (sizeof(M) == 8) return to_f64(v);
-    else return to_f32(v);
-}
-template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
-    if constexpr (sizeof(M) == 8) return from_f64<T>(v);
-    else return from_f32<T>(v);
-}
 // e8m0 block scale (MX) in the math precision: 2^(code - 127), exact
 template <typename M> __device__ __forceinline__ M e8m0_to(unsigned code) {
     if constexpr (sizeof(M) == 8) return e8m0_to_f64(code);
