@@ -29,6 +29,9 @@ template <> __device__ __forceinline__ f16_t  from_f32<f16_t>(float v)  { f16_t 
 template <typename T> __device__ __forceinline__ T from_f64(double v);
 template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
 
+// -- the scope axis of a quantization kernel's parameters (runtime/axes.py SCOPES) ----------------
+enum class Scope { tensor, token, group, channel };
+
 // -- compile-time type tests, and the conversions of a kernel templated on its math precision M ----
 template <typename A, typename B> constexpr bool same_type = false;
 template <typename A> constexpr bool same_type<A, A> = true;

@@ -29,6 +29,9 @@ template <> __device__ __forceinline__ f16_t  from_f32<f16_t>(float v)  { f16_t 
 template <typename T> __device__ __forceinline__ T from_f64(double v);
 template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
 
+// -- the scope axis of a quantization kernel's parameters (runtime/axes.py SCOPES) ----------------
+enum class Scope { tensor, token, group, channel };
+
 // -- compile-time type tests, and the conversions of a kernel templated on its math precision M ----
 template <typename A, typename B> constexpr bool same_type = false;
 template <typename A> constexpr bool same_type<A, A> = true;
@@ -236,7 +239,6 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // then the elements of its input streams and references to those of its output streams.
 namespace ew {
 
-enum Scope { TENSOR, TOKEN, GROUP, CHANNEL };
 enum Layout { ROWS, COLUMNS };
 
 // The kernel parameters every static elementwise entry point takes (codegen: the elementwise ABI).
@@ -373,9 +375,9 @@ struct Kernel {
     }
     // the index of a row's scale element (the scalar path adds the column's part)
     __device__ __forceinline__ i64_t row_scale_base(i64_t row) const {
-        if constexpr (S == TENSOR) return 0;
-        else if constexpr (S == TOKEN) return row;
-        else if constexpr (S == GROUP) return row * (a.cols / a.group_size);
+        if constexpr (S == Scope::tensor) return 0;
+        else if constexpr (S == Scope::token) return row;
+        else if constexpr (S == Scope::group) return row * (a.cols / a.group_size);
         else return a.chan_last ? 0 : channel_of(row, a.chan_inner, a.chan_count, narrow_rows);
     }
     __device__ __forceinline__ M scale_at(i64_t idx) const { return a.scale ? a.scale[idx] : a.scale_value; }
@@ -480,7 +482,7 @@ struct Kernel {
             if (row >= a.rows) break;
             M s_g, inv_g;
             int zp_g;
-            if constexpr (S == GROUP) {
+            if constexpr (S == Scope::group) {
                 s_g = s_u[u], inv_g = recip(s_g);
                 zp_g = zp_u[u];
             }
@@ -488,7 +490,7 @@ struct Kernel {
             Vec<R1, VEC> o1;
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
-                if constexpr (S == GROUP)
+                if constexpr (S == Scope::group)
                     apply<Op, I0, I1, O0, O1>(elem(s_g, inv_g, zp_g, both(bad_u, bad_g[u])), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
                 else
                     apply<Op, I0, I1, O0, O1>(elem(s_c[i], inv_c[i], zp_c[i], both(bad_u, bad_c[i])), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
@@ -508,7 +510,7 @@ struct Kernel {
             M s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
             bool bad_c[VEC], bad_any = false;
-            if constexpr (S == GROUP) {
+            if constexpr (S == Scope::group) {
                 // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
                 ngroups = a.cols / a.group_size, g = c / a.group_size;
             } else {
@@ -535,14 +537,14 @@ struct Kernel {
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
-                    if constexpr (S == GROUP) {
+                    if constexpr (S == Scope::group) {
                         s_u[u] = a.scale_value;
                         zp_u[u] = a.zp_value;
                     }
                     if (row < a.rows) {
                         if constexpr (I0::ON) v0[u] = load_vec<T0, VEC>(in0.p + row * in0.rs + c);
                         if constexpr (I1::ON) v1[u] = load_vec<T1, VEC>(in1.p + row * in1.rs + c);
-                        if constexpr (S == GROUP) {
+                        if constexpr (S == Scope::group) {
                             if (a.scale) s_u[u] = a.scale[row * ngroups + g];
                             if constexpr (ASYM) {
                                 if (a.zero_point) zp_u[u] = a.zero_point[row * ngroups + g];
@@ -551,7 +553,7 @@ struct Kernel {
                     }
                 }
                 bool bad_g[U], bad_step = false;
-                if constexpr (S == GROUP) {
+                if constexpr (S == Scope::group) {
                     // the U group scales' checks, after the loads: one branch for the whole step
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
@@ -564,7 +566,7 @@ struct Kernel {
                 // step with it true. For single-precision math only: 16-bit kernels are issue-bound
                 // at full bandwidth and a select per element cost them up to 18 points of copy
                 // bandwidth; the f64 kernels spill with two copies.
-                const bool flag = S == GROUP ? bad_step : bad_any;
+                const bool flag = S == Scope::group ? bad_step : bad_any;
                 if constexpr (FLOAT) {
                     if (!(flag)) columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, Known<false>{});
                     else columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, Known<true>{});   // an invalid scale element: its outputs are poisoned
@@ -578,8 +580,8 @@ struct Kernel {
     // -- scalar path: any cols, any alignment, any group size -----------------------------------
     __device__ __forceinline__ void scalar_element(const Row& r, i64_t srow, i64_t c, u32_t& acc0, u32_t& acc1) const {
         i64_t sidx;
-        if constexpr (S == GROUP) sidx = srow + c / a.group_size;
-        else if constexpr (S == CHANNEL) sidx = a.chan_last ? c : srow;
+        if constexpr (S == Scope::group) sidx = srow + c / a.group_size;
+        else if constexpr (S == Scope::channel) sidx = a.chan_last ? c : srow;
         else sidx = srow;
         const M s = scale_at(sidx);
         const M inv = recip(s);
@@ -614,7 +616,7 @@ struct Kernel {
 
     __device__ __forceinline__ void run() const {
         bool vec_path;
-        if constexpr (S != CHANNEL) vec_path = a.vec_ok;
+        if constexpr (S != Scope::channel) vec_path = a.vec_ok;
         else if constexpr (L == COLUMNS) vec_path = a.vec_ok && a.chan_last;
         else vec_path = a.vec_ok && !a.chan_last;
         if (vec_path) {
@@ -634,7 +636,7 @@ __device__ __forceinline__ void elementwise(I0 in0, I1 in1, O0 out0, O1 out1, co
                                             const i32_t* zero_point, int zp_value, i64_t rows, i64_t cols,
                                             i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
                                             int qmin, int qmax, int vec_ok, u32_t* status) {
-    static_assert(L == (S == TENSOR || S == TOKEN ? ROWS : S == GROUP ? COLUMNS : L), "the scope's layout");
+    static_assert(L == (S == Scope::tensor || S == Scope::token ? ROWS : S == Scope::group ? COLUMNS : L), "the scope's layout");
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const M qlo = (M)qmin, qhi = (M)qmax;
@@ -702,7 +704,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::CHANNEL, true, ew::COLUMNS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::channel, true, ew::COLUMNS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -712,7 +714,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::CHANNEL, true, ew::ROWS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::channel, true, ew::ROWS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -726,7 +728,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::CHANNEL, false, ew::COLUMNS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::channel, false, ew::COLUMNS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -736,7 +738,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::CHANNEL, false, ew::ROWS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::channel, false, ew::ROWS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -748,7 +750,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_b
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::GROUP, true, ew::COLUMNS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::group, true, ew::COLUMNS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -760,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_bf
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::GROUP, false, ew::COLUMNS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::group, false, ew::COLUMNS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -772,7 +774,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::TENSOR, true, ew::ROWS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::tensor, true, ew::ROWS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -784,7 +786,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_b
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::TENSOR, false, ew::ROWS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::tensor, false, ew::ROWS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -796,7 +798,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_b
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::TOKEN, true, ew::ROWS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::token, true, ew::ROWS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -808,7 +810,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_bf
     int zp_value, i64_t rows, i64_t cols, i64_t group_size, i64_t chan_inner, i64_t chan_count,
     int chan_last, int qmin, int qmax, int vec_ok, u32_t* __restrict__ status)
 {
-    ew::elementwise<ew::Quantize<u8_t>, ew::TOKEN, false, ew::ROWS, 8, 4, 1, 2>(
+    ew::elementwise<ew::Quantize<u8_t>, Scope::token, false, ew::ROWS, 8, 4, 1, 2>(
         ew::In<bf16_t>{x, x_rs}, ew::None{}, ew::Out<u8_t>{q, q_rs}, ew::None{},
         scale, scale_value, zero_point, zp_value, rows, cols, group_size, chan_inner, chan_count, chan_last, qmin, qmax, vec_ok, status);
 }

@@ -92,7 +92,6 @@ template <bool SIGNED> struct Int4 {
 };
 
 // -- the static kernels' scale / zero point ------------------------------------------------------
-enum class Scope { tensor, token, group, channel };
 
 // Per-element scale / zero point of the static kernels: index of the scale element of (row, c),
 // whether a vector of VEC elements shares one, and the parameter itself (inv = 1 / scale once
