@@ -29,6 +29,19 @@ template <> __device__ __forceinline__ f16_t  from_f32<f16_t>(float v)  { f16_t 
 template <typename T> __device__ __forceinline__ T from_f64(double v);
 template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
 
+// -- the scope axis of a quantization kernel's parameters (runtime/axes.py SCOPES) ----------------
+enum class Scope { tensor, token, group, channel };
+
+// -- compile-time type tests, and the conversions of a kernel templated on its math precision M ----
+template <typename A, typename B> constexpr bool same_type = false;
+template <typename A> constexpr bool same_type<A, A> = true;
+template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {   // storage -> M
+    if constexpr (same_type<M, double>) return to_f64(v); else return to_f32(v);
+}
+template <typename T, typename M> __device__ __forceinline__ T from_math(M v) { // M -> storage, rounded once
+    if constexpr (same_type<M, double>) return from_f64<T>(v); else return from_f32<T>(v);
+}
+
 // -- rounding and saturation (NaN handled by the caller: it never reaches a float->int cast) ----
 __device__ __forceinline__ float  rne(float v)  { return rintf(v); }
 __device__ __forceinline__ double rne(double v) { return rint(v); }
@@ -216,9 +229,6 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 namespace moe {
 
 enum Pass { FWD = 0, DGRAD = 1, WGRAD = 2 };
-
-template <class A, class B> constexpr bool same_type = false;
-template <class A> constexpr bool same_type<A, A> = true;
 
 template <class S>
 struct Problem {

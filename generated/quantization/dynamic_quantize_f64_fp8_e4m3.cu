@@ -29,6 +29,19 @@ template <> __device__ __forceinline__ f16_t  from_f32<f16_t>(float v)  { f16_t 
 template <typename T> __device__ __forceinline__ T from_f64(double v);
 template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
 
+// -- the scope axis of a quantization kernel's parameters (runtime/axes.py SCOPES) ----------------
+enum class Scope { tensor, token, group, channel };
+
+// -- compile-time type tests, and the conversions of a kernel templated on its math precision M ----
+template <typename A, typename B> constexpr bool same_type = false;
+template <typename A> constexpr bool same_type<A, A> = true;
+template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {   // storage -> M
+    if constexpr (same_type<M, double>) return to_f64(v); else return to_f32(v);
+}
+template <typename T, typename M> __device__ __forceinline__ T from_math(M v) { // M -> storage, rounded once
+    if constexpr (same_type<M, double>) return from_f64<T>(v); else return from_f32<T>(v);
+}
+
 // -- rounding and saturation (NaN handled by the caller: it never reaches a float->int cast) ----
 __device__ __forceinline__ float  rne(float v)  { return rintf(v); }
 __device__ __forceinline__ double rne(double v) { return rint(v); }
@@ -373,14 +386,6 @@ template <class F> __device__ __forceinline__ void fp8x2_decode_hw(unsigned lo, 
 // values in M).
 namespace lowbit {
 
-template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
-    if constexpr (sizeof(M) == 8) return to_f64(v);
-    else return to_f32(v);
-}
-template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
-    if constexpr (sizeof(M) == 8) return from_f64<T>(v);
-    else return from_f32<T>(v);
-}
 // e8m0 block scale (MX) in the math precision: 2^(code - 127), exact
 template <typename M> __device__ __forceinline__ M e8m0_to(unsigned code) {
     if constexpr (sizeof(M) == 8) return e8m0_to_f64(code);
@@ -466,7 +471,6 @@ template <bool SIGNED> struct Int4 {
 };
 
 // -- the static kernels' scale / zero point ------------------------------------------------------
-enum class Scope { tensor, token, group, channel };
 
 // Per-element scale / zero point of the static kernels: index of the scale element of (row, c),
 // whether a vector of VEC elements shares one, and the parameter itself (inv = 1 / scale once
@@ -688,23 +692,16 @@ __device__ __forceinline__ void dequantize(
 // lowbit_dynamic.cuh) and its Sink (where a row group's scale / zero point go).
 namespace dyn {
 
-template <typename A, typename B> struct same_type { static constexpr bool value = false; };
-template <typename A> struct same_type<A, A> { static constexpr bool value = true; };
-
 // -- element math ----------------------------------------------------------------------------------
-template <typename M, typename T> __device__ __forceinline__ M up(T v) {
-    if constexpr (same_type<M, double>::value) return to_f64(v);
-    else return to_f32(v);
-}
 // Element i of a chunk in the math precision (a bf16 pair of an even-length chunk is one 32-bit
 // word: a shift or a mask; a one-element chunk is 2 bytes, read as such).
 template <typename M, typename T, int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    if constexpr (same_type<T, bf16_t>::value && V % 2 == 0) {
+    if constexpr (same_type<T, bf16_t> && V % 2 == 0) {
         const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
         return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
     } else {
-        return up<M>(b.v[i]);
+        return to_math<M>(b.v[i]);
     }
 }
 template <typename M> struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
@@ -774,7 +771,7 @@ __device__ __forceinline__ void reduce_slices(
             for (i64_t col = c0 + (i64_t)tx * V; col < c1; col += (i64_t)TX * V) {
                 const Vec<T, V> v = load_vec<T, V>(xr + col);
 #pragma unroll
-                for (int i = 0; i < V; ++i) accumulate<ASYM>(a, up<M>(v.v[i]));
+                for (int i = 0; i < V; ++i) accumulate<ASYM>(a, to_math<M>(v.v[i]));
             }
         }
         if (ASYM) a.lo = block_reduce(a.lo, MinOp<M>(), (M)0, smem);
@@ -797,7 +794,7 @@ __device__ __forceinline__ void reduce_flat(const T* __restrict__ x, M* __restri
     for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
         const Vec<T, V> v = load_vec<T, V>(x + (nvec - 1 - i) * V);
 #pragma unroll
-        for (int e = 0; e < V; ++e) accumulate<ASYM>(a, up<M>(v.v[e]));
+        for (int e = 0; e < V; ++e) accumulate<ASYM>(a, to_math<M>(v.v[e]));
     }
     if (ASYM) a.lo = block_reduce(a.lo, MinOp<M>(), (M)0, smem);
     a.hi = block_reduce(a.hi, MaxOp<M>(), (M)0, smem);
@@ -830,7 +827,7 @@ __device__ __forceinline__ void reduce_columns(
             for (i64_t r = r0 + ty; r < r1; r += TY) {
                 const Vec<T, V> v = load_vec<T, V>(x + r * x_rs + col0);
 #pragma unroll
-                for (int i = 0; i < V; ++i) accumulate<ASYM>(a[i], up<M>(v.v[i]));
+                for (int i = 0; i < V; ++i) accumulate<ASYM>(a[i], to_math<M>(v.v[i]));
             }
         }
 #pragma unroll
@@ -987,7 +984,7 @@ template <bool ASYM, bool SEE_NAN, typename M, typename T, int V, int CH>
 __device__ __forceinline__ Acc<M> chunks_range(const Vec<T, V> (&b)[CH], bool live) {
     Acc<M> a = {(M)0, (M)0};
 #if __CUDA_ARCH__ >= 900
-    if constexpr (!ASYM && (same_type<T, bf16_t>::value || same_type<T, f16_t>::value)) {
+    if constexpr (!ASYM && (same_type<T, bf16_t> || same_type<T, f16_t>)) {
         // Symmetric 16-bit floats, first pass: max |x| on the bit patterns, two elements per
         // instruction (sm_90 has a 16x2 integer max). With the sign bit cleared, the unsigned order of
         // a bf16 / f16 bit pattern is the order of |x|, and every NaN pattern lies above infinity, so
@@ -1003,7 +1000,7 @@ __device__ __forceinline__ Acc<M> chunks_range(const Vec<T, V> (&b)[CH], bool li
                 }
             }
             const u32_t h = max(m & 0xffffu, m >> 16);
-            if constexpr (same_type<T, bf16_t>::value) {
+            if constexpr (same_type<T, bf16_t>) {
                 a.hi = __uint_as_float(h << 16);
             } else {
                 f16_t hv;
@@ -1233,14 +1230,14 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
                     for (int j = 0; j < CH; ++j) {
                         if ((j * TX + tx) * V < gs) {
 #pragma unroll
-                            for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, dyn::up<M>(buf[j].v[i]));
+                            for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, to_math<M>(buf[j].v[i]));
                         }
                     }
                 } else {
                     for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {
                         const Vec<T, V> v = load_x<V, VIO>(xr + c);
 #pragma unroll
-                        for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, dyn::up<M>(v.v[i]));
+                        for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, to_math<M>(v.v[i]));
                     }
                 }
             }
@@ -1281,7 +1278,7 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
                         if (c < gs) {
                             M t[V];
 #pragma unroll
-                            for (int i = 0; i < V; ++i) t[i] = dyn::up<M>(buf[j].v[i]) * inv;
+                            for (int i = 0; i < V; ++i) t[i] = to_math<M>(buf[j].v[i]) * inv;
                             Vec<u8_t, V / PACK> o;
                             C::template encode_vec<V>(t, qv, o);
                             store_vec<u8_t, V / PACK>(qr + c / PACK, o);
@@ -1292,7 +1289,7 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
                         const Vec<T, V> v = load_x<V, VIO>(xr + c);
                         M t[V];
 #pragma unroll
-                        for (int i = 0; i < V; ++i) t[i] = dyn::up<M>(v.v[i]) * inv;
+                        for (int i = 0; i < V; ++i) t[i] = to_math<M>(v.v[i]) * inv;
                         Vec<u8_t, V / PACK> o;
                         C::template encode_vec<V>(t, qv, o);
                         store_vec<u8_t, V / PACK>(qr + c / PACK, o);

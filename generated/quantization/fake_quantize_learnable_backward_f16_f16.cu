@@ -29,6 +29,19 @@ template <> __device__ __forceinline__ f16_t  from_f32<f16_t>(float v)  { f16_t 
 template <typename T> __device__ __forceinline__ T from_f64(double v);
 template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
 
+// -- the scope axis of a quantization kernel's parameters (runtime/axes.py SCOPES) ----------------
+enum class Scope { tensor, token, group, channel };
+
+// -- compile-time type tests, and the conversions of a kernel templated on its math precision M ----
+template <typename A, typename B> constexpr bool same_type = false;
+template <typename A> constexpr bool same_type<A, A> = true;
+template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {   // storage -> M
+    if constexpr (same_type<M, double>) return to_f64(v); else return to_f32(v);
+}
+template <typename T, typename M> __device__ __forceinline__ T from_math(M v) { // M -> storage, rounded once
+    if constexpr (same_type<M, double>) return from_f64<T>(v); else return from_f32<T>(v);
+}
+
 // -- rounding and saturation (NaN handled by the caller: it never reaches a float->int cast) ----
 __device__ __forceinline__ float  rne(float v)  { return rintf(v); }
 __device__ __forceinline__ double rne(double v) { return rint(v); }
@@ -229,14 +242,6 @@ __device__ __forceinline__ M block_reduce(M v, Op op, M identity, M* smem) {
 // Math in M (float64 for f64 inputs), storage T; ASYM: asymmetric (a zero point, the dz sums).
 namespace lsq {
 
-enum Scope { TENSOR, TOKEN, GROUP, CHANNEL };
-
-template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
-    if constexpr (sizeof(M) == 8) return to_f64(v); else return to_f32(v);
-}
-template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
-    if constexpr (sizeof(M) == 8) return from_f64<T>(v); else return from_f32<T>(v);
-}
 
 // One element: reads x and dy (dy only for a valid scale element), writes dx, adds its terms to the
 // two sums. Its operands are references to the caller's values (the compiler sees the same
@@ -311,7 +316,7 @@ __device__ __forceinline__ void backward(
     const M qlo = (M)qmin, qhi = (M)qmax;
     __shared__ M sh_s[8];
     __shared__ M sh_z[ASYM ? 8 : 1];
-    if constexpr (S == CHANNEL) {
+    if constexpr (S == Scope::channel) {
         if (chan_last) {
             // Tile pass: a thread owns VEC columns of one tile of rows and sums them down the rows.
             const i64_t ncv = (cols + VEC - 1) / VEC;
@@ -378,14 +383,14 @@ __device__ __forceinline__ void backward(
         M acc_s = 0, acc_z = 0;
         if (item < items) {
             i64_t row, c0, sidx;
-            if constexpr (S == GROUP) {
+            if constexpr (S == Scope::group) {
                 row = item / nseg, c0 = (item - row * nseg) * seg_len;
             } else {
                 row = item, c0 = 0;   // one segment per row (seg_len == cols)
             }
-            if constexpr (S == TENSOR) sidx = 0;
-            else if constexpr (S == TOKEN) sidx = row;
-            else if constexpr (S == GROUP) sidx = item;
+            if constexpr (S == Scope::tensor) sidx = 0;
+            else if constexpr (S == Scope::token) sidx = row;
+            else if constexpr (S == Scope::group) sidx = item;
             else sidx = (row / chan_inner) % chan_count;
             const M s = scale ? scale[sidx] : scale_value;
             const M inv = recip(s);   // correctly rounded: 1 / s
@@ -414,7 +419,7 @@ __device__ __forceinline__ void backward(
         }
         team_sum<ASYM>(acc_s, acc_z, sh_s, sh_z, team, lane);
         if (lane == 0 && item < items) {
-            if constexpr (S == TOKEN || S == GROUP) {
+            if constexpr (S == Scope::token || S == Scope::group) {
                 ds[item] = acc_s;
                 if constexpr (ASYM) dz[item] = (float)acc_z;
             } else {
@@ -466,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
     i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
-    lsq::backward<lsq::CHANNEL, true, 8, 97, 98>(
+    lsq::backward<Scope::channel, true, 8, 97, 98>(
         dy, dy_rs, x, x_rs, dx, dx_rs, scale, scale_value, zero_point, zp_value, ds, dz, ds_part, dz_part, rows, cols,
         seg_len, chan_inner, chan_count, chan_last, team, tile_rows, qmin, qmax, grad_factor, vec_ok, status);
 }
@@ -486,7 +491,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
     i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
-    lsq::backward<lsq::CHANNEL, false, 8, 97, 98>(
+    lsq::backward<Scope::channel, false, 8, 97, 98>(
         dy, dy_rs, x, x_rs, dx, dx_rs, scale, scale_value, zero_point, zp_value, ds, dz, ds_part, dz_part, rows, cols,
         seg_len, chan_inner, chan_count, chan_last, team, tile_rows, qmin, qmax, grad_factor, vec_ok, status);
 }
@@ -506,7 +511,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
     i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
-    lsq::backward<lsq::GROUP, true, 8, 97, 98>(
+    lsq::backward<Scope::group, true, 8, 97, 98>(
         dy, dy_rs, x, x_rs, dx, dx_rs, scale, scale_value, zero_point, zp_value, ds, dz, ds_part, dz_part, rows, cols,
         seg_len, chan_inner, chan_count, chan_last, team, tile_rows, qmin, qmax, grad_factor, vec_ok, status);
 }
@@ -520,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
     i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
-    lsq::backward<lsq::GROUP, false, 8, 97, 98>(
+    lsq::backward<Scope::group, false, 8, 97, 98>(
         dy, dy_rs, x, x_rs, dx, dx_rs, scale, scale_value, zero_point, zp_value, ds, dz, ds_part, dz_part, rows, cols,
         seg_len, chan_inner, chan_count, chan_last, team, tile_rows, qmin, qmax, grad_factor, vec_ok, status);
 }
@@ -534,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
     i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
-    lsq::backward<lsq::TENSOR, true, 8, 97, 98>(
+    lsq::backward<Scope::tensor, true, 8, 97, 98>(
         dy, dy_rs, x, x_rs, dx, dx_rs, scale, scale_value, zero_point, zp_value, ds, dz, ds_part, dz_part, rows, cols,
         seg_len, chan_inner, chan_count, chan_last, team, tile_rows, qmin, qmax, grad_factor, vec_ok, status);
 }
@@ -554,7 +559,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
     i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
-    lsq::backward<lsq::TENSOR, false, 8, 97, 98>(
+    lsq::backward<Scope::tensor, false, 8, 97, 98>(
         dy, dy_rs, x, x_rs, dx, dx_rs, scale, scale_value, zero_point, zp_value, ds, dz, ds_part, dz_part, rows, cols,
         seg_len, chan_inner, chan_count, chan_last, team, tile_rows, qmin, qmax, grad_factor, vec_ok, status);
 }
@@ -574,7 +579,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
     i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
-    lsq::backward<lsq::TOKEN, true, 8, 97, 98>(
+    lsq::backward<Scope::token, true, 8, 97, 98>(
         dy, dy_rs, x, x_rs, dx, dx_rs, scale, scale_value, zero_point, zp_value, ds, dz, ds_part, dz_part, rows, cols,
         seg_len, chan_inner, chan_count, chan_last, team, tile_rows, qmin, qmax, grad_factor, vec_ok, status);
 }
@@ -588,7 +593,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_fake_quantize_learnable_bac
     i64_t cols, i64_t seg_len, i64_t chan_inner, i64_t chan_count, int chan_last, int team,
     i64_t tile_rows, int qmin, int qmax, float grad_factor, int vec_ok, u32_t* __restrict__ status)
 {
-    lsq::backward<lsq::TOKEN, false, 8, 97, 98>(
+    lsq::backward<Scope::token, false, 8, 97, 98>(
         dy, dy_rs, x, x_rs, dx, dx_rs, scale, scale_value, zero_point, zp_value, ds, dz, ds_part, dz_part, rows, cols,
         seg_len, chan_inner, chan_count, chan_last, team, tile_rows, qmin, qmax, grad_factor, vec_ok, status);
 }

@@ -29,6 +29,19 @@ template <> __device__ __forceinline__ f16_t  from_f32<f16_t>(float v)  { f16_t 
 template <typename T> __device__ __forceinline__ T from_f64(double v);
 template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
 
+// -- the scope axis of a quantization kernel's parameters (runtime/axes.py SCOPES) ----------------
+enum class Scope { tensor, token, group, channel };
+
+// -- compile-time type tests, and the conversions of a kernel templated on its math precision M ----
+template <typename A, typename B> constexpr bool same_type = false;
+template <typename A> constexpr bool same_type<A, A> = true;
+template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {   // storage -> M
+    if constexpr (same_type<M, double>) return to_f64(v); else return to_f32(v);
+}
+template <typename T, typename M> __device__ __forceinline__ T from_math(M v) { // M -> storage, rounded once
+    if constexpr (same_type<M, double>) return from_f64<T>(v); else return from_f32<T>(v);
+}
+
 // -- rounding and saturation (NaN handled by the caller: it never reaches a float->int cast) ----
 __device__ __forceinline__ float  rne(float v)  { return rintf(v); }
 __device__ __forceinline__ double rne(double v) { return rint(v); }
@@ -373,14 +386,6 @@ template <class F> __device__ __forceinline__ void fp8x2_decode_hw(unsigned lo, 
 // values in M).
 namespace lowbit {
 
-template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
-    if constexpr (sizeof(M) == 8) return to_f64(v);
-    else return to_f32(v);
-}
-template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
-    if constexpr (sizeof(M) == 8) return from_f64<T>(v);
-    else return from_f32<T>(v);
-}
 // e8m0 block scale (MX) in the math precision: 2^(code - 127), exact
 template <typename M> __device__ __forceinline__ M e8m0_to(unsigned code) {
     if constexpr (sizeof(M) == 8) return e8m0_to_f64(code);
@@ -466,7 +471,6 @@ template <bool SIGNED> struct Int4 {
 };
 
 // -- the static kernels' scale / zero point ------------------------------------------------------
-enum class Scope { tensor, token, group, channel };
 
 // Per-element scale / zero point of the static kernels: index of the scale element of (row, c),
 // whether a vector of VEC elements shares one, and the parameter itself (inv = 1 / scale once
@@ -688,7 +692,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_asymmetric
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    lowbit::quantize<lowbit::Int4<true>, lowbit::Scope::channel, true, false, 1, 2, 4, 4>(
+    lowbit::quantize<lowbit::Int4<true>, Scope::channel, true, false, 1, 2, 4, 4>(
         x, x_rs, q, q_rs, scale, scale_value, scale_e8m0, zero_point, zp_value, rows, cols, group_size, chan_inner,
         chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -703,7 +707,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_channel_symmetric_
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    lowbit::quantize<lowbit::Int4<true>, lowbit::Scope::channel, false, false, 1, 2, 4, 4>(
+    lowbit::quantize<lowbit::Int4<true>, Scope::channel, false, false, 1, 2, 4, 4>(
         x, x_rs, q, q_rs, scale, scale_value, scale_e8m0, zero_point, zp_value, rows, cols, group_size, chan_inner,
         chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -718,7 +722,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_asymmetric_f
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    lowbit::quantize<lowbit::Int4<true>, lowbit::Scope::group, true, false, 1, 2, 4, 4>(
+    lowbit::quantize<lowbit::Int4<true>, Scope::group, true, false, 1, 2, 4, 4>(
         x, x_rs, q, q_rs, scale, scale_value, scale_e8m0, zero_point, zp_value, rows, cols, group_size, chan_inner,
         chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -733,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_group_symmetric_f3
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    lowbit::quantize<lowbit::Int4<true>, lowbit::Scope::group, false, false, 1, 2, 4, 4>(
+    lowbit::quantize<lowbit::Int4<true>, Scope::group, false, false, 1, 2, 4, 4>(
         x, x_rs, q, q_rs, scale, scale_value, scale_e8m0, zero_point, zp_value, rows, cols, group_size, chan_inner,
         chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -748,7 +752,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_asymmetric_
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    lowbit::quantize<lowbit::Int4<true>, lowbit::Scope::tensor, true, false, 1, 2, 4, 4>(
+    lowbit::quantize<lowbit::Int4<true>, Scope::tensor, true, false, 1, 2, 4, 4>(
         x, x_rs, q, q_rs, scale, scale_value, scale_e8m0, zero_point, zp_value, rows, cols, group_size, chan_inner,
         chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -763,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_tensor_symmetric_f
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    lowbit::quantize<lowbit::Int4<true>, lowbit::Scope::tensor, false, false, 1, 2, 4, 4>(
+    lowbit::quantize<lowbit::Int4<true>, Scope::tensor, false, false, 1, 2, 4, 4>(
         x, x_rs, q, q_rs, scale, scale_value, scale_e8m0, zero_point, zp_value, rows, cols, group_size, chan_inner,
         chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -778,7 +782,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_asymmetric_f
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    lowbit::quantize<lowbit::Int4<true>, lowbit::Scope::token, true, false, 1, 2, 4, 4>(
+    lowbit::quantize<lowbit::Int4<true>, Scope::token, true, false, 1, 2, 4, 4>(
         x, x_rs, q, q_rs, scale, scale_value, scale_e8m0, zero_point, zp_value, rows, cols, group_size, chan_inner,
         chan_count, chan_last, qmin, qmax, vec_ok, status);
 }
@@ -793,7 +797,7 @@ extern "C" __global__ void __launch_bounds__(256) sf_quantize_token_symmetric_f3
     i64_t chan_inner, i64_t chan_count, int chan_last, int qmin, int qmax, int vec_ok,
     u32_t* __restrict__ status)
 {
-    lowbit::quantize<lowbit::Int4<true>, lowbit::Scope::token, false, false, 1, 2, 4, 4>(
+    lowbit::quantize<lowbit::Int4<true>, Scope::token, false, false, 1, 2, 4, 4>(
         x, x_rs, q, q_rs, scale, scale_value, scale_e8m0, zero_point, zp_value, rows, cols, group_size, chan_inner,
         chan_count, chan_last, qmin, qmax, vec_ok, status);
 }

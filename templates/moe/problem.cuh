@@ -15,9 +15,6 @@ namespace moe {
 
 enum Pass { FWD = 0, DGRAD = 1, WGRAD = 2 };
 
-template <class A, class B> constexpr bool same_type = false;
-template <class A> constexpr bool same_type<A, A> = true;
-
 template <class S>
 struct Problem {
     using T = typename S::T;

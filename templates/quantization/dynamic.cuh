@@ -8,23 +8,16 @@
 // lowbit_dynamic.cuh) and its Sink (where a row group's scale / zero point go).
 namespace dyn {
 
-template <typename A, typename B> struct same_type { static constexpr bool value = false; };
-template <typename A> struct same_type<A, A> { static constexpr bool value = true; };
-
 // -- element math ----------------------------------------------------------------------------------
-template <typename M, typename T> __device__ __forceinline__ M up(T v) {
-    if constexpr (same_type<M, double>::value) return to_f64(v);
-    else return to_f32(v);
-}
 // Element i of a chunk in the math precision (a bf16 pair of an even-length chunk is one 32-bit
 // word: a shift or a mask; a one-element chunk is 2 bytes, read as such).
 template <typename M, typename T, int V>
 __device__ __forceinline__ M elem(const Vec<T, V>& b, int i) {
-    if constexpr (same_type<T, bf16_t>::value && V % 2 == 0) {
+    if constexpr (same_type<T, bf16_t> && V % 2 == 0) {
         const u32_t w = reinterpret_cast<const u32_t*>(&b)[i >> 1];
         return __uint_as_float(i & 1 ? w & 0xffff0000u : w << 16);
     } else {
-        return up<M>(b.v[i]);
+        return to_math<M>(b.v[i]);
     }
 }
 template <typename M> struct MaxOp { __device__ __forceinline__ M operator()(M a, M b) const { return vmax(a, b); } };
@@ -94,7 +87,7 @@ __device__ __forceinline__ void reduce_slices(
             for (i64_t col = c0 + (i64_t)tx * V; col < c1; col += (i64_t)TX * V) {
                 const Vec<T, V> v = load_vec<T, V>(xr + col);
 #pragma unroll
-                for (int i = 0; i < V; ++i) accumulate<ASYM>(a, up<M>(v.v[i]));
+                for (int i = 0; i < V; ++i) accumulate<ASYM>(a, to_math<M>(v.v[i]));
             }
         }
         if (ASYM) a.lo = block_reduce(a.lo, MinOp<M>(), (M)0, smem);
@@ -117,7 +110,7 @@ __device__ __forceinline__ void reduce_flat(const T* __restrict__ x, M* __restri
     for (i64_t i = (i64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
         const Vec<T, V> v = load_vec<T, V>(x + (nvec - 1 - i) * V);
 #pragma unroll
-        for (int e = 0; e < V; ++e) accumulate<ASYM>(a, up<M>(v.v[e]));
+        for (int e = 0; e < V; ++e) accumulate<ASYM>(a, to_math<M>(v.v[e]));
     }
     if (ASYM) a.lo = block_reduce(a.lo, MinOp<M>(), (M)0, smem);
     a.hi = block_reduce(a.hi, MaxOp<M>(), (M)0, smem);
@@ -150,7 +143,7 @@ __device__ __forceinline__ void reduce_columns(
             for (i64_t r = r0 + ty; r < r1; r += TY) {
                 const Vec<T, V> v = load_vec<T, V>(x + r * x_rs + col0);
 #pragma unroll
-                for (int i = 0; i < V; ++i) accumulate<ASYM>(a[i], up<M>(v.v[i]));
+                for (int i = 0; i < V; ++i) accumulate<ASYM>(a[i], to_math<M>(v.v[i]));
             }
         }
 #pragma unroll
@@ -307,7 +300,7 @@ template <bool ASYM, bool SEE_NAN, typename M, typename T, int V, int CH>
 __device__ __forceinline__ Acc<M> chunks_range(const Vec<T, V> (&b)[CH], bool live) {
     Acc<M> a = {(M)0, (M)0};
 #if __CUDA_ARCH__ >= 900
-    if constexpr (!ASYM && (same_type<T, bf16_t>::value || same_type<T, f16_t>::value)) {
+    if constexpr (!ASYM && (same_type<T, bf16_t> || same_type<T, f16_t>)) {
         // Symmetric 16-bit floats, first pass: max |x| on the bit patterns, two elements per
         // instruction (sm_90 has a 16x2 integer max). With the sign bit cleared, the unsigned order of
         // a bf16 / f16 bit pattern is the order of |x|, and every NaN pattern lies above infinity, so
@@ -323,7 +316,7 @@ __device__ __forceinline__ Acc<M> chunks_range(const Vec<T, V> (&b)[CH], bool li
                 }
             }
             const u32_t h = max(m & 0xffffu, m >> 16);
-            if constexpr (same_type<T, bf16_t>::value) {
+            if constexpr (same_type<T, bf16_t>) {
                 a.hi = __uint_as_float(h << 16);
             } else {
                 f16_t hv;

@@ -60,14 +60,14 @@ template <bool ASYM> struct RowGroups {
                     for (int j = 0; j < CH; ++j) {
                         if ((j * TX + tx) * V < gs) {
 #pragma unroll
-                            for (int i = 0; i < V; ++i) accumulate<ASYM>(a, up<M>(buf[j].v[i]));
+                            for (int i = 0; i < V; ++i) accumulate<ASYM>(a, to_math<M>(buf[j].v[i]));
                         }
                     }
                 } else {
                     for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {
                         const Vec<T, V> v = load_vec<T, V>(xr + c);
 #pragma unroll
-                        for (int i = 0; i < V; ++i) accumulate<ASYM>(a, up<M>(v.v[i]));
+                        for (int i = 0; i < V; ++i) accumulate<ASYM>(a, to_math<M>(v.v[i]));
                     }
                 }
             }
@@ -241,7 +241,7 @@ __device__ __forceinline__ void coop(
     Acc<M> a = {(M)0, (M)0};
     reduce_streamed<ASYM, U, V>(a, x, streamed, nvec, stride);
     if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate<ASYM>(a, up<M>(x[i]));
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) accumulate<ASYM>(a, to_math<M>(x[i]));
     }
     cp_async_wait_all();                       // a thread reads back only the vectors it copied
     for (int k = 0; k < keep_tiles && first + k * stride < nvec; ++k)
@@ -272,7 +272,7 @@ __device__ __forceinline__ void coop(
     // 4. quantize: streamed vectors last-read first (the grid walks back through what L2 still
     //    holds), then the kept ones
     if (tail) {
-        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<Q, true>(up<M>(x[i]), inv, qb);
+        for (i64_t i = nvec * V + threadIdx.x; i < n; i += blockDim.x) q[i] = quant<Q, true>(to_math<M>(x[i]), inv, qb);
     }
     if (streamed < nvec) {
         const i64_t last = streamed + (nvec - 1 - streamed) / stride * stride;

@@ -28,20 +28,7 @@
 // then the elements of its input streams and references to those of its output streams.
 namespace ew {
 
-enum Scope { TENSOR, TOKEN, GROUP, CHANNEL };
 enum Layout { ROWS, COLUMNS, ROW_VECTORS };
-
-template <typename A, typename B> struct same_t { static constexpr bool value = false; };
-template <typename A> struct same_t<A, A> { static constexpr bool value = true; };
-template <typename A, typename B> constexpr bool same = same_t<A, B>::value;
-
-// storage -> math precision, math precision -> storage (rounded once)
-template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
-    if constexpr (same<M, double>) return to_f64(v); else return to_f32(v);
-}
-template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
-    if constexpr (same<M, double>) return from_f64<T>(v); else return from_f32<T>(v);
-}
 
 // The kernel parameters every static elementwise entry point takes (codegen: the elementwise ABI).
 // status: this device's status word (runtime/status.py), or null (no value checks).
@@ -150,13 +137,13 @@ template <class Op, Scope S, bool ASYM, Layout L, int VEC, int U, u32_t BAD_SCAL
 struct Kernel {
     using T0 = typename I0::T; using T1 = typename I1::T;
     using R0 = typename O0::T; using R1 = typename O1::T;
-    static constexpr bool FLOAT = same<M, float>;
+    static constexpr bool FLOAT = same_type<M, float>;
     // Deferred checks for single-precision math; the check before the loads for f64 math and for
     // kernels that turn 8-bit codes into float32 (16 float32 outputs a vector, 256 bytes of them in
     // flight per thread), where the second sweep costs registers and spills (ptxas: up to 24 B of
     // stack and 256 B of spills).
     static constexpr bool DEFERRED = FLOAT &&
-        !((same<R0, float> || (O1::ON && same<R1, float>)) && (!same<T0, float> || (I1::ON && !same<T1, float>)));
+        !((same_type<R0, float> || (O1::ON && same_type<R1, float>)) && (!same_type<T0, float> || (I1::ON && !same_type<T1, float>)));
 
     const Params<M> a;
     I0 in0; I1 in1; O0 out0; O1 out1;
@@ -177,9 +164,9 @@ struct Kernel {
     }
     // the index of a row's scale element (the scalar path adds the column's part)
     __device__ __forceinline__ i64_t row_scale_base(i64_t row) const {
-        if constexpr (S == TENSOR) return 0;
-        else if constexpr (S == TOKEN) return row;
-        else if constexpr (S == GROUP) return row * (a.cols / a.group_size);
+        if constexpr (S == Scope::tensor) return 0;
+        else if constexpr (S == Scope::token) return row;
+        else if constexpr (S == Scope::group) return row * (a.cols / a.group_size);
         else return a.chan_last ? 0 : channel_of(row, a.chan_inner, a.chan_count, narrow_rows);
     }
     __device__ __forceinline__ M scale_at(i64_t idx) const { return a.scale ? a.scale[idx] : a.scale_value; }
@@ -243,7 +230,7 @@ struct Kernel {
                 if (c < a.cols) {
                     if constexpr (I0::ON) v0[u] = load_vec<T0, VEC>(r.x0 + c);
                     if constexpr (I1::ON) v1[u] = load_vec<T1, VEC>(r.x1 + c);
-                    if constexpr (S == GROUP) {
+                    if constexpr (S == Scope::group) {
                         // 32-bit division where the columns allow (a 64-bit one is a call)
                         const i64_t g = srow + (narrow_cols ? (i64_t)((u32_t)c / (u32_t)a.group_size) : c / a.group_size);
                         s_u[u] = scale_at(g);
@@ -261,7 +248,7 @@ struct Kernel {
                 // thread's first row; loaded with the data they would hold U x VEC x 2 registers)
                 Vec<M, VEC> sv;
                 Vec<i32_t, VEC> zv;
-                if constexpr (S == CHANNEL) {
+                if constexpr (S == Scope::channel) {
                     sv = load_vec<M, VEC>(a.scale + c);
                     if constexpr (ASYM) zv = load_vec<i32_t, VEC>(a.zero_point + c);
                 }
@@ -269,14 +256,14 @@ struct Kernel {
                 for (int i = 0; i < VEC; ++i) {
                     M s;
                     int zp;
-                    if constexpr (S == GROUP) s = s_u[u], zp = zp_u[u];
+                    if constexpr (S == Scope::group) s = s_u[u], zp = zp_u[u];
                     else s = sv.v[i], zp = ASYM ? zv.v[i] : a.zp_value;
                     const M inv = recip(s);   // unused by the dequantize ops: dead code there
                     if constexpr (CHECKED) {
                         const bool bad = check(s, zp);
                         apply<Op, I0, I1, O0, O1>(elem(s, inv, zp, bad), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
                     } else {
-                        if (S != GROUP || i == 0) any_bad |= param_invalid<ASYM>(s, zp, a.qmin, a.qmax);
+                        if (S != Scope::group || i == 0) any_bad |= param_invalid<ASYM>(s, zp, a.qmin, a.qmax);
                         apply<Op, I0, I1, O0, O1>(elem(s, inv, zp, Known<false>{}), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
                     }
                 }
@@ -361,7 +348,7 @@ struct Kernel {
             if (row >= a.rows) break;
             M s_g, inv_g;
             int zp_g;
-            if constexpr (S == GROUP) {
+            if constexpr (S == Scope::group) {
                 s_g = s_u[u], inv_g = recip(s_g);
                 zp_g = zp_u[u];
             }
@@ -369,7 +356,7 @@ struct Kernel {
             Vec<R1, VEC> o1;
 #pragma unroll
             for (int i = 0; i < VEC; ++i) {
-                if constexpr (S == GROUP)
+                if constexpr (S == Scope::group)
                     apply<Op, I0, I1, O0, O1>(elem(s_g, inv_g, zp_g, both(bad_u, bad_g[u])), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
                 else
                     apply<Op, I0, I1, O0, O1>(elem(s_c[i], inv_c[i], zp_c[i], both(bad_u, bad_c[i])), elem_at(v0[u], i), elem_at(v1[u], i), o0.v[i], o1.v[i]);
@@ -389,7 +376,7 @@ struct Kernel {
             M s_c[VEC], inv_c[VEC];
             int zp_c[VEC];
             bool bad_c[VEC], bad_any = false;
-            if constexpr (S == GROUP) {
+            if constexpr (S == Scope::group) {
                 // group_size % VEC == 0 (the launcher's condition for this path): the vector lies in group g
                 ngroups = a.cols / a.group_size, g = c / a.group_size;
             } else {
@@ -416,14 +403,14 @@ struct Kernel {
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const i64_t row = r0 + u * row_step;
-                    if constexpr (S == GROUP) {
+                    if constexpr (S == Scope::group) {
                         s_u[u] = a.scale_value;
                         zp_u[u] = a.zp_value;
                     }
                     if (row < a.rows) {
                         if constexpr (I0::ON) v0[u] = load_vec<T0, VEC>(in0.p + row * in0.rs + c);
                         if constexpr (I1::ON) v1[u] = load_vec<T1, VEC>(in1.p + row * in1.rs + c);
-                        if constexpr (S == GROUP) {
+                        if constexpr (S == Scope::group) {
                             if (a.scale) s_u[u] = a.scale[row * ngroups + g];
                             if constexpr (ASYM) {
                                 if (a.zero_point) zp_u[u] = a.zero_point[row * ngroups + g];
@@ -432,7 +419,7 @@ struct Kernel {
                     }
                 }
                 bool bad_g[U], bad_step = false;
-                if constexpr (S == GROUP) {
+                if constexpr (S == Scope::group) {
                     // the U group scales' checks, after the loads: one branch for the whole step
 #pragma unroll
                     for (int u = 0; u < U; ++u) {
@@ -445,7 +432,7 @@ struct Kernel {
                 // step with it true. For single-precision math only: 16-bit kernels are issue-bound
                 // at full bandwidth and a select per element cost them up to 18 points of copy
                 // bandwidth; the f64 kernels spill with two copies.
-                const bool flag = S == GROUP ? bad_step : bad_any;
+                const bool flag = S == Scope::group ? bad_step : bad_any;
                 if constexpr (FLOAT) {
                     if (!(flag)) columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, Known<false>{});
                     else columns_step(c, r0, s_c, inv_c, zp_c, bad_c, v0, v1, s_u, zp_u, bad_g, Known<true>{});   // an invalid scale element: its outputs are poisoned
@@ -459,8 +446,8 @@ struct Kernel {
     // -- scalar path: any cols, any alignment, any group size -----------------------------------
     __device__ __forceinline__ void scalar_element(const Row& r, i64_t srow, i64_t c, u32_t& acc0, u32_t& acc1) const {
         i64_t sidx;
-        if constexpr (S == GROUP) sidx = srow + c / a.group_size;
-        else if constexpr (S == CHANNEL) sidx = a.chan_last ? c : srow;
+        if constexpr (S == Scope::group) sidx = srow + c / a.group_size;
+        else if constexpr (S == Scope::channel) sidx = a.chan_last ? c : srow;
         else sidx = srow;
         const M s = scale_at(sidx);
         const M inv = recip(s);
@@ -495,7 +482,7 @@ struct Kernel {
 
     __device__ __forceinline__ void run() const {
         bool vec_path;
-        if constexpr (S != CHANNEL) vec_path = a.vec_ok;
+        if constexpr (S != Scope::channel) vec_path = a.vec_ok;
         else if constexpr (L == ROWS) vec_path = a.vec_ok && !a.chan_last;
         else vec_path = a.vec_ok && a.chan_last;
         if (vec_path) {
@@ -517,7 +504,7 @@ __device__ __forceinline__ void elementwise(I0 in0, I1 in1, O0 out0, O1 out1, co
                                             const i32_t* zero_point, int zp_value, i64_t rows, i64_t cols,
                                             i64_t group_size, i64_t chan_inner, i64_t chan_count, int chan_last,
                                             int qmin, int qmax, int vec_ok, u32_t* status) {
-    static_assert(S == TENSOR || S == TOKEN ? L == ROWS : S == GROUP ? L != ROWS : true, "the scope's layout");
+    static_assert(S == Scope::tensor || S == Scope::token ? L == ROWS : S == Scope::group ? L != ROWS : true, "the scope's layout");
     const int TX = blockDim.x, TY = blockDim.y;
     const bool narrow_rows = rows <= 0xFFFFFFFFll && chan_inner <= 0xFFFFFFFFll && chan_count <= 0xFFFFFFFFll;
     const bool narrow_cols = cols <= 0xFFFFFFFFll;

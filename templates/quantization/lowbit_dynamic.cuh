@@ -52,14 +52,14 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
                     for (int j = 0; j < CH; ++j) {
                         if ((j * TX + tx) * V < gs) {
 #pragma unroll
-                            for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, dyn::up<M>(buf[j].v[i]));
+                            for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, to_math<M>(buf[j].v[i]));
                         }
                     }
                 } else {
                     for (i64_t c = (i64_t)tx * V; c < gs; c += (i64_t)TX * V) {
                         const Vec<T, V> v = load_x<V, VIO>(xr + c);
 #pragma unroll
-                        for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, dyn::up<M>(v.v[i]));
+                        for (int i = 0; i < V; ++i) dyn::accumulate<ASYM>(a, to_math<M>(v.v[i]));
                     }
                 }
             }
@@ -100,7 +100,7 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
                         if (c < gs) {
                             M t[V];
 #pragma unroll
-                            for (int i = 0; i < V; ++i) t[i] = dyn::up<M>(buf[j].v[i]) * inv;
+                            for (int i = 0; i < V; ++i) t[i] = to_math<M>(buf[j].v[i]) * inv;
                             Vec<u8_t, V / PACK> o;
                             C::template encode_vec<V>(t, qv, o);
                             store_vec<u8_t, V / PACK>(qr + c / PACK, o);
@@ -111,7 +111,7 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
                         const Vec<T, V> v = load_x<V, VIO>(xr + c);
                         M t[V];
 #pragma unroll
-                        for (int i = 0; i < V; ++i) t[i] = dyn::up<M>(v.v[i]) * inv;
+                        for (int i = 0; i < V; ++i) t[i] = to_math<M>(v.v[i]) * inv;
                         Vec<u8_t, V / PACK> o;
                         C::template encode_vec<V>(t, qv, o);
                         store_vec<u8_t, V / PACK>(qr + c / PACK, o);

@@ -7,14 +7,6 @@
 // values in M).
 namespace lowbit {
 
-template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
-    if constexpr (sizeof(M) == 8) return to_f64(v);
-    else return to_f32(v);
-}
-template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
-    if constexpr (sizeof(M) == 8) return from_f64<T>(v);
-    else return from_f32<T>(v);
-}
 // e8m0 block scale (MX) in the math precision: 2^(code - 127), exact
 template <typename M> __device__ __forceinline__ M e8m0_to(unsigned code) {
     if constexpr (sizeof(M) == 8) return e8m0_to_f64(code);
@@ -100,7 +92,6 @@ template <bool SIGNED> struct Int4 {
 };
 
 // -- the static kernels' scale / zero point ------------------------------------------------------
-enum class Scope { tensor, token, group, channel };
 
 // Per-element scale / zero point of the static kernels: index of the scale element of (row, c),
 // whether a vector of VEC elements shares one, and the parameter itself (inv = 1 / scale once

@@ -27,14 +27,6 @@
 // Math in M (float64 for f64 inputs), storage T; ASYM: asymmetric (a zero point, the dz sums).
 namespace lsq {
 
-enum Scope { TENSOR, TOKEN, GROUP, CHANNEL };
-
-template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
-    if constexpr (sizeof(M) == 8) return to_f64(v); else return to_f32(v);
-}
-template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
-    if constexpr (sizeof(M) == 8) return from_f64<T>(v); else return from_f32<T>(v);
-}
 
 // One element: reads x and dy (dy only for a valid scale element), writes dx, adds its terms to the
 // two sums. Its operands are references to the caller's values (the compiler sees the same
@@ -109,7 +101,7 @@ __device__ __forceinline__ void backward(
     const M qlo = (M)qmin, qhi = (M)qmax;
     __shared__ M sh_s[8];
     __shared__ M sh_z[ASYM ? 8 : 1];
-    if constexpr (S == CHANNEL) {
+    if constexpr (S == Scope::channel) {
         if (chan_last) {
             // Tile pass: a thread owns VEC columns of one tile of rows and sums them down the rows.
             const i64_t ncv = (cols + VEC - 1) / VEC;
@@ -176,14 +168,14 @@ __device__ __forceinline__ void backward(
         M acc_s = 0, acc_z = 0;
         if (item < items) {
             i64_t row, c0, sidx;
-            if constexpr (S == GROUP) {
+            if constexpr (S == Scope::group) {
                 row = item / nseg, c0 = (item - row * nseg) * seg_len;
             } else {
                 row = item, c0 = 0;   // one segment per row (seg_len == cols)
             }
-            if constexpr (S == TENSOR) sidx = 0;
-            else if constexpr (S == TOKEN) sidx = row;
-            else if constexpr (S == GROUP) sidx = item;
+            if constexpr (S == Scope::tensor) sidx = 0;
+            else if constexpr (S == Scope::token) sidx = row;
+            else if constexpr (S == Scope::group) sidx = item;
             else sidx = (row / chan_inner) % chan_count;
             const M s = scale ? scale[sidx] : scale_value;
             const M inv = recip(s);   // correctly rounded: 1 / s
@@ -212,7 +204,7 @@ __device__ __forceinline__ void backward(
         }
         team_sum<ASYM>(acc_s, acc_z, sh_s, sh_z, team, lane);
         if (lane == 0 && item < items) {
-            if constexpr (S == TOKEN || S == GROUP) {
+            if constexpr (S == Scope::token || S == Scope::group) {
                 ds[item] = acc_s;
                 if constexpr (ASYM) dz[item] = (float)acc_z;
             } else {

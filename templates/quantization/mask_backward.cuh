@@ -10,13 +10,6 @@
 // per thread.
 namespace mask_bits {
 
-template <typename M, typename T> __device__ __forceinline__ M to_math(T v) {
-    if constexpr (sizeof(M) == 8) return to_f64(v); else return to_f32(v);
-}
-template <typename T, typename M> __device__ __forceinline__ T from_math(M v) {
-    if constexpr (sizeof(M) == 8) return from_f64<T>(v); else return from_f32<T>(v);
-}
-
 template <typename M, int VEC, int U, typename T>
 __device__ __forceinline__ void backward(const T* dy, i64_t dy_rs, const u8_t* mask, i64_t mask_rs, T* dx, i64_t dx_rs,
                                          i64_t rows, i64_t cols, int vec_ok)
