@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Several GPU checks in one invocation (docs/audit.md, "Batched GPU runs").
 # Usage: tools/gpu_round.sh STAGE...   stages: verify tests sanitize probe_<name> tune bench ab
-# Knobs: SEED, VERIFY_FILTER, SANITIZE_FILTER, SANITIZE_TOOL (memcheck, racecheck, synccheck), SANITIZE_JOBS, SANITIZE_LIMIT (per shard), SANITIZE_ARGS (e.g. --per-template), TESTS (files), TESTS_K (pytest -k; unset: "not bit_exact", empty: every test), TESTS_LIMIT, TUNE_ARGS, TUNE_LIMIT, BENCH_ARGS, BENCH_LIMIT, AB_TREE / AB_FILTER / AB_SHAPES (stage ab),
+# Knobs: SEED, VERIFY_FILTER, VERIFY_WORKERS (default 8), SANITIZE_FILTER, SANITIZE_TOOL (memcheck, racecheck, synccheck), SANITIZE_JOBS, SANITIZE_LIMIT (per shard), SANITIZE_ARGS (e.g. --per-template), TESTS (files), TESTS_K (pytest -k; unset: "not bit_exact", empty: every test), TESTS_LIMIT, TUNE_ARGS, TUNE_LIMIT, BENCH_ARGS, BENCH_LIMIT, AB_TREE / AB_FILTER / AB_SHAPES (stage ab),
 # ARGS_<probe stage> (extra arguments of that probe, e.g. ARGS_probe_dynamic='--cases 2').
 # Everything lands flat in the output folder OUT (logs, probe JSON, audit records as audit.tar).
 set -u
@@ -16,7 +16,7 @@ t0=$(date +%s)
 for stage in "$@"; do
   echo "== $stage ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/round.log"
   case $stage in
-    verify) timeout -s INT 300 python3 -m codegen verify --seed ${SEED:-1} --filter "${VERIFY_FILTER:-*}" > "$OUT/verify.txt" 2>&1; rc=$?; tail -40 "$OUT/verify.txt" >> "$OUT/round.log" ;;
+    verify) timeout -s INT 300 python3 -m codegen verify --seed ${SEED:-1} --filter "${VERIFY_FILTER:-*}" --workers ${VERIFY_WORKERS:-8} > "$OUT/verify.txt" 2>&1; rc=$?; tail -40 "$OUT/verify.txt" >> "$OUT/round.log" ;;
     tests)  timeout -s INT ${TESTS_LIMIT:-240} python3 -m pytest -q -x -p no:cacheprovider -m gpu ${TESTS:-tests/quantization/test_gpu_lowbit.py tests/quantization/test_gpu_static.py} -k "${TESTS_K-not bit_exact}" > "$OUT/tests.txt" 2>&1; rc=$?; tail -30 "$OUT/tests.txt" >> "$OUT/round.log" ;;
     probe_*) eval "extra=\${ARGS_$stage:-}"; timeout -s INT 240 python3 tools/$stage.py --out "$OUT/$stage.json" $extra > "$OUT/$stage.txt" 2>&1; rc=$?; tail -45 "$OUT/$stage.txt" >> "$OUT/round.log" ;;
     sanitize) python3 tools/sanitize.py --tool ${SANITIZE_TOOL:-memcheck} --filter "${SANITIZE_FILTER:-*}" --seed ${SEED:-1} --jobs ${SANITIZE_JOBS:-4} --limit ${SANITIZE_LIMIT:-540} ${SANITIZE_ARGS:-} --out "$OUT/sanitize" > "$OUT/sanitize.txt" 2>&1; rc=$?; tail -25 "$OUT/sanitize.txt" >> "$OUT/round.log" ;;

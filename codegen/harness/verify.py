@@ -168,6 +168,72 @@ def run_checks(skus, seed: int, framework: str, progress_console=None):
     return results, interrupted
 
 
+def shards(skus, n: int) -> list:
+    """``skus`` dealt round-robin into at most ``n`` non-empty shards (neighbouring SKUs, which
+    share units and sizes, land in different shards: the shards take about as long)."""
+    n = max(1, min(n, len(skus)))
+    return [skus[i::n] for i in range(n)]
+
+
+def worker_results(records: list) -> dict:
+    """The per-SKU results of the workers' records (each a verified/<gpu>.json of one run), without
+    the run ids and sha256s the parent's own record assigns again."""
+    out = {}
+    for rec in records:
+        for sku, r in (rec or {}).get("skus", {}).items():
+            out[sku] = {k: v for k, v in r.items() if k not in ("run", "sha256")}
+    return out
+
+
+def run_workers(args, skus, seed: int, console):
+    """``run_checks`` in ``args.workers`` processes sharing the GPU, each on one shard with the same
+    seed (a SKU's generator depends on the seed and its name only, so the results are those of one
+    process); each writes its own record in a scratch folder and its log beside it, and the parent
+    folds their results into one run. Progress: a line per finished worker. Ctrl-C stops them all;
+    what finished is kept."""
+    import signal
+    import subprocess
+    import tempfile
+    parts = shards([str(s) for s in skus], args.workers)
+    console.print(f"verify: {len(skus)} SKUs in {len(parts)} worker processes")
+    with tempfile.TemporaryDirectory(prefix="skuforge-verify-") as tmp:
+        procs = []
+        for i, part in enumerate(parts):
+            (Path(tmp) / f"shard{i}.txt").write_text("\n".join(part) + "\n")
+            cmd = [sys.executable, "-m", "codegen", "verify", "--skus", str(Path(tmp) / f"shard{i}.txt"),
+                   "--seed", str(seed), "--framework", args.framework, "--device", str(args.device),
+                   "--jobs", "1", "--workers", "1", "--records", str(Path(tmp) / f"rec{i}")]
+            log = open(Path(tmp) / f"worker{i}.log", "w")
+            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log, len(part)))
+        interrupted, done = False, set()
+        try:
+            while len(done) < len(procs):
+                for i, (p, log, n) in enumerate(procs):
+                    if i not in done and p.poll() is not None:
+                        done.add(i)
+                        log.close()
+                        tail = (Path(tmp) / f"worker{i}.log").read_text().strip().splitlines()[-1:] or [""]
+                        console.print(f"verify: worker {i + 1}/{len(procs)} ({n} SKUs) exited {p.returncode}: {tail[0]}")
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            interrupted = True
+            for p, _, _ in procs:
+                p.send_signal(signal.SIGINT)
+            for p, log, _ in procs:
+                p.wait()
+                log.close()
+        records = [read_json(f) for f in sorted(Path(tmp).glob("rec*/verified/*.json"))]
+        results = worker_results(records)
+        missing = [s for s in map(str, skus) if s not in results]
+        if missing and not interrupted:
+            console.print(f"verify: {len(missing)} SKUs have no result (a worker failed before recording): "
+                          f"{', '.join(missing[:5])}")
+            for s in missing:
+                results[s] = {"passed": False, "cases": 0, "mismatches": 0, "max_error": 0.0,
+                              "detail": "no result: its worker process failed", "seconds": 0.0}
+    return results, interrupted
+
+
 def cmd_verify(args) -> int:
     import numpy as np
 
@@ -224,7 +290,10 @@ def cmd_verify(args) -> int:
         _precompile(reg, skus, int(env["gpu"]["cc"].replace(".", "")), args.jobs or os.cpu_count() or 1)
         console.print(f"compiled units in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
-    results, interrupted = run_checks(skus, seed, args.framework, console)
+    if args.workers > 1 and len(skus) > 1:
+        results, interrupted = run_workers(args, skus, seed, console)
+    else:
+        results, interrupted = run_checks(skus, seed, args.framework, console)
     run = {"commit": git["commit"], "dirty": git["dirty"], "date": now(), "seed": seed, "filter": args.filter,
            "framework": args.framework, "selected": len(skus), "ran": len(results),
            "passed": sum(r["passed"] for r in results.values()),
@@ -261,5 +330,8 @@ def add_parser(sub) -> None:
                     help="array type the checks pass to the API (default cupy)")
     sp.add_argument("--device", type=int, default=0, help="CUDA device ordinal to verify on (default 0)")
     sp.add_argument("--jobs", type=int, default=0, help="NVRTC processes to pre-compile units (1: none)")
+    sp.add_argument("--workers", type=int, default=1,
+                    help="verify in N processes sharing the GPU, one shard of the SKUs each, recorded as one run "
+                         "(default 1)")
     add_records_argument(sp)
     sp.set_defaults(func=cmd_verify)

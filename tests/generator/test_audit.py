@@ -306,6 +306,35 @@ def test_verify_runs_history_is_bounded():
     assert len(rec["runs"]) == verify.MAX_RUNS_KEPT and rec["skus"][S_TOK]["run"] == verify.MAX_RUNS_KEPT + 5
 
 
+def test_verify_workers_deal_the_skus_round_robin_and_fold_their_records():
+    """--workers: every SKU in exactly one shard, the shards within one SKU of each other in size, and
+    the workers' records folded into one set of results (run ids and sha256s left to the parent)."""
+    skus = [f"s{i}" for i in range(11)]
+    parts = verify.shards(skus, 4)
+    assert sorted(x for p in parts for x in p) == sorted(skus) and {len(p) for p in parts} == {2, 3}
+    assert verify.shards(skus[:2], 8) == [["s0"], ["s1"]] and verify.shards(skus, 1) == [skus]
+    recs = [{"skus": {"a": {"passed": True, "cases": 3, "run": 4, "sha256": "x"}}},
+            {"skus": {"b": {"passed": False, "cases": 1, "run": 1, "sha256": "y"}}}, None]
+    assert verify.worker_results(recs) == {"a": {"passed": True, "cases": 3}, "b": {"passed": False, "cases": 1}}
+
+
+def test_verify_workers_that_record_nothing_fail_their_skus(tmp_path):
+    """A worker that exits without a record (here: no GPU) leaves its SKUs failed, not missing: a
+    crash is a failed result."""
+    from runtime.registry import Registry
+
+    from codegen.harness.bench.timing import no_gpu
+    from codegen.manifest import GENERATED
+    from codegen.terminal import console
+    if no_gpu() is None:
+        pytest.skip("a GPU is here: the workers would verify their SKUs")
+    skus = [s for s in Registry.load(GENERATED).skus() if str(s).startswith("quantization/quantize/token/")][:3]
+    args = types.SimpleNamespace(workers=2, framework="cupy", device=0)
+    results, interrupted = verify.run_workers(args, skus, 1, console(stderr=True))
+    assert not interrupted and sorted(results) == sorted(map(str, skus))
+    assert all(not r["passed"] and "worker process failed" in r["detail"] for r in results.values())
+
+
 def test_verify_seed_per_sku_is_independent_of_the_selection():
     a = np.random.default_rng(verify.sku_seed(5, S_TOK)).integers(0, 2**31, 4)
     b = np.random.default_rng(verify.sku_seed(5, S_TOK)).integers(0, 2**31, 4)
