@@ -126,6 +126,7 @@ class Timer:
         # spin doubled (its calls took the host longer than the warm-up's estimate).
         spin = [1.5] * len(contenders)
         dropped = [0] * len(contenders)
+        in_spin = [cp.cuda.Event(disable_timing=True) for _ in contenders]   # recorded behind each spin
         while any(len(t) < self.samples for t in times):
             for k, calls in enumerate(contenders):
                 b = min(batch[k], self.samples - len(times[k]))
@@ -134,15 +135,14 @@ class Timer:
                 host_s = warm[k][1]
                 b = max(1, min(b, int(MAX_SPIN_NS / max(host_s * spin[k] * 1e9, 1.0))))
                 self.spin_ns(min(MAX_SPIN_NS, b * host_s * spin[k] * 1e9 + 2e4))  # the GPU busy while we enqueue
-                in_spin = cp.cuda.Event(disable_timing=True)
-                in_spin.record(st)
+                in_spin[k].record(st)
                 for j in range(b):
                     e0, e1 = events[k][j]
                     e0.record(st)
                     calls[done[k] % len(calls)]()
                     e1.record(st)
                     done[k] += 1
-                drained = in_spin.query()       # the spin ended before the batch was enqueued
+                drained = in_spin[k].query()    # the spin ended before the batch was enqueued
                 events[k][b - 1][1].synchronize()
                 if drained and dropped[k] < MAX_DROPPED:
                     dropped[k] += 1
