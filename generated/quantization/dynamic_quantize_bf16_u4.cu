@@ -1032,6 +1032,21 @@ __device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int
     }
 }
 
+// Where row group vr = row * ngroups + group keeps its parameters (scale, zero point, e8m0 code):
+// element row * rs + group * gs of their arrays. Row-major (rs = ngroups, gs = 1): vr itself;
+// column-major, "MN-major" (rs = 1, gs = the column stride, rows or more): row + group * gs. The
+// team kernels take a column-major layout only below 2^31 row groups (the launcher's rule): a
+// 32-bit division, once per row group and only in its lead thread.
+struct ParamAt {
+    i64_t rs, gs;
+    __device__ __forceinline__ i64_t cell(i64_t row, i64_t grp) const { return row * rs + grp * gs; }
+    __device__ __forceinline__ i64_t row_group(i64_t vr, i64_t ngroups) const {
+        if (gs == 1 && rs == ngroups) return vr;
+        const u32_t row = (u32_t)vr / (u32_t)ngroups;
+        return (i64_t)row * rs + (vr - (i64_t)row * ngroups) * gs;
+    }
+};
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -1134,7 +1149,7 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 int zp;
-                const M s = sink.params(a[g], vr + g * S, vr + g * S < vrows && tx == 0, zp);
+                const M s = sink.params(a[g], vr + g * S, ngroups, vr + g * S < vrows && tx == 0, zp);
                 inv[g] = (M)1 / s;             // once per scale element, as the static kernel does
                 qb[g] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
                 fast = fast && clamp_free(ASYM ? a[g].lo : -a[g].hi, a[g].hi, inv[g], qb[g]);
@@ -1204,7 +1219,7 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
     template <int V, int CH, typename T, typename M>
     static __device__ __forceinline__ void run(
         const T* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-        M* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+        M* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point, dyn::ParamAt at,
         i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
     {
         constexpr int PACK = C::PACK;
@@ -1260,13 +1275,14 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
             const M inv = (M)1 / s;                // once per scale element, as the static kernel does
             if (live) {
                 if (tx == 0) {
+                    const i64_t pi = at.cell(row, grp);
                     if constexpr (MX) {
-                        if (scale_e8m0) scale_e8m0[vr] = e8;
-                        else scale[vr] = s;
+                        if (scale_e8m0) scale_e8m0[pi] = e8;
+                        else scale[pi] = s;
                     } else {
-                        scale[vr] = s;
+                        scale[pi] = s;
                     }
-                    if (ASYM) zero_point[vr] = zp;
+                    if (ASYM) zero_point[pi] = zp;
                 }
                 QuantBounds<M> qv[V];
 #pragma unroll
@@ -1302,47 +1318,49 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
 
 // The block kernel: x rows x cols (row stride x_rs elements, last axis contiguous); q rows x
 // cols / PACK bytes (row stride q_rs bytes); scale (or scale_e8m0 for MX) / zero_point rows x
-// (cols / group_size), contiguous. vec_ok: group_size % VEC == 0 and x, q rows aligned (checked by
+// (cols / group_size), element (row, group) at row * p_rs + group * p_gs (dyn::ParamAt). vec_ok: group_size % VEC == 0 and x, q rows aligned (checked by
 // the launcher). CHV / CHS: the chunk counts compiled for the vector / scalar path (dyn::Chunks).
 template <class C, bool ASYM, bool MX, int VEC, class CHV, class CHS, typename T, typename M>
 __device__ __forceinline__ void fused(
     const T* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs, M* __restrict__ scale,
-    u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t group_size,
-    M eps, int qmin, int qmax, int zp_value, int vec_ok)
+    u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols,
+    i64_t group_size, M eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     constexpr int PACK = C::PACK;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
     const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const dyn::ParamAt at{p_rs, p_gs};
     const int TX = blockDim.x;
     if (vec_ok) {
         const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
-        dyn::by_chunks<RowGroups<C, ASYM, MX, true>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+        dyn::by_chunks<RowGroups<C, ASYM, MX, true>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, at, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
     } else {
         const i64_t per = ((group_size + PACK - 1) / PACK + TX - 1) / TX;
-        dyn::by_chunks<RowGroups<C, ASYM, MX, false>, PACK>(CHS(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+        dyn::by_chunks<RowGroups<C, ASYM, MX, false>, PACK>(CHS(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, at, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
     }
 }
 
 // -- the team kernels' pieces (dyn::team) ---------------------------------------------------------
 // Where a row group's parameters go: (scale, zero point) of docs/numerics.md, or (MX, scale_e8m0
-// set) the e8m0 code, stored at vr by `lead`.
+// set) the e8m0 code, stored at its place in their layout (dyn::ParamAt) by `lead`.
 template <class C, bool ASYM, bool MX, typename M> struct Sink {
-    M* scale; u8_t* scale_e8m0; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
-    __device__ __forceinline__ M params(const dyn::Acc<M>& a, i64_t vr, bool lead, int& zp) const {
+    M* scale; u8_t* scale_e8m0; i32_t* zero_point; dyn::ParamAt at; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const dyn::Acc<M>& a, i64_t vr, i64_t ngroups, bool lead, int& zp) const {
         M s;
         if constexpr (MX) {
             if (scale_e8m0) {                      // MX: scale = 2^(floor(log2(amax)) - emax_elem)
                 const unsigned char e8 = e8m0_from_amax<typename C::Format>(a.hi);
                 s = e8m0_to<M>(e8);
                 zp = zp_value;
-                if (lead) scale_e8m0[vr] = e8;
+                if (lead) scale_e8m0[at.row_group(vr, ngroups)] = e8;
                 return s;
             }
         }
         dyn::finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
         if (lead) {
-            scale[vr] = s;
-            if (ASYM) zero_point[vr] = zp;
+            const i64_t i = at.row_group(vr, ngroups);
+            scale[i] = s;
+            if (ASYM) zero_point[i] = zp;
         }
         return s;
     }
@@ -1399,117 +1417,117 @@ extern "C" __global__ void __launch_bounds__(256) sf_dynamic_quantize_channel_sy
 // SKU: quantization/dynamic_quantize/group/asymmetric/bf16/u4/sm80/simt/f32.acc-f32.det.stable
 // x: rows x cols (row stride x_rs elements, last axis contiguous); q: rows x cols / 2 bytes
 // (row stride q_rs bytes); scale (or scale_e8m0 for MX) / zero_point: rows x (cols / group_size),
-// contiguous. vec_ok: group_size % 8 == 0 and x, q rows aligned (checked by the launcher).
+// element (row, group) at row * p_rs + group * p_gs. vec_ok: group_size % 8 == 0 and x, q rows aligned (checked by the launcher).
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_asymmetric_bf16_u4_sm80_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
-    int vec_ok)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok)
 {
     lowbit::fused<lowbit::Int4<false>, true, false, 8, dyn::Chunks<1, 2, 4>, dyn::Chunks<1, 4, 8>>(
-        x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
+        x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, p_rs, p_gs, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
 }
 
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_bf16_u4_sm80_simt_t16(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
-    int ch, int dense, i64_t ngroups)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int tx, int ch, int dense, i64_t ngroups)
 {
     dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 16>(
-        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_bf16_u4_sm80_simt_t8(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
-    int ch, int dense, i64_t ngroups)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int tx, int ch, int dense, i64_t ngroups)
 {
     dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 8>(
-        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_bf16_u4_sm80_simt_t4(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
-    int ch, int dense, i64_t ngroups)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int tx, int ch, int dense, i64_t ngroups)
 {
     dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 4>(
-        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_bf16_u4_sm80_simt_t2(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
-    int ch, int dense, i64_t ngroups)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int tx, int ch, int dense, i64_t ngroups)
 {
     dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, true, 8, 2>(
-        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, true, false, float>{scale, scale_e8m0, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/group/symmetric/bf16/u4/sm80/simt/f32.acc-f32.det.stable
 // x: rows x cols (row stride x_rs elements, last axis contiguous); q: rows x cols / 2 bytes
 // (row stride q_rs bytes); scale (or scale_e8m0 for MX) / zero_point: rows x (cols / group_size),
-// contiguous. vec_ok: group_size % 8 == 0 and x, q rows aligned (checked by the launcher).
+// element (row, group) at row * p_rs + group * p_gs. vec_ok: group_size % 8 == 0 and x, q rows aligned (checked by the launcher).
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_symmetric_bf16_u4_sm80_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value,
-    int vec_ok)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int vec_ok)
 {
     lowbit::fused<lowbit::Int4<false>, false, false, 8, dyn::Chunks<1, 2, 4>, dyn::Chunks<1, 4, 8>>(
-        x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
+        x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, p_rs, p_gs, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
 }
 
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_bf16_u4_sm80_simt_t16(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
-    int ch, int dense, i64_t ngroups)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int tx, int ch, int dense, i64_t ngroups)
 {
     dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 16>(
-        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_bf16_u4_sm80_simt_t8(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
-    int ch, int dense, i64_t ngroups)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int tx, int ch, int dense, i64_t ngroups)
 {
     dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 8>(
-        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_bf16_u4_sm80_simt_t4(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
-    int ch, int dense, i64_t ngroups)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int tx, int ch, int dense, i64_t ngroups)
 {
     dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 4>(
-        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_bf16_u4_sm80_simt_t2(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
     float* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
-    i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx,
-    int ch, int dense, i64_t ngroups)
+    i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, float eps, int qmin, int qmax,
+    int zp_value, int tx, int ch, int dense, i64_t ngroups)
 {
     dyn::team<lowbit::TeamCodes<lowbit::Int4<false>>, false, 8, 2>(
-        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, lowbit::Sink<lowbit::Int4<false>, false, false, float>{scale, scale_e8m0, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/asymmetric/bf16/u4/sm80/simt/f32.acc-f32.det.stable

@@ -563,6 +563,21 @@ __device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int
     }
 }
 
+// Where row group vr = row * ngroups + group keeps its parameters (scale, zero point, e8m0 code):
+// element row * rs + group * gs of their arrays. Row-major (rs = ngroups, gs = 1): vr itself;
+// column-major, "MN-major" (rs = 1, gs = the column stride, rows or more): row + group * gs. The
+// team kernels take a column-major layout only below 2^31 row groups (the launcher's rule): a
+// 32-bit division, once per row group and only in its lead thread.
+struct ParamAt {
+    i64_t rs, gs;
+    __device__ __forceinline__ i64_t cell(i64_t row, i64_t grp) const { return row * rs + grp * gs; }
+    __device__ __forceinline__ i64_t row_group(i64_t vr, i64_t ngroups) const {
+        if (gs == 1 && rs == ngroups) return vr;
+        const u32_t row = (u32_t)vr / (u32_t)ngroups;
+        return (i64_t)row * rs + (vr - (i64_t)row * ngroups) * gs;
+    }
+};
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -665,7 +680,7 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 int zp;
-                const M s = sink.params(a[g], vr + g * S, vr + g * S < vrows && tx == 0, zp);
+                const M s = sink.params(a[g], vr + g * S, ngroups, vr + g * S < vrows && tx == 0, zp);
                 inv[g] = (M)1 / s;             // once per scale element, as the static kernel does
                 qb[g] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
                 fast = fast && clamp_free(ASYM ? a[g].lo : -a[g].hi, a[g].hi, inv[g], qb[g]);
@@ -745,7 +760,7 @@ template <bool ASYM> struct RowGroups {
     template <int V, int CH, typename T, typename Q, typename M>
     static __device__ __forceinline__ void run(
         const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs,
-        M* __restrict__ scale, i32_t* __restrict__ zero_point,
+        M* __restrict__ scale, i32_t* __restrict__ zero_point, ParamAt at,
         i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
     {
         const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
@@ -789,8 +804,8 @@ template <bool ASYM> struct RowGroups {
             const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
             if (live) {
                 if (tx == 0) {
-                    scale[vr] = s;
-                    if (ASYM) zero_point[vr] = zp;
+                    scale[at.cell(row, grp)] = s;
+                    if (ASYM) zero_point[at.cell(row, grp)] = zp;
                 }
                 if constexpr (CH > 0) {
 #pragma unroll
@@ -809,37 +824,40 @@ template <bool ASYM> struct RowGroups {
 };
 
 // The block kernel: x rows x cols (row stride x_rs, last axis contiguous); q rows x cols;
-// scale / zero_point rows x (cols / group_size), contiguous. vec_ok: group_size % VEC == 0 and
+// scale / zero_point rows x (cols / group_size), element (row, group) at row * p_rs + group * p_gs
+// (ParamAt). vec_ok: group_size % VEC == 0 and
 // 16-byte aligned rows (checked by the launcher), else the scalar path. CHV / CHS: the chunk
 // counts compiled for the vector / scalar path (Chunks<...>).
 template <bool ASYM, int VEC, class CHV, class CHS, typename T, typename Q, typename M>
 __device__ __forceinline__ void fused(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, M* __restrict__ scale,
-    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t group_size, M eps, int qmin, int qmax,
-    int zp_value, int vec_ok)
+    i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, M eps,
+    int qmin, int qmax, int zp_value, int vec_ok)
 {
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
     const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const ParamAt at{p_rs, p_gs};
     const int TX = blockDim.x;
     if (vec_ok) {
         const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
-        by_chunks<RowGroups<ASYM>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+        by_chunks<RowGroups<ASYM>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, zero_point, at, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
     } else {
         const i64_t per = (group_size + TX - 1) / TX;
-        by_chunks<RowGroups<ASYM>, 1>(CHS(), per, x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+        by_chunks<RowGroups<ASYM>, 1>(CHS(), per, x, x_rs, q, q_rs, scale, zero_point, at, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
     }
 }
 
 // Where a team kernel's row group parameters go: (scale, zero point) of docs/numerics.md, stored
-// at vr by `lead`.
+// at its place in their layout (ParamAt) by `lead`.
 template <bool ASYM, typename M> struct Sink {
-    M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
-    __device__ __forceinline__ M params(const Acc<M>& a, i64_t vr, bool lead, int& zp) const {
+    M* scale; i32_t* zero_point; ParamAt at; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const Acc<M>& a, i64_t vr, i64_t ngroups, bool lead, int& zp) const {
         M s;
         finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
         if (lead) {
-            scale[vr] = s;
-            if (ASYM) zero_point[vr] = zp;
+            const i64_t i = at.row_group(vr, ngroups);
+            scale[i] = s;
+            if (ASYM) zero_point[i] = zp;
         }
         return s;
     }
@@ -1214,236 +1232,236 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sf_dynamic_quantize_channe
 
 // SKU: quantization/dynamic_quantize/group/asymmetric/bf16/u8/sm80/simt/f32.acc-f32.det.stable
 // x: rows x cols (row stride x_rs, last axis contiguous); q: rows x cols; scale / zero_point:
-// rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
+// rows x (cols / group_size), element (row, group) at row * p_rs + group * p_gs. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 1) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     dyn::fused<true, 8, dyn::Chunks<1, 2, 4>, dyn::Chunks<1, 4, 8>>(
-        x, x_rs, q, q_rs, scale, zero_point, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
+        x, x_rs, q, q_rs, scale, zero_point, p_rs, p_gs, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
 }
 
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt_t16(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, true, 8, 16>(
-        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 64 registers.
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt_t8(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, true, 8, 8>(
-        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
 // compile time: row groups of up to 8 chunks (64 elements).
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt_t8_tx2(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, true, 8, 8, 2, 4>(
-        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
 // compile time: row groups of up to 16 chunks (128 elements).
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt_t8_tx4(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, true, 8, 8, 4, 4>(
-        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
 // compile time: row groups of up to 32 chunks (256 elements).
 extern "C" __global__ void __maxnreg__(64) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt_t8_tx8(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, true, 8, 8, 8, 4>(
-        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt_t4(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, true, 8, 4>(
-        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 48 registers.
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt_t2(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, true, 8, 2>(
-        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
 // compile time: row groups of up to 16 chunks (128 elements).
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt_t2_tx8(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, true, 8, 2, 8, 2>(
-        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
 // compile time: row groups of up to 512 chunks (4096 elements).
 extern "C" __global__ void __maxnreg__(48) sf_dynamic_quantize_group_asymmetric_bf16_u8_sm80_simt_t2_tx256(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, true, 8, 2, 256, 2>(
-        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<true, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/group/symmetric/bf16/u8/sm80/simt/f32.acc-f32.det.stable
 // x: rows x cols (row stride x_rs, last axis contiguous); q: rows x cols; scale / zero_point:
-// rows x (cols / group_size), contiguous. vec_ok: group_size % 8 == 0 and 16-byte
+// rows x (cols / group_size), element (row, group) at row * p_rs + group * p_gs. vec_ok: group_size % 8 == 0 and 16-byte
 // aligned rows (checked by the launcher), else the scalar path.
 extern "C" __global__ void __launch_bounds__(512, 2) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     dyn::fused<false, 8, dyn::Chunks<1, 2, 4>, dyn::Chunks<1, 4, 8>>(
-        x, x_rs, q, q_rs, scale, zero_point, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
+        x, x_rs, q, q_rs, scale, zero_point, p_rs, p_gs, rows, cols, group_size, eps, qmin, qmax, zp_value, vec_ok);
 }
 
 // Team kernel: 16 chunks of 16 bytes of x per thread, at most 96 registers.
 extern "C" __global__ void __maxnreg__(96) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt_t16(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, false, 8, 16>(
-        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 8 chunks of 16 bytes of x per thread, at most 56 registers.
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt_t8(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, false, 8, 8>(
-        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 2 threads per row group and ch = 4 (2 row groups per thread) fixed at
 // compile time: row groups of up to 8 chunks (64 elements).
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt_t8_tx2(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, false, 8, 8, 2, 4>(
-        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 4 threads per row group and ch = 4 (2 row groups per thread) fixed at
 // compile time: row groups of up to 16 chunks (128 elements).
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt_t8_tx4(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, false, 8, 8, 4, 4>(
-        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t8 with 8 threads per row group and ch = 4 (2 row groups per thread) fixed at
 // compile time: row groups of up to 32 chunks (256 elements).
 extern "C" __global__ void __maxnreg__(56) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt_t8_tx8(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, false, 8, 8, 8, 4>(
-        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 4 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt_t4(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, false, 8, 4>(
-        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel: 2 chunks of 16 bytes of x per thread, at most 40 registers.
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt_t2(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, false, 8, 2>(
-        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 8 threads per row group and ch = 2 (1 row group per thread) fixed at
 // compile time: row groups of up to 16 chunks (128 elements).
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt_t2_tx8(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, false, 8, 2, 8, 2>(
-        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // Team kernel t2 with 256 threads per row group and ch = 2 (1 row group per thread) fixed at
 // compile time: row groups of up to 512 chunks (4096 elements).
 extern "C" __global__ void __maxnreg__(40) sf_dynamic_quantize_group_symmetric_bf16_u8_sm80_simt_t2_tx256(
     const bf16_t* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols,
-    i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch, int dense,
-    i64_t ngroups)
+    float* __restrict__ scale, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows,
+    i64_t cols, i64_t group_size, float eps, int qmin, int qmax, int zp_value, int tx, int ch,
+    int dense, i64_t ngroups)
 {
     dyn::team<dyn::IntCodes, false, 8, 2, 256, 2>(
-        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
+        x, x_rs, q, q_rs, dyn::Sink<false, float>{scale, zero_point, {p_rs, p_gs}, eps, qmin, qmax, zp_value}, rows, ngroups, group_size, tx, ch, dense);
 }
 
 // SKU: quantization/dynamic_quantize/tensor/asymmetric/bf16/u8/sm80/simt/f32.acc-f32.det.stable

@@ -348,6 +348,21 @@ __device__ __forceinline__ void store_chunks(Q* p, const Vec<T, V> (&b)[CH], int
     }
 }
 
+// Where row group vr = row * ngroups + group keeps its parameters (scale, zero point, e8m0 code):
+// element row * rs + group * gs of their arrays. Row-major (rs = ngroups, gs = 1): vr itself;
+// column-major, "MN-major" (rs = 1, gs = the column stride, rows or more): row + group * gs. The
+// team kernels take a column-major layout only below 2^31 row groups (the launcher's rule): a
+// 32-bit division, once per row group and only in its lead thread.
+struct ParamAt {
+    i64_t rs, gs;
+    __device__ __forceinline__ i64_t cell(i64_t row, i64_t grp) const { return row * rs + grp * gs; }
+    __device__ __forceinline__ i64_t row_group(i64_t vr, i64_t ngroups) const {
+        if (gs == 1 && rs == ngroups) return vr;
+        const u32_t row = (u32_t)vr / (u32_t)ngroups;
+        return (i64_t)row * rs + (vr - (i64_t)row * ngroups) * gs;
+    }
+};
+
 // Element offset of row group vr (= row * ngroups + group) in a rows x cols array of row stride
 // rs; g = the group's length in that array. dense (rows contiguous): no division; else a 32-bit
 // one (the launcher keeps row groups below 2^31 here: a 64-bit division is a call that costs
@@ -450,7 +465,7 @@ __device__ __forceinline__ void team_row_groups(
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 int zp;
-                const M s = sink.params(a[g], vr + g * S, vr + g * S < vrows && tx == 0, zp);
+                const M s = sink.params(a[g], vr + g * S, ngroups, vr + g * S < vrows && tx == 0, zp);
                 inv[g] = (M)1 / s;             // once per scale element, as the static kernel does
                 qb[g] = quant_bounds<M>(zp, sink.qmin, sink.qmax);
                 fast = fast && clamp_free(ASYM ? a[g].lo : -a[g].hi, a[g].hi, inv[g], qb[g]);

@@ -36,7 +36,7 @@ template <bool ASYM> struct RowGroups {
     template <int V, int CH, typename T, typename Q, typename M>
     static __device__ __forceinline__ void run(
         const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs,
-        M* __restrict__ scale, i32_t* __restrict__ zero_point,
+        M* __restrict__ scale, i32_t* __restrict__ zero_point, ParamAt at,
         i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
     {
         const int TX = blockDim.x, TY = blockDim.y, tx = threadIdx.x;
@@ -80,8 +80,8 @@ template <bool ASYM> struct RowGroups {
             const QuantBounds<M> qb = quant_bounds<M>(zp, qmin, qmax);
             if (live) {
                 if (tx == 0) {
-                    scale[vr] = s;
-                    if (ASYM) zero_point[vr] = zp;
+                    scale[at.cell(row, grp)] = s;
+                    if (ASYM) zero_point[at.cell(row, grp)] = zp;
                 }
                 if constexpr (CH > 0) {
 #pragma unroll
@@ -100,37 +100,40 @@ template <bool ASYM> struct RowGroups {
 };
 
 // The block kernel: x rows x cols (row stride x_rs, last axis contiguous); q rows x cols;
-// scale / zero_point rows x (cols / group_size), contiguous. vec_ok: group_size % VEC == 0 and
+// scale / zero_point rows x (cols / group_size), element (row, group) at row * p_rs + group * p_gs
+// (ParamAt). vec_ok: group_size % VEC == 0 and
 // 16-byte aligned rows (checked by the launcher), else the scalar path. CHV / CHS: the chunk
 // counts compiled for the vector / scalar path (Chunks<...>).
 template <bool ASYM, int VEC, class CHV, class CHS, typename T, typename Q, typename M>
 __device__ __forceinline__ void fused(
     const T* __restrict__ x, i64_t x_rs, Q* __restrict__ q, i64_t q_rs, M* __restrict__ scale,
-    i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t group_size, M eps, int qmin, int qmax,
-    int zp_value, int vec_ok)
+    i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols, i64_t group_size, M eps,
+    int qmin, int qmax, int zp_value, int vec_ok)
 {
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
     const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const ParamAt at{p_rs, p_gs};
     const int TX = blockDim.x;
     if (vec_ok) {
         const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
-        by_chunks<RowGroups<ASYM>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+        by_chunks<RowGroups<ASYM>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, zero_point, at, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
     } else {
         const i64_t per = (group_size + TX - 1) / TX;
-        by_chunks<RowGroups<ASYM>, 1>(CHS(), per, x, x_rs, q, q_rs, scale, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+        by_chunks<RowGroups<ASYM>, 1>(CHS(), per, x, x_rs, q, q_rs, scale, zero_point, at, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
     }
 }
 
 // Where a team kernel's row group parameters go: (scale, zero point) of docs/numerics.md, stored
-// at vr by `lead`.
+// at its place in their layout (ParamAt) by `lead`.
 template <bool ASYM, typename M> struct Sink {
-    M* scale; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
-    __device__ __forceinline__ M params(const Acc<M>& a, i64_t vr, bool lead, int& zp) const {
+    M* scale; i32_t* zero_point; ParamAt at; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const Acc<M>& a, i64_t vr, i64_t ngroups, bool lead, int& zp) const {
         M s;
         finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
         if (lead) {
-            scale[vr] = s;
-            if (ASYM) zero_point[vr] = zp;
+            const i64_t i = at.row_group(vr, ngroups);
+            scale[i] = s;
+            if (ASYM) zero_point[i] = zp;
         }
         return s;
     }

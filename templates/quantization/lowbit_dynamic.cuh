@@ -26,7 +26,7 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
     template <int V, int CH, typename T, typename M>
     static __device__ __forceinline__ void run(
         const T* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs,
-        M* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point,
+        M* __restrict__ scale, u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point, dyn::ParamAt at,
         i64_t vrows, i64_t ngroups, i64_t gs, M eps, int qmin, int qmax, int zp_value, M* smem)
     {
         constexpr int PACK = C::PACK;
@@ -82,13 +82,14 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
             const M inv = (M)1 / s;                // once per scale element, as the static kernel does
             if (live) {
                 if (tx == 0) {
+                    const i64_t pi = at.cell(row, grp);
                     if constexpr (MX) {
-                        if (scale_e8m0) scale_e8m0[vr] = e8;
-                        else scale[vr] = s;
+                        if (scale_e8m0) scale_e8m0[pi] = e8;
+                        else scale[pi] = s;
                     } else {
-                        scale[vr] = s;
+                        scale[pi] = s;
                     }
-                    if (ASYM) zero_point[vr] = zp;
+                    if (ASYM) zero_point[pi] = zp;
                 }
                 QuantBounds<M> qv[V];
 #pragma unroll
@@ -124,47 +125,49 @@ template <class C, bool ASYM, bool MX, bool VIO> struct RowGroups {
 
 // The block kernel: x rows x cols (row stride x_rs elements, last axis contiguous); q rows x
 // cols / PACK bytes (row stride q_rs bytes); scale (or scale_e8m0 for MX) / zero_point rows x
-// (cols / group_size), contiguous. vec_ok: group_size % VEC == 0 and x, q rows aligned (checked by
+// (cols / group_size), element (row, group) at row * p_rs + group * p_gs (dyn::ParamAt). vec_ok: group_size % VEC == 0 and x, q rows aligned (checked by
 // the launcher). CHV / CHS: the chunk counts compiled for the vector / scalar path (dyn::Chunks).
 template <class C, bool ASYM, bool MX, int VEC, class CHV, class CHS, typename T, typename M>
 __device__ __forceinline__ void fused(
     const T* __restrict__ x, i64_t x_rs, u8_t* __restrict__ q, i64_t q_rs, M* __restrict__ scale,
-    u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point, i64_t rows, i64_t cols, i64_t group_size,
-    M eps, int qmin, int qmax, int zp_value, int vec_ok)
+    u8_t* __restrict__ scale_e8m0, i32_t* __restrict__ zero_point, i64_t p_rs, i64_t p_gs, i64_t rows, i64_t cols,
+    i64_t group_size, M eps, int qmin, int qmax, int zp_value, int vec_ok)
 {
     constexpr int PACK = C::PACK;
     __shared__ M smem[16];                     // one slot per warp of a 512-thread block
     const i64_t ngroups = cols / group_size, vrows = rows * ngroups;
+    const dyn::ParamAt at{p_rs, p_gs};
     const int TX = blockDim.x;
     if (vec_ok) {
         const i64_t per = ((group_size + VEC - 1) / VEC + TX - 1) / TX;   // chunks per thread
-        dyn::by_chunks<RowGroups<C, ASYM, MX, true>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+        dyn::by_chunks<RowGroups<C, ASYM, MX, true>, VEC>(CHV(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, at, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
     } else {
         const i64_t per = ((group_size + PACK - 1) / PACK + TX - 1) / TX;
-        dyn::by_chunks<RowGroups<C, ASYM, MX, false>, PACK>(CHS(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
+        dyn::by_chunks<RowGroups<C, ASYM, MX, false>, PACK>(CHS(), per, x, x_rs, q, q_rs, scale, scale_e8m0, zero_point, at, vrows, ngroups, group_size, eps, qmin, qmax, zp_value, smem);
     }
 }
 
 // -- the team kernels' pieces (dyn::team) ---------------------------------------------------------
 // Where a row group's parameters go: (scale, zero point) of docs/numerics.md, or (MX, scale_e8m0
-// set) the e8m0 code, stored at vr by `lead`.
+// set) the e8m0 code, stored at its place in their layout (dyn::ParamAt) by `lead`.
 template <class C, bool ASYM, bool MX, typename M> struct Sink {
-    M* scale; u8_t* scale_e8m0; i32_t* zero_point; M eps; int qmin, qmax, zp_value;
-    __device__ __forceinline__ M params(const dyn::Acc<M>& a, i64_t vr, bool lead, int& zp) const {
+    M* scale; u8_t* scale_e8m0; i32_t* zero_point; dyn::ParamAt at; M eps; int qmin, qmax, zp_value;
+    __device__ __forceinline__ M params(const dyn::Acc<M>& a, i64_t vr, i64_t ngroups, bool lead, int& zp) const {
         M s;
         if constexpr (MX) {
             if (scale_e8m0) {                      // MX: scale = 2^(floor(log2(amax)) - emax_elem)
                 const unsigned char e8 = e8m0_from_amax<typename C::Format>(a.hi);
                 s = e8m0_to<M>(e8);
                 zp = zp_value;
-                if (lead) scale_e8m0[vr] = e8;
+                if (lead) scale_e8m0[at.row_group(vr, ngroups)] = e8;
                 return s;
             }
         }
         dyn::finish<ASYM>(a, eps, qmin, qmax, zp_value, s, zp);
         if (lead) {
-            scale[vr] = s;
-            if (ASYM) zero_point[vr] = zp;
+            const i64_t i = at.row_group(vr, ngroups);
+            scale[i] = s;
+            if (ASYM) zero_point[i] = zp;
         }
         return s;
     }

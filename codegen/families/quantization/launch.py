@@ -70,7 +70,7 @@ def _fused_head(k, q_ctype, e8m0: bool) -> list:
     M = k["M"]
     return [ptr("x", k["ins"][0]["ctype"], const=True), Param("x_rs", "i64_t"), ptr("q", q_ctype),
             Param("q_rs", "i64_t"), ptr("scale", M)] + ([ptr("scale_e8m0", "u8_t")] if e8m0 else []) + \
-           [ptr("zero_point", "i32_t"), *i64s("rows", "cols", "group_size"), Param("eps", M),
+           [ptr("zero_point", "i32_t"), *i64s("p_rs", "p_gs", "rows", "cols", "group_size"), Param("eps", M),
             *ints("qmin", "qmax", "zp_value")]
 
 
