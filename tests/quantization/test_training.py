@@ -539,7 +539,7 @@ def test_lsq_sources_check_scale_and_zero_point():
         code_z = status.code("fake_quantize_learnable_backward", "zero_point")
         asym = "true" if s.mode == "asymmetric" else "false"
         # the entry point instantiates the element pass with its op's codes and passes the status word
-        call = re.search(rf"lsq::backward<lsq::{s.scope.upper()}, {asym}, \d+, (\d+), (\d+)>\((.*?)\);", body, re.S)
+        call = re.search(rf"lsq::backward<Scope::{s.scope}, {asym}, \d+, (\d+), (\d+)>\((.*?)\);", body, re.S)
         assert call and call.groups()[:2] == (str(code_s), str(code_z))
         assert call.group(3).split(",")[-1].strip() == "status"
         # the element pass (templates/quantization/lsq.cuh, in the unit's source) checks each scale
