@@ -230,19 +230,21 @@ def byte_span(ref: ArrayRef) -> tuple:
     return lo * ref.itemsize, hi * ref.itemsize
 
 
-def empty(like: ArrayRef, shape, kind: str):
-    """A new array in the framework and on the device of ``like`` (``kind="bool"``: a bool mask).
+def empty(like: ArrayRef, shape, kind: str, strides=None):
+    """A new array in the framework and on the device of ``like`` (``kind="bool"``: a bool mask);
+    ``strides`` (in elements, non-negative): that layout, in memory of its span, else C order.
 
     While a functional call records its allocations (:func:`recording_allocations`, the
     replay of repeated calls), each one is logged with what :func:`allocator` needs to repeat it."""
+    strides = None if strides is None else tuple(strides)
     try:
-        obj, p = _new(like, shape, kind)
+        obj, p = _new(like, shape, kind, strides)
     except Exception as e:
         raise_no_device(e)
         raise
     log = getattr(_alloc_log, "log", None)
     if log is not None:
-        log.append((obj, p, like, tuple(shape), kind))
+        log.append((obj, p, like, tuple(shape), kind, strides))
     return obj
 
 
@@ -257,20 +259,21 @@ def contiguous_strides(shape) -> tuple:
 
 # torch.empty_strided with the C-order strides spelled out allocates the same tensor as torch.empty
 # in about 1.2 µs less on the GPU machine's CPU (tools/probe_host.py: 2.1 against 3.4 µs).
-def _new(like: ArrayRef, shape, kind: str) -> tuple:
+def _new(like: ArrayRef, shape, kind: str, strides=None) -> tuple:
     """(a new array, its data pointer): PyTorch's for a tensor, else CuPy's (the driver's)."""
     if like.framework == "torch":
         torch = _torch()
-        t = torch.empty_strided(shape, contiguous_strides(shape), dtype=torch_dtype(kind), device=like.obj.device)
+        t = torch.empty_strided(shape, strides or contiguous_strides(shape), dtype=torch_dtype(kind),
+                                device=like.obj.device)
         return t, t.data_ptr()
-    return device.driver().new_array(like.device, shape, numpy_dtype(kind))
+    return device.driver().new_array(like.device, shape, numpy_dtype(kind), strides)
 
 
 _alloc_log = threading.local()
 
 
 class recording_allocations:
-    """``with recording_allocations() as log:`` collects ``(obj, ptr, like, shape, kind)`` for every
+    """``with recording_allocations() as log:`` collects ``(obj, ptr, like, shape, kind, strides)`` for every
     :func:`empty` of this thread inside the block (a nested block collects its own)."""
 
     __slots__ = ("log", "prev")
@@ -285,13 +288,14 @@ class recording_allocations:
         return False
 
 
-def allocator(like: ArrayRef, shape, kind: str):
+def allocator(like: ArrayRef, shape, kind: str, strides=None):
     """A zero-argument callable returning ``(obj, data pointer)`` of a new array, exactly as
-    ``empty(like, shape, kind)`` would allocate it, with the dtype and device resolved once."""
+    ``empty(like, shape, kind, strides)`` would allocate it, with the dtype and device resolved once."""
     shape = tuple(shape)
     if like.framework == "torch":
         torch = _torch()
-        new, dt, dev, strides = torch.empty_strided, torch_dtype(kind), like.obj.device, contiguous_strides(shape)
+        new, dt, dev = torch.empty_strided, torch_dtype(kind), like.obj.device
+        strides = strides or contiguous_strides(shape)
 
         def alloc():
             try:
@@ -301,10 +305,17 @@ def allocator(like: ArrayRef, shape, kind: str):
                 raise
             return a, a.data_ptr()
         return alloc
-    return device.driver().array_maker(like.device, shape, numpy_dtype(kind))
+    return device.driver().array_maker(like.device, shape, numpy_dtype(kind), strides)
 
 
-def work_allocator(like: ArrayRef, shape, kind: str):
+def span_elements(shape, strides=None) -> int:
+    """Elements of memory an array of ``shape`` and non-negative ``strides`` (None: C order) spans."""
+    if strides is None or not all(shape):
+        return math.prod(shape)
+    return 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+
+
+def work_allocator(like: ArrayRef, shape, kind: str, strides=None):
     """A callable ``alloc(stream)`` returning ``(obj, data pointer)`` of device memory the size of
     ``empty(like, shape, kind)``, for a work array a graph replay keeps as long as its executable
     graph (runtime/replay.py). It comes from CuPy's memory pool of the array's device, in the
@@ -314,7 +325,7 @@ def work_allocator(like: ArrayRef, shape, kind: str):
     each live block there to be one of the outputs), and a block kept past the call would fail that
     check. Freed with the graph's state, the memory goes back to ``stream``'s arena, so its next use
     is ordered behind the graph's last launch."""
-    return device.driver().work_memory(like.device, max(1, numpy_dtype(kind).itemsize * math.prod(shape)))
+    return device.driver().work_memory(like.device, max(1, numpy_dtype(kind).itemsize * span_elements(shape, strides)))
 
 
 def device_of(obj):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes
 import threading
 
+import numpy as np
+
 from .compiler import compile_cached
 from .driver_base import Driver
 from .errors import DeviceRequiredError, SkuforgeError
@@ -242,26 +244,31 @@ class CudaDriver(LibcudaCalls, Driver):
         return (int(per_sm) * self.properties(device)["sms"], smem) if ok else (0, 0)
 
     # -- memory, streams, pointers ---------------------------------------------------------------
-    def new_array(self, device: int, shape, dtype) -> tuple:
-        """(a new CuPy array of ``shape`` and NumPy ``dtype`` on ``device``, its data pointer)."""
-        cp = cupy()
-        with cp.cuda.Device(device):
-            a = cp.empty(shape, dtype=dtype)
-        return a, a.data.ptr
+    def new_array(self, device: int, shape, dtype, strides=None) -> tuple:
+        """(a new CuPy array of ``shape`` and NumPy ``dtype`` on ``device``, its data pointer);
+        ``strides`` (elements, non-negative): that layout, in memory of its span, else C order."""
+        return self.array_maker(device, shape, dtype, strides)()
 
-    def array_maker(self, device: int, shape, dtype):
-        """A zero-argument callable returning what ``new_array(device, shape, dtype)`` returns, with
-        everything but the allocation resolved once (a replay's allocation)."""
+    def array_maker(self, device: int, shape, dtype, strides=None):
+        """A zero-argument callable returning what ``new_array(device, shape, dtype, strides)``
+        returns, with everything but the allocation resolved once (a replay's allocation)."""
         cp = cupy()
         nd, current, on_device = cp.ndarray, cp.cuda.runtime.getDevice, cp.cuda.Device
+        if strides is None:
+            new = lambda: nd(shape, dtype)                                      # noqa: E731
+        else:
+            item = np.dtype(dtype).itemsize
+            nbytes = item * (1 + sum((n - 1) * s for n, s in zip(shape, strides))) if all(shape) else 0
+            byte_strides, malloc = tuple(s * item for s in strides), cp.cuda.alloc
+            new = lambda: nd(shape, dtype, memptr=malloc(nbytes), strides=byte_strides)   # noqa: E731
 
         def make():
             try:
                 if current() == device:
-                    a = nd(shape, dtype)
+                    a = new()
                 else:
                     with on_device(device):
-                        a = nd(shape, dtype)
+                        a = new()
             except Exception as e:
                 raise_no_device(e)
                 raise

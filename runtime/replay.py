@@ -368,11 +368,11 @@ def _pointer_sources(args, vals, log):
             return None
         srcs[p] = i
     allocs = []
-    for k, (obj, p, like, shape, kind) in enumerate(log):
+    for k, (obj, p, like, shape, kind, strides) in enumerate(log):
         if not p or p in srcs:
             return None
         srcs[p] = len(args) + k
-        allocs.append((allocator(like, shape, kind), p & 15, work_allocator(like, shape, kind)))
+        allocs.append((allocator(like, shape, kind, strides), p & 15, work_allocator(like, shape, kind, strides)))
     return srcs, allocs
 
 

@@ -68,6 +68,68 @@ def param_shape(x_shape, scope, axis=None, group_size=None) -> tuple:
     raise UnsupportedError(f"scope={scope!r}; supported: {', '.join(SCOPES)}")
 
 
+# The layouts dynamic_quantize writes group scales (and zero points) in (docs/dynamic.md, "Scale
+# layouts"): rows of groups, C order (``row``); columns, "MN-major", scale[g][m] (``col``); columns,
+# each starting on 16 bytes (``col_aligned``: what TMA-fed blockwise GEMMs read).
+SCALE_LAYOUTS = ("row", "col", "col_aligned")
+
+
+def check_scale_layout(scale_layout, scope) -> str:
+    if scale_layout not in SCALE_LAYOUTS:
+        raise UnsupportedError(f"scale_layout={scale_layout!r}; supported: {', '.join(SCALE_LAYOUTS)}")
+    if scale_layout != "row" and scope != "group":
+        raise InvalidProblemError(f"scale_layout={scale_layout!r} with scope={scope!r}: only group scales have "
+                                  "columns; other scopes take scale_layout='row'")
+    return scale_layout
+
+
+def param_strides(pshape, scale_layout: str, itemsize: int):
+    """Strides (elements) of a new group parameter array of shape ``pshape`` in ``scale_layout``;
+    None for C order. The leading axes stay in C order among themselves (one row index)."""
+    if scale_layout == "row":
+        return None
+    lead = tuple(pshape[:-1])
+    rows, align = _math.prod(lead), 1 if scale_layout == "col" else max(1, 16 // itemsize)
+    lead_strides, acc = [], 1
+    for n in reversed(lead):
+        lead_strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(lead_strides)) + (-(-rows // align) * align,)
+
+
+def param_layout(ref, scope, arg) -> tuple:
+    """(row stride, group stride) in elements of a token / group parameter array the dynamic
+    kernels write, element (row, group) at ``row * rs + group * gs``: its leading axes collapse
+    into one row stride, and its elements are apart as rows of groups (group stride 1, row stride
+    at least the groups) or as columns (row stride 1, column stride at least the rows); else an
+    InvalidProblemError naming ``arg``."""
+    shape, strides = tuple(ref.shape), tuple(ref.strides)
+    if scope == "group":
+        lead, lead_strides, groups, gs = shape[:-1], strides[:-1], shape[-1], strides[-1]
+    else:
+        lead, lead_strides, groups, gs = shape, strides, 1, 1
+    rows, rs, acc = _math.prod(lead), None, None
+    if rows == 0 or groups == 0:
+        return max(groups, 1), 1           # nothing is written
+    for n, st in reversed(list(zip(lead, lead_strides))):
+        if n == 1:
+            continue
+        if acc is not None and st != acc:
+            raise InvalidProblemError(f"{arg} has shape {shape} and strides {strides}: its leading axes do not "
+                                      "collapse into one row stride")
+        rs = st if rs is None else rs
+        acc = st * n
+    if groups <= 1:
+        gs = 1
+    if rs is None:
+        rs = groups if gs == 1 else 1
+    if (rs < 1 or gs < 1) or not (rows <= 1 or groups <= 1 or (gs == 1 and rs >= groups) or (rs == 1 and gs >= rows)):
+        raise InvalidProblemError(f"{arg} has shape {shape} and strides {strides}: supported are rows of groups "
+                                  "(group stride 1, row stride >= groups) and columns (row stride 1, column stride "
+                                  ">= rows), as scale_layout 'row', 'col' and 'col_aligned' allocate them")
+    return rs, gs
+
+
 def check_scope(x_shape, scope, axis, group_size, arg="x"):
     """Validate scope, axis and group_size against x's shape; returns the normalised axis."""
     if scope not in SCOPES:

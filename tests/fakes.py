@@ -305,27 +305,29 @@ class FakeDevice(device.Driver):
         n = math.prod(shape) * np.dtype(dtype).itemsize
         return D(shape, dtype, strides, ptr=self.ptr(n, offset))
 
-    def new(self, shape, kind) -> D:
-        """An allocation of the runtime (bf16 described as float16: a dtype the interface can name)."""
+    def new(self, shape, kind, strides=None) -> D:
+        """An allocation of the runtime (bf16 described as float16: a dtype the interface can name);
+        ``strides`` in elements (None: C order)."""
         dt = np.dtype("bool" if kind == "bool" else (kinds.kind(kind).numpy if kind != "bf16" else "float16"))
-        a = D(shape, dt, ptr=self.ptr(math.prod(shape) * dt.itemsize))
-        self.allocs.append((tuple(shape), kind))
-        self.alloc_ranges.append((a.ptr, a.ptr + max(1, math.prod(shape)) * dt.itemsize))
+        span = math.prod(shape) if strides is None else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+        a = D(shape, dt, strides, ptr=self.ptr(span * dt.itemsize))
+        self.allocs.append((tuple(shape), kind) if strides is None else (tuple(shape), kind, tuple(strides)))
+        self.alloc_ranges.append((a.ptr, a.ptr + max(1, span) * dt.itemsize))
         return a
 
     @staticmethod
     def _kind(dtype) -> str:
         return "bool" if np.dtype(dtype) == np.bool_ else kinds.of(dtype)
 
-    def new_array(self, dev, shape, dtype) -> tuple:
-        a = self.new(shape, self._kind(dtype))
+    def new_array(self, dev, shape, dtype, strides=None) -> tuple:
+        a = self.new(shape, self._kind(dtype), strides)
         return a, a.ptr
 
-    def array_maker(self, dev, shape, dtype):
+    def array_maker(self, dev, shape, dtype, strides=None):
         kind = self._kind(dtype)
 
         def make():
-            a = self.new(shape, kind)
+            a = self.new(shape, kind, strides)
             return a, a.ptr
         return make
 

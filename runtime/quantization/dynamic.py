@@ -30,10 +30,11 @@ from ..config import settings
 from ..device import driver
 from ..errors import InvalidProblemError, UnsupportedError
 from ..numerics import dynamic_range, empty_slice_params
-from ..params import check_apart, check_scale_dtype, out_arg, positive_scalar, same_device
+from ..params import check_apart, check_param_shape, check_scale_dtype, out_arg, positive_scalar, same_device
 from ..plans import Descriptor, cached_plan
 from ..signatures import functional
-from ..scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
+from ..scopes import (check_range, check_scale_layout, check_scope, implied_zero_point, param_layout, param_shape,
+                      param_strides, rows_view)
 from . import lowbit
 from .fused import DynamicArgs
 from .signatures import DYNAMIC_QUANTIZE
@@ -57,9 +58,9 @@ def _resolve_range(qk: str, mode: str, qmin, qmax):
     return qmin, qmax, 0
 
 
-def _fill(like: ArrayRef, shape, kind: str, value):
-    """A new array of ``shape`` in the caller's framework, filled with ``value``."""
-    a = empty(like, shape, kind)
+def _fill(like: ArrayRef, shape, kind: str, value, strides=None):
+    """A new array of ``shape`` (and ``strides``) in the caller's framework, filled with ``value``."""
+    a = empty(like, shape, kind, strides)
     _fill_into(a, like.framework, value)
     return a
 
@@ -109,7 +110,7 @@ def _code_range(xr, qk: str, mode: str, scope, group_size, qmin, qmax) -> tuple:
     return _resolve_range(qk, mode, qmin, qmax)
 
 
-def _empty(xr, qk: str, mode: str, qmin, qmax, eps, mx: bool, pshape, skind: str, outs) -> tuple:
+def _empty(xr, qk: str, mode: str, qmin, qmax, eps, mx: bool, pshape, skind: str, layout, outs) -> tuple:
     """An x with no elements: every slice reduces to 0, so the scale (and zero point) of an all-zero
     slice, filled in (``outs``: the given (q, scale, zero_point) arrays), and no kernel."""
     s_val, z_val = empty_slice_params(qk, mode, qmin, qmax, eps, kinds.math_kind(xr.kind), e8m0=mx)
@@ -120,11 +121,13 @@ def _empty(xr, qk: str, mode: str, qmin, qmax, eps, mx: bool, pshape, skind: str
             _fill_into(zref.obj, zref.framework, int(z_val))
         return qref.obj, sref.obj, None if zref is None else zref.obj
     q = code_out(None, xr, xr.shape, qk).obj
-    return q, _fill(xr, pshape, skind, s_val), None if z_val is None else _fill(xr, pshape, "i32", int(z_val))
+    s_strides, z_strides = (param_strides(pshape, layout, kinds.SIZE[k]) for k in (skind, "i32"))
+    return (q, _fill(xr, pshape, skind, s_val, s_strides),
+            None if z_val is None else _fill(xr, pshape, "i32", int(z_val), z_strides))
 
 
 def _dynamic_quantize(rec, x, q_out, s_out, z_out, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps,
-                      scale_dtype, _config, no_out):
+                      scale_dtype, scale_layout, _config, no_out):
     outs = () if no_out else (q_out, s_out, z_out)
     xr = as_array(x, "x")
     if xr.kind not in kinds.FLOAT:
@@ -138,6 +141,7 @@ def _dynamic_quantize(rec, x, q_out, s_out, z_out, scope, mode, axis, group_size
     if mode not in MODES:
         raise UnsupportedError(f"mode={mode!r}; supported: {', '.join(MODES)}")
     axis = check_scope(xr.shape, scope, axis, group_size)
+    check_scale_layout(scale_layout, scope)
     qmin, qmax, zp_value = _code_range(xr, qk, mode, scope, group_size, qmin, qmax)
     m = kinds.math_kind(xr.kind)
     eps = positive_scalar(eps, "eps", m)
@@ -159,19 +163,23 @@ def _dynamic_quantize(rec, x, q_out, s_out, z_out, scope, mode, axis, group_size
         # the kernels read x while they write q, scale (and zero_point): all four apart
         check_apart(rec, {"x": xr, "q_out": qref, "s_out": sref, "z_out": zref}, ("q_out", "s_out", "z_out"),
                     labels={"q_out": "out[0] (q)", "s_out": "out[1] (scale)", "z_out": "out[2] (zero_point)"})
+        p_rs, p_gs = _out_layout(sref, zref, scope, scale_layout, pshape)
     if xr.size == 0:
-        return _empty(xr, qk, mode, qmin, qmax, eps, mx, pshape, skind, (qref, sref, zref) if outs else None)
+        return _empty(xr, qk, mode, qmin, qmax, eps, mx, pshape, skind, scale_layout,
+                      (qref, sref, zref) if outs else None)
     if not outs:
         qref = code_out(None, xr, xr.shape, qk)
-        sref = as_array(empty(xr, pshape, skind), "scale")
-        zref = as_array(empty(xr, pshape, "i32"), "zero_point") if mode == "asymmetric" else None
+        sref = as_array(empty(xr, pshape, skind, param_strides(pshape, scale_layout, kinds.SIZE[skind])), "scale")
+        zref = (as_array(empty(xr, pshape, "i32", param_strides(pshape, scale_layout, 4)), "zero_point")
+                if mode == "asymmetric" else None)
         qv = rows_view(qref, "q")
         same_device(("x", xr), ("q", qref))
+        p_rs, p_gs = param_layout(sref, scope, "scale") if scope in ("token", "group") else (None, 1)
     result = qref.obj, sref.obj, None if zref is None else zref.obj
     if mx:
         sref = lowbit.retag(sref, lowbit.E8M0)
     args = DynamicArgs(xr, xv, qref, qv, sref, zref, scope, mode, qmin, qmax, zp_value, eps,
-                       axis=axis, group_size=group_size)
+                       axis=axis, group_size=group_size, p_rs=p_rs, p_gs=p_gs)
     plan = cached_plan(Descriptor("dynamic_quantize", scope, mode, xr.kind, qk), lowbit.preference(xr.device))
     if plan.launcher.one_launch:         # per token / group: the fused kernel
         # one prepared launch: a repeated call re-allocates and re-fills its pointer slots
@@ -188,6 +196,27 @@ def _dynamic_quantize(rec, x, q_out, s_out, z_out, scope, mode, axis, group_size
         rec.set_runner(replay.launcher_runner(plan, args, ("x", "q", "scale", "zero_point", "workspace")), xr)
     rec.remember(result)
     return result
+
+
+def _out_layout(sref, zref, scope, scale_layout, pshape) -> tuple:
+    """(row stride, group stride) of the ``out=`` parameter arrays: token / group ones in a layout
+    the kernels write (rows of groups or columns), the zero point's the scale's, and the layout
+    ``scale_layout`` names where it is not ``"row"``; tensor / channel ones C-contiguous."""
+    if scope not in ("token", "group"):
+        for ref, arg in ((sref, "out[1] (scale)"), (zref, "out[2] (zero_point)")):
+            if ref is not None:
+                check_param_shape(ref, pshape, scope, arg)
+        return None, 1
+    layout = param_layout(sref, scope, "out[1] (scale)")
+    if zref is not None and param_layout(zref, scope, "out[2] (zero_point)") != layout:
+        raise InvalidProblemError(f"out[2] (zero_point) has strides {zref.strides} but out[1] (scale) has "
+                                  f"{sref.strides}: the kernel writes both at one place per row group")
+    if scale_layout != "row":
+        want = param_strides(pshape, scale_layout, sref.itemsize)
+        if not all(n <= 1 or a == b for n, a, b in zip(pshape, sref.strides, want)):
+            raise InvalidProblemError(f"out[1] (scale) has strides {sref.strides}; scale_layout={scale_layout!r} "
+                                      f"lays out {pshape} with strides {want}")
+    return layout
 
 
 def _replay_key(out) -> tuple:

@@ -30,7 +30,7 @@ class DynamicArgs:
     xv: object                   # RowsView of x
     q: ArrayRef
     qv: object                   # RowsView of q
-    scale: ArrayRef              # math precision, param shape, contiguous
+    scale: ArrayRef              # math precision, param shape (token / group: strided, p_rs / p_gs)
     zero_point: Optional[ArrayRef]   # int32 (asymmetric), else None
     scope: str
     mode: str
@@ -41,6 +41,13 @@ class DynamicArgs:
     axis: Optional[int] = None
     group_size: Optional[int] = None
     workspace: Optional[ArrayRef] = None   # dynamic_reduce: >= workspace_size bytes
+    # token / group: element (row, group) of scale and zero_point at row * p_rs + group * p_gs
+    # (runtime.scopes.param_layout); None: C order (p_rs = the groups of a row, p_gs = 1)
+    p_rs: Optional[int] = None
+    p_gs: int = 1
+
+    def param_strides(self, ngroups: int) -> tuple:
+        return (ngroups if self.p_rs is None else self.p_rs), self.p_gs
 
 
 def _check_kinds(plan, args: DynamicArgs):
@@ -58,6 +65,12 @@ def _vec_ok(vec: int, refs_views, cols: int) -> bool:
     """The vector path is possible: cols % vec == 0 and every stream's address and row stride
     aligned to one vector's word (runtime/vectors.py)."""
     return cols % vec == 0 and all(fits(a, view.row_stride, stream_word(a.kind, vec)) for a, view in refs_views)
+
+
+def _param_strides(args: DynamicArgs) -> dict:
+    """The kernels' ``p_rs`` / ``p_gs``: where row group (row, group) keeps its parameters."""
+    rs, gs = args.param_strides(args.xv.cols // (args.group_size if args.scope == "group" else args.xv.cols))
+    return {"p_rs": rs, "p_gs": gs}
 
 
 def _scalar(kind: str, value):
@@ -154,6 +167,8 @@ def team_launch(plan, args, cfg: FusedConfig, vec_ok: bool, pack: int = 1) -> Op
     vrows = args.xv.rows * (cols // gs)
     dense = cfg.index != "div" and (args.xv.rows == 1 or (args.xv.row_stride == cols
                                                            and args.qv.row_stride * pack == cols))
+    if vrows >= 1 << 31 and args.param_strides(cols // gs) != (cols // gs, 1):
+        return None            # the team kernels place columns of parameters by a 32-bit division
     if cfg.kernel != "auto":
         return _team(int(cfg.kernel[1:]), cfg.ch, cfg.threads, u, vrows, dense, chunks)
     # auto, from tools/probe_dynamic.py on an H200 (docs/dynamic.md): rows of >= 256
@@ -241,7 +256,7 @@ def fused_launch(launcher, plan, args, pack: int):
         # SKUFORGE_DYNAMIC_CONFIG (anything but auto) wins over the table, a forced schedule over both
         text = schedule(plan, args.xv.rows * args.xv.cols, driver().properties(args.x.device)).get("config", text)
     key = (plan, text, args.xv.rows, args.xv.cols, args.group_size, args.xv.row_stride, args.qv.row_stride,
-           args.x.ptr % 16, args.q.ptr % 16, args.x.device)
+           args.p_rs, args.p_gs, args.x.ptr % 16, args.q.ptr % 16, args.x.device)
     hit = _LAUNCHES.get(key)
     if hit is None:
         cfg, dev = FusedConfig.parse(text), args.x.device
@@ -290,7 +305,8 @@ class DynamicFusedLauncher(Launcher):
         rows, cols = args.xv.rows, args.xv.cols
         fn, grid, block, abi, own = fused_launch(self, plan, args, 1)
         values = abi.values(x=args.x.ptr, x_rs=args.xv.row_stride, q=args.q.ptr, q_rs=args.qv.row_stride,
-                            scale=args.scale.ptr, zero_point=ptr(args.zero_point), rows=rows, cols=cols,
+                            scale=args.scale.ptr, zero_point=ptr(args.zero_point), **_param_strides(args),
+                            rows=rows, cols=cols,
                             group_size=args.group_size if args.scope == "group" else cols,
                             eps=float(_scalar(plan.sku.precision.math, args.eps)), qmin=args.qmin, qmax=args.qmax,
                             zp_value=args.zp_value, **own)
@@ -344,7 +360,7 @@ class LowBitFusedLauncher(Launcher):
         mx = args.scale.kind == lowbit.E8M0
         values = abi.values(x=args.x.ptr, x_rs=args.xv.row_stride, q=args.q.ptr, q_rs=args.qv.row_stride,
                             scale=0 if mx else args.scale.ptr, scale_e8m0=args.scale.ptr if mx else 0,
-                            zero_point=ptr(args.zero_point), rows=rows, cols=cols,
+                            zero_point=ptr(args.zero_point), **_param_strides(args), rows=rows, cols=cols,
                             group_size=args.group_size if args.scope == "group" else cols,
                             eps=float(_scalar(plan.sku.precision.math, args.eps)), qmin=args.qmin, qmax=args.qmax,
                             zp_value=args.zp_value, **own)

@@ -49,7 +49,8 @@ DYNAMIC_QUANTIZE = Signature("dynamic_quantize", (
     array("x"), value("scope", "str"), value("mode", "str", "symmetric", torch_name="range_mode"),
     value("axis", "int?", None),
     value("group_size", "int?", None), value("out_dtype", "str", "int8"), value("qmin", "int?", None),
-    value("qmax", "int?", None), value("eps", "float", 1e-8), value("scale_dtype", "str", "float32"), _OUT),
+    value("qmax", "int?", None), value("eps", "float", 1e-8), value("scale_dtype", "str", "float32"),
+    value("scale_layout", "str", "row"), _OUT),
     returns="(Tensor, Tensor, Tensor)",
     out=Out(parts=("q_out", "s_out", "z_out"),
             schema="Tensor(a!) q, Tensor(b!) scale, Tensor(c!)? zero_point=None"), doc="""\
@@ -62,10 +63,18 @@ Asymmetric: ``scale = max((mx - mn) / (qmax - qmin), eps)`` with ``mn = min(min 
 ``mx = max(max x, 0)``, ``zp = clamp(qmin - rne(mn / scale), qmin, qmax)``; full range.
 NaN is ignored by the reductions. ``q == quantize(x, scale, zp, qmin=qmin, qmax=qmax)``.
 
+``scale_layout`` (group scope): how the returned scale (and zero point) arrays are laid out,
+their shape ``x.shape[:-1] + (D // group_size,)`` either way: ``"row"`` (C order), ``"col"``
+(columns, "MN-major": ``scale[..., g]`` contiguous over the rows) or ``"col_aligned"`` (columns,
+each starting on 16 bytes: what TMA-fed blockwise fp8 GEMMs read). The kernel writes them in place
+(docs/dynamic.md, "Scale layouts").
+
 ``out``: ``(q, scale)`` or ``(q, scale, zero_point)`` arrays to write into instead of new
 ones (int8 / uint8 outputs; ``zero_point`` only in asymmetric mode), of the shapes and dtypes
 the call returns, in the framework and on the device of ``x``, not overlapping ``x`` or each
-other; they are returned. A repeated call with ``out`` allocates nothing (docs/dynamic.md).
+other; they are returned. Group scales given in ``out`` are written in their own layout (rows of
+groups, or columns with any column stride), which ``scale_layout``, when not ``"row"``, must
+match. A repeated call with ``out`` allocates nothing (docs/dynamic.md).
 """)
 
 QUANTIZE_BACKWARD = Signature("quantize_backward", (

@@ -115,10 +115,12 @@ def _empty(result, empties, device, args: dict):
 
 
 def new(specs, device):
-    """Tensors of ``(shape, dtype)`` specs: one, or a tuple of them."""
-    if isinstance(specs[1], torch.dtype):
-        return torch.empty(specs[0], dtype=specs[1], device=device)
-    return tuple(torch.empty(s, dtype=d, device=device) for s, d in specs)
+    """Tensors of ``(shape, dtype)`` or ``(shape, dtype, strides)`` specs: one, or a tuple of them."""
+    def one(spec):
+        if len(spec) == 3:
+            return torch.empty_strided(spec[0], spec[2], dtype=spec[1], device=device)
+        return torch.empty(spec[0], dtype=spec[1], device=device)
+    return one(specs) if isinstance(specs[1], torch.dtype) else tuple(one(s) for s in specs)
 
 
 def spec_function(sig: Signature, names: tuple) -> Callable:

@@ -23,7 +23,7 @@ from runtime.errors import DeviceMismatchError, InvalidProblemError, Unsupported
 from runtime.moe.grouped import _out_kind
 from runtime.moe.problem import STRATEGIES, check_problem
 from runtime.params import check_param_shape, check_scale_dtype, positive_scalar, real_scalar
-from runtime.scopes import check_range, check_scope, param_shape, rows_view
+from runtime.scopes import check_range, check_scale_layout, check_scope, param_shape, param_strides, rows_view
 from runtime.quantization.training import check_mask_bits, fake_quant_range, mask_bits_shape
 
 E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", torch.uint8)   # e8m0 scales: torch >= 2.7 has the dtype
@@ -129,6 +129,13 @@ def _dense(shape, kind: str):
     return tuple(shape), torch_dtype_of(kind)
 
 
+def _laid_out(shape, kind: str, scale_layout: str):
+    """A parameter spec in ``scale_layout``: ``(shape, dtype)``, or ``(shape, dtype, strides)`` for
+    the column layouts (the strides the functional API allocates)."""
+    strides = param_strides(shape, scale_layout, kinds.SIZE[kind])
+    return _dense(shape, kind) if strides is None else (tuple(shape), torch_dtype_of(kind), strides)
+
+
 # -- quantize / dequantize -------------------------------------------------------------------------
 @concrete_scalars
 def quantize_spec(x, scale, zero_point, scope, axis, group_size, out_dtype, qmin, qmax, scale_dtype):
@@ -204,8 +211,10 @@ def dequantize_spec(q, scale, zero_point, scope, axis, group_size, out_dtype, in
 
 
 @concrete_scalars
-def dynamic_quantize_spec(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype):
-    """``(q, scale, zero_point)`` specs; zero_point an empty (0,) int32 tensor in symmetric mode."""
+def dynamic_quantize_spec(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
+                          scale_layout):
+    """``(q, scale, zero_point)`` specs; zero_point an empty (0,) int32 tensor in symmetric mode;
+    group scales (and zero points) with the strides of ``scale_layout``."""
     xr = _float_input(x, "x", "dynamic_quantize")
     qk = kind_of(out_dtype, "out_dtype")
     mx = lowbit.is_e8m0(scale_dtype)
@@ -216,6 +225,7 @@ def dynamic_quantize_spec(x, scope, range_mode, axis, group_size, out_dtype, qmi
         if range_mode not in MODES:
             raise UnsupportedError(f"mode={range_mode!r}; supported: {', '.join(MODES)}")
         axis = check_scope(xr.shape, scope, axis, group_size)
+        check_scale_layout(scale_layout, scope)
         if qk in lowbit.FP8:
             if range_mode != "symmetric":
                 raise InvalidProblemError(f"mode={range_mode!r}: {qk} has no zero point; fp8 dynamic quantization is "
@@ -231,19 +241,22 @@ def dynamic_quantize_spec(x, scope, range_mode, axis, group_size, out_dtype, qmi
             check_scale_dtype(scale_dtype, xr.kind)
         rows_view(xr, "x")
         pshape = param_shape(xr.shape, scope, axis, group_size)
-        zp = _dense(pshape if range_mode == "asymmetric" else (0,), "i32")
-        return _dense(lowbit.packed_shape(xr.shape, qk), qk), _dense(pshape, kinds.E8M0 if mx else m), zp
+        zp = _laid_out(pshape, "i32", scale_layout) if range_mode == "asymmetric" else _dense((0,), "i32")
+        return (_dense(lowbit.packed_shape(xr.shape, qk), qk), _laid_out(pshape, kinds.E8M0 if mx else m, scale_layout),
+                zp)
     if qk not in kinds.INT8:
         raise UnsupportedError(f"out_dtype={out_dtype!r}; dynamic_quantize produces {', '.join(kinds.INT8)}")
     if range_mode not in MODES:
         raise UnsupportedError(f"mode={range_mode!r}; supported: {', '.join(MODES)}")
     axis = check_scope(xr.shape, scope, axis, group_size)
+    check_scale_layout(scale_layout, scope)
     _resolve_range(qk, range_mode, qmin, qmax)
     positive_scalar(eps, "eps", m)
     check_scale_dtype(scale_dtype, xr.kind)
     rows_view(xr, "x")
     pshape = param_shape(xr.shape, scope, axis, group_size)
-    return _dense(xr.shape, qk), _dense(pshape, m), _dense(pshape if range_mode == "asymmetric" else (0,), "i32")
+    zp = _laid_out(pshape, "i32", scale_layout) if range_mode == "asymmetric" else _dense((0,), "i32")
+    return _dense(xr.shape, qk), _laid_out(pshape, m, scale_layout), zp
 
 
 # -- training ops ---------------------------------------------------------------------------------
@@ -397,7 +410,7 @@ def grouped_matmul_backward_spec(x, w, dy, row_experts, offsets, strategy, need_
 
 def check_out(out, spec, arg: str, rows: bool = True) -> None:
     """An ``out=`` tensor of the shape and dtype the op would allocate (fp8 / e8m0 may be uint8)."""
-    shape, dtype = spec
+    shape, dtype = spec[:2]
     ref = describe(out, arg)
     ok = {dtype}
     if dtype in (torch.float8_e4m3fn, torch.float8_e5m2, E8M0_DTYPE):

@@ -184,33 +184,35 @@ def _surrogate(q: Tensor) -> Optional[Tensor]:
 
 
 # -- dynamic_quantize ---------------------------------------------------------------------------
-def _dynamic_quantize_direct(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype):
+def _dynamic_quantize_direct(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
+                             scale_layout):
     """``(q, scale, zero_point or None)``; e8m0 scales a ``torch.float8_e8m0fnu`` tensor (uint8
     where torch has no such dtype)."""
     q, s, z = sf.dynamic_quantize(x, scope=scope, mode=range_mode, axis=axis, group_size=group_size,
-                                  out_dtype=out_dtype, qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype)
+                                  out_dtype=out_dtype, qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype,
+                                  scale_layout=scale_layout)
     if s.dtype != E8M0_DTYPE and lowbit.is_e8m0(scale_dtype):
         s = s.view(E8M0_DTYPE)
     return q, s, z
 
 
-def _dynamic_quantize_out(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, *, q, scale,
-                          zero_point=None):
+def _dynamic_quantize_out(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, scale_layout,
+                          *, q, scale, zero_point=None):
     if scale.dtype == E8M0_DTYPE != torch.uint8:
         scale = scale.view(torch.uint8)         # the functional API writes e8m0 codes into uint8
     outs = (q, scale) if zero_point is None else (q, scale, zero_point)
     sf.dynamic_quantize(x, scope=scope, mode=range_mode, axis=axis, group_size=group_size, out_dtype=out_dtype,
-                        qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype, out=outs)
+                        qmin=qmin, qmax=qmax, eps=eps, scale_dtype=scale_dtype, scale_layout=scale_layout, out=outs)
 
 
-def _dynamic_quantize_out_fake(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, *, q,
-                               scale, zero_point=None):
+def _dynamic_quantize_out_fake(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype,
+                               scale_layout, *, q, scale, zero_point=None):
     if range_mode == "asymmetric" and zero_point is None:
         raise InvalidProblemError("out: asymmetric mode returns a zero point; pass out=(q, scale, zero_point)")
     if range_mode != "asymmetric" and zero_point is not None:
         raise InvalidProblemError(f"out: mode={range_mode!r} has no zero-point output; pass out=(q, scale)")
     qs, ss, zs = meta.dynamic_quantize_spec(x, scope, range_mode, axis, group_size, out_dtype, qmin, qmax, eps,
-                                            scale_dtype)
+                                            scale_dtype, scale_layout)
     meta.same_device(x=x, q=q, scale=scale, zero_point=zero_point)
     meta.check_out(q, qs, "out[0] (q)")
     meta.check_out(scale, ss, "out[1] (scale)", rows=False)
@@ -425,11 +427,12 @@ def _dequantize_public(q, scale, zero_point, scope, axis, group_size, out_dtype,
 dequantize = public(DEQUANTIZE, _dequantize_public)
 
 
-def _dynamic_quantize_public(x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, out):
+def _dynamic_quantize_public(x, scope, mode, axis, group_size, out_dtype, qmin, qmax, eps, scale_dtype, scale_layout,
+                             out):
     """``(q, scale, zero_point)`` as runtime.dynamic_quantize (zero_point None when symmetric; e8m0
     scales as ``torch.float8_e8m0fnu``). ``out=(q, scale[, zero_point])``: s8/u8 with float scales."""
     args = (x, scope, mode, axis, group_size, dtype_name(out_dtype), qmin, qmax, float(eps),
-            dtype_name(scale_dtype))
+            dtype_name(scale_dtype), scale_layout)
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
             raise InvalidProblemError(f"out={type(out).__name__}: expected a tuple (q, scale) or (q, scale, "

@@ -131,6 +131,22 @@ def test_dynamic_quantize_fp8_and_mx_fakes(fake, out_dtype, scope, gs, scale_dty
     assert_dense(y, (7, 256), torch.bfloat16)
 
 
+@pytest.mark.parametrize("out_dtype,scale_dtype,item", [("int8", "float32", 4), ("fp8_e4m3", "float32", 4),
+                                                        ("fp8_e4m3", "e8m0", 1)])
+@pytest.mark.parametrize("layout", ["col", "col_aligned"])
+def test_dynamic_quantize_scale_layout_fakes(fake, out_dtype, scale_dtype, item, layout):
+    """The fake impl returns group scales with the strides the kernel writes (torch.compile sees the
+    real layout); the out= form takes such arrays."""
+    x = cuda((2, 7, 256), torch.bfloat16)
+    q, s, _ = sft.dynamic_quantize(x, scope="group", group_size=32, out_dtype=out_dtype, scale_dtype=scale_dtype,
+                                   scale_layout=layout)
+    ld = 14 if layout == "col" else -(-14 // (16 // item)) * (16 // item)
+    assert s.shape == (2, 7, 8) and s.stride() == (7, 1, ld)
+    if scale_dtype == "float32":
+        sft.dynamic_quantize(x, scope="group", group_size=32, out_dtype=out_dtype, scale_layout=layout,
+                             out=(torch.empty_like(q), torch.empty_strided(s.shape, s.stride(), device=s.device)))
+
+
 @pytest.mark.parametrize("scope,axis,gs", SCOPES)
 @pytest.mark.parametrize("xdt", [torch.float32, torch.float16, torch.float64])
 def test_training_op_fakes(fake, scope, axis, gs, xdt):

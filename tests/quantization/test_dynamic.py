@@ -727,3 +727,104 @@ def test_sign_cleared_bit_patterns_order_like_magnitudes(dtype):
         x = rng.choice(bits[~nan], 64)
         got = (x & 0x7FFF).max().astype(np.uint16).view(dt).astype(np.float64)
         assert got == np.abs(x.view(dt).astype(np.float64)).max()
+
+
+# -- scale layouts ---------------------------------------------------------------------------------
+def test_param_strides_of_each_layout():
+    """row: C order; col: columns of the rows (leading axes in C order among themselves); col_aligned:
+    each column starting on 16 bytes."""
+    from runtime.scopes import param_strides
+    assert param_strides((10, 4), "row", 4) is None
+    assert param_strides((10, 4), "col", 4) == (1, 10)
+    assert param_strides((10, 4), "col_aligned", 4) == (1, 12)
+    assert param_strides((10, 4), "col_aligned", 1) == (1, 16)        # e8m0 codes: 16 a column
+    assert param_strides((10, 4), "col_aligned", 8) == (1, 10)        # float64: 2 a column
+    assert param_strides((2, 5, 3), "col", 4) == (5, 1, 10)
+    assert param_strides((2, 5, 3), "col_aligned", 4) == (5, 1, 12)
+
+
+def test_param_layout_accepts_rows_and_columns_only():
+    from runtime.arrays import as_array
+    from runtime.scopes import param_layout
+
+    def lay(shape, strides, scope="group"):
+        return param_layout(as_array(D(shape, "float32", strides), "s"), scope, "out[1] (scale)")
+    assert lay((10, 4), None) == (4, 1)                # C order
+    assert lay((10, 4), (6, 1)) == (6, 1)              # padded rows
+    assert lay((10, 4), (1, 12)) == (1, 12)            # columns, aligned
+    assert lay((2, 5, 3), (5, 1, 10)) == (1, 10)       # leading axes collapse
+    assert lay((1, 4), (1, 1)) == (4, 1)               # one row
+    assert lay((10,), None, "token") == (1, 1)
+    assert lay((10,), (3,), "token") == (3, 1)
+    assert lay((0,), (1,)) == (1, 1) and lay((0, 4), (0, 0)) == (4, 1)   # empty: nothing is written
+    err(lambda: lay((10, 4), (1, 8)), InvalidProblemError, "out[1] (scale)", "(1, 8)", "column stride >= rows")
+    err(lambda: lay((10, 4), (2, 1)), InvalidProblemError, "row stride >= groups")
+    err(lambda: lay((10, 4), (4, 2)), InvalidProblemError, "(4, 2)")
+    err(lambda: lay((2, 5, 3), (1, 2, 10)), InvalidProblemError, "do not collapse")
+
+
+def _launched(fake) -> dict:
+    """The last launch's parameter values by name (its entry point's ABI)."""
+    from tests.fakes import entry_points
+    reg = sf.default_registry()
+    entry, group = entry_points(reg)[fake.launches[-1][0]]
+    return dict(zip(reg.abi(entry.launch["abi"][group]).names, fake.launches[-1][4]))
+
+
+@pytest.mark.parametrize("out_dtype,scale_dtype,item", [("int8", "float32", 4), ("float8_e4m3fn", "float32", 4),
+                                                        ("float8_e4m3fn", "e8m0", 1)])
+@pytest.mark.parametrize("layout", ["row", "col", "col_aligned"])
+@pytest.mark.parametrize("shape", [(10, 64), (70001, 64)])
+def test_scale_layout_allocates_and_launches_its_strides(fake_device, layout, out_dtype, scale_dtype, item, shape):
+    """The scale array comes back in the layout (the same shape, the layout's strides) and the kernel,
+    team or block, is told where each row group's parameters go (p_rs, p_gs)."""
+    gs = 32 if scale_dtype == "e8m0" else 16
+    rows, groups = shape[0], 64 // gs
+    q, s, _ = sf.dynamic_quantize(D(shape, "float32"), scope="group", group_size=gs, out_dtype=out_dtype,
+                                  scale_dtype=scale_dtype, scale_layout=layout)
+    ld = {"row": None, "col": rows, "col_aligned": -(-rows // (16 // item)) * (16 // item)}[layout]
+    assert s.shape == (rows, groups)
+    strides = s.__cuda_array_interface__["strides"]
+    assert (strides is None) if ld is None else tuple(b // item for b in strides) == (1, ld)
+    got = _launched(fake_device)
+    assert (got["p_rs"], got["p_gs"]) == ((groups, 1) if ld is None else (1, ld))
+
+
+def test_scale_layout_of_asymmetric_zero_points(fake_device):
+    q, s, z = sf.dynamic_quantize(D((6, 64), "float32"), scope="group", group_size=16, mode="asymmetric",
+                                  out_dtype="uint8", scale_layout="col_aligned")
+    assert [b // 4 for b in s.__cuda_array_interface__["strides"]] == [1, 8]
+    assert [b // 4 for b in z.__cuda_array_interface__["strides"]] == [1, 8]
+    got = _launched(fake_device)
+    assert (got["p_rs"], got["p_gs"]) == (1, 8)
+
+
+def test_out_arrays_are_written_in_their_own_layout(fake_device):
+    """out= scales: rows of groups or columns, each as given; scale_layout, when set, must match; the
+    zero point in the scale's layout; tensor / channel scales C-contiguous."""
+    x, q = D((8, 64), "float32"), D((8, 64), "int8", ptr=0x7F0000100000)
+    dq = sf.dynamic_quantize
+    cols = D((8, 4), "float32", (1, 12), ptr=0x7F0000200000)
+    dq(x, scope="group", group_size=16, out=(q, cols))
+    got = _launched(fake_device)
+    assert (got["p_rs"], got["p_gs"]) == (1, 12)
+    dq(x, scope="group", group_size=16, scale_layout="col_aligned",
+       out=(q, D((8, 4), "float32", (1, 8), ptr=0x7F0000200000)))
+    err(lambda: dq(x, scope="group", group_size=16, scale_layout="col", out=(q, cols)), InvalidProblemError,
+        "out[1] (scale)", "(1, 12)", "scale_layout='col'", "(1, 8)")
+    err(lambda: dq(x, scope="group", group_size=16, out=(q, D((8, 4), "float32", (1, 4), ptr=0x7F0000200000))),
+        InvalidProblemError, "out[1] (scale)", "column stride >= rows")
+    err(lambda: dq(x, scope="group", group_size=16, mode="asymmetric", out_dtype="uint8",
+                   out=(D((8, 64), "uint8", ptr=0x7F0000100000), cols, D((8, 4), "int32", ptr=0x7F0000300000))),
+        InvalidProblemError, "out[2] (zero_point)", "one place per row group")
+    err(lambda: dq(x, scope="channel", axis=1, out=(q, D((64,), "float32", (2,), ptr=0x7F0000200000))),
+        InvalidProblemError, "out[1] (scale)", "C-contiguous")
+
+
+def test_bad_scale_layout():
+    x = D((8, 64), "float32")
+    err(lambda: sf.dynamic_quantize(x, scope="group", group_size=16, scale_layout="mn"), UnsupportedError,
+        "scale_layout='mn'", "row, col, col_aligned")
+    for scope, extra in (("token", {}), ("tensor", {}), ("channel", {"axis": 0})):
+        err(lambda: sf.dynamic_quantize(x, scope=scope, scale_layout="col", **extra), InvalidProblemError,
+            "scale_layout='col'", f"scope={scope!r}", "only group scales")

@@ -200,3 +200,38 @@ def test_every_fused_launch_configuration_is_bit_exact(config, element, mode, sc
     for g, w in zip(got, want):
         if w is not None:
             np.testing.assert_array_equal(g.get().view(np.uint8), np.asarray(w).astype(g.dtype).view(np.uint8))
+
+
+@pytest.mark.parametrize("out_dtype,scale_dtype,gs", [("int8", "float32", 128), ("uint8", "float32", 24),
+                                                      ("fp8_e4m3", "float32", 128), ("fp8_e4m3", "e8m0", 32),
+                                                      ("int4", "float32", 64)])
+@pytest.mark.parametrize("shape", [(256, 1024), (3, 37, 384), (70001, 128)])
+@pytest.mark.parametrize("layout", ["col", "col_aligned"])
+def test_scale_layouts_hold_the_row_major_values(shape, out_dtype, scale_dtype, gs, layout, rng):
+    """The column layouts hold exactly the row-major scales (and codes), for the team kernels (16-byte
+    aligned groups), the block kernel (group 24: the scalar path) and many rows; the padding of
+    col_aligned is never written; a strided out= scale is written in its own layout."""
+    torch = pytest.importorskip("torch")
+    if gs == 24:
+        shape = shape[:-1] + (shape[-1] // 128 * 120,)
+    x = torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to("cuda", torch.bfloat16)
+    mode = "asymmetric" if out_dtype == "uint8" else "symmetric"
+    kw = dict(scope="group", group_size=gs, mode=mode, out_dtype=out_dtype, scale_dtype=scale_dtype)
+    q0, s0, z0 = sf.dynamic_quantize(x, **kw)
+    q1, s1, z1 = sf.dynamic_quantize(x, scale_layout=layout, **kw)
+    assert s1.shape == s0.shape and s1.stride()[-2] == 1
+    assert torch.equal(q1.view(torch.uint8), q0.view(torch.uint8))
+    assert torch.equal(s1.contiguous().view(torch.uint8), s0.view(torch.uint8))
+    if z0 is not None:
+        assert z1.stride() == s1.stride() and torch.equal(z1.contiguous(), z0)
+    # out=: a column array with its padding set to a marker, which must survive
+    if scale_dtype == "float32":
+        rows, groups = int(np.prod(shape[:-1])), shape[-1] // gs
+        ld = rows + 5
+        buf = torch.full((groups * ld,), -7.0, device="cuda")
+        s2 = buf.as_strided(s0.shape, tuple(s1.stride()[:-2]) + (1, ld))
+        z2 = None if z0 is None else torch.empty_strided(s0.shape, s2.stride(), dtype=torch.int32, device="cuda")
+        sf.dynamic_quantize(x, out=(torch.empty_like(q0), s2) + (() if z2 is None else (z2,)), **kw)
+        assert torch.equal(s2.contiguous(), s0)
+        pad = buf.view(groups, ld)[:, rows:]
+        assert bool((pad == -7.0).all())

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.arrays import numpy_dtype
+from runtime.arrays import as_array, numpy_dtype
+from runtime.scopes import param_strides
 
 
 @dataclass
@@ -223,3 +224,21 @@ def patterned(shape, rng, kind, specials=True):
     if x.size >= 8:
         x.reshape(-1)[rng.choice(x.size, size=3, replace=False)] = -0.0
     return x.reshape(shape).astype(numpy_dtype(kind))
+
+
+def check_layout(res, label: str, arr, pshape, layout: str) -> None:
+    """Records a failure when the parameter array ``arr`` the device returned lacks the strides that
+    ``scale_layout=layout`` gives arrays of shape ``pshape``."""
+    if layout == "row" or arr is None:
+        return
+    r = as_array(arr, "scale")
+    want = param_strides(tuple(pshape), layout, r.itemsize)
+    if any(n > 1 and a != b for n, a, b in zip(r.shape, r.strides, want)):
+        res.failures.append(f"{label}: scale_layout={layout!r} gave strides {r.strides}, expected {want}")
+        res.mismatches += 1
+
+
+def dense_copy(arr, fw: str):
+    """A C-order device copy of a (strided) parameter array, for the ops that read C-order ones."""
+    return None if arr is None else to_device(np.ascontiguousarray(to_host(arr)), fw)
+

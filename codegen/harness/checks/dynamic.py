@@ -6,7 +6,9 @@ length 1, 70,000+ rows, long rows past the register path, strided rows, empty te
 Each case checks, bit for bit against ``runtime.reference.dynamic_quantize_ref``: q, scale
 and zero point; then on the device ``q == quantize(x, scale, zp, qmin=qmin, qmax=qmax)``
 (and with quantize's default range when the caller gave none and the scales are normal);
-then ``|dequantize(q, scale, zp) - x| <= scale / 2`` for the in-range values.
+then ``|dequantize(q, scale, zp) - x| <= scale / 2`` for the in-range values. Group SKUs also write
+their scales (and zero points) column-major on two shapes (``scale_layout`` ``col`` and
+``col_aligned``): the same values, at the layout's strides.
 """
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ from runtime import kinds
 from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.reference import dynamic_quantize_ref, dynamic_range
+from runtime.scopes import param_shape
 
-from .base import CheckResult, _record, patterned, strided_rows, to_device, to_host
+from .base import CheckResult, _record, check_layout, dense_copy, patterned, strided_rows, to_device, to_host
 
 # (shape, axis, group_size, specials): specials puts +-inf rows in (they make a whole tensor's
 # scale infinite, so tensor scope gets them only in a small case of its own)
@@ -66,7 +69,7 @@ def _dequant_bad(x, y, s, zp, qmin, qmax, sku, axis, gs):
     return int(bad.sum())
 
 
-def run_case(res, sku, x, fw, rng, axis, gs, strided, label, qmin=None, qmax=None):
+def run_case(res, sku, x, fw, rng, axis, gs, strided, label, qmin=None, qmax=None, layout="row"):
     """One case: dynamic_quantize on the device vs the reference, the quantize invariant, dequantize."""
     qk, mode, scope = sku.aux_element, sku.mode, sku.scope
     q_ref, s_ref, zp_ref = dynamic_quantize_ref(x, scope=scope, mode=mode, axis=axis, group_size=gs, out_dtype=qk,
@@ -75,7 +78,12 @@ def run_case(res, sku, x, fw, rng, axis, gs, strided, label, qmin=None, qmax=Non
     if strided and x.ndim >= 2 and x.size:
         xd = strided_rows(xd, 8 + int(rng.integers(0, 9)), fw)
     q, s, zp = sf.dynamic_quantize(xd, scope=scope, mode=mode, axis=axis, group_size=gs, out_dtype=qk,
-                                   qmin=qmin, qmax=qmax)
+                                   qmin=qmin, qmax=qmax, scale_layout=layout)
+    pshape = param_shape(x.shape, scope, axis, gs)
+    check_layout(res, label + " scale", s, pshape, layout)
+    check_layout(res, label + " zero_point", zp, pshape, layout)
+    if layout != "row":          # quantize / dequantize read C-order parameters
+        s, zp = dense_copy(s, fw), dense_copy(zp, fw)
     if type(q) is not type(xd) or type(s) is not type(xd):
         res.failures.append(f"{label}: results are {type(q).__name__}, input {type(xd).__name__}")
         res.mismatches += 1
@@ -121,14 +129,15 @@ def run_case(res, sku, x, fw, rng, axis, gs, strided, label, qmin=None, qmax=Non
 def check_dynamic(sku, rng, preferred_fw="cupy") -> CheckResult:
     res = CheckResult(str(sku), False)
     fw = preferred_fw
-    for shape, axis, gs, specials in SHAPES[sku.scope]:
-        for strided in (False, True):
+    for i, (shape, axis, gs, specials) in enumerate(SHAPES[sku.scope]):
+        layouts = ("row", "col", "col_aligned") if sku.scope == "group" and i < 2 else ("row",)
+        for strided, layout in [(False, lay) for lay in layouts] + [(True, "row")]:
             if strided and (len(shape) < 2 or np.prod(shape) > 4_000_000):
                 continue
             x = patterned(shape, rng, sku.element, specials)
             qmin, qmax = _ranges(sku.aux_element, sku.mode, rng)
-            label = f"{shape} axis={axis} gs={gs} strided={strided} qmin={qmin} qmax={qmax}"
-            run_case(res, sku, x, fw, rng, axis, gs, strided, label, qmin, qmax)
+            label = f"{shape} axis={axis} gs={gs} strided={strided} layout={layout} qmin={qmin} qmax={qmax}"
+            run_case(res, sku, x, fw, rng, axis, gs, strided, label, qmin, qmax, layout)
     for shape, axis, gs in EMPTY[sku.scope]:
         run_case(res, sku, np.zeros(shape, numpy_dtype(sku.element)), fw, rng, axis, gs, False, f"empty {shape}")
     res.passed = res.mismatches == 0 and res.cases > 0

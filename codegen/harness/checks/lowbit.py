@@ -22,7 +22,7 @@ from runtime import reference as ref
 from runtime.arrays import numpy_dtype
 from runtime.scopes import param_shape
 
-from .base import CheckResult, patterned, record, strided_rows, to_device, to_host
+from .base import CheckResult, check_layout, dense_copy, patterned, record, strided_rows, to_device, to_host
 
 KINDS = set(kinds.LOW_BIT)
 
@@ -284,7 +284,10 @@ def check_dynamic(sku, rng, preferred_fw="cupy") -> CheckResult:
     cases += [(s, a, g, None) for s, a, g in DYN_EMPTY[scope]]
     with lowbit.prefer_arch(sku.arch_number):
         for i, (shape, axis, gs, mx) in enumerate(cases):
-            for strided_ in (False, True):
+            # group scales also column-major: the first case and the first MX one
+            cols = scope == "group" and (i == 0 or (mx and not cases[i - 1][3]))
+            runs = [(False, lay) for lay in (("row", "col", "col_aligned") if cols else ("row",))] + [(True, "row")]
+            for strided_, layout in runs:
                 if strided_ and (len(shape) < 2 or math.prod(shape) > 4_000_000 or mx is None):
                     continue
                 fw = _framework(preferred_fw, i)
@@ -296,12 +299,12 @@ def check_dynamic(sku, rng, preferred_fw="cupy") -> CheckResult:
                 if kind in kinds.INT4 and mode == "asymmetric" and rng.random() < 0.3:
                     lo, hi = kinds.QRANGE[kind]
                     qmin, qmax = lo + 1, hi - 1
-                label = f"{shape} axis={axis} gs={gs} mx={bool(mx)} strided={strided_} {fw}"
-                _dynamic_case(res, sku, x, fw, rng, axis, gs, bool(mx), strided_, label, qmin, qmax)
+                label = f"{shape} axis={axis} gs={gs} mx={bool(mx)} strided={strided_} layout={layout} {fw}"
+                _dynamic_case(res, sku, x, fw, rng, axis, gs, bool(mx), strided_, label, qmin, qmax, layout)
     return _finish(res)
 
 
-def _dynamic_case(res, sku, x, fw, rng, axis, gs, mx, strided_, label, qmin, qmax):
+def _dynamic_case(res, sku, x, fw, rng, axis, gs, mx, strided_, label, qmin, qmax, layout="row"):
     kind, mode, scope = sku.aux_element, sku.mode, sku.scope
     sdt = "e8m0" if mx else None
     q_ref, s_ref, zp_ref = ref.dynamic_quantize_lowbit_ref(x, scope=scope, mode=mode, axis=axis, group_size=gs,
@@ -310,7 +313,12 @@ def _dynamic_case(res, sku, x, fw, rng, axis, gs, mx, strided_, label, qmin, qma
     if strided_:
         xd = strided(xd, 8 + int(rng.integers(0, 9)), fw)
     q, s, zp = sf.dynamic_quantize(xd, scope=scope, mode=mode, axis=axis, group_size=gs, out_dtype=kind, qmin=qmin,
-                                   qmax=qmax, scale_dtype=sdt or "float32")
+                                   qmax=qmax, scale_dtype=sdt or "float32", scale_layout=layout)
+    pshape = param_shape(x.shape, scope, axis, gs)
+    check_layout(res, label + " scale", s, pshape, layout)
+    check_layout(res, label + " zero_point", zp, pshape, layout)
+    if layout != "row":          # quantize / dequantize read C-order parameters
+        s, zp = dense_copy(s, fw), dense_copy(zp, fw)
     _device_type_check(res, label, q, xd)
     record(res, label + " q", get(q).view(np.uint8), q_ref)
     record(res, label + " scale", np.atleast_1d(get(s)), np.atleast_1d(s_ref))
