@@ -17,6 +17,7 @@ from codegen.harness.checks import dynamic as checks_dynamic
 from codegen.harness.checks import lowbit as checks_lowbit
 from codegen.harness.checks import static as checks_static
 from runtime import kinds
+from runtime.scopes import param_strides
 from runtime import reference as ref
 from runtime.arrays import kind_of
 
@@ -73,7 +74,7 @@ class ReferenceDevice:
         return y
 
     def dynamic_quantize(self, x, *, scope, mode="symmetric", axis=None, group_size=None, out_dtype, qmin=None,
-                         qmax=None, eps=1e-8, scale_dtype="float32"):
+                         qmax=None, eps=1e-8, scale_dtype="float32", scale_layout="row"):
         sdt = "e8m0" if scale_dtype == "e8m0" else None
         q, s, zp = ref.dynamic_quantize_lowbit_ref(x, scope=scope, mode=mode, axis=axis, group_size=group_size,
                                                    out_dtype=kind_of(out_dtype), qmin=qmin, qmax=qmax, eps=eps,
@@ -82,7 +83,20 @@ class ReferenceDevice:
             s = np.where(s < 254, s + 1, s).astype(np.uint8)
             q = ref.quantize_lowbit(x, s, None, scope=scope, group_size=group_size, out_dtype=kind_of(out_dtype),
                                     scale_dtype="e8m0")
-        return q, s, zp
+        if self.bug == "layout" and scale_layout != "row":
+            scale_layout = "row"                   # a device that ignores the layout
+        return q, _laid_out(s, scale_layout), _laid_out(zp, scale_layout)
+
+
+def _laid_out(a, scale_layout):
+    """``a`` (host) in the strides ``scale_layout`` gives it, as the device returns it."""
+    strides = None if a is None else param_strides(a.shape, scale_layout, a.itemsize)
+    if strides is None:
+        return a
+    buf = np.zeros(1 + sum((n - 1) * st for n, st in zip(a.shape, strides)), a.dtype)
+    view = np.lib.stride_tricks.as_strided(buf, a.shape, tuple(st * a.itemsize for st in strides))
+    view[...] = a
+    return view
 
 
 @pytest.fixture
@@ -133,6 +147,7 @@ def test_checker_passes_a_correct_device(device, sku, rng):
     ("f64-through-f32", lambda s: s.op == "quantize" and s.element == "f64" and s.aux_element == "fp8_e5m2"),
     ("subnormal-flush", lambda s: s.op == "dequantize" and s.element == "fp8_e4m3" and s.scope == "channel"),
     ("mx-ceil", lambda s: s.op == "dynamic_quantize" and s.aux_element == "fp8_e4m3" and s.scope == "group"),
+    ("layout", lambda s: s.op == "dynamic_quantize" and s.aux_element == "fp8_e4m3" and s.scope == "group"),
 ])
 def test_checker_catches_a_wrong_device(device, bug, pick, rng):
     device(bug)

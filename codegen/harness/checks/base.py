@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.arrays import as_array, numpy_dtype
+from runtime.arrays import numpy_dtype
 from runtime.scopes import param_strides
 
 
@@ -231,11 +231,18 @@ def check_layout(res, label: str, arr, pshape, layout: str) -> None:
     ``scale_layout=layout`` gives arrays of shape ``pshape``."""
     if layout == "row" or arr is None:
         return
-    r = as_array(arr, "scale")
-    want = param_strides(tuple(pshape), layout, r.itemsize)
-    if any(n > 1 and a != b for n, a, b in zip(r.shape, r.strides, want)):
-        res.failures.append(f"{label}: scale_layout={layout!r} gave strides {r.strides}, expected {want}")
+    got = element_strides(arr)
+    want = param_strides(tuple(pshape), layout, arr.itemsize if hasattr(arr, "itemsize") else arr.element_size())
+    if any(n > 1 and a != b for n, a, b in zip(arr.shape, got, want)):
+        res.failures.append(f"{label}: scale_layout={layout!r} gave strides {got}, expected {want}")
         res.mismatches += 1
+
+
+def element_strides(arr) -> tuple:
+    """Strides in elements of a torch tensor, or of a CuPy / NumPy array (whose strides are bytes)."""
+    if callable(getattr(arr, "stride", None)):
+        return tuple(arr.stride())
+    return tuple(s // arr.itemsize for s in arr.strides)
 
 
 def dense_copy(arr, fw: str):
