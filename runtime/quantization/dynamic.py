@@ -157,6 +157,9 @@ def _dynamic_quantize(rec, x, q_out, s_out, z_out, scope, mode, axis, group_size
         qref = code_out(outs[0], xr, xr.shape, qk, "out[0] (q)")
         sref = out_arg(outs[1], xr, pshape, skind, "out[1] (scale)")
         zref = None if outs[2] is None else out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
+        for ref, arg in ((sref, "out[1] (scale)"), (zref, "out[2] (zero_point)")):
+            if ref is not None:             # the kernels index parameters flat (C order)
+                check_param_shape(ref, pshape, scope, arg)
         qv = rows_view(qref, "out[0] (q)")          # its layout errors name the argument
         same_device(("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref),
                     ("out[2] (zero_point)", zref))
