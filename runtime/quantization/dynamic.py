@@ -157,16 +157,13 @@ def _dynamic_quantize(rec, x, q_out, s_out, z_out, scope, mode, axis, group_size
         qref = code_out(outs[0], xr, xr.shape, qk, "out[0] (q)")
         sref = out_arg(outs[1], xr, pshape, skind, "out[1] (scale)")
         zref = None if outs[2] is None else out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
-        for ref, arg in ((sref, "out[1] (scale)"), (zref, "out[2] (zero_point)")):
-            if ref is not None:             # the kernels index parameters flat (C order)
-                check_param_shape(ref, pshape, scope, arg)
+        p_rs, p_gs = _out_layout(sref, zref, scope, scale_layout, pshape)
         qv = rows_view(qref, "out[0] (q)")          # its layout errors name the argument
         same_device(("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref),
                     ("out[2] (zero_point)", zref))
         # the kernels read x while they write q, scale (and zero_point): all four apart
         check_apart(rec, {"x": xr, "q_out": qref, "s_out": sref, "z_out": zref}, ("q_out", "s_out", "z_out"),
                     labels={"q_out": "out[0] (q)", "s_out": "out[1] (scale)", "z_out": "out[2] (zero_point)"})
-        p_rs, p_gs = _out_layout(sref, zref, scope, scale_layout, pshape)
     if xr.size == 0:
         return _empty(xr, qk, mode, qmin, qmax, eps, mx, pshape, skind, scale_layout,
                       (qref, sref, zref) if outs else None)

@@ -23,7 +23,8 @@ from runtime.errors import DeviceMismatchError, InvalidProblemError, Unsupported
 from runtime.moe.grouped import _out_kind
 from runtime.moe.problem import STRATEGIES, check_problem
 from runtime.params import check_param_shape, check_scale_dtype, positive_scalar, real_scalar
-from runtime.scopes import check_range, check_scale_layout, check_scope, param_shape, param_strides, rows_view
+from runtime.scopes import (check_range, check_scale_layout, check_scope, param_layout, param_shape, param_strides,
+                            rows_view)
 from runtime.quantization.training import check_mask_bits, fake_quant_range, mask_bits_shape
 
 E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", torch.uint8)   # e8m0 scales: torch >= 2.7 has the dtype
@@ -422,9 +423,19 @@ def check_out(out, spec, arg: str, rows: bool = True) -> None:
         rows_view(ref, arg)
 
 
+def check_param_out(out, spec, scope, arg: str) -> None:
+    """A dynamic_quantize parameter array given as ``out=``: token / group ones in a layout the
+    kernels write (runtime.scopes.param_layout), tensor / channel ones C-contiguous."""
+    if scope in ("token", "group"):
+        check_out(out, spec, arg, rows=False)
+        param_layout(describe(out, arg), scope, arg)
+    else:
+        check_dense_out(out, spec, arg)
+
+
 def check_dense_out(out, spec, arg: str) -> None:
     """An ``out=`` tensor as :func:`check_out`, C-contiguous (the MoE ops' outputs, the parameters
-    dynamic_quantize writes)."""
+    of per-tensor and per-channel dynamic_quantize)."""
     check_out(out, spec, arg, rows=False)
     if not out.is_contiguous():
         raise InvalidProblemError(f"{arg} must be C-contiguous; got strides {tuple(out.stride())} (elements) for "
