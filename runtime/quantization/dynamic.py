@@ -30,7 +30,7 @@ from ..config import settings
 from ..device import driver
 from ..errors import InvalidProblemError, UnsupportedError
 from ..numerics import dynamic_range, empty_slice_params
-from ..params import check_apart, check_scale_dtype, out_arg, positive_scalar, same_device
+from ..params import check_apart, check_param_shape, check_scale_dtype, out_arg, positive_scalar, same_device
 from ..plans import Descriptor, cached_plan
 from ..signatures import functional
 from ..scopes import check_range, check_scope, implied_zero_point, param_shape, rows_view
@@ -153,6 +153,9 @@ def _dynamic_quantize(rec, x, q_out, s_out, z_out, scope, mode, axis, group_size
         qref = code_out(outs[0], xr, xr.shape, qk, "out[0] (q)")
         sref = out_arg(outs[1], xr, pshape, skind, "out[1] (scale)")
         zref = None if outs[2] is None else out_arg(outs[2], xr, pshape, "i32", "out[2] (zero_point)")
+        for ref, arg in ((sref, "out[1] (scale)"), (zref, "out[2] (zero_point)")):
+            if ref is not None:             # the kernels index parameters flat (C order)
+                check_param_shape(ref, pshape, scope, arg)
         qv = rows_view(qref, "out[0] (q)")          # its layout errors name the argument
         same_device(("x", xr), ("out[0] (q)", qref), ("out[1] (scale)", sref),
                     ("out[2] (zero_point)", zref))

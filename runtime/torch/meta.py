@@ -410,7 +410,8 @@ def check_out(out, spec, arg: str, rows: bool = True) -> None:
 
 
 def check_dense_out(out, spec, arg: str) -> None:
-    """An ``out=`` tensor as :func:`check_out`, C-contiguous (the MoE ops write dense outputs)."""
+    """An ``out=`` tensor as :func:`check_out`, C-contiguous (the MoE ops' outputs, the parameters
+    dynamic_quantize writes)."""
     check_out(out, spec, arg, rows=False)
     if not out.is_contiguous():
         raise InvalidProblemError(f"{arg} must be C-contiguous; got strides {tuple(out.stride())} (elements) for "

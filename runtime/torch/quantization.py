@@ -213,9 +213,9 @@ def _dynamic_quantize_out_fake(x, scope, range_mode, axis, group_size, out_dtype
                                             scale_dtype)
     meta.same_device(x=x, q=q, scale=scale, zero_point=zero_point)
     meta.check_out(q, qs, "out[0] (q)")
-    meta.check_out(scale, ss, "out[1] (scale)", rows=False)
+    meta.check_dense_out(scale, ss, "out[1] (scale)")            # the kernels write parameters in C order
     if zero_point is not None:
-        meta.check_out(zero_point, zs, "out[2] (zero_point)", rows=False)
+        meta.check_dense_out(zero_point, zs, "out[2] (zero_point)")
 
 
 _dynamic_quantize = define(TorchOp(DYNAMIC_QUANTIZE, direct=_dynamic_quantize_direct, empties=(None, None, torch.int32),

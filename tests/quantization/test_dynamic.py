@@ -162,6 +162,15 @@ def test_bad_out():
         "out[0] (q) overlaps x")
     err(lambda: dq(X, scope="token", out=(Q, D((8,), "float32", ptr=0x7F0000100010))), InvalidProblemError,
         "out[0] (q) overlaps out[1] (scale)")
+    # parameter arrays are written in C order: a strided one is refused, never written in the wrong places
+    for scope, kw, shape, strides in (("group", {"group_size": 16}, (8, 4), (1, 8)), ("token", {}, (8,), (2,)),
+                                      ("channel", {"axis": 1}, (64,), (2,))):
+        err(lambda: dq(X, scope=scope, out=(Q, D(shape, "float32", strides, ptr=0x7F0000200000)), **kw),
+            InvalidProblemError, "out[1] (scale)", "C-contiguous")
+    err(lambda: dq(X, scope="group", group_size=16, mode="asymmetric", out_dtype="uint8",
+                   out=(D((8, 64), "uint8", ptr=0x7F0000100000), D((8, 4), "float32", ptr=0x7F0000200000),
+                        D((8, 4), "int32", (1, 8), ptr=0x7F0000300000))),
+        InvalidProblemError, "out[2] (zero_point)", "C-contiguous")
     # low-bit codes go into their container: uint8 (or the torch fp8 dtype)
     err(lambda: dq(X, scope="token", out_dtype="float8_e4m3fn", out=(Q, S)), InvalidProblemError, "out[0] (q)",
         "u8 or fp8_e4m3")
