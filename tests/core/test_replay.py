@@ -128,6 +128,12 @@ CALLS = {
     "dynamic_quantize group asymmetric": (lambda d: sf.dynamic_quantize(d.a((16, 512)), scope="group",
                                                                         group_size=128, mode="asymmetric"), False),
     "dynamic_quantize tensor": (lambda d: sf.dynamic_quantize(d.a((64, 256)), scope="tensor"), False),
+    # a strided scale allocation: the replay allocates it with the same strides, launches the same p_rs / p_gs
+    "dynamic_quantize group col_aligned asymmetric": (lambda d: sf.dynamic_quantize(
+        d.a((10, 512)), scope="group", group_size=128, mode="asymmetric", scale_layout="col_aligned"), False),
+    "dynamic_quantize mx col, out=": (lambda d: sf.dynamic_quantize(
+        d.a((16, 512), "float16"), scope="group", group_size=32, out_dtype="fp8_e4m3", scale_dtype="e8m0",
+        out=(d.a((16, 512), "uint8"), d.a((16, 16), "uint8", strides=(1, 32)))), False),
     "dynamic_quantize channel asymmetric": (lambda d: sf.dynamic_quantize(d.a((64, 256)), scope="channel", axis=1,
                                                                           mode="asymmetric", out_dtype="uint8"),
                                             False),
@@ -506,3 +512,18 @@ def test_the_replay_allocator_makes_what_the_full_path_allocates_torch(shape, ki
     assert (a.dtype, a.shape, a.stride(), a.device, a.requires_grad) == \
         (b.dtype, b.shape, b.stride(), b.device, b.requires_grad)
     assert p == a.data_ptr() and type(a) is type(b)
+
+
+def test_a_replay_allocates_strided_scales_as_the_full_path(dev):
+    """The replay's allocator repeats a column-layout allocation (what the replayed launch's p_rs /
+    p_gs address), for the scale and the zero point alike."""
+    call = CALLS["dynamic_quantize group col_aligned asymmetric"][0]
+    results = []
+    for base in (0x7F0000000000, 0x7F4000000000):
+        dev.at(base)
+        results.append(call(dev))
+    assert dev.hits == 1
+    for q, s, z in results:
+        for a in (s, z):
+            assert [b // a.dtype.itemsize for b in a.__cuda_array_interface__["strides"]] == [1, 12]
+    assert dev.allocs[-2:] == [((10, 4), "f32", (1, 12)), ((10, 4), "i32", (1, 12))]

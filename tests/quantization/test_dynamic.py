@@ -835,3 +835,4 @@ def test_bad_scale_layout():
     for scope, extra in (("token", {}), ("tensor", {}), ("channel", {"axis": 0})):
         err(lambda: sf.dynamic_quantize(x, scope=scope, scale_layout="col", **extra), InvalidProblemError,
             "scale_layout='col'", f"scope={scope!r}", "only group scales")
+
