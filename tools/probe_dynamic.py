@@ -15,6 +15,10 @@ events, median of >= 50 launches after warm-up (codegen.harness.bench.timing.Tim
 that L2 is not what is measured; "% copy" is against a device-to-device copy of the same bytes
 (x read once + q written once + scales and zero points) measured in the same run.
 
+``--scale-layout col_aligned`` (or ``col``): the group cases write their scales (and zero points)
+column-major, as ``dynamic_quantize(scale_layout=...)`` does; a run with and one without give the
+layout's cost.
+
 ``--ptxas`` (on any machine, no GPU): ptxas's registers and spills of the kernels instead.
 """
 from __future__ import annotations
@@ -101,32 +105,42 @@ def ptxas_report(arch: int) -> int:
 
 
 # -- one case on the GPU ---------------------------------------------------------------------------
-def make_args(case, shape, x, torch):
-    """DynamicArgs for x with fresh outputs, as runtime.dynamic_quantize builds them."""
+def make_args(case, shape, x, torch, scale_layout="row"):
+    """DynamicArgs for x with fresh outputs, as runtime.dynamic_quantize builds them (group scales and
+    zero points in ``scale_layout``)."""
     from runtime.arrays import as_array
     from runtime.quantization.fused import DynamicArgs
     from runtime.quantization.lowbit import packed_shape
     from runtime import kinds
     from runtime.reference import dynamic_range
-    from runtime.scopes import param_shape, rows_view
+    from runtime.scopes import param_layout, param_shape, param_strides, rows_view
     el, qk, scope, mode = case
     gs = GROUP if scope == "group" else None
     pshape = param_shape(shape, scope, None, gs)
     dev = x.device
     qdtype = torch.int8 if qk == "s8" else torch.uint8
     q = torch.empty(packed_shape(shape, qk), dtype=qdtype, device=dev)
-    scale = torch.empty(pshape, dtype=torch.float32, device=dev)
-    zp = torch.empty(pshape, dtype=torch.int32, device=dev) if mode == "asymmetric" else None
+    strides = param_strides(pshape, scale_layout if scope == "group" else "row", 4)
+    scale = torch.empty_strided(pshape, strides or dense_strides(pshape), dtype=torch.float32, device=dev)
+    zp = (torch.empty_strided(pshape, strides or dense_strides(pshape), dtype=torch.int32, device=dev)
+          if mode == "asymmetric" else None)
     if qk in kinds.FP8:
         qmin, qmax, zpv = -int(kinds.kind(qk).max), int(kinds.kind(qk).max), 0
     else:
         qmin, qmax, zpv = dynamic_range(qk, mode)
         zpv = zpv or 0
     xr, qr = as_array(x, "x"), dataclasses.replace(as_array(q, "q"), kind=qk)
-    args = DynamicArgs(xr, rows_view(xr, "x"), qr, rows_view(qr, "q"), as_array(scale, "scale"),
+    sr = as_array(scale, "scale")
+    p_rs, p_gs = param_layout(sr, scope, "scale")
+    args = DynamicArgs(xr, rows_view(xr, "x"), qr, rows_view(qr, "q"), sr,
                        None if zp is None else as_array(zp, "zero_point"), scope, mode, qmin, qmax, zpv, 1e-8,
-                       group_size=gs)
+                       group_size=gs, p_rs=p_rs, p_gs=p_gs)
     return args, (q, scale, zp)
+
+
+def dense_strides(shape) -> tuple:
+    from runtime.arrays import contiguous_strides
+    return contiguous_strides(shape)
 
 
 def random_x(el, shape, torch, specials: bool):
@@ -221,7 +235,7 @@ def expected_bytes(case, shape) -> int:
     return n * isz + n // kinds.kind(qk).pack + groups * (8 if mode == "asymmetric" else 4)
 
 
-def run_case(case, shape, plan, timer, variants, torch):
+def run_case(case, shape, plan, timer, variants, torch, scale_layout="row"):
     """Every variant on one case: the first (``block`` by default) checked against NumPy on the row
     bands, every one against the first bit for bit on the whole tensor, then timed."""
     from codegen.harness.bench.timing import gbps, same_size_copy
@@ -229,12 +243,13 @@ def run_case(case, shape, plan, timer, variants, torch):
     el, qk, scope, mode = case
     pack = kinds.kind(qk).pack
     xs = [random_x(el, shape, torch, specials=(i == 0)) for i in range(2)]
-    sets = [make_args(case, shape, x, torch) for x in xs]
+    sets = [make_args(case, shape, x, torch, scale_layout) for x in xs]
     nbytes = expected_bytes(case, shape)
     copy = same_size_copy(timer, nbytes)
     ref_outs, ref_bad = None, None
     for v in variants:
-        r = {"case": "/".join(case), "shape": list(shape), "variant": v, "bytes": nbytes, "copy_gbps": copy["gbps"]}
+        r = {"case": "/".join(case), "shape": list(shape), "variant": v, "scale_layout": scale_layout, "bytes": nbytes,
+             "copy_gbps": copy["gbps"]}
         with config.override(dynamic_config=v):
             try:
                 r["launch"] = describe(plan, sets[0][0], plan.launcher, pack)
@@ -266,6 +281,8 @@ def main() -> int:
     ap.add_argument("--cases", type=int, default=len(CASES), help="only the first N cases (CASES order)")
     ap.add_argument("--ptxas", action="store_true", help="print registers / spills (CPU, NVRTC) and exit")
     ap.add_argument("--arch", type=int, default=90, help="--ptxas: target arch")
+    ap.add_argument("--scale-layout", default="row", choices=("row", "col", "col_aligned"),
+                    help="the group cases' scales (and zero points) in this layout (docs/dynamic.md)")
     a = ap.parse_args()
     if a.ptxas:
         return ptxas_report(a.arch)
@@ -302,7 +319,7 @@ def main() -> int:
                 truncated = True
                 break
             variants = a.variants.split(";") if a.variants else VARIANTS["small" if shape == SMALL else case[2]]
-            for r in run_case(case, shape, plans[case], timer, variants, torch):
+            for r in run_case(case, shape, plans[case], timer, variants, torch, a.scale_layout):
                 results.append(r)
                 print(_row(r), flush=True)
             rec["seconds"] = round(time.perf_counter() - t_start, 1)
