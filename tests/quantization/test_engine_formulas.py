@@ -25,7 +25,8 @@ def _e4m3_codes(v) -> np.ndarray:
 
 
 def _clamp448(v):
-    # fmaxf(-448, fminf(v, 448)): the order vLLM's scaled_fp8_conversion and SGLang's kernels use
+    # fmaxf(-448, fminf(v, 448)) (SGLang's fmaxf(fminf(v, 448), -448) is the same function): the clamp
+    # of vLLM's scaled_fp8_conversion and of SGLang's kernels
     return np.maximum(-E4M3_MAX, np.minimum(v, E4M3_MAX))
 
 
@@ -87,7 +88,7 @@ def sglang_per_token_fp8(x):
     scale = (amax / E4M3_MAX).astype(f32)
     with np.errstate(divide="ignore"):
         inv = np.where(scale == 0, f32(0), f32(1.0) / scale).astype(f32)
-    return _e4m3_codes(np.maximum(np.minimum(x * inv, E4M3_MAX), -E4M3_MAX)), scale[..., 0]
+    return _e4m3_codes(_clamp448(x * inv)), scale[..., 0]
 
 
 def sglang_per_tensor_fp8(x):
@@ -95,7 +96,7 @@ def sglang_per_tensor_fp8(x):
     the atomic max over blocks of ``block_max / 448`` (= ``max|x| / 448``: division is monotone);
     ``scale_val = 1.0f / scale``; ``fmax(fmin(x * scale_val, 448), -448)``; e4m3."""
     scale = f32(np.max(np.abs(x)) / E4M3_MAX)
-    return _e4m3_codes(np.maximum(np.minimum(x * (f32(1.0) / scale), E4M3_MAX), -E4M3_MAX)), scale
+    return _e4m3_codes(_clamp448(x * (f32(1.0) / scale))), scale
 
 
 def test_sglang_per_token_fp8_is_dynamic_token(rng):
