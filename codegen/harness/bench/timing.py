@@ -142,7 +142,7 @@ class Timer:
                     calls[done[k] % len(calls)]()
                     e1.record(st)
                     done[k] += 1
-                drained = in_spin[k].query()    # the spin ended before the batch was enqueued
+                drained = in_spin[k].done       # the spin ended before the batch was enqueued
                 events[k][b - 1][1].synchronize()
                 if drained and dropped[k] < MAX_DROPPED:
                     dropped[k] += 1
