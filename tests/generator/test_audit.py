@@ -636,7 +636,8 @@ class _FakeClock:
             def synchronize(self):
                 pass
 
-            def query(self):                # the spin ended before the batch was enqueued
+            @property
+            def done(self):                 # CuPy's Event.done: the spin ended before the batch was enqueued
                 clock.drains -= 1
                 return clock.drains >= 0
 
